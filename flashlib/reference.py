@@ -1,0 +1,142 @@
+"""Ground truth: attention written plainly in PyTorch.
+
+Every kernel and every exercise check in flashlib is compared with these
+functions, in float64. They materialise the full N x N score matrix, which is
+exactly what FlashAttention avoids, and they spell out the mask semantics once:
+
+* ``causal``: query i may see key j when ``j <= i + (n_k - n_q)``, i.e. the mask is
+  aligned to the *bottom right* corner when queries and keys differ in length
+  (as in flash-attn >= 2.1: the last query sees every key, as in decoding)::
+
+      n_q = 2, n_k = 5, causal            n_q = 5, n_k = 5, causal
+        k0 k1 k2 k3 k4                      k0 k1 k2 k3 k4
+      q0 x  x  x  x  .                    q0 x  .  .  .  .
+      q1 x  x  x  x  x                    q1 x  x  .  .  .
+                                          ...
+* ``window=(left, right)``: query i sees keys ``i' - left <= j <= i' + right`` with
+  ``i' = i + n_k - n_q``; ``-1`` (or None) means unbounded on that side.
+  ``causal`` is ``window=(-1, 0)``.
+* ``seq_lens`` (B,): sample b has ``seq_lens[b]`` valid queries *and* keys (padding
+  at the end). Keys past the length are masked; outputs past the length are 0.
+* a query row with no visible key gets output 0 (never NaN) and logsumexp -inf.
+* GQA/MQA: k and v may have fewer heads than q when q's head count is a multiple;
+  query head h reads key/value head ``h // (H_q // H_kv)``.
+
+Shapes are (B, H, N, D) ("bhnd"), the layout of ``torch.nn.functional.scaled_dot_product_attention``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def softmax_scale_for(head_dim: int, softmax_scale: float | None = None) -> float:
+    """The default scale 1/sqrt(d), or the one given."""
+    return 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
+
+
+def stable_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Softmax that subtracts the row max first, so exp never overflows.
+
+    Rows that are entirely -inf give 0 rather than NaN.
+    """
+    row_max = x.amax(dim=dim, keepdim=True)
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    e = torch.exp(x - row_max)
+    total = e.sum(dim=dim, keepdim=True)
+    return e / torch.where(total > 0, total, torch.ones_like(total))
+
+
+def attention_mask(n_q: int, n_k: int, *, causal: bool = False, window=None,
+                   seq_lens: torch.Tensor | None = None, batch: int = 1,
+                   device=None) -> torch.Tensor:
+    """Boolean mask (B, 1, n_q, n_k), True where query i may attend to key j."""
+    rows = torch.arange(n_q, device=device).view(-1, 1) + (n_k - n_q)
+    cols = torch.arange(n_k, device=device).view(1, -1)
+    allowed = torch.ones(n_q, n_k, dtype=torch.bool, device=device)
+    left, right = _window_bounds(causal, window)
+    if left is not None:
+        allowed &= cols >= rows - left
+    if right is not None:
+        allowed &= cols <= rows + right
+    allowed = allowed.view(1, 1, n_q, n_k).expand(batch, 1, n_q, n_k)
+    if seq_lens is not None:
+        lens = seq_lens.to(device=device, dtype=torch.long).view(-1, 1, 1, 1)
+        allowed = allowed & (cols.view(1, 1, 1, n_k) < lens)
+    return allowed
+
+
+def _window_bounds(causal: bool, window):
+    """(left, right) reach of the mask; None where unbounded."""
+    left = right = None
+    if window is not None:
+        w_left, w_right = window
+        left = None if w_left is None or w_left < 0 else int(w_left)
+        right = None if w_right is None or w_right < 0 else int(w_right)
+    if causal:
+        right = 0 if right is None else min(right, 0)
+    return left, right
+
+
+def expand_kv_heads(k: torch.Tensor, n_q_heads: int) -> torch.Tensor:
+    """Repeat key/value heads so that each query head has its own (GQA → MHA)."""
+    n_kv_heads = k.shape[1]
+    if n_q_heads % n_kv_heads != 0:
+        raise ValueError(f"GQA needs q heads ({n_q_heads}) to be a multiple of k/v heads ({n_kv_heads})")
+    return k.repeat_interleave(n_q_heads // n_kv_heads, dim=1)
+
+
+def naive_attention(q, k, v, *, causal=False, softmax_scale=None, window=None,
+                    seq_lens=None, return_lse=False):
+    """softmax(Q K^T * scale + mask) V with the full N x N matrix in memory.
+
+    q: (B, H, N_q, D); k, v: (B, H_kv, N_k, D). Computed in the inputs' dtype
+    (pass float64 tensors for ground truth). Returns O (B, H, N_q, D) and, with
+    ``return_lse``, the row logsumexp (B, H, N_q) of the scaled, masked scores.
+    """
+    batch, n_heads, n_q, head_dim = q.shape
+    n_k = k.shape[2]
+    k = expand_kv_heads(k, n_heads)
+    v = expand_kv_heads(v, n_heads)
+    scale = softmax_scale_for(head_dim, softmax_scale)
+    scores = torch.matmul(q, k.transpose(-2, -1)) * scale
+    masked = causal or window is not None or seq_lens is not None
+    if masked:
+        allowed = attention_mask(n_q, n_k, causal=causal, window=window,
+                                 seq_lens=seq_lens, batch=batch, device=q.device)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    probs = stable_softmax(scores, dim=-1)
+    out = torch.matmul(probs, v)
+    if seq_lens is not None:
+        q_valid = torch.arange(n_q, device=q.device).view(1, 1, -1, 1) < seq_lens.to(q.device).view(-1, 1, 1, 1)
+        out = out * q_valid
+    if not return_lse:
+        return out
+    lse = torch.logsumexp(scores, dim=-1)
+    return out, lse
+
+
+def sdpa_attention(q, k, v, *, causal=False, softmax_scale=None):
+    """PyTorch's fused attention (flash, memory-efficient, cuDNN or math backend).
+
+    Same layout as :func:`naive_attention`; GQA is expanded here. Note that SDPA's
+    ``is_causal`` aligns the mask top-left when N_q != N_k, unlike flash-attn; we
+    build the bottom-right mask explicitly in that case.
+    """
+    n_q, n_k = q.shape[2], k.shape[2]
+    k = expand_kv_heads(k, q.shape[1])
+    v = expand_kv_heads(v, q.shape[1])
+    if causal and n_q != n_k:
+        mask = attention_mask(n_q, n_k, causal=True, device=q.device)[0, 0]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=softmax_scale)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=softmax_scale)
+
+
+def attention_memory_bytes(seq_len: int, head_dim: int, *, batch: int = 1, heads: int = 1,
+                           dtype_bytes: int = 2) -> dict:
+    """Bytes naive attention needs for its tensors: Q, K, V, O (O(N d)) and S, P (O(N^2))."""
+    qkvo = 4 * batch * heads * seq_len * head_dim * dtype_bytes
+    scores = batch * heads * seq_len * seq_len * dtype_bytes
+    return {"qkvo": qkvo, "scores": scores, "probs": scores, "total": qkvo + 2 * scores}

@@ -1,0 +1,13 @@
+"""Shared pytest set-up: GPU-only tests are skipped (with the reason) on the interpreter."""
+import pytest
+
+from flashlib import runtime
+
+
+def pytest_collection_modifyitems(config, items):
+    if not runtime.INTERPRET:
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU; kernels run in Triton's interpreter here")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
