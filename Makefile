@@ -1,0 +1,56 @@
+# flashlib: the course and its kernels. `make lab` to learn, `make test` to check everything.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+# Which torch to install. CPU-only machines with a local wheel: make test TORCH=torch==2.13.0
+TORCH  ?= torch
+NB     ?= exercises
+PYTEST_NOTEBOOKS := notebooks solutions
+
+.PHONY: help install lab test test-lib test-notebooks demo grade exercises bench gpu-info experiment clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH)"
+	$(PY) -m pip install --quiet -e ".[lab,test]"
+	touch $@
+
+install: $(VENV)/.installed  ## create .venv and install flashlib with the lab and test extras
+
+lab: install  ## start JupyterLab on the course notebooks
+	$(VENV)/bin/jupyter lab notebooks/
+
+test: install  ## every test: pytest for flashlib, nbval over notebooks/ and solutions/
+	$(PY) -m pytest tests $(PYTEST_NOTEBOOKS) --nbval --nbval-current-env -p no:cacheprovider
+
+test-lib: install  ## only the library tests (fast)
+	$(PY) -m pytest tests
+
+test-notebooks: install  ## only nbval over the notebooks
+	$(PY) -m pytest $(PYTEST_NOTEBOOKS) --nbval --nbval-current-env
+
+demo: install  ## headless demo: run the kernels, check them, print results
+	$(PY) -m flashlib.demo
+
+grade: install  ## grade learners' notebooks: make grade NB=path/to/notebook_or_folder
+	$(PY) -m flashlib.grade $(NB)
+
+exercises: install  ## regenerate exercises/ from solutions/
+	$(PY) -m flashlib.course.make_exercises solutions exercises
+
+bench: install  ## matmul benchmark against torch.matmul
+	$(PY) -m flashlib.bench
+
+experiment: install  ## block-size experiment for the tiled matmul (heat map)
+	$(PY) -m flashlib.experiment
+
+gpu-info: install  ## what the GPU (or the interpreter) offers
+	$(PY) -m flashlib.gpu
+
+clean:  ## remove caches (keeps .venv)
+	rm -rf .pytest_cache .hypothesis build *.egg-info
+	find . -name __pycache__ -prune -exec rm -rf {} +
