@@ -17,7 +17,8 @@ exactly what FlashAttention avoids, and they spell out the mask semantics once:
   ``i' = i + n_k - n_q``; ``-1`` (or None) means unbounded on that side.
   ``causal`` is ``window=(-1, 0)``.
 * ``seq_lens`` (B,): sample b has ``seq_lens[b]`` valid queries *and* keys (padding
-  at the end). Keys past the length are masked; outputs past the length are 0.
+  at the end). Keys past the length are masked; queries past it are masked rows:
+  output 0 and logsumexp -inf.
 * a query row with no visible key gets output 0 (never NaN) and logsumexp -inf.
 * GQA/MQA: k and v may have fewer heads than q when q's head count is a multiple;
   query head h reads key/value head ``h // (H_q // H_kv)``.
@@ -115,6 +116,8 @@ def naive_attention(q, k, v, *, causal=False, softmax_scale=None, window=None,
     if not return_lse:
         return out
     lse = torch.logsumexp(scores, dim=-1)
+    if seq_lens is not None:  # a padding query is a masked row: no key, logsumexp -inf
+        lse = lse.masked_fill(~q_valid[..., 0], float("-inf"))
     return out, lse
 
 

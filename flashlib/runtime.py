@@ -15,8 +15,18 @@ notebooks, so that the course runs large on a GPU and small in the interpreter.
 from __future__ import annotations
 
 import os
+import sys
+import warnings
 
 import torch
+
+TRITON_IMPORTED_TOO_EARLY = (
+    "triton was imported before flashlib chose the interpreter: triton.language's own "
+    "helpers (tl.cdiv, tl.maximum, ...) were built for a GPU, and kernels that call them "
+    "fail in the interpreter with \"Cannot call @triton.jit'd outside of the scope of a "
+    "kernel\". Import flashlib before triton, or set TRITON_INTERPRET=1 before starting "
+    "Python (then restart the kernel)."
+)
 
 
 def _choose_mode() -> bool:
@@ -24,6 +34,8 @@ def _choose_mode() -> bool:
     if "TRITON_INTERPRET" not in os.environ:
         os.environ["TRITON_INTERPRET"] = "0" if torch.cuda.is_available() else "1"
         chosen_by = "flashlib"
+        if os.environ["TRITON_INTERPRET"] == "1" and "triton.language" in sys.modules:
+            warnings.warn(TRITON_IMPORTED_TOO_EARLY, RuntimeWarning, stacklevel=3)
     else:
         chosen_by = "user"
     globals()["MODE_CHOSEN_BY"] = chosen_by

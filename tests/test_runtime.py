@@ -28,6 +28,16 @@ def test_import_turns_on_the_interpreter_before_kernels_are_defined():
     assert _run(code) == "1 InterpretedFunction flashlib"
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
+def test_importing_triton_first_gives_a_clear_warning():
+    code = ("import warnings, triton.language\n"
+            "with warnings.catch_warnings(record=True) as caught:\n"
+            "    warnings.simplefilter('always')\n"
+            "    import flashlib\n"
+            "print(any('Import flashlib before triton' in str(w.message) for w in caught))")
+    assert _run(code) == "True"
+
+
 def test_user_choice_is_respected():
     code = "import flashlib, os; print(os.environ['TRITON_INTERPRET'], flashlib.runtime.MODE_CHOSEN_BY, flashlib.runtime.INTERPRET)"
     assert _run(code, TRITON_INTERPRET="1") == "1 user True"

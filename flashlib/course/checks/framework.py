@@ -1,0 +1,488 @@
+"""The machinery shared by every exercise check: run, compare, diagnose, report.
+
+A check is data (:class:`Check`): how to make fresh random cases with their float64
+answers (:class:`Case`), how to call the learner's code on a case, and which
+plausible wrong answers to recognise (:class:`Mistake`). :func:`run_check` runs the
+learner's code on every case under a time limit, stops at the first case that
+fails, prints one verdict, records an :class:`~flashlib.course.results.ExerciseResult`
+and returns it. It never raises for the learner's mistakes: a check is feedback.
+
+A verdict says *what* is wrong (which case, expected versus got) and, when the
+output matches a known wrong answer better than the right one, *why* ("likely
+mistake: ..."). A passing verdict holds no number that varies from run to run, so
+notebook outputs stay deterministic.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import secrets
+import signal
+import sysconfig
+import threading
+import time
+import traceback
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .. import results
+from ...validation import relative_error
+
+#: Notebook stem -> [(exercise name, max points, one-line title)], in notebook order.
+EXERCISES: dict[str, list[tuple[str, float, str]]] = {}
+
+#: Seconds a learner's code may run on one case before it is stopped.
+DEFAULT_TIME_LIMIT = 5.0
+
+#: A wrong answer is named when the output is this close to it (relative), and closer
+#: than to the right answer; at least 10x the case's tolerance (kernels round).
+DIAGNOSE_RTOL = 1e-3
+
+NOT_ATTEMPTED = ("not attempted yet: replace `raise NotImplementedError` with your code, "
+                 "run that cell, then run this check again")
+
+
+def register(notebook: str, name: str, max_points: float, title: str) -> str:
+    """Add an exercise to :data:`EXERCISES` (once) and return its id 'notebook.name'."""
+    entries = EXERCISES.setdefault(notebook, [])
+    entry = (name, max_points, title)
+    for i, (known, _, _) in enumerate(entries):
+        if known == name:
+            entries[i] = entry
+            break
+    else:
+        entries.append(entry)
+    return f"{notebook}.{name}"
+
+
+def exercise_info(exercise: str) -> tuple[str, float, str]:
+    """(name, max points, title) of a registered exercise id 'notebook.name'."""
+    notebook, _, name = exercise.partition(".")
+    for entry in EXERCISES.get(notebook, []):
+        if entry[0] == name:
+            return entry
+    raise KeyError(f"exercise {exercise!r} is not registered; known notebooks: {sorted(EXERCISES)}")
+
+
+# --------------------------------------------------------------------- time limit
+
+class CheckTimeout(BaseException):
+    """Raised inside the learner's code when its time is up.
+
+    A BaseException, so that the learner's ``except Exception`` (or Triton's
+    interpreter, which wraps Exceptions) cannot swallow it.
+    """
+
+
+def _alarm_available() -> bool:
+    return hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float | None):
+    """Raise :class:`CheckTimeout` in the body after ``seconds`` (SIGALRM, main thread).
+
+    Off the main thread, or where SIGALRM does not exist, the body runs without a
+    limit (a grader still has its own). An outer alarm is restored afterwards.
+    """
+    if not seconds or seconds <= 0 or not _alarm_available():
+        yield
+        return
+
+    def on_alarm(signum, frame):
+        raise CheckTimeout(seconds)
+
+    previous_handler = signal.signal(signal.SIGALRM, on_alarm)
+    previous_delay, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
+    start = time.monotonic()
+    try:
+        yield
+    finally:
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        finally:
+            signal.signal(signal.SIGALRM, previous_handler)
+            if previous_delay > 0:
+                remaining = previous_delay - (time.monotonic() - start)
+                signal.setitimer(signal.ITIMER_REAL, max(remaining, 1e-3))
+
+
+# ------------------------------------------------------------------ cases, mistakes
+
+@dataclasses.dataclass
+class Case:
+    """One input of a check, with its answer.
+
+    ``args`` go to the learner (copies, by the default call); ``expected`` is the
+    float64 reference: a tensor, or a tuple of tensors for code that returns several
+    (e.g. (O, lse) or (dQ, dK, dV), named by ``output_names``); ``tolerance`` is the
+    allowed relative error; ``description`` says in words what the input is (shapes,
+    dtype, flags); ``shape_words`` names the expected shape, e.g. '(B, H, N_q, D)';
+    ``out_dtype`` is the dtype the output must have (None: not checked);
+    ``shape_words`` and ``out_dtype`` may be tuples, one per output.
+    ``context`` holds whatever a check's own call needs (block sizes, buffers).
+    """
+
+    description: str
+    args: tuple
+    expected: torch.Tensor | tuple[torch.Tensor, ...]
+    tolerance: float
+    shape_words: str | tuple[str, ...] = ""
+    out_dtype: torch.dtype | tuple[torch.dtype | None, ...] | None = None
+    output_names: tuple[str, ...] = ()
+    context: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Mistake:
+    """A plausible wrong answer: what a typical bug computes, and what to say about it.
+
+    ``compute(*case.args)`` returns what the bug produces for that case (a tensor,
+    or a tuple like the case's ``expected``), a *list* of such variants, or None
+    where the bug cannot be told apart there; an exception while computing it also
+    means 'not applicable'. ``message`` completes 'likely mistake: ...'.
+    ``stub`` marks what the exercise's untouched stub produces ("not attempted yet?").
+    """
+
+    name: str
+    message: str
+    compute: Callable[..., Any]
+    stub: bool = False
+
+
+def _copy_arg(arg):
+    return arg.clone() if isinstance(arg, torch.Tensor) else arg
+
+
+def call_with_copies(learner, case: Case):
+    """The default call: ``learner(*args)`` on copies, so that in-place edits harm nothing."""
+    return learner(*(_copy_arg(a) for a in case.args))
+
+
+def accept_callable(learner) -> str | None:
+    """The default gate: the learner's object must be callable."""
+    if not callable(learner):
+        return f"expected a function, got {type(learner).__name__} {learner!r:.60}"
+    return None
+
+
+@dataclasses.dataclass
+class Check:
+    """Everything a check needs; :func:`run_check` does the rest.
+
+    ``make_cases(gen)`` builds fresh cases from a torch.Generator (simplest first:
+    the first failing case is the one reported). ``call(learner, case)`` runs the
+    learner's code and returns its output. ``accept(learner)`` may refuse the
+    learner's object before anything runs (message) or accept it (None).
+    ``inspect(case, out)`` adds requirements beyond the values (message or None).
+    ``explain(case, out)`` adds detail lines when the values are wrong.
+    ``nonfinite_hint`` is said when the output holds NaN/inf and no mistake matched.
+    """
+
+    exercise: str
+    make_cases: Callable[[torch.Generator], Sequence[Case]]
+    mistakes: Sequence[Mistake] = ()
+    call: Callable[[Any, Case], Any] = call_with_copies
+    accept: Callable[[Any], str | None] = accept_callable
+    inspect: Callable[[Case, Any], str | None] | None = None
+    explain: Callable[[Case, Any], list[str]] | None = None
+    nonfinite_hint: str = ""
+    time_limit: float = DEFAULT_TIME_LIMIT
+
+
+# ----------------------------------------------------------------------- comparing
+
+def distance(out: torch.Tensor, target: torch.Tensor) -> float:
+    """Relative distance of ``out`` from ``target``, NaN-aware (for diagnosis).
+
+    inf unless both have the same shape and NaN/±inf at the same places; then
+    max |out - target| / max |target| over the finite entries (0 if there are none).
+    """
+    if tuple(out.shape) != tuple(target.shape):
+        return math.inf
+    o, t = out.detach().double().cpu(), target.detach().double().cpu()
+    for same_places in (torch.isnan, torch.isposinf, torch.isneginf):
+        if not torch.equal(same_places(o), same_places(t)):
+            return math.inf
+    finite = torch.isfinite(t)
+    if not finite.any():
+        return 0.0
+    o, t = o[finite], t[finite]
+    scale = t.abs().max().clamp_min(torch.finfo(torch.float64).tiny)
+    return ((o - t).abs().max() / scale).item()
+
+
+def error_from(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """The error judged against the tolerance: :func:`~flashlib.validation.relative_error`,
+    or, when the reference itself holds ±inf (e.g. the logsumexp of a fully masked row),
+    :func:`distance`, which asks for the same infinities at the same places."""
+    if torch.isfinite(ref).all():
+        return relative_error(out, ref)
+    return distance(out, ref)
+
+
+def first_difference(out: torch.Tensor, ref: torch.Tensor, tolerance: float):
+    """(index, expected, got) of the first element that is off by more than the tolerance."""
+    o, r = out.detach().double().cpu(), ref.detach().double().cpu()
+    finite = torch.isfinite(r)
+    scale = r[finite].abs().max() if finite.any() else torch.tensor(1.0, dtype=torch.float64)
+    scale = scale.clamp_min(torch.finfo(torch.float64).tiny)
+    close = finite & torch.isfinite(o) & ((o - r).abs() <= tolerance * scale)
+    same_infinity = ~finite & (o == r)
+    bad = ~(close | same_infinity)
+    if not bad.any():
+        bad = (o != r)
+    index = tuple(int(i) for i in bad.nonzero()[0])
+    return index, r[index].item(), o[index].item()
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.4g}"
+
+
+def _index(index: tuple) -> str:
+    return "[" + ", ".join(str(i) for i in index) + "]"
+
+
+def _shape(shape) -> str:
+    return str(tuple(int(s) for s in shape))
+
+
+def _distance_any(out, target) -> float:
+    """:func:`distance` for one tensor, or the largest over a tuple of outputs."""
+    if isinstance(target, tuple):
+        if not isinstance(out, (tuple, list)) or len(out) != len(target):
+            return math.inf
+        return max((_distance_any(o, t) for o, t in zip(out, target)), default=0.0)
+    return distance(out, target) if isinstance(out, torch.Tensor) else math.inf
+
+
+def _diagnose(check: Check, case: Case, out, error_from_right: float) -> Mistake | None:
+    """The known mistake closest to ``out``, if it is close and closer than the right answer."""
+    best, best_distance = None, math.inf
+    for mistake in check.mistakes:
+        try:
+            produced = mistake.compute(*(_copy_arg(a) for a in case.args))
+        except Exception:  # the bug cannot even be computed on this case: not applicable
+            continue
+        variants = produced if isinstance(produced, list) else [produced]
+        for variant in variants:
+            if variant is None:
+                continue
+            d = _distance_any(out, variant)
+            if d < best_distance:
+                best, best_distance = mistake, d
+    close_enough = max(10 * case.tolerance, DIAGNOSE_RTOL)
+    if best is not None and best_distance <= close_enough and best_distance < error_from_right:
+        return best
+    return None
+
+
+@dataclasses.dataclass
+class _Failure:
+    headline: str
+    details: list[str]
+    mistake: Mistake | None = None
+
+
+def _nth(value, i):
+    """Per-output setting: value[i] for a tuple, else the same value for every output."""
+    return value[i] if isinstance(value, tuple) else value
+
+
+def _outputs(case: Case, out):
+    """[(name, got, expected)] for every output, or a _Failure if ``out`` has the wrong form."""
+    if not isinstance(case.expected, tuple):
+        return [("", out, case.expected)]
+    count = len(case.expected)
+    names = case.output_names or tuple(f"output {i}" for i in range(count))
+    if not isinstance(out, (tuple, list)) or len(out) != count:
+        what = f"{len(out)} values" if isinstance(out, (tuple, list)) else f"a {type(out).__name__}"
+        return _Failure(f"returned {what}, expected {count} tensors: {', '.join(names)}", [])
+    return list(zip(names, out, case.expected))
+
+
+def _judge_form(case: Case, i: int, name: str, got, want) -> _Failure | None:
+    """Type, shape and dtype of one output."""
+    prefix = f"{name}: " if name else ""
+    if not isinstance(got, torch.Tensor):
+        if got is None:
+            return _Failure(f"{prefix}returned None", ["is a `return` missing?"])
+        return _Failure(f"{prefix}returned a {type(got).__name__}, expected a torch.Tensor", [])
+    if tuple(got.shape) != tuple(want.shape):
+        words = _nth(case.shape_words, i)
+        words = f" = {words}" if words else ""
+        return _Failure(f"{prefix}wrong shape",
+                        [f"{prefix}expected shape {_shape(want.shape)}{words}, got {_shape(got.shape)}"])
+    dtype = _nth(case.out_dtype, i)
+    if dtype is not None and got.dtype != dtype:
+        return _Failure(f"{prefix}wrong dtype",
+                        [f"{prefix}expected {dtype}, got {got.dtype} (keep the inputs' dtype)"])
+    return None
+
+
+def _judge(check: Check, case: Case, out) -> _Failure | None:
+    """None if ``out`` is right for ``case``, else what is wrong with it."""
+    outputs = _outputs(case, out)
+    if isinstance(outputs, _Failure):
+        return outputs
+    for i, (name, got, want) in enumerate(outputs):
+        failure = _judge_form(case, i, name, got, want)
+        if failure is not None:
+            if failure.headline.endswith("wrong shape"):
+                failure.mistake = _diagnose(check, case, out, math.inf)
+            return failure
+    errors = [error_from(got, want) for _, got, want in outputs]
+    for (name, got, want), error in zip(outputs, errors):
+        if error <= case.tolerance:
+            continue
+        prefix = f"{name}: " if name else ""
+        index, expected, value = first_difference(got, want, case.tolerance)
+        nonfinite = bool((~torch.isfinite(got.detach().cpu()) & torch.isfinite(want.cpu())).any())
+        headline = prefix + ("NaN or inf in the output" if nonfinite else "wrong values")
+        details = [f"{prefix}first difference at {_index(index)}: expected {_fmt(expected)}, got {_fmt(value)}"
+                   + ("" if nonfinite else
+                      f" (relative error {_fmt(error)}, allowed {case.tolerance:g})")]
+        if check.explain is not None:
+            details += check.explain(case, out)
+        mistake = _diagnose(check, case, out, max(errors))
+        if mistake is None and nonfinite and check.nonfinite_hint:
+            details.append(check.nonfinite_hint)
+        return _Failure(headline, details, mistake)
+    if check.inspect is not None:
+        problem = check.inspect(case, out)
+        if problem:
+            return _Failure(problem, [])
+    return None
+
+
+# --------------------------------------------------------------- learner exceptions
+
+def _library_dirs() -> tuple[str, ...]:
+    """Folders whose frames are not the learner's: flashlib, the stdlib, site-packages."""
+    flashlib_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    paths = sysconfig.get_paths()
+    dirs = {flashlib_dir, paths.get("stdlib", ""), paths.get("purelib", ""), paths.get("platlib", "")}
+    return tuple(os.path.join(os.path.abspath(d), "") for d in dirs if d)
+
+
+def _learner_frame(exc: BaseException):
+    """The innermost traceback frame in the learner's code (a notebook cell, a test)."""
+    library = _library_dirs()
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        name = frame.filename
+        if name.startswith("<frozen") or os.path.abspath(name).startswith(library):
+            continue
+        return frame
+    return None
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    """The learner's own exception, out of Triton's interpreter wrapper."""
+    while type(exc).__name__ == "InterpreterError" and exc.__cause__ is not None:
+        exc = exc.__cause__
+    return exc
+
+
+#: Known messages whose cause the learner cannot guess: substring -> hint.
+_EXCEPTION_HINTS = {
+    "Cannot call @triton.jit'd outside of the scope of a kernel": (
+        "hint: if this is inside your kernel, triton was imported before flashlib, so "
+        "triton.language's own helpers (tl.cdiv, ...) were not made for the interpreter: "
+        "restart the kernel and `import flashlib` before `import triton`"),
+}
+
+
+def _describe_exception(exc: BaseException, max_lines: int = 8) -> list[str]:
+    """'Type: message' (a few lines: Triton's compile errors quote the source), then the learner's line."""
+    message = [line[:200] for line in str(exc).strip().splitlines()]
+    if len(message) > max_lines:
+        message = message[:max_lines - 1] + ["..."]
+    head = f"{type(exc).__name__}: {message[0]}" if message else type(exc).__name__
+    lines = ["\n    ".join([head] + message[1:])]
+    frame = _learner_frame(exc)
+    if frame is not None:
+        where = f"in {frame.name}, line {frame.lineno}"
+        lines.append(f"{where}: {frame.line.strip()}" if frame.line else where)
+    lines += [hint for known, hint in _EXCEPTION_HINTS.items() if known in str(exc)]
+    return lines
+
+
+# ------------------------------------------------------------------------ running
+
+class CheckResult(results.ExerciseResult):
+    """An ExerciseResult that shows nothing as a notebook cell's value.
+
+    The check has already printed its verdict; without this, a check cell would
+    print it twice (once more as the returned object's repr).
+    """
+
+    def _ipython_display_(self):
+        pass
+
+    def __eq__(self, other):
+        if isinstance(other, results.ExerciseResult):
+            return dataclasses.astuple(self) == dataclasses.astuple(other)
+        return NotImplemented
+
+    __hash__ = results.ExerciseResult.__hash__
+
+
+def fresh_generator(seed: int | None = None) -> torch.Generator:
+    """A CPU generator: seeded when asked (tests), otherwise fresh every call."""
+    return torch.Generator().manual_seed(secrets.randbits(62) if seed is None else seed)
+
+
+def _evaluate(check: Check, learner, seed: int | None, limit: float) -> tuple[bool, str, list[str]]:
+    """(passed, headline, detail lines) for the learner's object."""
+    refusal = check.accept(learner)
+    if refusal:
+        return False, refusal, []
+    cases = list(check.make_cases(fresh_generator(seed)))
+    for number, case in enumerate(cases, start=1):
+        where = f"case {number} of {len(cases)}: {case.description}"
+        try:
+            with time_limit(limit):
+                out = check.call(learner, case)
+        except CheckTimeout:
+            return False, (f"took longer than {limit:g} s "
+                           "(an infinite loop? a too-large grid?)"), [where]
+        except Exception as raised:  # the learner's code failed: explain, never raise
+            exc = _unwrap(raised)
+            if isinstance(exc, NotImplementedError):
+                return False, NOT_ATTEMPTED, []
+            return False, f"your code raised {type(exc).__name__}", [where] + _describe_exception(exc)
+        failure = _judge(check, case, out)
+        if failure is not None:
+            details = [where] + failure.details
+            headline = failure.headline
+            if failure.mistake is not None:
+                details.append(f"likely mistake: {failure.mistake.message}")
+                if failure.mistake.stub:
+                    headline = "not attempted yet? " + headline
+            return False, headline, details
+    plural = "s" if len(cases) != 1 else ""
+    return True, f"correct on {len(cases)} random case{plural}", []
+
+
+def run_check(check: Check, learner, *, seed: int | None = None,
+              time_limit_s: float | None = None) -> results.ExerciseResult:
+    """Run ``check`` on the learner's function or kernel; print, record and return the verdict.
+
+    ``seed`` fixes the random cases (tests); ``time_limit_s`` overrides the check's
+    time limit per case. Never raises for mistakes in the learner's code.
+    """
+    name, max_points, _ = exercise_info(check.exercise)
+    limit = check.time_limit if time_limit_s is None else time_limit_s
+    passed, headline, details = _evaluate(check, learner, seed, limit)
+    points = float(max_points) if passed else 0.0
+    mark = "✓" if passed else "✗"
+    text = f"{mark} {name}: {headline} ({points:g}/{float(max_points):g} points)"
+    text = "\n  ".join([text] + details)
+    result = CheckResult(exercise=check.exercise, passed=passed, points=points,
+                         max_points=float(max_points), feedback=text)
+    print(text)
+    return results.record(result)

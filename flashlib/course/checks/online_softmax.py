@@ -1,0 +1,455 @@
+"""Checks for notebook 03 (online softmax): the (m, l, acc) update and the merge of partials.
+
+Exercise signatures (stated in the notebook; 2-D tensors, one entry per query row):
+
+* ``online_update(m, l, acc, scores, v) -> (m_new, l_new, acc_new)`` with m, l (M,),
+  acc (M, D) unnormalised, scores (M, Bn) already scaled and masked (-inf), v (Bn, D).
+* ``merge_partials(a, b) -> (m, l, o)`` with a = (m_a, l_a, o_a), b = (m_b, l_b, o_b),
+  m, l (M,) and o (M, D) normalised, over two disjoint sets of keys.
+
+The learner's answer runs on float64 inputs: single steps from a real running state,
+first blocks with fully masked rows (-inf), large logits (x 1000), and whole problems
+run block by block (or chunk by chunk) against softmax(scores) @ V. A state is
+compared as one tensor (M, 2 + D) per case: the columns are m, l and then acc (or
+o); where the right m is -inf (no visible key yet) an m of -inf counts as 0, so
+that the comparison stays finite. The wrong answers it names: l or acc not
+rescaled, the factor's sign flipped, NaN from -inf - (-inf), the old max dropped,
+acc normalised too early; a merge without normalisation, without weights, with
+weights l only, with the sign flipped, or exp(m) without the max.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ...online_softmax import _subtractable, finalize, initial_state, online_softmax_step
+from ...reference import stable_softmax
+from ...validation import relative_error, tolerance
+from .framework import Case, Check, Mistake, register, run_check
+
+NOTEBOOK = "03_online_softmax"
+ONLINE_UPDATE = register(NOTEBOOK, "online_update", 2,
+                         "The (m, l, acc) update for one key block: running max, rescale, -inf safe")
+MERGE_PARTIALS = register(NOTEBOOK, "merge_partials", 2,
+                          "Merge two partial softmaxes (m, l, o) over disjoint keys, exactly")
+
+NEG_INF = float("-inf")
+TOLERANCE = tolerance(torch.float64)
+
+
+# ----------------------------------------------------------------------- packing
+
+def _pack(m, l, x, m_right):  # noqa: E741
+    """One tensor (M, 2 + D): columns m, l, x; m = -inf counts as 0 where the right m is -inf."""
+    m = torch.where(torch.isneginf(m) & torch.isneginf(m_right), torch.zeros_like(m), m)
+    return torch.cat([m.unsqueeze(-1), l.unsqueeze(-1), x], dim=-1)
+
+
+def _as_state(out, who: str, rows: int, head_dim: int, names=("m_new", "l_new", "acc_new")):
+    """The learner's (m, l, x) as float64 tensors of shapes (M,), (M,), (M, D), or a clear error."""
+    if not isinstance(out, (tuple, list)) or len(out) != 3:
+        got = type(out).__name__ + (f" of length {len(out)}" if isinstance(out, (tuple, list)) else "")
+        raise TypeError(f"{who} must return a tuple ({', '.join(names)}), got a {got}")
+    shapes = ((rows,), (rows,), (rows, head_dim))
+    state = []
+    for name, value, shape in zip(names, out, shapes):
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{who} returned {name} as a {type(value).__name__}, expected a torch.Tensor")
+        if tuple(value.shape) != shape:
+            raise ValueError(f"{who} returned {name} of shape {tuple(value.shape)}, expected {shape} "
+                             f"(M = {rows} query rows, D = {head_dim})")
+        state.append(value.detach().double().cpu())
+    return tuple(state)
+
+
+def _copy(value):
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_copy(v) for v in value)
+    return value
+
+
+# ------------------------------------------------------------------ online update
+
+@dataclasses.dataclass(frozen=True)
+class _Problem:
+    """A whole attention problem run block by block: scores (M, N) masked, v (N, D)."""
+
+    scores: torch.Tensor
+    v: torch.Tensor
+    block_n: int
+
+
+def _run_problem(step, problem: _Problem):
+    """Fold every key block with ``step``, then normalise: the final (m, l, o), packed."""
+    rows, head_dim = problem.scores.shape[0], problem.v.shape[1]
+    m, l, acc = initial_state((rows,), head_dim)  # noqa: E741
+    for start in range(0, problem.scores.shape[1], problem.block_n):
+        stop = start + problem.block_n
+        m, l, acc = step(m, l, acc, problem.scores[:, start:stop].clone(), problem.v[start:stop].clone())  # noqa: E741
+    m, l, o = finalize(m, l, acc)  # noqa: E741
+    return _pack(m, l, o, problem.scores.amax(dim=-1))
+
+
+def _update_outcome(step, *args):
+    """What ``step`` gives on a case: one packed step, or a whole problem's packed result."""
+    if len(args) == 1:
+        return _run_problem(step, args[0])
+    m, l, acc, scores, v = args  # noqa: E741
+    m_right = torch.maximum(m, scores.amax(dim=-1))
+    return _pack(*step(m, l, acc, scores, v), m_right)
+
+
+def _step_variant(m, l, acc, scores, v, *, rescale_l=True, rescale_acc=True, sign=1.0,  # noqa: E741
+                  guard=True, keep_old_max=True, shift=True, normalise=False, return_old_m=False):
+    """The update with one part done the way a typical bug does it."""
+    block_max = scores.amax(dim=-1)
+    m_new = torch.maximum(m, block_max) if keep_old_max else block_max
+    m_ref = _subtractable(m_new) if guard else m_new
+    if not shift:  # no max at all: everything relative to 0
+        m_ref = torch.zeros_like(m_new)
+    alpha = torch.exp(sign * (m - m_ref)) if shift else torch.ones_like(m)
+    p = torch.exp(scores - m_ref.unsqueeze(-1))
+    l_new = (alpha * l if rescale_l else l) + p.sum(dim=-1)
+    acc_new = (alpha.unsqueeze(-1) * acc if rescale_acc else acc) + p @ v
+    if normalise:
+        acc_new = acc_new / l_new.unsqueeze(-1)
+    return (m if return_old_m else m_new), l_new, acc_new
+
+
+def _update_mistake(name, message, **variant):
+    return Mistake(name, message, lambda *args: _update_outcome(
+        lambda *state: _step_variant(*state, **variant), *args))
+
+
+UPDATE_MISTAKES = (
+    _update_mistake(
+        "l not rescaled",
+        "l was not rescaled: when the max grows, the old sum is relative to the old max. "
+        "Use l_new = exp(m - m_new) * l + p.sum(-1)", rescale_l=False),
+    _update_mistake(
+        "acc not rescaled",
+        "acc was not rescaled: when the max grows, the old accumulator is relative to the old max. "
+        "Use acc_new = exp(m - m_new)[:, None] * acc + p @ v", rescale_acc=False),
+    _update_mistake(
+        "nothing rescaled",
+        "neither l nor acc was rescaled: multiply both by alpha = exp(m - m_new) before adding "
+        "this block's terms", rescale_l=False, rescale_acc=False),
+    _update_mistake(
+        "sign flipped",
+        "the rescale factor's sign is flipped: it is exp(m_old - m_new) (at most 1, since the max "
+        "only grows), not exp(m_new - m_old)", sign=-1.0),
+    _update_mistake(
+        "no -inf guard",
+        "NaN from -inf - (-inf): a row with m = -inf (no visible key yet) met a fully masked block, "
+        "so m_new = -inf and exp(scores - m_new) is exp(NaN). Subtract 0 where m_new is -inf: "
+        "m_safe = torch.where(m_new == float('-inf'), 0.0, m_new)", guard=False),
+    _update_mistake(
+        "old max dropped",
+        "m_new must be the max of the old m and this block's row max, "
+        "torch.maximum(m, scores.amax(-1)): the max so far, not the block's max", keep_old_max=False),
+    _update_mistake(
+        "scores not shifted",
+        "the scores are not shifted by the running max: exp(scores) overflows for large logits. "
+        "Use p = exp(scores - m_new[:, None]) and rescale the old state by exp(m - m_new)",
+        shift=False),
+    _update_mistake(
+        "acc normalised",
+        "acc was divided by l: acc must stay unnormalised (sum of exp(s - m) * v); the division "
+        "by l happens once, after the last block", normalise=True),
+    _update_mistake(
+        "old m returned",
+        "l and acc look right but m was not updated: return m_new = torch.maximum(m, "
+        "scores.amax(-1)), the max the new l and acc are relative to", return_old_m=True),
+)
+
+
+def _reference_state(gen, rows, keys, head_dim, spread=1.0):
+    """A running state after one real block of ``keys`` keys: (m, l, acc)."""
+    scores = torch.randn(rows, keys, generator=gen, dtype=torch.float64) * spread
+    v = torch.randn(keys, head_dim, generator=gen, dtype=torch.float64)
+    return online_softmax_step(*initial_state((rows,), head_dim), scores, v)
+
+
+def _step_case(description, m, l, acc, scores, v) -> Case:  # noqa: E741
+    m_right = torch.maximum(m, scores.amax(dim=-1))
+    expected = _pack(*online_softmax_step(m, l, acc, scores, v), m_right)
+    return Case(description, (m, l, acc, scores, v), expected, TOLERANCE,
+                shape_words="one row per query: [m, l, acc]",
+                context={"empty_rows": torch.isneginf(m_right), "x_name": "acc"})
+
+
+def _problem_case(description, scores, v, block_n) -> Case:
+    m_right = scores.amax(dim=-1)
+    empty = torch.isneginf(m_right)
+    safe_m = torch.where(empty, torch.zeros_like(m_right), m_right)
+    l_right = torch.exp(scores - safe_m.unsqueeze(-1)).sum(dim=-1)
+    expected = _pack(m_right, l_right, stable_softmax(scores, dim=-1) @ v, m_right)
+    return Case(description, (_Problem(scores, v, block_n),), expected, TOLERANCE,
+                shape_words="one row per query: [m, l, o]",
+                context={"empty_rows": empty, "x_name": "o = acc / l"})
+
+
+def _update_cases(gen):
+    def randn(*shape, scale=1.0):
+        return torch.randn(shape, generator=gen, dtype=torch.float64) * scale
+
+    rows, block, d = 6, 8, 4
+    # 1: the max grows in even rows (+2) and stays in odd rows (-2)
+    m, l, acc = _reference_state(gen, rows, 5, d)  # noqa: E741
+    shift = torch.tensor([2.0, -2.0] * (rows // 2), dtype=torch.float64).unsqueeze(-1)
+    cases = [_step_case(f"{rows} query rows, a block of {block} keys, D = {d}, float64; the running "
+                        "max grows in rows 0, 2, 4 and stays in rows 1, 3, 5",
+                        m, l, acc, randn(rows, block) + shift, randn(block, d))]
+    # 2: the first block, some entries masked, rows 1 and 4 fully masked
+    scores = randn(rows, block).masked_fill(torch.rand(rows, block, generator=gen) < 0.3, NEG_INF)
+    scores[[1, 4]] = NEG_INF
+    cases.append(_step_case("the first block (m = -inf, l = 0, acc = 0); some scores -inf, rows 1 and 4 "
+                            "fully masked (every score -inf)", *initial_state((rows,), d), scores,
+                            randn(block, d)))
+    # 3: a fully masked block after visible keys (rows 0-3), and an empty row meeting one (row 5)
+    m, l, acc = _reference_state(gen, rows, 5, d)  # noqa: E741
+    m[5], l[5], acc[5] = NEG_INF, 0.0, 0.0
+    scores = randn(rows, block)
+    scores[[0, 1, 2, 3, 5]] = NEG_INF
+    cases.append(_step_case("a later block that is fully masked (-inf) for rows 0, 1, 2, 3 and 5; "
+                            "row 5 has seen no visible key yet (m = -inf, l = 0)", m, l, acc, scores,
+                            randn(block, d)))
+    # 4: large logits: the max grows by hundreds
+    m, l, acc = _reference_state(gen, rows, 5, d, spread=1000.0)  # noqa: E741
+    cases.append(_step_case("large logits (standard normal x 1000): exp(scores) overflows unless "
+                            "shifted by the max", m, l, acc, randn(rows, block, scale=1000.0),
+                            randn(block, d)))
+    # 5: a whole problem, block by block, causal with more queries than keys and large logits
+    n_q, n_k, block_n = 10, 22, 4
+    scores = randn(n_q, n_k, scale=30.0)
+    visible = torch.arange(n_k).unsqueeze(0) <= torch.arange(n_q).unsqueeze(1) - 2
+    scores = scores.masked_fill(~visible, NEG_INF)  # query i sees keys j <= i - 2: rows 0, 1 see none
+    cases.append(_problem_case(f"a whole problem: {n_q} queries, {n_k} keys in blocks of {block_n} "
+                               "(the last one 2 wide), query i sees keys j <= i - 2 (rows 0 and 1 see none), "
+                               "logits x 30; your update runs on every block from m = -inf, l = 0, "
+                               "acc = 0, then o = acc / l (0 where l = 0)",
+                               scores, randn(n_k, 5), block_n))
+    return cases
+
+
+class _NoneReturned(Exception):
+    """The learner's function returned None (a missing return)."""
+
+
+def _call_update(learner, case: Case):
+    def step(m, l, acc, scores, v):  # noqa: E741
+        out = learner(m.clone(), l.clone(), acc.clone(), scores.clone(), v.clone())
+        if out is None:
+            raise _NoneReturned
+        return _as_state(out, "online_update", m.shape[0], acc.shape[1])
+
+    try:
+        return _update_outcome(step, *_copy(case.args))
+    except _NoneReturned:
+        return None
+
+
+def _explain_parts(case: Case, out: torch.Tensor) -> list[str]:
+    """Which of m, l and acc (or o) are wrong, and what an empty row must hold."""
+    x_name = case.context["x_name"]
+    expected = case.expected
+    parts = [("m", out[:, 0], expected[:, 0]), ("l", out[:, 1], expected[:, 1]),
+             (x_name, out[:, 2:], expected[:, 2:])]
+    verdicts = [f"{name} {'right' if relative_error(o, e) <= case.tolerance else 'wrong'}"
+                for name, o, e in parts]
+    lines = [f"compared per query row as [m, l, {x_name}] (column 0 is m, 1 is l): "
+             + ", ".join(verdicts)]
+    empty = case.context["empty_rows"]
+    bad_empty = empty & (out[:, 0] != 0)
+    if bad_empty.any():
+        row = int(bad_empty.nonzero()[0])
+        lines.append(f"row {row} has seen no visible key: m must stay -inf (with l = 0), "
+                     f"got m = {out[row, 0].item():.4g}")
+    return lines
+
+
+ONLINE_UPDATE_CHECK = Check(
+    ONLINE_UPDATE, _update_cases, UPDATE_MISTAKES, call=_call_update, explain=_explain_parts,
+    nonfinite_hint=("NaN or inf: NaN usually comes from exp(-inf - (-inf)) in a row with no visible "
+                    "key (subtract 0 where m_new is -inf); inf from exp of unshifted large scores"))
+
+
+def check_online_update(fn, *, seed: int | None = None, time_limit_s: float | None = None):
+    """Check ``fn(m, l, acc, scores, v) -> (m_new, l_new, acc_new)``, the update for one key block."""
+    return run_check(ONLINE_UPDATE_CHECK, fn, seed=seed, time_limit_s=time_limit_s)
+
+
+# ------------------------------------------------------------------------- merge
+
+def _merge_variant(a, b, *, weights="exp", sign=1.0, guard=True, normalise=True,
+                   l_from="weights", first_m=False):
+    """The merge with one part done the way a typical bug does it.
+
+    ``weights``: "exp" (l * exp(sign * (m_side - m))), "l" (l alone), "no max"
+    (l * exp(m_side)) or "none" (1 each); ``l_from``: "weights" (w_a + w_b),
+    "right" (the correct l) or "plain" (l_a + l_b).
+    """
+    (m_a, l_a, o_a), (m_b, l_b, o_b) = a, b
+    m = torch.maximum(m_a, m_b)
+    m_ref = _subtractable(m) if guard else m
+    if weights == "exp":
+        w_a, w_b = l_a * torch.exp(sign * (m_a - m_ref)), l_b * torch.exp(sign * (m_b - m_ref))
+    elif weights == "l":
+        w_a, w_b = l_a, l_b
+    elif weights == "no max":
+        w_a, w_b = l_a * torch.exp(m_a), l_b * torch.exp(m_b)
+    else:
+        w_a, w_b = torch.ones_like(l_a), torch.ones_like(l_b)
+    right_l = l_a * torch.exp(m_a - _subtractable(m)) + l_b * torch.exp(m_b - _subtractable(m))
+    l = {"weights": w_a + w_b, "right": right_l, "plain": l_a + l_b}[l_from]  # noqa: E741
+    o = w_a.unsqueeze(-1) * o_a + w_b.unsqueeze(-1) * o_b
+    if normalise:
+        total = w_a + w_b
+        o = o / torch.where(total > 0, total, torch.ones_like(total)).unsqueeze(-1)
+    return (m_a if first_m else m), l, o
+
+
+def _merge_all(merge, parts):
+    """((p0 + p1) + (p2 + p3)): a tree of merges over four chunks."""
+    return merge(merge(parts[0], parts[1]), merge(parts[2], parts[3]))
+
+
+def _merge_outcome(merge, *args):
+    """What ``merge`` gives on a case, packed: two partials, or a tree over four chunks."""
+    if len(args) == 1:
+        parts = args[0]
+        out = _merge_all(merge, parts)
+        m_right = torch.stack([p[0] for p in parts]).amax(dim=0)
+    else:
+        out = merge(*args)
+        m_right = torch.maximum(args[0][0], args[1][0])
+    return _pack(*out, m_right)
+
+
+def _merge_mistake(name, message, *variants):
+    """A mistake with one or more variants (keyword sets for :func:`_merge_variant`)."""
+    return Mistake(name, message, lambda *args: [
+        _merge_outcome(lambda a, b, kw=kw: _merge_variant(a, b, **kw), *args) for kw in variants])
+
+
+MERGE_MISTAKES = (
+    _merge_mistake(
+        "not normalised",
+        "the merged output is not normalised: divide w_a * o_a + w_b * o_b by l = w_a + w_b, "
+        "so that the two weights sum to 1",
+        dict(normalise=False), dict(normalise=False, l_from="plain")),
+    _merge_mistake(
+        "outputs added",
+        "the outputs are added (or averaged) without weights: each side counts in proportion to "
+        "its share of the row's exp-mass, w = l * exp(m_side - m), and o = (w_a o_a + w_b o_b) / "
+        "(w_a + w_b)",
+        *[dict(weights="none", normalise=normalise, l_from=l_from)
+          for normalise in (False, True) for l_from in ("right", "plain", "weights")]),
+    _merge_mistake(
+        "weights without exp",
+        "the weights are l_a and l_b alone: each l is relative to its own max, so move it to the "
+        "common max first, w = l * exp(m_side - m) with m = max(m_a, m_b)",
+        dict(weights="l"), dict(weights="l", l_from="right")),
+    _merge_mistake(
+        "sign flipped",
+        "the sign in the exp is flipped: each side's weight is l * exp(m_side - m) (at most l, "
+        "since m is the larger max), not l * exp(m - m_side)",
+        dict(sign=-1.0), dict(sign=-1.0, l_from="right")),
+    _merge_mistake(
+        "l not rescaled",
+        "o looks right but l is not: the merged l is relative to the merged max, "
+        "l = l_a * exp(m_a - m) + l_b * exp(m_b - m)",
+        dict(l_from="plain")),
+    _merge_mistake(
+        "no -inf guard",
+        "NaN where both sides are empty (m = -inf, l = 0): exp(-inf - (-inf)) is NaN. Subtract 0 "
+        "where the merged m is -inf, and give l = 0, o = 0 there",
+        dict(guard=False)),
+    _merge_mistake(
+        "exp(m) without the max",
+        "exp(m_a) and exp(m_b) overflow (or underflow to 0) for large logits: subtract the merged "
+        "max first, w = l * exp(m_side - max(m_a, m_b))",
+        dict(weights="no max")),
+    _merge_mistake(
+        "m not the max",
+        "the merged m must be max(m_a, m_b), the max over both key sets",
+        dict(first_m=True)),
+)
+
+
+def _partial(scores, v):
+    """(m, l, o) of softmax attention over these keys (reference, from its definition)."""
+    m = scores.amax(dim=-1)
+    safe_m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+    return (m, torch.exp(scores - safe_m.unsqueeze(-1)).sum(dim=-1), stable_softmax(scores, dim=-1) @ v)
+
+
+def _merge_case(description, scores, v, cuts) -> Case:
+    """Partials over the key ranges between ``cuts``; expected: the partial over all keys."""
+    parts = [_partial(scores[:, a:b], v[a:b]) for a, b in zip(cuts, cuts[1:])]
+    whole = _partial(scores, v)
+    expected = _pack(*whole, whole[0])
+    args = (parts,) if len(parts) > 2 else tuple(parts)
+    return Case(description, args, expected, TOLERANCE, shape_words="one row per query: [m, l, o]",
+                context={"empty_rows": torch.isneginf(whole[0]), "x_name": "o"})
+
+
+def _merge_cases(gen):
+    def randn(*shape, scale=1.0):
+        return torch.randn(shape, generator=gen, dtype=torch.float64) * scale
+
+    rows, d = 6, 4
+    # 1: keys 0..7 and 8..12; side a has the larger max in even rows, side b in odd rows
+    scores = randn(rows, 13) * 2
+    scores[0::2, :8] += 3.0
+    scores[1::2, 8:] += 3.0
+    cases = [_merge_case(f"{rows} query rows, D = {d}, float64: a = keys 0..7, b = keys 8..12; the larger "
+                         "max is in a for rows 0, 2, 4 and in b for rows 1, 3, 5", scores, randn(13, d),
+                         [0, 8, 13])]
+    # 2: empty sides: a empty in rows 0, 1; b empty in rows 2, 3; both in row 4
+    scores = randn(rows, 10)
+    scores[[0, 1, 4], :6] = NEG_INF
+    scores[[2, 3, 4], 6:] = NEG_INF
+    cases.append(_merge_case("a = keys 0..5, b = keys 6..9 with fully masked sides: a is empty "
+                             "(m = -inf, l = 0, o = 0) in rows 0, 1, 4, b in rows 2, 3, 4",
+                             scores, randn(10, d), [0, 6, 10]))
+    # 3: large logits: the two maxes differ by hundreds
+    scores = randn(rows, 12, scale=1000.0)
+    cases.append(_merge_case("large logits (standard normal x 1000): the two maxes differ by hundreds",
+                             scores, randn(12, d), [0, 5, 12]))
+    # 4: four chunks, merged as a tree, some rows with masked chunks
+    scores = randn(8, 20, scale=5.0)
+    scores[[0, 3], 4:11] = NEG_INF
+    scores[5] = NEG_INF
+    cases.append(_merge_case("four chunks of keys (0..3, 4..10, 11..15, 16..19), logits x 5, merged as "
+                             "merge(merge(p0, p1), merge(p2, p3)); row 5 fully masked",
+                             scores, randn(20, d), [0, 4, 11, 16, 20]))
+    return cases
+
+
+def _call_merge(learner, case: Case):
+    def merge(a, b):
+        out = learner(_copy(a), _copy(b))
+        if out is None:
+            raise _NoneReturned
+        return _as_state(out, "merge_partials", a[0].shape[0], a[2].shape[1], names=("m", "l", "o"))
+
+    try:
+        return _merge_outcome(merge, *_copy(case.args))
+    except _NoneReturned:
+        return None
+
+
+MERGE_PARTIALS_CHECK = Check(
+    MERGE_PARTIALS, _merge_cases, MERGE_MISTAKES, call=_call_merge, explain=_explain_parts,
+    nonfinite_hint=("NaN or inf: NaN usually comes from exp(-inf - (-inf)) where both sides are "
+                    "empty (subtract 0 where the merged m is -inf) or 0/0 (divide by l only where "
+                    "l > 0); inf from exp(m) of large logits without subtracting the max"))
+
+
+def check_merge_partials(fn, *, seed: int | None = None, time_limit_s: float | None = None):
+    """Check ``fn(a, b) -> (m, l, o)``: the merge of two partial softmaxes a = (m_a, l_a, o_a), b."""
+    return run_check(MERGE_PARTIALS_CHECK, fn, seed=seed, time_limit_s=time_limit_s)

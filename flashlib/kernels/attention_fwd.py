@@ -1,0 +1,298 @@
+"""FlashAttention forward in Triton (FlashAttention-2 loop order).
+
+One program computes one BLOCK_M block of query rows of one (batch, head). It
+loops over blocks of BLOCK_N keys, keeping for every row a running max ``m``, a
+running sum ``l`` and an unnormalised output ``acc``, all in float32 (the
+online softmax). At the end ``O = acc / l`` and the row logsumexp
+``L = m + log(l)`` (natural log, as ``flashlib.reference`` and the backward use)
+are written. The exponentials use ``exp2`` with ``log2(e) * scale`` folded into
+the scores, which saves one multiply per score.
+
+Masks (semantics of :mod:`flashlib.reference`): every mask used here is a band,
+query row ``i`` (at key position ``i' = i + N_k - N_q``, bottom-right aligned)
+sees keys ``i' - left <= j <= i' + right`` and ``j < seq_len``. So for a block of
+rows, the visible keys form one interval and the kernel never visits a key
+block outside it (block early exit: blocks above the causal diagonal, left of a
+sliding window, or past a sample's length are not loaded). Inside that interval
+the blocks that every row sees whole need no element mask; only the blocks that
+cut the band's edges do. The loop is therefore split in three stages::
+
+    key blocks:  [lo, full_lo)    [full_lo, full_hi)    [full_hi, hi)
+                 masked           no mask at all        masked
+                 (window's left   (the fast path)       (diagonal, window's
+                  edge)                                  right edge, N_k or
+                                                         seq_len tail)
+
+Precision: q @ k^T and p @ v accumulate in float32. With float16/bfloat16
+inputs ``p`` is cast to v's dtype before the second ``tl.dot``, as every
+FlashAttention does (tensor cores take 16-bit operands). With float32 inputs
+``tl.dot`` runs at its default precision, which on a GPU is TF32 (10-bit
+mantissa): compare with ``flashlib.validation.tolerance``.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import runtime
+from ..reference import _window_bounds, softmax_scale_for
+
+LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) == exp2(x * LOG2E)
+LN2 = tl.constexpr(0.6931471805599453)  # ln(2): ln(x) == log2(x) * LN2
+
+
+@triton.jit
+def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, start, end,
+                    stride_kn, stride_kd, stride_vn, stride_vd,
+                    offs_m, offs_d, k_len, offset, window_left, window_right, qk_scale,
+                    tile_ptr,
+                    MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                    EVEN_D: tl.constexpr, HEAD_DIM: tl.constexpr, RECORD_TILES: tl.constexpr,
+                    BLOCK_N: tl.constexpr):
+    """Online-softmax update of (acc, l_i, m_i) over the key blocks [start, end).
+
+    ``MASKED`` blocks get an element mask (band edges, key tail) and loads masked
+    on ``j < k_len``; unmasked blocks are read and used as they are.
+    """
+    offs_n = tl.arange(0, BLOCK_N)
+    # K^T tile (BLOCK_D, BLOCK_N) and V tile (BLOCK_N, BLOCK_D) of the first block, through strides.
+    k_ptrs = k_base + (start + offs_n)[None, :] * stride_kn + offs_d[:, None] * stride_kd
+    v_ptrs = v_base + (start + offs_n)[:, None] * stride_vn + offs_d[None, :] * stride_vd
+    for start_n in range(start, end, BLOCK_N):
+        cols = start_n + offs_n
+        if MASKED:
+            k = tl.load(k_ptrs, mask=(cols[None, :] < k_len) & (offs_d[:, None] < HEAD_DIM), other=0.0)
+            v = tl.load(v_ptrs, mask=(cols[:, None] < k_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        elif EVEN_D:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+        else:
+            k = tl.load(k_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+            v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+
+        qk = tl.dot(q, k) * qk_scale  # scores in log2 units
+        if MASKED:
+            rows = offs_m[:, None] + offset  # i' = i + N_k - N_q (bottom-right alignment)
+            visible = cols[None, :] < k_len
+            if HAS_LEFT:
+                visible = visible & (cols[None, :] >= rows - window_left)
+            if HAS_RIGHT:
+                visible = visible & (cols[None, :] <= rows + window_right)
+            qk = tl.where(visible, qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            # A row with no visible key so far keeps m = -inf; subtract 0 instead so that
+            # exp2(-inf - (-inf)) = NaN never happens: its p and alpha are then exactly 0.
+            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            m_sub = m_new  # every score of an unmasked block is finite
+        p = tl.math.exp2(qk - m_sub[:, None])
+        alpha = tl.math.exp2(m_i - m_sub)  # rescale of what was accumulated so far
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+        if RECORD_TILES:
+            tl.store(tile_ptr + start_n // BLOCK_N, 2 if MASKED else 1)
+        k_ptrs += BLOCK_N * stride_kn
+        v_ptrs += BLOCK_N * stride_vn
+    return acc, l_i, m_i
+
+
+@triton.jit
+def attention_fwd_kernel(
+    Q, K, V, O, LSE, SEQ_LENS, TILES, sm_scale,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_on, stride_od,
+    H, KV_GROUP, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT,
+    Q_BUCKET, K_BUCKET,  # only keys for the autotuner (N rounded up to a power of two)
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_SEQ_LENS: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    RECORD_TILES: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """O, LSE for query block ``program_id(0)`` of (batch, head) ``program_id(1)``.
+
+    Q, K, V, O are (B, H, N, D) through their strides (any layout); K, V have
+    ``H // KV_GROUP`` heads (GQA: query head h reads kv head h // KV_GROUP).
+    LSE is (B, H, N_q) contiguous float32. SEQ_LENS (B,) int32 when HAS_SEQ_LENS.
+    TILES (B*H, cdiv(N_q, BLOCK_M), cdiv(N_k, BLOCK_N)) int8 when RECORD_TILES:
+    1 for a block visited without mask, 2 with mask (skipped blocks untouched).
+    """
+    start_m = tl.program_id(0)
+    off_hz = tl.program_id(1)
+    off_b = off_hz // H
+    off_h = off_hz % H
+    off_kvh = off_h // KV_GROUP
+    # 64-bit base offsets: B * H * N * D may exceed 2**31 elements.
+    q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
+    k_base = K + off_b.to(tl.int64) * stride_kb + off_kvh.to(tl.int64) * stride_kh
+    v_base = V + off_b.to(tl.int64) * stride_vb + off_kvh.to(tl.int64) * stride_vh
+    o_base = O + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
+
+    q_len = N_CTX_Q
+    k_len = N_CTX_K
+    if HAS_SEQ_LENS:
+        seq_len = tl.load(SEQ_LENS + off_b)
+        q_len = tl.minimum(seq_len, N_CTX_Q)
+        k_len = tl.minimum(seq_len, N_CTX_K)
+    offset = N_CTX_K - N_CTX_Q
+
+    # The key interval [lo, hi) seen by the valid rows of this block, and the part
+    # [full_lo, full_hi) of it that every valid row sees whole.
+    m0 = start_m * BLOCK_M
+    row_lo = m0 + offset  # i' of the first row
+    row_hi = tl.minimum(m0 + BLOCK_M, q_len) - 1 + offset  # i' of the last valid row
+    lo = 0
+    hi = k_len
+    full_lo = 0
+    full_hi = k_len
+    if HAS_LEFT:
+        lo = tl.maximum(row_lo - WINDOW_LEFT, 0)
+        full_lo = tl.cdiv(tl.maximum(row_hi - WINDOW_LEFT, 0), BLOCK_N) * BLOCK_N
+    if HAS_RIGHT:
+        hi = tl.minimum(row_hi + WINDOW_RIGHT + 1, k_len)
+        full_hi = tl.minimum(tl.maximum(row_lo + WINDOW_RIGHT + 1, 0), k_len)
+    lo = (lo // BLOCK_N) * BLOCK_N  # lo >= 0, so // is the same floor in numpy and on the GPU
+    full_hi = (full_hi // BLOCK_N) * BLOCK_N
+    hi = tl.where(m0 < q_len, hi, lo)  # a block of padding rows only computes nothing
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
+
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
+    q_ptrs = q_base + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd
+    q = tl.load(q_ptrs, mask=(offs_m[:, None] < N_CTX_Q) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+
+    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    qk_scale = sm_scale * LOG2E
+    tile_ptr = TILES
+    if RECORD_TILES:
+        tile_ptr = TILES + (off_hz * tl.cdiv(N_CTX_Q, BLOCK_M) + start_m) * tl.cdiv(N_CTX_K, BLOCK_N)
+
+    if HAS_LEFT:  # stage 1: blocks cut by the window's left edge
+        acc, l_i, m_i = _attn_fwd_inner(
+            acc, l_i, m_i, q, k_base, v_base, lo, full_lo, stride_kn, stride_kd, stride_vn, stride_vd,
+            offs_m, offs_d, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT, qk_scale, tile_ptr,
+            True, HAS_LEFT, HAS_RIGHT, EVEN_D, HEAD_DIM, RECORD_TILES, BLOCK_N)
+    # stage 2: blocks every row sees whole, no mask
+    acc, l_i, m_i = _attn_fwd_inner(
+        acc, l_i, m_i, q, k_base, v_base, full_lo, full_hi, stride_kn, stride_kd, stride_vn, stride_vd,
+        offs_m, offs_d, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT, qk_scale, tile_ptr,
+        False, HAS_LEFT, HAS_RIGHT, EVEN_D, HEAD_DIM, RECORD_TILES, BLOCK_N)
+    # stage 3: the diagonal / window's right edge, and the key tail (N_k or seq_len)
+    acc, l_i, m_i = _attn_fwd_inner(
+        acc, l_i, m_i, q, k_base, v_base, full_hi, hi, stride_kn, stride_kd, stride_vn, stride_vd,
+        offs_m, offs_d, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT, qk_scale, tile_ptr,
+        True, HAS_LEFT, HAS_RIGHT, EVEN_D, HEAD_DIM, RECORD_TILES, BLOCK_N)
+
+    # Rows with no visible key (l = 0) and rows past the sample's length: O = 0, L = -inf.
+    valid = (offs_m < q_len) & (l_i > 0.0)
+    l_safe = tl.where(valid, l_i, 1.0)
+    out = tl.where(valid[:, None], acc / l_safe[:, None], 0.0)
+    lse = tl.where(valid, (m_i + tl.math.log2(l_safe)) * LN2, float("-inf"))
+    o_ptrs = o_base + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
+    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=(offs_m[:, None] < N_CTX_Q) & (offs_d[None, :] < HEAD_DIM))
+    tl.store(LSE + off_hz.to(tl.int64) * N_CTX_Q + offs_m, lse, mask=offs_m < N_CTX_Q)
+
+
+# Shared memory a config may use (bytes): fits A100 (164 KB) and H100 (228 KB).
+_SMEM_BUDGET = 160 * 1024
+
+#: Autotune candidates (BLOCK_M, BLOCK_N, num_stages, num_warps), a dozen points of the
+#: space of Triton's fused-attention tutorial (BLOCK_M 64/128, BLOCK_N 32..128, 2-4
+#: stages, 4/8 warps) that do well on Ampere and Hopper; few, since each one compiles.
+GPU_CONFIGS = [
+    (128, 128, 3, 8), (128, 128, 2, 8),
+    (128, 64, 3, 8), (128, 64, 4, 4), (128, 64, 2, 8),
+    (128, 32, 4, 4), (128, 32, 2, 8),
+    (64, 64, 4, 4), (64, 64, 3, 4), (64, 64, 2, 4),
+    (64, 32, 4, 4), (64, 32, 2, 4),
+]
+
+
+def _gpu_configs():
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=stages, num_warps=warps)
+            for bm, bn, stages, warps in GPU_CONFIGS]
+
+
+def _fits(config, head_dim: int, q_bucket: int) -> bool:
+    """Keep configs whose tiles fit shared memory and registers for this head_dim."""
+    bm, bn = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
+    warps, stages = config.num_warps, config.num_stages
+    if bm * head_dim > 4096 * warps:  # acc alone would take > 128 fp32 registers per thread
+        return False
+    if 2 * head_dim * (bm + 2 * bn * stages) > _SMEM_BUDGET:  # Q tile + K, V tiles per stage, 16-bit
+        return False
+    return bm <= max(64, q_bucket)  # no 128-row blocks for short queries (decoding)
+
+
+def _prune_configs(configs, named_args, **kwargs):
+    """Triton's early_config_prune hook: drop configs that cannot fit or do not fit N_q."""
+    head_dim, q_bucket = named_args["BLOCK_D"], named_args["Q_BUCKET"]
+    kept = [c for c in configs if _fits(c, head_dim, q_bucket)]
+    return kept or [triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_stages=2, num_warps=4)]
+
+
+#: The kernel with BLOCK_M, BLOCK_N, warps and stages chosen by benchmarking on the GPU,
+#: once per (N_q and N_k rounded to powers of two, head_dim, mask kind, dtype).
+attention_fwd_kernel_autotuned = triton.autotune(
+    configs=_gpu_configs(),
+    key=["Q_BUCKET", "K_BUCKET", "HEAD_DIM", "HAS_SEQ_LENS", "HAS_LEFT", "HAS_RIGHT"],
+    prune_configs_by={"early_config_prune": _prune_configs},
+)(attention_fwd_kernel)
+
+#: The block sizes used in the interpreter, where autotuning would only measure numpy.
+INTERPRETER_BLOCKS = dict(BLOCK_M=32, BLOCK_N=32)
+
+MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
+
+
+def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             o: torch.Tensor, lse: torch.Tensor, *, causal: bool = False,
+                             window=None, seq_lens: torch.Tensor | None = None,
+                             softmax_scale: float | None = None,
+                             block_m: int | None = None, block_n: int | None = None,
+                             tiles: torch.Tensor | None = None):
+    """Run the forward kernel on checked (B, H, N, D) tensors (any strides); fill o and lse.
+
+    q, o: (B, H, N_q, D); k, v: (B, H_kv, N_k, D); lse: (B, H, N_q) contiguous float32.
+    Arguments are *not* checked here (``flashlib.attention`` does it). Block sizes:
+    given ones, else the interpreter's fixed ones, else autotuned on the GPU.
+    ``tiles`` (int8, zeros, (B*H, cdiv(N_q, block_m), cdiv(N_k, block_n))) records
+    which key blocks each program visited: 1 unmasked, 2 masked, 0 skipped.
+    """
+    batch, heads, n_q, head_dim = q.shape
+    n_k = k.shape[2]
+    left, right = _window_bounds(causal, window)
+    sm_scale = softmax_scale_for(head_dim, softmax_scale)
+    args = dict(
+        H=heads, KV_GROUP=heads // k.shape[1], N_CTX_Q=n_q, N_CTX_K=n_k,
+        WINDOW_LEFT=left or 0, WINDOW_RIGHT=right or 0,
+        Q_BUCKET=triton.next_power_of_2(n_q), K_BUCKET=triton.next_power_of_2(n_k),
+        HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        HAS_SEQ_LENS=seq_lens is not None, HAS_LEFT=left is not None, HAS_RIGHT=right is not None,
+        RECORD_TILES=tiles is not None,
+    )
+    tensors = (q, k, v, o, lse, seq_lens, tiles)
+    strides = (*q.stride(), *k.stride(), *v.stride(), *o.stride())
+    if block_m is None and runtime.INTERPRET:
+        block_m, block_n = INTERPRETER_BLOCKS["BLOCK_M"], INTERPRETER_BLOCKS["BLOCK_N"]
+    if block_m is not None:
+        grid = (triton.cdiv(n_q, block_m), batch * heads)
+        attention_fwd_kernel[grid](*tensors, sm_scale, *strides, **args,
+                                   BLOCK_M=block_m, BLOCK_N=block_n)
+    else:
+        if tiles is not None:
+            raise ValueError("tiles needs fixed block sizes: pass block_m and block_n")
+
+        def grid(meta):
+            return (triton.cdiv(n_q, meta["BLOCK_M"]), batch * heads)
+
+        attention_fwd_kernel_autotuned[grid](*tensors, sm_scale, *strides, **args)
+    return o, lse

@@ -1,0 +1,527 @@
+"""The exercise checks pass right answers and name the mistake in wrong ones.
+
+Every wrong answer here is a bug a learner plausibly writes. Wrong kernels are
+real @triton.jit kernels at module level (Triton needs their source).
+"""
+import math
+import signal
+import threading
+
+import pytest
+import torch
+
+from flashlib import runtime  # before triton: flashlib picks the interpreter on a CPU
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from flashlib.course import checks, results
+from flashlib.course.checks import framework
+from flashlib.kernels.matmul import matmul_kernel
+
+interpreter_only = pytest.mark.skipif(not runtime.INTERPRET, reason="needs Triton's interpreter")
+
+
+def _scaled_scores(q, k):
+    return q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+
+
+# ------------------------------------------------------------- naive attention
+
+def attention_right(q, k, v):
+    return torch.softmax(_scaled_scores(q, k), dim=-1) @ v
+
+
+def attention_blank(q, k, v):
+    raise NotImplementedError("write naive attention here")
+
+
+def attention_no_scale(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v
+
+
+def attention_scale_1_over_d(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1], dim=-1) @ v
+
+
+def attention_softmax_over_queries(q, k, v):
+    return torch.softmax(_scaled_scores(q, k), dim=-2) @ v
+
+
+def attention_k_not_transposed(q, k, v):
+    return torch.softmax(q @ k / math.sqrt(q.shape[-1]), dim=-1) @ v
+
+
+def attention_returns_p(q, k, v):
+    return torch.softmax(_scaled_scores(q, k), dim=-1)
+
+
+def attention_hangs(q, k, v):
+    while True:
+        pass
+
+
+def attention_raises(q, k, v):
+    both = torch.cat([q, k], dim=5)
+    return both
+
+
+def test_naive_attention_passes_the_right_answer(capsys):
+    result = checks.check_naive_attention(attention_right)
+    assert result.passed and result.points == result.max_points == 2
+    assert result.exercise == "01_naive_attention.naive_attention"
+    assert capsys.readouterr().out == "✓ naive_attention: correct on 5 random cases (2/2 points)\n"
+
+
+def test_naive_attention_passing_verdict_is_deterministic():
+    first = checks.check_naive_attention(attention_right)
+    second = checks.check_naive_attention(attention_right)
+    assert first.feedback == second.feedback
+
+
+def test_naive_attention_blank_is_not_attempted(capsys):
+    result = checks.check_naive_attention(attention_blank)
+    assert not result.passed and result.points == 0
+    assert "not attempted yet: replace `raise NotImplementedError`" in result.feedback
+    assert capsys.readouterr().out.strip() == result.feedback
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (attention_no_scale, "1/sqrt(d) scale is missing"),
+    (attention_scale_1_over_d, "1/d instead of 1/sqrt(d)"),
+    (attention_softmax_over_queries, "softmax is over the wrong dimension"),
+    (attention_k_not_transposed, "K is not transposed"),
+    (attention_returns_p, "returned the attention probabilities P"),
+])
+def test_naive_attention_names_the_mistake(wrong, words):
+    result = checks.check_naive_attention(wrong)
+    assert not result.passed
+    assert "likely mistake: looks like" in result.feedback and words in result.feedback
+    assert "case 1 of 5" in result.feedback and "expected" in result.feedback
+
+
+def test_naive_attention_wrong_shape_is_explained():
+    result = checks.check_naive_attention(lambda q, k, v: attention_right(q, k, v).transpose(1, 2))
+    assert not result.passed
+    assert "wrong shape" in result.feedback
+    assert "expected shape (1, 2, 16, 16) = (B, H, N_q, D), got (1, 16, 2, 16)" in result.feedback
+
+
+def test_naive_attention_shape_of_p_is_named_when_n_k_differs_from_d():
+    # Past the square first case (where P is caught by its values), P has the wrong shape.
+    def p_except_on_square(q, k, v):
+        square = k.shape[-2] == q.shape[-1]
+        return attention_right(q, k, v) if square else attention_returns_p(q, k, v)
+
+    result = checks.check_naive_attention(p_except_on_square)
+    assert "case 2 of 5" in result.feedback and "wrong shape" in result.feedback
+    assert "returned the attention probabilities P" in result.feedback
+
+
+def test_naive_attention_wrong_dtype_and_none_are_explained():
+    as_float32 = checks.check_naive_attention(lambda q, k, v: attention_right(q, k, v).float())
+    assert "wrong dtype" in as_float32.feedback and "expected torch.float64, got torch.float32" in as_float32.feedback
+    returns_none = checks.check_naive_attention(lambda q, k, v: None)
+    assert "returned None" in returns_none.feedback and "`return` missing" in returns_none.feedback
+
+
+def test_naive_attention_hang_is_stopped_by_the_time_limit():
+    result = checks.check_naive_attention(attention_hangs, time_limit_s=0.3)
+    assert not result.passed
+    assert "took longer than 0.3 s (an infinite loop? a too-large grid?)" in result.feedback
+
+
+def test_naive_attention_exception_shows_type_message_and_line():
+    result = checks.check_naive_attention(attention_raises)
+    assert not result.passed
+    assert "your code raised IndexError" in result.feedback
+    assert "Dimension out of range" in result.feedback
+    assert "in attention_raises, line" in result.feedback
+    assert "both = torch.cat([q, k], dim=5)" in result.feedback
+
+
+# -------------------------------------------------------------- stable softmax
+
+def softmax_right(x):
+    e = torch.exp(x - x.amax(dim=-1, keepdim=True))
+    return e / e.sum(dim=-1, keepdim=True)
+
+
+def softmax_blank(x):
+    raise NotImplementedError
+
+
+def softmax_without_max(x):
+    e = torch.exp(x)
+    return e / e.sum(dim=-1, keepdim=True)
+
+
+def softmax_over_dim_0(x):
+    e = torch.exp(x - x.amax(dim=0, keepdim=True))
+    return e / e.sum(dim=0, keepdim=True)
+
+
+def softmax_divided_by_max(x):
+    e = torch.exp(x - x.amax(dim=-1, keepdim=True))
+    return e / e.amax(dim=-1, keepdim=True)
+
+
+def softmax_minus_min(x):
+    e = torch.exp(x - x.amin(dim=-1, keepdim=True))
+    return e / e.sum(dim=-1, keepdim=True)
+
+
+def softmax_hangs(x):
+    total = 0
+    while total >= 0:
+        total += 1
+    return x
+
+
+def test_stable_softmax_passes_the_right_answer_and_torch_softmax(capsys):
+    assert checks.check_stable_softmax(softmax_right).passed
+    assert checks.check_stable_softmax(lambda x: torch.softmax(x, dim=-1)).passed
+    out = capsys.readouterr().out
+    assert out == "✓ stable_softmax: correct on 4 random cases (2/2 points)\n" * 2
+
+
+def test_stable_softmax_blank_is_not_attempted():
+    result = checks.check_stable_softmax(softmax_blank)
+    assert not result.passed and "not attempted yet" in result.feedback
+
+
+def test_stable_softmax_without_max_fails_on_large_values_and_says_so():
+    result = checks.check_stable_softmax(softmax_without_max)
+    assert not result.passed
+    assert "large values" in result.feedback and "NaN" in result.feedback
+    assert "row max is not subtracted" in result.feedback
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (softmax_over_dim_0, "softmax is over the wrong dimension"),
+    (softmax_divided_by_max, "divided by its max instead of its sum"),
+    (softmax_minus_min, "row min is subtracted instead of the max"),
+])
+def test_stable_softmax_names_the_mistake(wrong, words):
+    result = checks.check_stable_softmax(wrong)
+    assert not result.passed and words in result.feedback
+
+
+def test_stable_softmax_says_which_row_does_not_sum_to_one():
+    result = checks.check_stable_softmax(softmax_divided_by_max)
+    assert "every row must sum to 1; row [0] sums to" in result.feedback
+
+
+def test_stable_softmax_hang_and_exception():
+    hang = checks.check_stable_softmax(softmax_hangs, time_limit_s=0.3)
+    assert "took longer than 0.3 s" in hang.feedback
+    raised = checks.check_stable_softmax(lambda x: x.softmax(dim=7))
+    assert "your code raised IndexError" in raised.feedback and "x.softmax(dim=7)" in raised.feedback
+
+
+# ------------------------------------------------------------- matmul kernel
+
+@triton.jit
+def matmul_stub_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                       stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    # the exercise as generated: the k-loop body is the stub `pass`
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_m = pid // num_pid_n
+    pid_n = pid % num_pid_n
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        pass
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.jit
+def matmul_empty_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                        stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    pass
+
+
+@triton.jit
+def matmul_no_k_mask_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                            stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                            BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_m = pid // num_pid_n
+    pid_n = pid % num_pid_n
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        a = tl.load(a_ptrs, mask=offs_m[:, None] < M, other=0.0)  # K tail not masked
+        b = tl.load(b_ptrs, mask=offs_n[None, :] < N, other=0.0)
+        acc += tl.dot(a, b)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.jit
+def matmul_no_advance_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                             stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                             BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_m = pid // num_pid_n
+    pid_n = pid % num_pid_n
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] + k0 < K), other=0.0)
+        b = tl.load(b_ptrs, mask=(offs_k[:, None] + k0 < K) & (offs_n[None, :] < N), other=0.0)
+        acc += tl.dot(a, b)  # the pointers never move on
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.jit
+def matmul_overwrite_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                            stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                            BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_m = pid // num_pid_n
+    pid_n = pid % num_pid_n
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] + k0 < K), other=0.0)
+        b = tl.load(b_ptrs, mask=(offs_k[:, None] + k0 < K) & (offs_n[None, :] < N), other=0.0)
+        acc = tl.dot(a, b)  # overwrites instead of accumulating
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.jit
+def matmul_no_store_mask_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                                stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_m = pid // num_pid_n
+    pid_n = pid % num_pid_n
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] + k0 < K), other=0.0)
+        b = tl.load(b_ptrs, mask=(offs_k[:, None] + k0 < K) & (offs_n[None, :] < N), other=0.0)
+        acc += tl.dot(a, b)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty))  # no mask
+
+
+@triton.jit
+def matmul_bad_arange_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                             stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                             BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    offs_k = tl.arange(0, 3)
+    tl.store(c_ptr + offs_k, tl.load(a_ptr + offs_k))
+
+
+@triton.jit
+def matmul_slow_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                       stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K * 1000000, BLOCK_K):  # a far too long loop
+        acc += 1.0
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc,
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+def test_matmul_kernel_passes_the_library_kernel(capsys):
+    result = checks.check_matmul_kernel(matmul_kernel)
+    assert result.passed and result.points == 3
+    assert result.exercise == "02_triton_tiled_matmul.matmul_kernel"
+    assert capsys.readouterr().out == "✓ matmul_kernel: correct on 4 random cases (3/3 points)\n"
+
+
+@pytest.mark.parametrize("blank, words", [
+    (matmul_stub_kernel, "C is all zeros"),
+    (matmul_empty_kernel, "the kernel stored nothing"),
+])
+def test_matmul_kernel_blank_is_not_attempted(blank, words):
+    result = checks.check_matmul_kernel(blank)
+    assert not result.passed
+    assert "not attempted yet?" in result.feedback and words in result.feedback
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (matmul_no_k_mask_kernel, "K-tail mask is missing"),
+    (matmul_no_advance_kernel, "pointers are not advanced"),
+    (matmul_overwrite_kernel, "acc is overwritten instead of accumulated"),
+    (matmul_no_store_mask_kernel, "wrote outside C: missing store mask"),
+])
+def test_matmul_kernel_names_the_mistake(wrong, words):
+    result = checks.check_matmul_kernel(wrong)
+    assert not result.passed and words in result.feedback
+
+
+def test_matmul_kernel_k_tail_failure_shows_the_case_and_the_nan():
+    result = checks.check_matmul_kernel(matmul_no_k_mask_kernel)
+    assert "case 2 of 4: A (45, 50) @ B (50, 70)" in result.feedback
+    assert "NaN or inf in the output" in result.feedback and "got nan" in result.feedback
+
+
+def test_matmul_kernel_rejects_a_plain_torch_function():
+    result = checks.check_matmul_kernel(lambda a, b: a @ b)
+    assert not result.passed
+    assert "this is not a @triton.jit kernel (plain torch/python?)" in result.feedback
+
+
+@interpreter_only
+def test_matmul_kernel_exception_shows_type_message_and_kernel_line():
+    result = checks.check_matmul_kernel(matmul_bad_arange_kernel)
+    assert not result.passed and "your code raised" in result.feedback
+    assert "power of 2" in result.feedback
+    assert "in matmul_bad_arange_kernel, line" in result.feedback
+    assert "offs_k = tl.arange(0, 3)" in result.feedback
+
+
+@interpreter_only
+def test_matmul_kernel_slow_kernel_is_stopped_by_the_time_limit():
+    result = checks.check_matmul_kernel(matmul_slow_kernel, time_limit_s=0.5)
+    assert not result.passed
+    assert "took longer than 0.5 s (an infinite loop? a too-large grid?)" in result.feedback
+    # the interpreter was left usable
+    assert checks.check_matmul_kernel(matmul_kernel).passed
+
+
+# ------------------------------------------------------------------ framework
+
+def test_results_are_recorded_to_the_results_file(monkeypatch, tmp_path):
+    path = tmp_path / "results.jsonl"
+    monkeypatch.setenv(results.RESULTS_ENV, str(path))
+    passed = checks.check_stable_softmax(softmax_right)
+    failed = checks.check_naive_attention(attention_blank)
+    recorded = results.read_results(str(path))
+    assert recorded["01_naive_attention.stable_softmax"] == passed
+    assert recorded["01_naive_attention.naive_attention"] == failed
+    assert recorded["01_naive_attention.naive_attention"].points == 0
+    assert len(path.read_text().splitlines()) == 2
+
+
+def test_exercises_registry_lists_the_notebooks_in_order():
+    assert [name for name, _, _ in checks.EXERCISES["01_naive_attention"]] == ["naive_attention",
+                                                                            "stable_softmax"]
+    assert [name for name, _, _ in checks.EXERCISES["02_triton_tiled_matmul"]] == ["matmul_kernel"]
+    for entries in checks.EXERCISES.values():
+        for name, points, title in entries:
+            assert points > 0 and title
+
+
+def test_checks_never_raise_for_a_non_callable():
+    result = checks.check_naive_attention(42)
+    assert not result.passed and "expected a function, got int" in result.feedback
+
+
+def test_time_limit_restores_an_outer_alarm():
+    fired = []
+
+    def outer_handler(signum, frame):
+        fired.append(signum)
+
+    previous = signal.signal(signal.SIGALRM, outer_handler)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        with framework.time_limit(0.1):
+            pass
+        remaining, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 0 < remaining <= 0.5
+        assert signal.getsignal(signal.SIGALRM) is outer_handler and not fired
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_check_runs_off_the_main_thread_without_a_time_limit():
+    outcome = []
+    worker = threading.Thread(target=lambda: outcome.append(checks.check_stable_softmax(softmax_right)))
+    worker.start()
+    worker.join(timeout=30)
+    assert outcome and outcome[0].passed
+
+
+def test_distance_requires_nan_at_the_same_places():
+    nan = math.nan
+    assert framework.distance(torch.tensor([nan, 1.0]), torch.tensor([nan, 1.0])) == 0
+    assert framework.distance(torch.tensor([nan, 1.0]), torch.tensor([1.0, nan])) == math.inf
+    assert framework.distance(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 4.0])) == 0.5
+    assert framework.distance(torch.ones(2), torch.ones(3)) == math.inf
+
+
+def test_known_error_messages_get_a_hint():
+    def raises(x):
+        raise RuntimeError("Cannot call @triton.jit'd outside of the scope of a kernel")
+
+    result = checks.check_stable_softmax(raises)
+    assert "`import flashlib` before `import triton`" in result.feedback
+
+
+def _sum_and_max_cases(gen):
+    x = torch.randn(3, 5, generator=gen, dtype=torch.float64)
+    return [framework.Case("x (3, 5), float64", (x,), (x.sum(-1), x.amax(-1)), 1e-10,
+                           shape_words=("(rows,)", "(rows,)"), output_names=("sum", "max"))]
+
+
+SUM_AND_MAX = framework.Check(
+    "99_framework_test.sum_and_max", _sum_and_max_cases,
+    [framework.Mistake("swapped", "sum and max are swapped", lambda x: (x.amax(-1), x.sum(-1)))])
+
+
+@pytest.fixture
+def sum_and_max_exercise(monkeypatch):
+    monkeypatch.setitem(framework.EXERCISES, "99_framework_test", [("sum_and_max", 1, "a test")])
+
+
+@pytest.mark.usefixtures("sum_and_max_exercise")
+@pytest.mark.parametrize("answer, words", [
+    (lambda x: (x.sum(-1), x.amax(-1)), "✓ sum_and_max: correct on 1 random case "),
+    (lambda x: (x.amax(-1), x.sum(-1)), "likely mistake: sum and max are swapped"),
+    (lambda x: x.sum(-1), "returned a Tensor, expected 2 tensors: sum, max"),
+    (lambda x: (x.sum(-1), x.amax(-1, keepdim=True)),
+     "max: expected shape (3,) = (rows,), got (3, 1)"),
+    (lambda x: (x.sum(-1), x.amin(-1)), "max: wrong values"),
+])
+def test_framework_checks_several_outputs(answer, words):
+    result = framework.run_check(SUM_AND_MAX, answer)
+    assert words in result.feedback
+    assert result.passed == words.startswith("✓")
+
+
+def test_a_reference_with_infinities_asks_for_the_same_infinities():
+    ref = torch.tensor([1.0, -math.inf, 2.0], dtype=torch.float64)
+    assert framework.error_from(ref.clone(), ref) == 0
+    assert framework.error_from(torch.tensor([1.0, 0.0, 2.0]), ref) == math.inf
+    index, expected, got = framework.first_difference(torch.tensor([1.0, -math.inf, 2.5]), ref, 1e-6)
+    assert (index, expected, got) == ((2,), 2.0, 2.5)
