@@ -8,7 +8,10 @@ benchmark runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import statistics
+import sys
 import time
 from typing import Callable, Iterable
 
@@ -36,6 +39,20 @@ def time_ms(fn: Callable[[], object], warmup: int = 25, rep: int = 100) -> float
     return statistics.median(samples)
 
 
+@contextlib.contextmanager
+def _stderr_silenced():
+    """Hide what C++ writes to file descriptor 2 (the profiler's start/stop lines)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def peak_memory_bytes(fn: Callable[[], object]) -> int:
     """Peak memory allocated *by* ``fn()`` above what was allocated before it.
 
@@ -51,7 +68,7 @@ def peak_memory_bytes(fn: Callable[[], object]) -> int:
         return torch.cuda.max_memory_allocated() - before
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     # Allocations are charged to the op that made them (its *self* memory), frees
     # appear as "[memory]" events with negative sizes; replay them in time order.

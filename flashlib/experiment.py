@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+import triton
 
 from . import runtime
 from .bench import matmul_tflops, time_ms
@@ -221,8 +222,6 @@ def run_block_size_experiment(m: int, n: int, k: int, block_sizes, dtype: torch.
                 except Exception as exc:  # noqa: BLE001 - a failing config is a result, not a crash
                     reason = _short(exc)
             runs.append(BlockSizeRun(bm, bn, block_k, status=reason))
-
-    import triton
 
     return BlockSizeResults(
         m, n, k, str(dtype).replace("torch.", ""), block_sizes, runs,

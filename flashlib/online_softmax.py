@@ -62,7 +62,7 @@ class BlockState(NamedTuple):
     acc: torch.Tensor
 
 
-def _subtractable(m: torch.Tensor) -> torch.Tensor:
+def safe_shift(m: torch.Tensor) -> torch.Tensor:
     """``m`` with -inf replaced by 0: rows that saw no key subtract 0, not -inf (no NaN)."""
     return torch.where(torch.isneginf(m), torch.zeros_like(m), m)
 
@@ -83,7 +83,7 @@ def online_softmax_step(m, l, acc, scores, v):  # noqa: E741
     (-inf where a key is hidden); v: (..., Bn, D). ``acc`` stays unnormalised.
     """
     m_new = torch.maximum(m, scores.amax(dim=-1))
-    m_ref = _subtractable(m_new)
+    m_ref = safe_shift(m_new)
     alpha = torch.exp(m - m_ref)                    # rescale of the old state, <= 1
     p = torch.exp(scores - m_ref.unsqueeze(-1))     # this block's weights, <= 1
     l_new = alpha * l + p.sum(dim=-1)
@@ -107,7 +107,7 @@ def merge_partials(a, b) -> Partial:
     m_a, l_a, o_a = a
     m_b, l_b, o_b = b
     m = torch.maximum(m_a, m_b)
-    m_ref = _subtractable(m)
+    m_ref = safe_shift(m)
     w_a = l_a * torch.exp(m_a - m_ref)
     w_b = l_b * torch.exp(m_b - m_ref)
     l = w_a + w_b  # noqa: E741

@@ -1,5 +1,7 @@
 """flash_attention forward: equal to the float64 reference for every mask, layout, dtype and
 block size; blocks outside the mask never visited; every output element written; clear errors."""
+import functools
+
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
@@ -16,6 +18,15 @@ LAYOUTS = ["bhnd", "bnhd", "3d"]
 
 
 # ---------------------------------------------------------------- helpers
+@pytest.fixture(autouse=True)
+def fixed_blocks_on_the_gpu(request, monkeypatch):
+    """On a GPU every new shape would autotune (a dozen compiles): tests run one fixed config
+    there, except test_gpu_autotuned, which exercises the autotuner (the interpreter never autotunes)."""
+    if not runtime.INTERPRET and not request.node.name.startswith("test_gpu_autotuned"):
+        fixed = functools.partial(attention_fwd.launch_attention_forward, block_m=64, block_n=32)
+        monkeypatch.setattr(attention_module, "launch_attention_forward", fixed)
+
+
 def make_inputs(batch, heads, kv_heads, n_q, n_k, head_dim, dtype, layout="bhnd", seed=0):
     """Fresh random q, k, v in ``layout`` ("3d": (B*H, N, D), needs heads == kv_heads)."""
     gen = torch.Generator().manual_seed(seed)
@@ -362,8 +373,20 @@ def test_errors_name_the_argument_and_the_values(args, kwargs, error, message):
         flash_attention(*args, **kwargs)
 
 
+def test_autotune_pruning_keeps_configs_that_fit_the_head_dim():
+    """The early_config_prune hook, called as Triton documents it (named args, then keywords)."""
+    configs = attention_fwd._gpu_configs()
+    for call in (lambda **kw: attention_fwd._prune_configs(configs, {}, **kw),
+                 lambda **kw: attention_fwd._prune_configs(configs, kw)):
+        assert len(call(BLOCK_D=64, Q_BUCKET=4096)) == len(configs)
+        big = call(BLOCK_D=256, Q_BUCKET=4096)
+        assert 0 < len(big) < len(configs)
+        assert all(c.kwargs["BLOCK_N"] <= 64 and c.num_stages * c.kwargs["BLOCK_N"] <= 128 for c in big)
+        assert {c.kwargs["BLOCK_M"] for c in call(BLOCK_D=64, Q_BUCKET=1)} == {64}  # decoding
+
+
 # ---------------------------------------------------------------- GPU only
-GPU_CASES = [  # (dtype, head_dim, mask): the autotuned kernel on GPU-sized problems
+GPU_CASES = [  # (dtype, head_dim, mask) on GPU-sized problems
     (dtype, head_dim, mask)
     for dtype in DTYPES
     for head_dim in (16, 32, 64, 128, 256, 80)
@@ -387,6 +410,17 @@ def test_gpu_matches_reference(dtype, head_dim, mask):
     elif mask == "cross":
         n_q, n_k, kwargs = 300, 1100, dict(causal=True)
     run_and_check(batch, heads, kv_heads, n_q, n_k, head_dim, dtype, layout, seed=head_dim, **kwargs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, head_dim, mask", [
+    (torch.float16, 64, "causal"), (torch.float16, 128, "none"), (torch.bfloat16, 128, "causal"),
+    (torch.float16, 256, "causal"), (torch.bfloat16, 256, "none"), (torch.float32, 64, "causal"),
+    (torch.float16, 80, "none"), (torch.float16, 64, "cross"), (torch.bfloat16, 64, "seq_lens"),
+], ids=str)
+def test_gpu_autotuned(dtype, head_dim, mask):
+    """The autotuned kernel (pruned configs per head_dim) on GPU-sized problems."""
+    test_gpu_matches_reference(dtype, head_dim, mask)
 
 
 @pytest.mark.gpu

@@ -145,7 +145,7 @@ def test_online_update_without_max_shift_fails_on_large_logits():
 
 
 def test_online_update_whole_problem_catches_an_error_in_later_blocks():
-    # right on single steps with fewer than 6 rows... i.e. wrong only when state has many rows
+    # right on the single-step cases (6 rows), wrong only on the whole problem (10 rows)
     def wrong_on_the_whole_problem(m, l, acc, scores, v):
         m_new, l_new, acc_new = update_right(m, l, acc, scores, v)
         if m.shape[0] == 10:  # the whole-problem case: drop the rescale of acc
@@ -240,6 +240,11 @@ def merge_no_guard(a, b):
     return m, l, o
 
 
+def merge_l_not_rescaled(a, b):
+    m, _, o = merge_right(a, b)
+    return m, a[1] + b[1], o
+
+
 def merge_exp_of_m(a, b):
     (m_a, l_a, o_a), (m_b, l_b, o_b) = a, b
     w_a, w_b = l_a * torch.exp(m_a), l_b * torch.exp(m_b)  # overflows for large logits
@@ -270,6 +275,7 @@ def test_merge_partials_blank_is_not_attempted():
     (merge_weights_without_exp, 1, "the weights are l_a and l_b alone"),
     (merge_sign_flipped, 1, "the sign in the exp is flipped"),
     (merge_no_guard, 2, "NaN where both sides are empty"),
+    (merge_l_not_rescaled, 1, "o looks right but l is not"),
 ])
 def test_merge_partials_names_the_mistake(wrong, case, words):
     result = checks.check_merge_partials(wrong)

@@ -309,6 +309,7 @@ def test_solutions_get_full_marks(name, graded_solutions):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SOLUTIONS)
 def test_exercises_get_zero_and_every_exercise_is_checked(name, graded_exercises):
+    assert name in graded_exercises, f"exercises/{name} is missing: run python -m flashlib.course.make_exercises"
     report = graded_exercises[name]
     assert [e["exercise"] for e in report["exercises"]] == expected_ids(name)
     assert report["total"] == 0

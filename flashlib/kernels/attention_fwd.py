@@ -233,8 +233,12 @@ def _fits(config, head_dim: int, q_bucket: int) -> bool:
 
 
 def _prune_configs(configs, named_args, **kwargs):
-    """Triton's early_config_prune hook: drop configs that cannot fit or do not fit N_q."""
-    head_dim, q_bucket = named_args["BLOCK_D"], named_args["Q_BUCKET"]
+    """Triton's early_config_prune hook: drop configs that cannot fit or do not fit N_q.
+
+    Triton passes positional arguments in ``named_args`` and keyword ones in ``kwargs``.
+    """
+    args = {**named_args, **kwargs}
+    head_dim, q_bucket = args["BLOCK_D"], args["Q_BUCKET"]
     kept = [c for c in configs if _fits(c, head_dim, q_bucket)]
     return kept or [triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_stages=2, num_warps=4)]
 

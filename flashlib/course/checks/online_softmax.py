@@ -23,7 +23,7 @@ import dataclasses
 
 import torch
 
-from ...online_softmax import _subtractable, finalize, initial_state, online_softmax_step
+from ...online_softmax import safe_shift, finalize, initial_state, online_softmax_step
 from ...reference import stable_softmax
 from ...validation import relative_error, tolerance
 from .framework import Case, Check, Mistake, register, run_check
@@ -107,7 +107,7 @@ def _step_variant(m, l, acc, scores, v, *, rescale_l=True, rescale_acc=True, sig
     """The update with one part done the way a typical bug does it."""
     block_max = scores.amax(dim=-1)
     m_new = torch.maximum(m, block_max) if keep_old_max else block_max
-    m_ref = _subtractable(m_new) if guard else m_new
+    m_ref = safe_shift(m_new) if guard else m_new
     if not shift:  # no max at all: everything relative to 0
         m_ref = torch.zeros_like(m_new)
     alpha = torch.exp(sign * (m - m_ref)) if shift else torch.ones_like(m)
@@ -294,7 +294,7 @@ def _merge_variant(a, b, *, weights="exp", sign=1.0, guard=True, normalise=True,
     """
     (m_a, l_a, o_a), (m_b, l_b, o_b) = a, b
     m = torch.maximum(m_a, m_b)
-    m_ref = _subtractable(m) if guard else m
+    m_ref = safe_shift(m) if guard else m
     if weights == "exp":
         w_a, w_b = l_a * torch.exp(sign * (m_a - m_ref)), l_b * torch.exp(sign * (m_b - m_ref))
     elif weights == "l":
@@ -303,7 +303,7 @@ def _merge_variant(a, b, *, weights="exp", sign=1.0, guard=True, normalise=True,
         w_a, w_b = l_a * torch.exp(m_a), l_b * torch.exp(m_b)
     else:
         w_a, w_b = torch.ones_like(l_a), torch.ones_like(l_b)
-    right_l = l_a * torch.exp(m_a - _subtractable(m)) + l_b * torch.exp(m_b - _subtractable(m))
+    right_l = l_a * torch.exp(m_a - safe_shift(m)) + l_b * torch.exp(m_b - safe_shift(m))
     l = {"weights": w_a + w_b, "right": right_l, "plain": l_a + l_b}[l_from]  # noqa: E741
     o = w_a.unsqueeze(-1) * o_a + w_b.unsqueeze(-1) * o_b
     if normalise:
