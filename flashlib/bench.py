@@ -118,7 +118,7 @@ def print_comparison_table(results: list[dict], name: str = "triton", baseline: 
           f"{name + ' TFLOP/s':>16} {baseline + ' TFLOP/s':>16} {'speedup':>8}")
     for r in results:
         print(f"{r['M']:>6} {r['N']:>6} {r['K']:>6} {r['ms']:>12.3f} {r['baseline_ms']:>12.3f} "
-              f"{r['tflops']:>16.3f} {r['baseline_tflops']:>16.3f} {r['speedup']:>7.2f}x")
+              f"{r['tflops']:>16.3g} {r['baseline_tflops']:>16.3g} {r['speedup']:>7.2f}x")
     if any(r["interpreter"] for r in results):
         print("Note: these are Triton *interpreter* timings on the CPU (numpy), not GPU kernel "
               "timings; they say nothing about speed on a GPU.")
