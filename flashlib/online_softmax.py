@@ -142,9 +142,14 @@ def blockwise_states(q, k, v, block_n: int, *, causal: bool = False, mask=None,
     q: (..., N_q, D); k, v: (..., N_k, D). ``causal`` uses the bottom-right mask of
     :mod:`flashlib.reference`; ``mask`` (bool, broadcastable to (..., N_q, N_k),
     True = visible) is combined with it. Half-precision inputs are computed in
-    float32; float32 and float64 in their own dtype.
+    float32; float32 and float64 in their own dtype. Arguments are checked at the call.
     """
     _check_inputs(q, k, v, block_n)
+    return _walk_blocks(q, k, v, block_n, causal, mask, softmax_scale)
+
+
+def _walk_blocks(q, k, v, block_n, causal, mask, softmax_scale) -> Iterator[BlockState]:
+    """The generator behind :func:`blockwise_states` (its arguments already checked)."""
     work = torch.promote_types(q.dtype, torch.float32)
     q, k, v = q.to(work), k.to(work), v.to(work)
     n_q, n_k, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]

@@ -375,14 +375,18 @@ def test_errors_name_the_argument_and_the_values(args, kwargs, error, message):
 
 def test_autotune_pruning_keeps_configs_that_fit_the_head_dim():
     """The early_config_prune hook, called as Triton documents it (named args, then keywords)."""
-    configs = attention_fwd._gpu_configs()
-    for call in (lambda **kw: attention_fwd._prune_configs(configs, {}, **kw),
-                 lambda **kw: attention_fwd._prune_configs(configs, kw)):
-        assert len(call(BLOCK_D=64, Q_BUCKET=4096)) == len(configs)
-        big = call(BLOCK_D=256, Q_BUCKET=4096)
-        assert 0 < len(big) < len(configs)
-        assert all(c.kwargs["BLOCK_N"] <= 64 and c.num_stages * c.kwargs["BLOCK_N"] <= 128 for c in big)
-        assert {c.kwargs["BLOCK_M"] for c in call(BLOCK_D=64, Q_BUCKET=1)} == {64}  # decoding
+    configs, budget = attention_fwd._gpu_configs(), attention_fwd.smem_budget()
+    for dtype in (torch.float16, torch.float32):
+        q = torch.empty(1, dtype=dtype)
+        for call in (lambda **kw: attention_fwd._prune_configs(configs, {"Q": q}, **kw),
+                     lambda **kw: attention_fwd._prune_configs(configs, {"Q": q, **kw})):
+            assert len(call(BLOCK_D=32, Q_BUCKET=4096)) == len(configs)
+            for head_dim in (128, 256):
+                kept = call(BLOCK_D=head_dim, Q_BUCKET=4096)
+                assert 0 < len(kept) < len(configs)
+                assert all(attention_fwd.smem_bytes(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], head_dim,
+                                                    c.num_stages, q.element_size()) <= budget for c in kept)
+            assert {c.kwargs["BLOCK_M"] for c in call(BLOCK_D=64, Q_BUCKET=1)} == {64}  # decoding
 
 
 # ---------------------------------------------------------------- GPU only

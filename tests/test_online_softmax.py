@@ -178,6 +178,8 @@ def test_argument_errors_name_the_argument():
         blockwise_attention(q.long(), k, v, 2)
     with pytest.raises(TypeError, match="k must be a torch.Tensor"):
         blockwise_attention(q, k.tolist(), v, 2)
+    with pytest.raises(ValueError, match="Block sizes must be positive"):
+        blockwise_states(q, k, v, -1)  # checked at the call, not at the first block
 
 
 # ---------------------------------------------------------------- the stepper widget

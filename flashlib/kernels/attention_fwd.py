@@ -201,9 +201,6 @@ def attention_fwd_kernel(
     tl.store(LSE + off_hz.to(tl.int64) * N_CTX_Q + offs_m, lse, mask=offs_m < N_CTX_Q)
 
 
-# Shared memory a config may use (bytes): fits A100 (164 KB) and H100 (228 KB).
-_SMEM_BUDGET = 160 * 1024
-
 #: Autotune candidates (BLOCK_M, BLOCK_N, num_stages, num_warps), a dozen points of the
 #: space of Triton's fused-attention tutorial (BLOCK_M 64/128, BLOCK_N 32..128, 2-4
 #: stages, 4/8 warps) that do well on Ampere and Hopper; few, since each one compiles.
@@ -221,13 +218,28 @@ def _gpu_configs():
             for bm, bn, stages, warps in GPU_CONFIGS]
 
 
-def _fits(config, head_dim: int, q_bucket: int) -> bool:
-    """Keep configs whose tiles fit shared memory and registers for this head_dim."""
-    bm, bn = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
-    warps, stages = config.num_warps, config.num_stages
-    if bm * head_dim > 4096 * warps:  # acc alone would take > 128 fp32 registers per thread
+def smem_budget() -> int:
+    """Shared memory one program may use: the GPU's opt-in limit, else 160 KB (fits an A100)."""
+    if runtime.INTERPRET or not torch.cuda.is_available():
+        return 160 * 1024
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return getattr(props, "shared_memory_per_block_optin", 160 * 1024)
+
+
+def smem_bytes(block_m: int, block_n: int, block_d: int, stages: int, elem_bytes: int) -> int:
+    """Shared memory of one program: the Q tile and ``stages`` buffers of K and V tiles.
+
+    (Triton 3.6 on an H100 asked for exactly this: 262144 bytes for float32, d=256,
+    64 x 32 blocks, 3 stages.)
+    """
+    return elem_bytes * block_d * (block_m + 2 * block_n * stages)
+
+
+def _fits(bm, bn, stages, warps, block_d, elem_bytes, q_bucket, budget) -> bool:
+    """Whether a config fits registers and shared memory for this head_dim, and fits N_q."""
+    if bm * block_d > 4096 * warps:  # acc alone would take > 128 fp32 registers per thread
         return False
-    if 2 * head_dim * (bm + 2 * bn * stages) > _SMEM_BUDGET:  # Q tile + K, V tiles per stage, 16-bit
+    if smem_bytes(bm, bn, block_d, stages, elem_bytes) > budget:
         return False
     return bm <= max(64, q_bucket)  # no 128-row blocks for short queries (decoding)
 
@@ -238,9 +250,10 @@ def _prune_configs(configs, named_args, **kwargs):
     Triton passes positional arguments in ``named_args`` and keyword ones in ``kwargs``.
     """
     args = {**named_args, **kwargs}
-    head_dim, q_bucket = args["BLOCK_D"], args["Q_BUCKET"]
-    kept = [c for c in configs if _fits(c, head_dim, q_bucket)]
-    return kept or [triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_stages=2, num_warps=4)]
+    shape = (args["BLOCK_D"], args["Q"].element_size(), args["Q_BUCKET"], smem_budget())
+    kept = [c for c in configs
+            if _fits(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages, c.num_warps, *shape)]
+    return kept or [triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_stages=1, num_warps=4)]
 
 
 #: The kernel with BLOCK_M, BLOCK_N, warps and stages chosen by benchmarking on the GPU,
@@ -288,9 +301,12 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if block_m is None and runtime.INTERPRET:
         block_m, block_n = INTERPRETER_BLOCKS["BLOCK_M"], INTERPRETER_BLOCKS["BLOCK_N"]
     if block_m is not None:
+        # Fixed blocks: the deepest pipeline (3 stages at most) that fits shared memory.
+        block_d, budget = args["BLOCK_D"], smem_budget()
+        stages = next((s for s in (3, 2) if smem_bytes(block_m, block_n, block_d, s, q.element_size()) <= budget), 1)
         grid = (triton.cdiv(n_q, block_m), batch * heads)
-        attention_fwd_kernel[grid](*tensors, sm_scale, *strides, **args,
-                                   BLOCK_M=block_m, BLOCK_N=block_n)
+        attention_fwd_kernel[grid](*tensors, sm_scale, *strides, **args, BLOCK_M=block_m, BLOCK_N=block_n,
+                                   num_stages=stages, num_warps=4 if block_m * block_d <= 4096 * 4 else 8)
     else:
         if tiles is not None:
             raise ValueError("tiles needs fixed block sizes: pass block_m and block_n")

@@ -192,19 +192,28 @@ def _problem_case(description, scores, v, block_n) -> Case:
                 context={"empty_rows": empty, "x_name": "o = acc / l"})
 
 
+def _with_row_max(scores, target):
+    """``scores`` shifted row by row so that each row's max is ``target`` (M,)."""
+    return scores + (target - scores.amax(dim=-1)).unsqueeze(-1)
+
+
 def _update_cases(gen):
     def randn(*shape, scale=1.0):
         return torch.randn(shape, generator=gen, dtype=torch.float64) * scale
 
+    def rand(*shape):
+        return torch.rand(shape, generator=gen, dtype=torch.float64)
+
     rows, block, d = 6, 8, 4
-    # 1: the max grows in even rows (+2) and stays in odd rows (-2)
+    grows = torch.tensor([1.0, -1.0] * (rows // 2), dtype=torch.float64)  # +1: the max grows
+    # 1: the max grows in even rows and stays in odd rows
     m, l, acc = _reference_state(gen, rows, 5, d)  # noqa: E741
-    shift = torch.tensor([2.0, -2.0] * (rows // 2), dtype=torch.float64).unsqueeze(-1)
+    scores = _with_row_max(randn(rows, block), m + grows * (0.5 + 2 * rand(rows)))
     cases = [_step_case(f"{rows} query rows, a block of {block} keys, D = {d}, float64; the running "
                         "max grows in rows 0, 2, 4 and stays in rows 1, 3, 5",
-                        m, l, acc, randn(rows, block) + shift, randn(block, d))]
+                        m, l, acc, scores, randn(block, d))]
     # 2: the first block, some entries masked, rows 1 and 4 fully masked
-    scores = randn(rows, block).masked_fill(torch.rand(rows, block, generator=gen) < 0.3, NEG_INF)
+    scores = randn(rows, block).masked_fill(rand(rows, block) < 0.3, NEG_INF)
     scores[[1, 4]] = NEG_INF
     cases.append(_step_case("the first block (m = -inf, l = 0, acc = 0); some scores -inf, rows 1 and 4 "
                             "fully masked (every score -inf)", *initial_state((rows,), d), scores,
@@ -217,21 +226,24 @@ def _update_cases(gen):
     cases.append(_step_case("a later block that is fully masked (-inf) for rows 0, 1, 2, 3 and 5; "
                             "row 5 has seen no visible key yet (m = -inf, l = 0)", m, l, acc, scores,
                             randn(block, d)))
-    # 4: large logits: the max grows by hundreds
+    # 4: large logits: the max grows (even rows) or falls short (odd rows) by hundreds
     m, l, acc = _reference_state(gen, rows, 5, d, spread=1000.0)  # noqa: E741
-    cases.append(_step_case("large logits (standard normal x 1000): exp(scores) overflows unless "
-                            "shifted by the max", m, l, acc, randn(rows, block, scale=1000.0),
-                            randn(block, d)))
-    # 5: a whole problem, block by block, causal with more queries than keys and large logits
+    scores = _with_row_max(randn(rows, block, scale=1000.0), m + grows * (100 + 500 * rand(rows)))
+    cases.append(_step_case("large logits (standard normal x 1000; the max grows by hundreds in rows "
+                            "0, 2, 4): exp(scores) overflows unless shifted by the max",
+                            m, l, acc, scores, randn(block, d)))
+    # 5: a whole problem, block by block; every block raises the max of the keys before it
     n_q, n_k, block_n = 10, 22, 4
     scores = randn(n_q, n_k, scale=30.0)
-    visible = torch.arange(n_k).unsqueeze(0) <= torch.arange(n_q).unsqueeze(1) - 2
-    scores = scores.masked_fill(~visible, NEG_INF)  # query i sees keys j <= i - 2: rows 0, 1 see none
+    for start in range(block_n, n_k, block_n):
+        scores[:, start] = scores[:, :start].amax(dim=-1) + 1 + 10 * rand(n_q)
+    visible = torch.arange(n_k).unsqueeze(0) <= 3 * (torch.arange(n_q).unsqueeze(1) - 2)
+    scores = scores.masked_fill(~visible, NEG_INF)  # rows 0 and 1 see no key
     cases.append(_problem_case(f"a whole problem: {n_q} queries, {n_k} keys in blocks of {block_n} "
-                               "(the last one 2 wide), query i sees keys j <= i - 2 (rows 0 and 1 see none), "
-                               "logits x 30; your update runs on every block from m = -inf, l = 0, "
-                               "acc = 0, then o = acc / l (0 where l = 0)",
-                               scores, randn(n_k, 5), block_n))
+                               "(the last one 2 wide), query i sees keys j <= 3 (i - 2) (rows 0 and 1 "
+                               "see none), logits x 30, the max grows in every block; your update runs "
+                               "on every block from m = -inf, l = 0, acc = 0, then o = acc / l "
+                               "(0 where l = 0)", scores, randn(n_k, 5), block_n))
     return cases
 
 
@@ -403,12 +415,13 @@ def _merge_cases(gen):
 
     rows, d = 6, 4
     # 1: keys 0..7 and 8..12; side a has the larger max in even rows, side b in odd rows
-    scores = randn(rows, 13) * 2
-    scores[0::2, :8] += 3.0
-    scores[1::2, 8:] += 3.0
+    a_part, b_part = randn(rows, 8, scale=2.0), randn(rows, 5, scale=2.0)
+    lead = 0.5 + 2 * torch.rand(rows, generator=gen, dtype=torch.float64)
+    a_part[0::2] = _with_row_max(a_part[0::2], b_part[0::2].amax(dim=-1) + lead[0::2])
+    b_part[1::2] = _with_row_max(b_part[1::2], a_part[1::2].amax(dim=-1) + lead[1::2])
     cases = [_merge_case(f"{rows} query rows, D = {d}, float64: a = keys 0..7, b = keys 8..12; the larger "
-                         "max is in a for rows 0, 2, 4 and in b for rows 1, 3, 5", scores, randn(13, d),
-                         [0, 8, 13])]
+                         "max is in a for rows 0, 2, 4 and in b for rows 1, 3, 5",
+                         torch.cat([a_part, b_part], dim=-1), randn(13, d), [0, 8, 13])]
     # 2: empty sides: a empty in rows 0, 1; b empty in rows 2, 3; both in row 4
     scores = randn(rows, 10)
     scores[[0, 1, 4], :6] = NEG_INF
@@ -416,9 +429,9 @@ def _merge_cases(gen):
     cases.append(_merge_case("a = keys 0..5, b = keys 6..9 with fully masked sides: a is empty "
                              "(m = -inf, l = 0, o = 0) in rows 0, 1, 4, b in rows 2, 3, 4",
                              scores, randn(10, d), [0, 6, 10]))
-    # 3: large logits: the two maxes differ by hundreds
+    # 3: large logits
     scores = randn(rows, 12, scale=1000.0)
-    cases.append(_merge_case("large logits (standard normal x 1000): the two maxes differ by hundreds",
+    cases.append(_merge_case("large logits (standard normal x 1000): exp(m) alone overflows",
                              scores, randn(12, d), [0, 5, 12]))
     # 4: four chunks, merged as a tree, some rows with masked chunks
     scores = randn(8, 20, scale=5.0)
