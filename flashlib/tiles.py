@@ -312,3 +312,147 @@ def matmul_tile_widget(tiling: MatmulTiling, group_ms=(1, 2, 4, 8)):
     group.observe(draw, names="value")
     draw()
     return widgets.VBox([widgets.HBox([pid, group]), out])
+
+
+# ------------------------------------------------------------------ attention tile maps
+
+#: How a program met a (query block, key block) tile, as the forward kernel records it.
+TILE_SKIPPED, TILE_COMPUTED, TILE_MASKED = 0, 1, 2
+ATTENTION_TILE_COLOURS = {TILE_COMPUTED: "#4c72b0", TILE_MASKED: "#f2a65a", TILE_SKIPPED: "white"}
+HIDDEN_COLOUR = (0.25, 0.25, 0.25, 0.45)  # scores the mask hides, drawn over the tiles
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionTiles:
+    """The tiles of one head's score matrix S (N_q x N_k) and what the forward kernel did with each.
+
+    ``status[i, j]`` for query block i and key block j: :data:`TILE_COMPUTED` (loaded,
+    no element mask), :data:`TILE_MASKED` (loaded, scores masked element by element:
+    a mask edge or the N tail cuts it) or :data:`TILE_SKIPPED` (never loaded).
+    ``visible`` (N_q, N_k) says which scores the mask keeps
+    (:func:`flashlib.reference.attention_mask`).
+    """
+
+    status: np.ndarray
+    visible: np.ndarray
+    block_m: int
+    block_n: int
+    label: str = ""
+
+    @property
+    def n_q(self) -> int:
+        return int(self.visible.shape[0])
+
+    @property
+    def n_k(self) -> int:
+        return int(self.visible.shape[1])
+
+    def counts(self) -> dict[str, int]:
+        """How many tiles were computed whole, computed with a mask, and skipped."""
+        return {name: int((self.status == value).sum())
+                for name, value in (("computed", TILE_COMPUTED), ("masked", TILE_MASKED),
+                                    ("skipped", TILE_SKIPPED))}
+
+    def visited(self, query_block: int) -> list[int]:
+        """Key blocks the program of ``query_block`` visited, in loop order (ascending)."""
+        if not 0 <= query_block < self.status.shape[0]:
+            raise ValueError(f"query_block must be in [0, {self.status.shape[0]}), got {query_block}")
+        return [int(j) for j in np.flatnonzero(self.status[query_block])]
+
+
+def _mask_label(causal: bool, window, seq_len) -> str:
+    parts = (["causal"] if causal else []) + ([f"window {tuple(window)}"] if window is not None else [])
+    parts += [f"seq_len {seq_len}"] if seq_len is not None else []
+    return ", ".join(parts) or "no mask"
+
+
+def record_attention_tiles(n_q: int, n_k: int, *, block_m: int, block_n: int, causal: bool = False,
+                           window=None, seq_len: int | None = None, head_dim: int = 16,
+                           label: str | None = None) -> AttentionTiles:
+    """Run flashlib's forward kernel on one random head and return the tiles it visited.
+
+    The record is the kernel's own (``launch_attention_forward(tiles=...)``), not a
+    model of it: the picture shows what the code does. ``seq_len`` pads the sample
+    (keys and queries from ``seq_len`` on are padding).
+    """
+    import torch
+
+    from . import runtime
+    from .kernels.attention_fwd import launch_attention_forward
+    from .reference import attention_mask
+
+    _check_positive(n_q=n_q, n_k=n_k, block_m=block_m, block_n=block_n, head_dim=head_dim)
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 1, n_q, head_dim, generator=gen).to(runtime.DEVICE)
+    k, v = (torch.randn(1, 1, n_k, head_dim, generator=gen).to(runtime.DEVICE) for _ in range(2))
+    out = torch.empty_like(q)
+    lse = torch.empty(1, 1, n_q, device=runtime.DEVICE)
+    tiles = torch.zeros(1, _cdiv(n_q, block_m), _cdiv(n_k, block_n), dtype=torch.int8, device=runtime.DEVICE)
+    lens = None if seq_len is None else torch.tensor([seq_len], dtype=torch.int32)
+    launch_attention_forward(q, k, v, out, lse, causal=causal, window=window, block_m=block_m, block_n=block_n,
+                             seq_lens=None if lens is None else lens.to(runtime.DEVICE), tiles=tiles)
+    visible = attention_mask(n_q, n_k, causal=causal, window=window, seq_lens=lens)[0, 0].numpy()
+    if seq_len is not None:  # padding queries see nothing
+        visible = visible & (np.arange(n_q) < seq_len)[:, None]
+    return AttentionTiles(tiles[0].cpu().numpy().astype(int), visible, block_m, block_n,
+                          _mask_label(causal, window, seq_len) if label is None else label)
+
+
+def _draw_attention_panel(ax, t: AttentionTiles, program: int | None) -> None:
+    from matplotlib.patches import Rectangle
+
+    rows, cols = t.status.shape
+    for (i, j), state in np.ndenumerate(t.status):
+        x, y = j * t.block_n, i * t.block_m
+        w, h = min(t.block_n, t.n_k - x), min(t.block_m, t.n_q - y)
+        ax.add_patch(Rectangle((x, y), w, h, fc=ATTENTION_TILE_COLOURS[int(state)], ec="none", zorder=0.5))
+    # Grey the hidden scores of the tiles that were loaded (a skipped tile hides all of its scores).
+    loaded = np.repeat(np.repeat(t.status != TILE_SKIPPED, t.block_m, 0), t.block_n, 1)[:t.n_q, :t.n_k]
+    hidden = np.zeros(t.visible.shape + (4,))
+    hidden[~t.visible & loaded] = HIDDEN_COLOUR
+    ax.imshow(hidden, extent=(0, t.n_k, t.n_q, 0), interpolation="nearest", zorder=1)
+    _draw_grid(ax, rows, cols, t.n_q, t.n_k, t.block_m, t.block_n, "")
+    ax.set_aspect("auto")
+    if program is not None:
+        for step, j in enumerate(t.visited(program)):
+            ax.text(j * t.block_n + min(t.block_n, t.n_k - j * t.block_n) / 2,
+                    program * t.block_m + min(t.block_m, t.n_q - program * t.block_m) / 2, str(step),
+                    ha="center", va="center", fontsize=8, color="white", fontweight="bold", zorder=5)
+        ax.add_patch(Rectangle((0, program * t.block_m), cols * t.block_n, t.block_m, fill=False,
+                               ec=OWN_COLOUR, lw=2.5, zorder=6))
+    ticks_n = range(0, cols * t.block_n + 1, t.block_n) if cols <= 16 else []
+    ticks_m = range(0, rows * t.block_m + 1, t.block_m) if rows <= 16 else []
+    ax.set_xticks(list(ticks_n))
+    ax.set_yticks(list(ticks_m))
+    ax.tick_params(labelsize=7)
+    ax.set_xlabel(f"key j  (BLOCK_N = {t.block_n})")
+    ax.set_ylabel(f"query i  (BLOCK_M = {t.block_m})")
+    c = t.counts()
+    ax.set_title(f"{t.label}: {c['computed']} computed, {c['masked']} masked,\n"
+                 f"{c['skipped']} skipped of {t.status.size} tiles", fontsize=10)
+
+
+def plot_attention_tiles(*maps: AttentionTiles, program: int | None = None):
+    """Figure: one panel per map, the score matrix cut into BLOCK_M x BLOCK_N tiles.
+
+    Tiles are coloured by what the kernel did (blue: computed whole, orange: computed
+    with an element mask, white: skipped, never loaded); inside loaded tiles the
+    scores the mask hides are greyed; hatching marks padding past N. With ``program``, the row of tiles
+    of that query block's program is outlined and its key blocks numbered in loop order.
+    """
+    from matplotlib.patches import Patch
+
+    if not maps or not all(isinstance(m, AttentionTiles) for m in maps):
+        raise TypeError(f"expected one or more AttentionTiles (from record_attention_tiles), got {maps!r:.80}")
+    width = 4.6 * len(maps)
+    fig = _figure(figsize=(width, 4.9), layout="constrained")
+    axes = fig.subplots(1, len(maps), squeeze=False)[0]
+    for ax, t in zip(axes, maps):
+        _draw_attention_panel(ax, t, program)
+    handles = [Patch(fc=ATTENTION_TILE_COLOURS[TILE_COMPUTED], label="computed, no mask"),
+               Patch(fc=ATTENTION_TILE_COLOURS[TILE_MASKED], label="computed with an element mask"),
+               Patch(fc="white", ec="grey", label="skipped: never loaded"),
+               Patch(fc=HIDDEN_COLOUR, label="hidden scores in a loaded tile")]
+    fig.legend(handles=handles, loc="outside lower center", ncol=4 if len(maps) > 1 else 2, fontsize=8,
+               frameon=False)
+    return fig

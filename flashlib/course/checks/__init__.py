@@ -10,6 +10,8 @@ from .framework import EXERCISES, run_check  # noqa: F401
 from .attention_basics import check_naive_attention, check_stable_softmax
 from .matmul import check_matmul_kernel
 from .online_softmax import check_merge_partials, check_online_update
+from .forward import check_flash_forward_kernel
 
 __all__ = ["EXERCISES", "run_check", "check_naive_attention", "check_stable_softmax",
-           "check_matmul_kernel", "check_online_update", "check_merge_partials"]
+           "check_matmul_kernel", "check_online_update", "check_merge_partials",
+           "check_flash_forward_kernel"]

@@ -1,0 +1,270 @@
+"""Check for notebook 04 (FlashAttention forward): the learner's forward kernel.
+
+The kernel has :func:`flashlib.kernels.attention_fwd_simple.flash_forward_kernel`'s
+signature and is launched as the library launches its teaching kernel
+(:func:`~flashlib.kernels.attention_fwd_simple.launch_simple_forward`). Both outputs
+are compared with the float64 reference: O and the row logsumexp L (natural log).
+
+Out-of-bounds reads are made visible and harmless: q, k, v are views inside larger
+NaN-filled buffers, so a load past the last key reads NaN, never foreign memory; O
+and L start as NaN, so a row never written shows.
+
+**No N x N matrix.** A Triton kernel cannot allocate memory; with this signature it
+has nowhere to store the scores, so the only way to materialise S = Q K^T is outside
+a kernel (plain torch, or an object dressed up as a kernel). The first is refused
+(the answer must be a ``@triton.jit`` kernel); the second is caught by measuring
+(:func:`flashlib.bench.peak_memory_bytes`) the memory allocated while the kernel
+runs, on a case where the N x N scores would dwarf everything else.
+
+The wrong answers it names: the stubs left in, acc or l (or both) not rescaled by
+alpha, m never updated, no final division by l, the softmax scale missing, applied
+twice or mixed with exp2's log2(e), L in log2 units or not m + log(l), and keys past
+N_K left in the softmax (no tail mask on the scores, or one key too many).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ... import runtime
+from ...bench import peak_memory_bytes
+from ...kernels.attention_fwd_simple import launch_simple_forward
+from ...reference import naive_attention
+from ...validation import relative_error, tolerance
+from .framework import DEFAULT_TIME_LIMIT, Case, Check, Mistake, register, run_check
+
+NOTEBOOK = "04_flash_forward"
+INNER_LOOP = register(NOTEBOOK, "inner_loop", 4,
+                      "The inner loop of the FlashAttention forward kernel, then O = acc / l and L = m + log l")
+
+LOG2E = math.log2(math.e)
+LN2 = math.log(2.0)
+
+
+# ------------------------------------------------------------------ launching
+
+def _in_nan_buffer(t: torch.Tensor, pad: int) -> torch.Tensor:
+    """``t`` (B, H, N, D) as a view inside a buffer with ``pad`` NaN rows after each head's N rows."""
+    batch, heads, n, d = t.shape
+    buffer = torch.full((batch, heads, n + pad, d), math.nan, dtype=t.dtype, device=t.device)
+    view = buffer[:, :, :n]
+    view.copy_(t)
+    return view
+
+
+def _launch(kernel, case: Case):
+    """Launch the learner's kernel on NaN-padded copies; measure memory where the case asks."""
+    q, k, v, (block_m, block_n) = case.args
+    q, k, v = _in_nan_buffer(q, block_m), _in_nan_buffer(k, block_n), _in_nan_buffer(v, block_n)
+    o = torch.full_like(q, math.nan, memory_format=torch.contiguous_format)
+    lse = torch.full(q.shape[:3], math.nan, dtype=torch.float32, device=q.device)
+
+    def launch():
+        launch_simple_forward(kernel, q, k, v, block_m, block_n, out=(o, lse))
+
+    if "memory_budget" in case.context:
+        case.context["allocated"] = peak_memory_bytes(launch)
+    else:
+        launch()
+    return o, lse
+
+
+def _no_scores_in_memory(case: Case, out) -> str | None:
+    """The launch must not allocate anything like the N x N scores."""
+    allocated, budget = case.context.get("allocated"), case.context.get("memory_budget")
+    if allocated is None or allocated <= budget:
+        return None
+    return (f"right values, but the launch allocated {allocated / 2**20:.1f} MiB: the N x N scores of "
+            f"this case take {case.context['scores_bytes'] / 2**20:.1f} MiB. FlashAttention never stores "
+            "S = Q K^T: each BLOCK_M x BLOCK_N tile of scores lives in registers inside the kernel. "
+            "Do not compute the scores with torch, outside the kernel")
+
+
+# ------------------------------------------------------------------ wrong answers
+
+def _simulate(q, k, v, blocks, *, scale_power=1, scale_factor=1.0, rescale_acc=True, rescale_l=True,
+              update_m=True, divide=True, extra_keys=0):
+    """The kernel's loop in float64, with one part done the way a typical bug does it: (O, L, m, l).
+
+    The scores are scaled by ``scale_factor * (1/sqrt(D)) ** scale_power``;
+    ``extra_keys`` zero keys (score 0, value 0) join the last key block: what an
+    unmasked tail lets into the softmax.
+    """
+    q, k, v = (t.detach().double().cpu() for t in (q, k, v))
+    block_n = blocks[1]
+    scale = scale_factor * (1 / math.sqrt(q.shape[-1])) ** scale_power
+    if extra_keys:
+        zeros = torch.zeros(k.shape[:2] + (extra_keys, k.shape[3]), dtype=torch.float64)
+        k, v = torch.cat([k, zeros], dim=2), torch.cat([v, zeros], dim=2)
+    m = torch.full(q.shape[:3], -math.inf, dtype=torch.float64)
+    l = torch.zeros(q.shape[:3], dtype=torch.float64)  # noqa: E741
+    acc = torch.zeros(q.shape, dtype=torch.float64)
+    for start in range(0, k.shape[2], block_n):
+        s = q @ k[:, :, start:start + block_n].transpose(-2, -1) * scale
+        m_new = torch.maximum(m, s.amax(dim=-1))
+        alpha = torch.exp(m - m_new)
+        p = torch.exp(s - m_new.unsqueeze(-1))
+        l = (alpha * l if rescale_l else l) + p.sum(dim=-1)  # noqa: E741
+        acc = (alpha.unsqueeze(-1) * acc if rescale_acc else acc) + p @ v[:, :, start:start + block_n]
+        if update_m:
+            m = m_new
+    out = acc / l.unsqueeze(-1) if divide else acc
+    return out, m + torch.log(l), m, l
+
+
+def _variant(**flags):
+    """A mistake's output (O, L) from :func:`_simulate` with ``flags``."""
+    return lambda q, k, v, blocks: _simulate(q, k, v, blocks, **flags)[:2]
+
+
+def _stubs(q, k, v, blocks):
+    """What the stubs give: O = acc = 0 and L = m = -inf; or 0/0 = NaN if only the loop is a stub."""
+    empty_l = torch.full(q.shape[:3], -math.inf, dtype=torch.float64)
+    return [(torch.zeros(q.shape, dtype=torch.float64), empty_l),
+            (torch.full(q.shape, math.nan, dtype=torch.float64), empty_l)]
+
+
+def _not_divided(q, k, v, blocks):
+    out, lse, m, l = _simulate(q, k, v, blocks, divide=False)  # noqa: E741
+    return [(out, lse), (out, m), (out, torch.log(l))]
+
+
+def _lse_variants(q, k, v, blocks, log2_units: bool):
+    out, lse, m, l = _simulate(q, k, v, blocks)  # noqa: E741
+    if log2_units:  # exp2 with log2(e) folded into the scores: m is in log2 units
+        m2 = m * LOG2E
+        return [(out, m2 + torch.log2(l)), (out, m2 + torch.log(l))]
+    return [(out, torch.log(l)), (out, m), (out, m + l), (out, m * l)]
+
+
+def _key_tail(one_too_many: bool):
+    def compute(q, k, v, blocks):
+        n_k, block_n = k.shape[2], blocks[1]
+        pad = -n_k % block_n
+        if pad == 0:  # no tail: the mistake changes nothing here
+            return None
+        return _simulate(q, k, v, blocks, extra_keys=1 if one_too_many else pad)[:2]
+    return compute
+
+
+FORWARD_MISTAKES = (
+    Mistake("stubs",
+            "O is all zeros (or NaN) and L is -inf: the loop body and the final normalisation are "
+            "still the stubs (`pass` and `out, lse = acc, m_i`). Write the loop body, then "
+            "out = acc / l_i[:, None] and lse = m_i + tl.log(l_i)",
+            _stubs, stub=True),
+    Mistake("acc not rescaled",
+            "acc was not rescaled by alpha: when the running max grows, what acc holds is relative to "
+            "the old max. Use acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)",
+            _variant(rescale_acc=False)),
+    Mistake("l not rescaled",
+            "l_i was not rescaled by alpha: when the running max grows, the old sum is relative to the "
+            "old max. Use l_i = l_i * alpha + tl.sum(p, 1)",
+            _variant(rescale_l=False)),
+    Mistake("nothing rescaled",
+            "neither l_i nor acc was rescaled: multiply both by alpha = tl.exp(m_i - m_new) before "
+            "adding this block's terms",
+            _variant(rescale_acc=False, rescale_l=False)),
+    Mistake("m not updated",
+            "m_i is never updated (m_i = m_new is missing at the end of the loop body): alpha is then "
+            "exp(-inf - m_new) = 0 at every block, so only the last key block counts",
+            _variant(update_m=False)),
+    Mistake("no final division",
+            "O was not divided by l: acc is unnormalised. After the loop, out = acc / l_i[:, None]",
+            _not_divided),
+    Mistake("scale missing",
+            "the softmax scale is missing: multiply the scores by sm_scale, s = tl.dot(q, k) * sm_scale",
+            _variant(scale_power=0)),
+    Mistake("scale twice",
+            "the softmax scale is applied twice (sm_scale**2): multiply the scores by sm_scale once",
+            _variant(scale_power=2)),
+    Mistake("log2 scale with exp",
+            "the scores are scaled by sm_scale * log2(e) but exponentiated with tl.exp: that pair belongs "
+            "with tl.exp2 (exp2(x * log2(e)) = exp(x)). Here use s = tl.dot(q, k) * sm_scale and tl.exp",
+            _variant(scale_factor=LOG2E)),
+    Mistake("exp2 without log2(e)",
+            "tl.exp2 is used on scores scaled by sm_scale alone: exp2(x) = exp(x * ln 2), a different "
+            "softmax. Use tl.exp, or fold log2(e) into the scale with exp2",
+            _variant(scale_factor=LN2)),
+    Mistake("L in log2 units",
+            "O is right but L is in log2 units: with exp2 and log2(e) folded into the scores, m_i is a "
+            "log2 quantity. L must be the natural-log logsumexp, m + log(l) in natural units "
+            "(here: lse = m_i + tl.log(l_i) with tl.exp throughout)",
+            lambda q, k, v, blocks: _lse_variants(q, k, v, blocks, log2_units=True)),
+    Mistake("L formula",
+            "O is right but L is not the row logsumexp: L = m_i + tl.log(l_i) (l_i is relative to m_i, "
+            "so logsumexp = m + log(l))",
+            lambda q, k, v, blocks: _lse_variants(q, k, v, blocks, log2_units=False)),
+    Mistake("no key-tail mask",
+            "the keys past N_K were not masked out of the scores: in the last key block they load as 0 "
+            "(score 0) and still get weight exp(0 - m). Set them to -inf: "
+            "s = tl.where(cols[None, :] < N_K, s, float('-inf'))",
+            _key_tail(one_too_many=False)),
+    Mistake("key-tail mask off by one",
+            "the key-tail mask lets one key too many in (cols <= N_K?): keys are 0 .. N_K - 1, so mask "
+            "with cols < N_K",
+            _key_tail(one_too_many=True)),
+)
+
+# ------------------------------------------------------------------ cases
+
+def _case(gen, description, shape_q, n_k, dtype, blocks, *, spread=1.0, memory=False) -> Case:
+    batch, heads, n_q, head_dim = shape_q
+    q = (torch.randn(shape_q, generator=gen, dtype=torch.float64) * spread).to(dtype)
+    k = (torch.randn(batch, heads, n_k, head_dim, generator=gen, dtype=torch.float64) * spread).to(dtype)
+    v = torch.randn(batch, heads, n_k, head_dim, generator=gen, dtype=torch.float64).to(dtype)
+    expected = naive_attention(q.double(), k.double(), v.double(), return_lse=True)
+    bm, bn = blocks
+    description = (f"q {tuple(shape_q)}, k and v {(batch, heads, n_k, head_dim)}, "
+                   f"{str(dtype).replace('torch.', '')}, BLOCK_M = {bm}, BLOCK_N = {bn}: {description}")
+    context = {}
+    if memory:
+        scores = batch * heads * n_q * n_k * 4
+        context = {"scores_bytes": scores, "memory_budget": scores // 4}
+    return Case(description, tuple(t.to(runtime.DEVICE) for t in (q, k, v)) + (blocks,), expected,
+                tolerance(dtype), shape_words=("(B, H, N_q, D)", "(B, H, N_q)"),
+                out_dtype=(dtype, torch.float32), output_names=("O", "L"), context=context)
+
+
+def _forward_cases(gen):
+    return [
+        _case(gen, "no tails, 2 key blocks", (1, 2, 64, 32), 64, torch.float32, (32, 32), spread=1.5),
+        _case(gen, "N_q and N_k not multiples of the blocks (the last key block holds 8 keys)",
+              (1, 1, 40, 16), 72, torch.float32, (16, 32), spread=1.5),
+        _case(gen, "3 key blocks, the last one 16 keys", (2, 1, 48, 64), 80, torch.float16, (32, 32)),
+        _case(gen, "N = 512, where the N x N scores would take 1 MiB: the memory the launch allocates "
+              "is measured", (1, 1, 512, 16), 512, torch.float32, (64, 64), memory=True),
+    ]
+
+
+def _explain(case: Case, out) -> list[str]:
+    """Which of O and L are right."""
+    verdicts = []
+    for name, got, want in zip(("O", "L"), out, case.expected):
+        finite = torch.isfinite(want)
+        error = relative_error(got.detach().double().cpu()[finite], want[finite])
+        verdicts.append(f"{name} {'right' if error <= case.tolerance else 'wrong'}")
+    return ["compared: " + ", ".join(verdicts)]
+
+
+def _accept_kernel(kernel) -> str | None:
+    if not runtime.is_triton_kernel(kernel):
+        return ("this is not a @triton.jit kernel (plain torch/python?): pass the kernel itself, "
+                "decorated with @triton.jit, with flash_forward_kernel's signature")
+    return None
+
+
+FORWARD_KERNEL_CHECK = Check(
+    INNER_LOOP, _forward_cases, FORWARD_MISTAKES, call=_launch, accept=_accept_kernel,
+    inspect=_no_scores_in_memory, explain=_explain,
+    nonfinite_hint=("NaN in O or L: k and v sit inside NaN-filled buffers here, so a tl.load read past "
+                    "the last key. Mask the K and V loads with cols < N_K (and other=0.0)"),
+    # compiling takes a few seconds per case on a GPU; the first memory measurement starts a profiler
+    time_limit=runtime.pick(gpu=30.0, cpu=2 * DEFAULT_TIME_LIMIT),
+)
+
+
+def check_flash_forward_kernel(kernel, *, seed: int | None = None, time_limit_s: float | None = None):
+    """Check a @triton.jit kernel with ``flash_forward_kernel``'s signature (launched by launch_simple_forward)."""
+    return run_check(FORWARD_KERNEL_CHECK, kernel, seed=seed, time_limit_s=time_limit_s)
