@@ -2,7 +2,9 @@
 
 This module checks the arguments, turns every accepted layout into a (B, H, N, D)
 *view* (strides only, no copy), allocates the outputs in the caller's layout and
-dispatches to :mod:`flashlib.kernels.attention_fwd`. Mask semantics are those
+dispatches to :mod:`flashlib.kernels.attention_fwd` (forward) and
+:mod:`flashlib.kernels.attention_bwd` (backward, through ``FlashAttentionFunction``,
+a ``torch.autograd.Function``). Mask semantics are those
 of :func:`flashlib.reference.naive_attention`, the ground truth it is tested
 against.
 """
@@ -14,6 +16,7 @@ import numbers
 import torch
 
 from . import runtime
+from .kernels.attention_bwd import launch_attention_backward
 from .kernels.attention_fwd import MAX_HEAD_DIM, MIN_HEAD_DIM, launch_attention_forward
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -135,22 +138,83 @@ def _forward(q4, k4, v4, seq_lens, causal, window, softmax_scale, layout):
     return o, lse
 
 
+DOUBLE_BACKWARD_MESSAGE = (
+    "flash_attention has no double backward (its backward kernels are not differentiable): "
+    "gradients of gradients through it are not supported; use flashlib.reference.naive_attention "
+    "for higher-order derivatives")
+
+
+class _RefuseDoubleBackward(torch.autograd.Function):
+    """Identity on the gradients, whose own backward raises: double backward fails loudly.
+
+    A custom backward that runs kernels is not itself recorded by autograd; without this
+    node, ``create_graph=True`` would give gradients silently treated as constants.
+    """
+
+    @staticmethod
+    def forward(ctx, *grads):
+        return grads
+
+    @staticmethod
+    def backward(ctx, *grad_grads):
+        raise RuntimeError(DOUBLE_BACKWARD_MESSAGE)
+
+
+def _backward(ctx, grad_o):
+    """dq, dk, dv (None where not needed) from the saved tensors and the output gradient."""
+    q4, k4, v4, o, lse, seq_lens = ctx.saved_tensors
+    need_q, need_k, need_v = ctx.needs_input_grad[:3]
+    layout = ctx.layout
+    dq = _empty_output(q4, layout, q4.dtype) if need_q else None
+    dk = _empty_output(k4, layout, k4.dtype) if need_k or need_v else None
+    dv = _empty_output(v4, layout, v4.dtype) if need_k or need_v else None
+    if q4.shape[2] == 0 or k4.shape[2] == 0:  # no query or no key: no gradient flows
+        grads = [g.zero_() if g is not None else None for g in (dq, dk, dv)]
+    else:
+        run = runtime.upcast_for_interpreter(q4, k4, v4, o, grad_o)  # bf16 → fp32 in the interpreter
+        outs = [g if g is None or g.dtype == run[0].dtype else _empty_output(g, layout, run[0].dtype)
+                for g in (dq, dk, dv)]
+        launch_attention_backward(*run[:4], lse, run[4], *outs, **ctx.mask_args,
+                                  seq_lens=None if seq_lens is None else seq_lens.contiguous())
+        grads = [g if g is None or g is out else g.copy_(out) for g, out in zip((dq, dk, dv), outs)]
+    if not need_k:
+        grads[1] = None
+    if not need_v:
+        grads[2] = None
+    return grads
+
+
 class FlashAttentionFunction(torch.autograd.Function):
-    """Autograd node of flash_attention on (B, H, N, D) views: the backward kernel comes later."""
+    """Autograd node of flash_attention on (B, H, N, D) views.
+
+    forward saves q, k, v, O and the logsumexp L (O(N) memory per row, never P);
+    backward runs the kernels of :mod:`flashlib.kernels.attention_bwd`. L is an output
+    without gradient (``mark_non_differentiable``). Double backward raises.
+    """
 
     @staticmethod
     def forward(ctx, q4, k4, v4, seq_lens, causal, window, softmax_scale, layout):
         o, lse = _forward(q4, k4, v4, seq_lens, causal, window, softmax_scale, layout)
         ctx.save_for_backward(q4, k4, v4, o, lse, seq_lens)
         ctx.mask_args = dict(causal=causal, window=window, softmax_scale=softmax_scale)
+        ctx.layout = layout
         ctx.mark_non_differentiable(lse)
         return o, lse
 
     @staticmethod
     def backward(ctx, grad_o, grad_lse):
-        raise NotImplementedError(
-            "backward arrives with the backward kernel (flashlib/kernels/attention_bwd.py), not written yet: "
-            "call flash_attention under torch.no_grad(), or use flashlib.reference.naive_attention for gradients")
+        with torch.no_grad():
+            dq, dk, dv = _backward(ctx, grad_o)
+        grads = [dq, dk, dv]
+        # create_graph=True: the gradients would depend on q, k, v, dO through kernels autograd
+        # cannot see; chain them to a node that refuses to be differentiated.
+        inputs_need_grad = grad_o.requires_grad or any(t.requires_grad for t in ctx.saved_tensors[:3])
+        if torch.is_grad_enabled() and inputs_need_grad:
+            present = [i for i, g in enumerate(grads) if g is not None]
+            chained = _RefuseDoubleBackward.apply(*(grads[i].detach().requires_grad_() for i in present))
+            for i, g in zip(present, chained):
+                grads[i] = g
+        return (*grads, None, None, None, None, None)
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -192,7 +256,12 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 
     Returns O in q's dtype and layout; with ``return_lse`` also L, the row
     logsumexp of the scaled masked scores (natural log), float32 (B, H, N_q)
-    ((B*H, N_q) for 3D inputs). Autograd: the backward is not implemented yet.
+    ((B*H, N_q) for 3D inputs).
+
+    Autograd: differentiable in q, k and v (any of them may not require grad);
+    ``loss.backward()`` fills their ``.grad`` in their own layout and dtype with the
+    FlashAttention backward kernels (P recomputed from L, deterministic). Gradients
+    past ``seq_lens`` are exactly 0. L carries no gradient; double backward raises.
     """
     check_attention_args(q, k, v, causal, seq_lens, window, softmax_scale, layout)
     window = None if window is None else tuple(window)

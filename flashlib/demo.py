@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from . import runtime
+from .attention import flash_attention
 from .bench import BenchmarkRunner, print_comparison_table
 from .gpu import print_gpu_info
 from .matmul import triton_matmul
@@ -19,11 +20,7 @@ def _verdict(ok: bool) -> str:
 
 
 def _attention_demos():
-    """(name, fn, causal) for the attention kernels the library has."""
-    try:
-        from .attention import flash_attention
-    except ImportError:
-        return []
+    """(name, fn, causal) for the attention kernels of the library."""
     return [("flash_attention", flash_attention, False), ("flash_attention causal", flash_attention, True)]
 
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 #: Bytes of one float32 statistic (m, l or the logsumexp L).
 STATS_BYTES = 4
 
@@ -43,6 +45,10 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _times(t: Traffic, count: int) -> Traffic:
+    return Traffic(t.reads * count, t.writes * count)
+
+
 _MAY_BE_ZERO = ("n_q", "n_k", "batch", "heads")
 
 
@@ -60,8 +66,9 @@ def paper_block_sizes(sram_bytes: int, head_dim: int, dtype_bytes: int = 2) -> t
     """(resident block, streamed block) for SRAM of ``sram_bytes``: the paper's Algorithm 1, line 1.
 
     The resident tile (K/V in FlashAttention-1, Q in FlashAttention-2's order) gets
-    ``floor(M / (4 d))`` rows: a quarter of SRAM for each of its tiles. The streamed
-    block gets ``min(that, d)`` rows, so that a score tile (rows x rows) also fits in M/4.
+    ``floor(M / (4 d s))`` rows, with ``s = dtype_bytes``: a quarter of SRAM for each of
+    its tiles. The streamed block gets ``min(that, d)`` rows, so that a score tile also
+    fits in M/4.
     """
     _check_sizes(sram_bytes=sram_bytes, head_dim=head_dim, dtype_bytes=dtype_bytes)
     resident = sram_bytes // (4 * head_dim * dtype_bytes)
@@ -86,23 +93,6 @@ def naive_traffic(n_q: int, head_dim: int, *, n_k: int | None = None, batch: int
     return _times(per_head, batch * heads)
 
 
-def _times(t: Traffic, count: int) -> Traffic:
-    return Traffic(t.reads * count, t.writes * count)
-
-
-def _blocks(block_m, block_n, sram_bytes, head_dim, dtype_bytes, resident: str):
-    """Block sizes as given, or the paper's from ``sram_bytes`` (resident: "m" or "n")."""
-    if (block_m is None or block_n is None) and sram_bytes is None:
-        raise ValueError("give block_m and block_n, or sram_bytes to derive them from")
-    if block_m is None or block_n is None:
-        big, small = paper_block_sizes(sram_bytes, head_dim, dtype_bytes)
-        derived = (big, small) if resident == "m" else (small, big)
-        block_m = derived[0] if block_m is None else block_m
-        block_n = derived[1] if block_n is None else block_n
-    _check_sizes(block_m=block_m, block_n=block_n)
-    return block_m, block_n
-
-
 def flash2_traffic(n_q: int, head_dim: int, *, n_k: int | None = None, block_m: int | None = None,
                    block_n: int | None = None, sram_bytes: int | None = None, causal: bool = False,
                    batch: int = 1, heads: int = 1, dtype_bytes: int = 2) -> Traffic:
@@ -116,7 +106,13 @@ def flash2_traffic(n_q: int, head_dim: int, *, n_k: int | None = None, block_m: 
     """
     n_k = n_q if n_k is None else n_k
     _check_sizes(n_q=n_q, n_k=n_k, head_dim=head_dim, batch=batch, heads=heads, dtype_bytes=dtype_bytes)
-    block_m, block_n = _blocks(block_m, block_n, sram_bytes, head_dim, dtype_bytes, resident="m")
+    if block_m is None or block_n is None:
+        if sram_bytes is None:
+            raise ValueError("give block_m and block_n, or sram_bytes to derive them from")
+        resident, streamed = paper_block_sizes(sram_bytes, head_dim, dtype_bytes)
+        block_m = resident if block_m is None else block_m
+        block_n = streamed if block_n is None else block_n
+    _check_sizes(block_m=block_m, block_n=block_n)
     keys_read = 0
     for m0 in range(0, n_q, block_m):
         if causal:
@@ -142,8 +138,11 @@ def flash1_traffic(n_q: int, head_dim: int, *, n_k: int | None = None, block_n: 
     """
     n_k = n_q if n_k is None else n_k
     _check_sizes(n_q=n_q, n_k=n_k, head_dim=head_dim, batch=batch, heads=heads, dtype_bytes=dtype_bytes)
-    _, block_n = _blocks(None if block_n is None else 1, block_n, sram_bytes, head_dim, dtype_bytes,
-                         resident="n")
+    if block_n is None:
+        if sram_bytes is None:
+            raise ValueError("give block_n, or sram_bytes to derive it from")
+        block_n = paper_block_sizes(sram_bytes, head_dim, dtype_bytes)[0]
+    _check_sizes(block_n=block_n)
     outer = _cdiv(n_k, block_n)
     rows = n_q * head_dim * dtype_bytes
     stats = 2 * n_q * STATS_BYTES  # m and l
@@ -172,26 +171,24 @@ def kernel_traffic(tiles, n_q: int, n_k: int, head_dim: int, block_m: int, block
     the K and V rows that exist (< N_k, or < the sample's length with ``seq_lens``:
     masked lanes move nothing).
     """
-    import numpy as np
-
     record = np.asarray(tiles.cpu() if hasattr(tiles, "cpu") else tiles)
     if record.ndim != 3 or record.shape[1:] != (_cdiv(n_q, block_m), _cdiv(n_k, block_n)):
         raise ValueError(f"tiles must have shape (B*H, cdiv(n_q, block_m), cdiv(n_k, block_n)) = "
                          f"(B*H, {_cdiv(n_q, block_m)}, {_cdiv(n_k, block_n)}); got {record.shape}")
-    programs_per_head = record.shape[0]
+    slices = record.shape[0]
     lens = None if seq_lens is None else [int(x) for x in (seq_lens.tolist() if hasattr(seq_lens, "tolist")
                                                             else seq_lens)]
-    if lens is not None and (not lens or programs_per_head % len(lens)):
-        raise ValueError(f"seq_lens must have one length per sample (B*H = {programs_per_head} "
+    if lens is not None and (not lens or slices % len(lens)):
+        raise ValueError(f"seq_lens must have one length per sample (B*H = {slices} "
                          f"must be a multiple of it); got {len(lens) if lens else 0} lengths")
-    heads = 1 if lens is None else programs_per_head // len(lens)
+    heads = 1 if lens is None else slices // len(lens)
     starts = np.arange(record.shape[2]) * block_n
     keys_read = 0
-    for bh in range(programs_per_head):
+    for bh in range(slices):
         k_len = n_k if lens is None else min(lens[bh // heads], n_k)
         per_block = np.clip(k_len - starts, 0, block_n)  # keys that exist in each key block
         keys_read += int((record[bh] != 0).sum(axis=0) @ per_block)
-    rows = programs_per_head * n_q
+    rows = slices * n_q
     reads = (rows + 2 * keys_read) * head_dim * dtype_bytes
     writes = rows * head_dim * dtype_bytes + rows * STATS_BYTES
     return Traffic(reads, writes)

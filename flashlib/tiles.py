@@ -322,7 +322,7 @@ ATTENTION_TILE_COLOURS = {TILE_COMPUTED: "#4c72b0", TILE_MASKED: "#f2a65a", TILE
 HIDDEN_COLOUR = (0.25, 0.25, 0.25, 0.45)  # scores the mask hides, drawn over the tiles
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class AttentionTiles:
     """The tiles of one head's score matrix S (N_q x N_k) and what the forward kernel did with each.
 

@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 
 from flashlib import tiles
 from flashlib.reference import attention_mask
-from flashlib.tiles import TILE_COMPUTED, TILE_MASKED, TILE_SKIPPED
+from flashlib.tiles import TILE_COMPUTED, TILE_MASKED
 
 
 def status_from_mask(visible: np.ndarray, block_m: int, block_n: int, q_len: int) -> np.ndarray:

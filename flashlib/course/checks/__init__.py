@@ -11,7 +11,11 @@ from .attention_basics import check_naive_attention, check_stable_softmax
 from .matmul import check_matmul_kernel
 from .online_softmax import check_merge_partials, check_online_update
 from .forward import check_flash_forward_kernel
+from .backward import check_ds, check_dkdv_kernel
+from .masking import check_causal_block_range, check_padding_mask
 
 __all__ = ["EXERCISES", "run_check", "check_naive_attention", "check_stable_softmax",
            "check_matmul_kernel", "check_online_update", "check_merge_partials",
            "check_flash_forward_kernel"]
+__all__ += ["check_ds", "check_dkdv_kernel"]
+__all__ += ["check_causal_block_range", "check_padding_mask"]

@@ -1,0 +1,309 @@
+"""Checks for notebook 05 (FlashAttention backward): dS from dP and D, and the dK/dV loop.
+
+Exercise signatures (stated in the notebook):
+
+* ``ds(p, dp, d) -> dS`` with p, dp of shape (..., N_q, N_k) (the probabilities and
+  their gradient dP = dO V^T) and d of shape (..., N_q) (D = rowsum(dO * O), one
+  float per query row); dS = P * (dP - D[..., None]), of p's shape and dtype.
+  Checked in float64 on real attention problems (P from a softmax, some entries
+  masked to 0), square and not.
+* the loop body of a ``@triton.jit`` kernel with
+  :func:`flashlib.kernels.attention_bwd_simple.flash_dkdv_kernel`'s signature,
+  launched by :func:`~flashlib.kernels.attention_bwd_simple.launch_simple_dkdv`;
+  dK and dV are compared with PyTorch autograd of the float64 reference attention.
+  q and dO are views inside NaN-filled buffers (a load past N_Q reads NaN, never
+  foreign memory), and dK, dV start as NaN, so rows never written show.
+
+The wrong answers they name. dS: D not subtracted, D broadcast along the keys
+instead of the queries, rowsum(dP) or a sum over the query axis in place of D, P
+twice, P missing, P applied to dP only, the sign flipped, dS transposed. dK/dV: the untouched stub,
+P instead of P^T in dV, the scale missing in dK, dP in place of dS in dK, D not
+subtracted, the sign of dS flipped, P not recomputed from L (plain exp, a softmax of
+the tile alone, exp2 with natural-log L, scores not scaled), the query tail not masked.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ... import runtime
+from ...kernels.attention_bwd_simple import launch_simple_dkdv
+from ...reference import attention_mask, naive_attention, stable_softmax
+from ...validation import relative_error, tolerance
+from .forward import _in_nan_buffer
+from .framework import DEFAULT_TIME_LIMIT, Case, Check, Mistake, register, run_check
+
+NOTEBOOK = "05_flash_backward"
+DS = register(NOTEBOOK, "ds", 2, "dS = P * (dP - D) from P, dP and D = rowsum(dO * O)")
+DKDV_LOOP = register(NOTEBOOK, "dkdv_loop", 4,
+                     "The loop of the dK/dV kernel: recompute P from L, dV += P^T dO, dK += scale * dS^T Q")
+
+
+# ---------------------------------------------------------------------------- dS
+
+DS_MISTAKES = (
+    Mistake("D not subtracted",
+            "D was not subtracted: dS = P * (dP - D[..., None]), not P * dP. The softmax couples "
+            "the scores of a row: raising one score lowers every other probability of that row",
+            lambda p, dp, d: p * dp),
+    Mistake("D along the keys",
+            "D was broadcast along the keys: `dp - d` lines d up with the *last* axis (keys), so "
+            "entry (i, j) subtracted D_j. D has one value per query row: subtract d[..., None] "
+            "(shape (..., N_q, 1)), so that row i subtracts D_i",
+            lambda p, dp, d: p * (dp - d.unsqueeze(-2))),
+    Mistake("rowsum(dP)",
+            "rowsum(dP) is not D: D_i = sum_j P_ij dP_ij (= rowsum(dO * O)), a P-weighted sum. "
+            "Use the d given",
+            lambda p, dp, d: p * (dp - dp.sum(dim=-1, keepdim=True))),
+    Mistake("D over the queries",
+            "D was summed over the query axis (-2): D_i = sum_j P_ij dP_ij sums over the keys of "
+            "row i, the last axis. Simplest: use the d given",
+            lambda p, dp, d: p * (dp - (p * dp).sum(dim=-2, keepdim=True))),
+    Mistake("P twice",
+            "P is applied twice: dS = P * (dP - D), with P once",
+            lambda p, dp, d: p * p * (dp - d.unsqueeze(-1))),
+    Mistake("P missing",
+            "the factor P is missing: dS = P * (dP - D), not dP - D (a masked entry, P = 0, "
+            "must get dS = 0)",
+            lambda p, dp, d: dp - d.unsqueeze(-1)),
+    Mistake("P on dP only",
+            "P multiplies dP only: dS = P * dP - P * D = P * (dP - D), not P * dP - D",
+            lambda p, dp, d: p * dp - d.unsqueeze(-1)),
+    Mistake("sign flipped",
+            "the sign is flipped: dS = P * (dP - D), not P * (D - dP)",
+            lambda p, dp, d: p * (d.unsqueeze(-1) - dp)),
+    Mistake("transposed",
+            "dS is transposed: it has P's layout, queries along rows (axis -2) and keys along "
+            "columns (axis -1); no .T or .transpose is needed",
+            lambda p, dp, d: (p * (dp - d.unsqueeze(-1))).transpose(-2, -1)),
+)
+
+
+def _ds_case(gen, description, lead, n_q, n_k, *, causal=False, empty_rows=()) -> Case:
+    """P, dP and D of a real attention problem (float64); expected dS."""
+    head_dim = 8
+
+    def randn(*shape):
+        return torch.randn(*lead, *shape, generator=gen, dtype=torch.float64)
+
+    q, k, v, do = randn(n_q, head_dim) * 1.5, randn(n_k, head_dim) * 1.5, randn(n_k, head_dim), randn(n_q, head_dim)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(head_dim)
+    if causal:
+        visible = attention_mask(n_q, n_k, causal=True)[0, 0]
+        scores = scores.masked_fill(~visible, -math.inf)
+    for row in empty_rows:
+        scores[..., row, :] = -math.inf
+    p = stable_softmax(scores)
+    o = p @ v
+    dp = do @ v.transpose(-2, -1)
+    d = (do * o).sum(dim=-1)
+    shape = f"{tuple(lead) + (n_q, n_k)}"
+    return Case(f"p and dp {shape}, d {tuple(lead) + (n_q,)}, float64: {description}", (p, dp, d),
+                p * (dp - d.unsqueeze(-1)), tolerance(torch.float64), shape_words="(..., N_q, N_k), like p",
+                out_dtype=torch.float64)
+
+
+def _ds_cases(gen):
+    return [
+        _ds_case(gen, "one head, 6 queries and 6 keys", (), 6, 6),
+        _ds_case(gen, "5 queries, 9 keys, causal (P = 0 above the diagonal)", (), 5, 9, causal=True),
+        _ds_case(gen, "batch 2, 3 heads, 7 queries, 12 keys; row 3 sees no key (P = 0, D = 0)",
+                 (2, 3), 7, 12, empty_rows=(3,)),
+        _ds_case(gen, "batch 2, 2 heads, 8 queries, 8 keys, causal", (2, 2), 8, 8, causal=True),
+    ]
+
+
+DS_CHECK = Check(DS, _ds_cases, DS_MISTAKES,
+                 nonfinite_hint="NaN or inf: dS needs no division and no log; P, dP and D are finite")
+
+
+def check_ds(fn, *, seed: int | None = None, time_limit_s: float | None = None):
+    """Check ``fn(p, dp, d) -> dS``: dS = P * (dP - D[..., None]) for p, dp (..., N_q, N_k), d (..., N_q)."""
+    return run_check(DS_CHECK, fn, seed=seed, time_limit_s=time_limit_s)
+
+
+# ---------------------------------------------------------------------- dK / dV
+
+def _pad_rows(t: torch.Tensor, block: int) -> torch.Tensor:
+    """``t`` (..., N, ...) zero-padded along dim 2 to a multiple of ``block`` (what masked loads give)."""
+    missing = -t.shape[2] % block
+    if missing == 0:
+        return t
+    shape = list(t.shape)
+    shape[2] = missing
+    return torch.cat([t, t.new_zeros(shape)], dim=2)
+
+
+def _simulate_dkdv(q, k, v, o, do, lse, blocks, *, p_from="lse", dv_with="P^T", dk_from="dS",
+                   dk_scaled=True, subtract_d=True, sign=1.0):
+    """The kernel's loops in float64, tile by tile, one part done the way a typical bug does it: (dK, dV).
+
+    ``p_from``: "lse" (exp(S - L), right), "exp" (exp(S)), "tile softmax" (a softmax
+    over the tile's keys), "exp2" (2 ** (S - L)) or "unscaled" (exp(Q K^T - L)).
+    ``dv_with``: "P^T" (right) or "P" (P_tile @ dO_tile, which needs square tiles).
+    """
+    block_m, block_n = blocks
+    if dv_with == "P" and block_m != block_n:
+        return None
+    q, k, v, o, do, lse = (t.detach().double().cpu() for t in (q, k, v, o, do, lse))
+    n_k, head_dim = k.shape[2], q.shape[3]
+    scale = 1 / math.sqrt(head_dim)
+    delta = (do * o).sum(dim=-1)
+    q, do = _pad_rows(q, block_m), _pad_rows(do, block_m)
+    lse, delta = (_pad_rows(t.unsqueeze(-1), block_m).squeeze(-1) for t in (lse, delta))
+    k, v = _pad_rows(k, block_n), _pad_rows(v, block_n)
+    dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+    for j in range(0, k.shape[2], block_n):
+        cols = slice(j, j + block_n)
+        for i in range(0, q.shape[2], block_m):
+            rows = slice(i, i + block_m)
+            qk = q[:, :, rows] @ k[:, :, cols].transpose(-2, -1)
+            s = qk * scale
+            l_i = lse[:, :, rows].unsqueeze(-1)
+            p = {"lse": lambda: torch.exp(s - l_i),
+                 "exp": lambda: torch.exp(s),
+                 "tile softmax": lambda: torch.softmax(s, dim=-1),
+                 "exp2": lambda: torch.exp2(s - l_i),
+                 "unscaled": lambda: torch.exp(qk - l_i)}[p_from]()
+            do_i = do[:, :, rows]
+            dv[:, :, cols] += (p.transpose(-2, -1) if dv_with == "P^T" else p) @ do_i
+            dp = do_i @ v[:, :, cols].transpose(-2, -1)
+            ds = sign * p * (dp - delta[:, :, rows].unsqueeze(-1)) if subtract_d else p * dp
+            grad = ds if dk_from == "dS" else dp
+            dk[:, :, cols] += (grad.transpose(-2, -1) @ q[:, :, rows]) * (scale if dk_scaled else 1.0)
+    return dk[:, :, :n_k], dv[:, :, :n_k]
+
+
+def _dkdv_variant(**flags):
+    return lambda *args: _simulate_dkdv(*args, **flags)
+
+
+def _stub(q, k, v, o, do, lse, blocks):
+    """The untouched stub: the loop does nothing, dK = dV = 0 are stored."""
+    return torch.zeros(k.shape, dtype=torch.float64), torch.zeros(v.shape, dtype=torch.float64)
+
+
+def _no_tail_mask(q, k, v, o, do, lse, blocks):
+    """NaN read past N_Q (the buffers around q and dO, or after L and D) spreads to every key's dK and dV."""
+    if q.shape[2] % blocks[0] == 0:
+        return None
+    everywhere = torch.full(k.shape, math.nan, dtype=torch.float64)
+    last_head = torch.zeros(k.shape, dtype=torch.float64)  # only the last head reads past the end of L and D
+    last_head[-1, -1] = math.nan
+    right = _simulate_dkdv(q, k, v, o, do, lse, blocks)
+    dk_last, dv_last = (torch.where(last_head.isnan(), last_head, r) for r in right)
+    return [(everywhere, everywhere.clone()), (dk_last, dv_last)]
+
+
+DKDV_MISTAKES = (
+    Mistake("stub",
+            "dK and dV are all zeros: the loop body is still the stub (`pass`). Write it: load the "
+            "query block, recompute P, then add to dv and dk",
+            _stub, stub=True),
+    Mistake("P instead of P^T",
+            "dV used P where it needs P^T: dV_j = sum_i P_ij dO_i, so each key row collects over the "
+            "query rows. Use dv += tl.dot(tl.trans(p), do) (p is BLOCK_M x BLOCK_N, queries x keys)",
+            _dkdv_variant(dv_with="P")),
+    Mistake("dK scale missing",
+            "dK is missing the softmax scale: S = Q K^T * scale, so dK = dS^T Q * scale. Multiply by "
+            "sm_scale",
+            _dkdv_variant(dk_scaled=False)),
+    Mistake("dP in dK",
+            "dK used dP where it needs dS: dK = scale * dS^T Q with dS = P * (dP - D). dP is the "
+            "gradient of P, not of the scores S",
+            _dkdv_variant(dk_from="dP")),
+    Mistake("D not subtracted",
+            "D was not subtracted: dS = P * (dP - D[:, None]), with D loaded from DELTA for the query "
+            "rows of this block",
+            _dkdv_variant(subtract_d=False)),
+    Mistake("dS sign flipped",
+            "the sign of dS is flipped: dS = P * (dP - D), not P * (D - dP)",
+            _dkdv_variant(sign=-1.0)),
+    Mistake("P not from L",
+            "P is not recomputed with the logsumexp: the forward saved L = logsumexp of each row's "
+            "scores, so P = exp(S - L[:, None]) exactly, normalised over the *whole* row. exp(S) "
+            "alone is unnormalised, and a softmax over this tile sees only BLOCK_N of the keys",
+            lambda *args: [_simulate_dkdv(*args, p_from="exp"), _simulate_dkdv(*args, p_from="tile softmax")]),
+    Mistake("exp2 with natural L",
+            "P uses exp2 with natural-log quantities: L is a natural logsumexp, so P = tl.exp(S - L); "
+            "exp2 needs both S and L multiplied by log2(e)",
+            _dkdv_variant(p_from="exp2")),
+    Mistake("scores not scaled",
+            "the scores are not scaled before recomputing P: S = Q K^T * sm_scale, exactly as in the "
+            "forward that produced L",
+            _dkdv_variant(p_from="unscaled")),
+    Mistake("no query-tail mask",
+            "NaN from reading past the last query: q and dO sit inside NaN-filled buffers here (and L and "
+            "D are followed by NaN), and the last query block hangs over N_Q. Mask the loads of q and dO "
+            "with rows[:, None] < N_Q and of L and D with rows < N_Q (other=0.0)",
+            _no_tail_mask),
+)
+
+
+def _dkdv_case(gen, description, shape, n_k, blocks, *, spread=1.5) -> Case:
+    """float32 inputs, their float64 reference O and L, and dK, dV from autograd in float64."""
+    batch, heads, n_q, head_dim = shape
+    q = torch.randn(shape, generator=gen, dtype=torch.float64) * spread
+    k = torch.randn(batch, heads, n_k, head_dim, generator=gen, dtype=torch.float64) * spread
+    v = torch.randn(batch, heads, n_k, head_dim, generator=gen, dtype=torch.float64)
+    do = torch.randn(shape, generator=gen, dtype=torch.float64)
+    q, k, v, do = (t.float() for t in (q, k, v, do))  # the kernel's inputs, float32
+    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+    o, lse = naive_attention(q64, k64, v64, return_lse=True)
+    dk, dv = torch.autograd.grad(o, (k64, v64), do.double())
+    bm, bn = blocks
+    description = (f"q and dO {tuple(shape)}, k and v {(batch, heads, n_k, head_dim)}, float32, "
+                   f"BLOCK_M = {bm}, BLOCK_N = {bn}: {description}")
+    args = tuple(t.to(runtime.DEVICE) for t in (q, k, v, o.detach().float(), do, lse.detach().float()))
+    return Case(description, args + (blocks,), (dk, dv), tolerance(torch.float32),
+                shape_words=("(B, H, N_k, D), like k",) * 2, out_dtype=(torch.float32, torch.float32),
+                output_names=("dK", "dV"))
+
+
+def _dkdv_cases(gen):
+    return [
+        _dkdv_case(gen, "no tails, 2 query blocks", (1, 2, 64, 32), 64, (32, 32)),
+        _dkdv_case(gen, "N_q = 40 and N_k = 72 not multiples of the blocks (the last query block holds 8 "
+                   "rows)", (1, 1, 40, 16), 72, (16, 32)),
+        _dkdv_case(gen, "batch 2, more queries than keys, tails in both", (2, 1, 80, 64), 48, (32, 16)),
+    ]
+
+
+def _launch_dkdv(kernel, case: Case):
+    """Launch the learner's kernel on NaN-padded q and dO, into NaN-filled dK and dV."""
+    q, k, v, o, do, lse, (block_m, block_n) = case.args
+    q, do = _in_nan_buffer(q, block_m), _in_nan_buffer(do, block_m)
+    dk = torch.full_like(k, math.nan)
+    dv = torch.full_like(v, math.nan)
+    launch_simple_dkdv(kernel, q, k, v, o, do, lse, block_m, block_n, out=(dk, dv))
+    return dk, dv
+
+
+def _explain_dkdv(case: Case, out) -> list[str]:
+    """Which of dK and dV are right."""
+    verdicts = [f"{name} {'right' if relative_error(got, want) <= case.tolerance else 'wrong'}"
+                for name, got, want in zip(("dK", "dV"), out, case.expected)]
+    return ["compared: " + ", ".join(verdicts)]
+
+
+def _accept_kernel(kernel) -> str | None:
+    if not runtime.is_triton_kernel(kernel):
+        return ("this is not a @triton.jit kernel (plain torch/python?): pass the kernel itself, "
+                "decorated with @triton.jit, with flash_dkdv_kernel's signature")
+    return None
+
+
+DKDV_CHECK = Check(
+    DKDV_LOOP, _dkdv_cases, DKDV_MISTAKES, call=_launch_dkdv, accept=_accept_kernel, explain=_explain_dkdv,
+    nonfinite_hint=("NaN or inf in dK or dV: q and dO sit inside NaN-filled buffers here and L and D are "
+                    "followed by NaN, so a tl.load read past N_Q; mask the loads with rows < N_Q "
+                    "(other=0.0). inf: P = exp(S - L) never exceeds 1, exp(S) alone can overflow"),
+    # compiling takes a few seconds per case on a GPU; the interpreter is slow
+    time_limit=runtime.pick(gpu=30.0, cpu=2 * DEFAULT_TIME_LIMIT),
+)
+
+
+def check_dkdv_kernel(kernel, *, seed: int | None = None, time_limit_s: float | None = None):
+    """Check a @triton.jit kernel with ``flash_dkdv_kernel``'s signature (launched by launch_simple_dkdv)."""
+    return run_check(DKDV_CHECK, kernel, seed=seed, time_limit_s=time_limit_s)

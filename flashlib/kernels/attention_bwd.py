@@ -1,0 +1,551 @@
+"""FlashAttention backward in Triton: a preprocess kernel, a dK/dV kernel and a dQ kernel.
+
+The forward (:mod:`flashlib.kernels.attention_fwd`) saves O and the row
+logsumexp ``L`` (natural log), never the N_q x N_k matrix P. With scores
+``S = scale * Q K^T`` (masked entries -inf) and ``P = exp(S - L)`` the gradients
+of ``O = P V`` are::
+
+    dV = P^T dO                 dP = dO V^T
+    D  = rowsum(dO * O)         dS = P * (dP - D)      (softmax's Jacobian, row by row)
+    dQ = scale * dS K           dK = scale * dS^T Q
+
+``D`` is ``rowsum(P * dP)`` rewritten: ``rowsum(P * (dO V^T)) = rowsum(dO * (P V))
+= rowsum(dO * O)``, so it needs one pass over O and dO instead of a pass over P.
+
+Three launches:
+
+1. ``attention_bwd_preprocess_kernel``: ``D = rowsum(dO * O)`` in float32, one
+   program per block of query rows.
+2. ``attention_bwd_dkdv_kernel``: one program per block of BLOCK_N keys of one
+   (batch, kv head). It keeps its K and V tiles and the dK, dV accumulators
+   (float32) on chip and loops over the blocks of queries that see these keys,
+   recomputing ``P^T = exp2(K Q^T * scale * log2(e) - L * log2(e))`` tile by tile
+   from the saved L (P is never stored; exp2 with the folded scale, as in the
+   forward).
+3. ``attention_bwd_dq_kernel``: one program per block of BLOCK_M queries of one
+   (batch, head), looping over key blocks exactly as the forward does, with its
+   own recomputation of P, and a dQ accumulator in float32.
+
+Why no atomics. FlashAttention-2's original backward computes dQ inside the
+dK/dV loop and adds each program's share into dQ with atomic adds in float32:
+one pass over P instead of two, but the order of the additions changes from run
+to run (results are not bitwise reproducible) and dQ needs a float32 buffer and
+a cast. Here every gradient element is owned by exactly one program, which adds
+its terms in a fixed order and stores once: results are deterministic (bitwise
+equal from run to run) at the cost of computing QK^T and dO V^T twice (once per
+kernel). This is also what Triton's fused-attention tutorial does.
+
+GQA/MQA: the dK/dV of a kv head is the sum over the ``KV_GROUP`` query heads
+that read it. The dK/dV program loops over those query heads itself and keeps
+summing into the same float32 accumulators, so the sum costs no extra memory
+and no extra pass (writing per-query-head dK/dV and summing them in PyTorch
+would allocate ``KV_GROUP`` times the K/V size and round each term to the
+output dtype first). The price is fewer programs (B * H_kv key-block columns)
+when the group is large; decoding-sized MQA problems have few keys anyway.
+
+Masks, block skipping: every mask is a band (see the forward), so the query
+rows that see a key block form one interval and the dK/dV program visits only
+the query blocks in it, in three stages like the forward's::
+
+    query blocks: [lo, full_lo)      [full_lo, full_hi)      [full_hi, hi)
+                  masked             no mask                 masked
+                  (diagonal, right   (every row sees every   (window's left edge,
+                   window edge)       key of the block)       q_len tail, a key
+                                                              block cut by k_len)
+
+The dQ program uses the forward's key interval for its query block (the same
+arithmetic, in ``_key_block_range``). Rows that see no key, and padding rows
+past ``seq_len``, have ``L = -inf``; the kernels read them as ``L = +inf`` so
+that ``P = exp2(S - inf) = 0`` without ever computing ``-inf - (-inf)`` (NaN):
+their gradients are exactly 0, and keys past ``seq_len`` get exactly 0 too.
+
+Precision: all products accumulate in float32; with float16/bfloat16 inputs P
+and dS are cast to the input dtype before their ``tl.dot`` (tensor cores), as in
+every FlashAttention. float32 inputs use TF32 in ``tl.dot`` on a GPU.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.errors import OutOfResources
+
+from .. import runtime
+from ..reference import _window_bounds, softmax_scale_for
+from .attention_fwd import smem_budget
+
+LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) == exp2(x * LOG2E)
+
+
+# ---------------------------------------------------------------- band bounds
+@triton.jit
+def _key_block_range(m0, q_len, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
+                     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Key blocks [lo, hi) that the valid rows of query block ``m0`` see; [full_lo, full_hi) seen whole.
+
+    The same arithmetic as ``attention_fwd_kernel`` (query row i sits at key
+    position ``i' = i + offset`` and sees ``i' - left <= j <= i' + right``, ``j < k_len``).
+    """
+    row_lo = m0 + offset  # i' of the first row
+    row_hi = tl.minimum(m0 + BLOCK_M, q_len) - 1 + offset  # i' of the last valid row
+    lo = 0
+    hi = k_len
+    full_lo = 0
+    full_hi = k_len
+    if HAS_LEFT:
+        lo = tl.maximum(row_lo - WINDOW_LEFT, 0)
+        full_lo = tl.cdiv(tl.maximum(row_hi - WINDOW_LEFT, 0), BLOCK_N) * BLOCK_N
+    if HAS_RIGHT:
+        hi = tl.minimum(row_hi + WINDOW_RIGHT + 1, k_len)
+        full_hi = tl.minimum(tl.maximum(row_lo + WINDOW_RIGHT + 1, 0), k_len)
+    lo = (lo // BLOCK_N) * BLOCK_N  # lo >= 0, so // is the same floor in numpy and on the GPU
+    full_hi = (full_hi // BLOCK_N) * BLOCK_N
+    hi = tl.where(m0 < q_len, hi, lo)  # a block of padding rows computes nothing
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def _query_block_range(n0, q_len, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
+                       HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Query blocks [lo, hi) whose rows see some key of key block ``n0``; [full_lo, full_hi) see it whole.
+
+    Key j is seen by rows with ``j - right <= i + offset <= j + left`` and ``i < q_len``.
+    A block in [full_lo, full_hi) has all its rows valid, and every row sees every
+    key of the key block, which lies whole below ``k_len``: no mask there.
+    """
+    col_lo = n0
+    col_hi = tl.minimum(n0 + BLOCK_N, k_len) - 1  # the last valid key of the block
+    lo = 0
+    hi = q_len
+    full_lo = 0
+    full_hi = q_len
+    if HAS_RIGHT:  # rows above the diagonal (or the right window edge) do not see the block
+        lo = tl.maximum(col_lo - WINDOW_RIGHT - offset, 0)
+        full_lo = tl.maximum(col_hi - WINDOW_RIGHT - offset, 0)
+    if HAS_LEFT:  # rows further down than the window's reach do not see it
+        hi = tl.minimum(col_hi + WINDOW_LEFT - offset + 1, q_len)
+        full_hi = tl.minimum(tl.maximum(col_lo + WINDOW_LEFT - offset + 1, 0), q_len)
+    lo = (lo // BLOCK_M) * BLOCK_M  # all >= 0 here, so // floors alike in numpy and on the GPU
+    full_lo = tl.cdiv(full_lo, BLOCK_M) * BLOCK_M
+    full_hi = (full_hi // BLOCK_M) * BLOCK_M
+    hi = tl.where(n0 < k_len, tl.maximum(hi, lo), lo)  # a block of padding keys: no query sees it
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
+    full_hi = tl.where(n0 + BLOCK_N <= k_len, full_hi, full_lo)  # cut by k_len: every block masked
+    return lo, full_lo, full_hi, hi
+
+
+# ---------------------------------------------------------------- 1. D = rowsum(dO * O)
+@triton.jit
+def attention_bwd_preprocess_kernel(
+    O, DO, DELTA,
+    stride_ob, stride_oh, stride_on, stride_od,
+    stride_dob, stride_doh, stride_don, stride_dod,
+    H, N_CTX_Q,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """DELTA[b, h, i] = sum_d dO[b, h, i, d] * O[b, h, i, d] in float32 (DELTA contiguous (B, H, N_q))."""
+    start_m = tl.program_id(0)
+    off_hz = tl.program_id(1)
+    off_b = off_hz // H
+    off_h = off_hz % H
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_m[:, None] < N_CTX_Q) & (offs_d[None, :] < HEAD_DIM)
+    o_ptrs = (O + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
+              + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od)
+    do_ptrs = (DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
+               + offs_m[:, None] * stride_don + offs_d[None, :] * stride_dod)
+    o = tl.load(o_ptrs, mask=mask, other=0.0).to(tl.float32)
+    do = tl.load(do_ptrs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(DELTA + off_hz.to(tl.int64) * N_CTX_Q + offs_m, tl.sum(o * do, axis=1), mask=offs_m < N_CTX_Q)
+
+
+# ---------------------------------------------------------------- 2. dK, dV over key blocks
+@triton.jit
+def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, start, end,
+                         stride_qn, stride_qd, stride_don, stride_dod,
+                         offs_n, offs_d, k_len, N_CTX_Q, offset, window_left, window_right, qk_scale,
+                         MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                         EVEN_D: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Add to (dk, dv) the terms of the query blocks [start, end) of one query head.
+
+    Works on transposed tiles (keys along rows): ``P^T = exp2(K Q^T - L)`` (BLOCK_N, BLOCK_M),
+    ``dV += P^T dO``, ``dP^T = V dO^T``, ``dS^T = P^T * (dP^T - D)``, ``dK += dS^T Q``
+    (the scale is applied once at the end).
+    """
+    offs_m = tl.arange(0, BLOCK_M)
+    # Q^T tile (BLOCK_D, BLOCK_M) and dO tile (BLOCK_M, BLOCK_D) of the first block, through strides.
+    qT_ptrs = q_base + (start + offs_m)[None, :] * stride_qn + offs_d[:, None] * stride_qd
+    do_ptrs = do_base + (start + offs_m)[:, None] * stride_don + offs_d[None, :] * stride_dod
+    for start_m in range(start, end, BLOCK_M):
+        rows = start_m + offs_m
+        if MASKED:
+            qT = tl.load(qT_ptrs, mask=(rows[None, :] < N_CTX_Q) & (offs_d[:, None] < HEAD_DIM), other=0.0)
+            do = tl.load(do_ptrs, mask=(rows[:, None] < N_CTX_Q) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+            lse = tl.load(lse_ptr + rows, mask=rows < N_CTX_Q, other=float("inf"))
+            delta = tl.load(delta_ptr + rows, mask=rows < N_CTX_Q, other=0.0)
+        else:
+            if EVEN_D:
+                qT = tl.load(qT_ptrs)
+                do = tl.load(do_ptrs)
+            else:
+                qT = tl.load(qT_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+                do = tl.load(do_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+            lse = tl.load(lse_ptr + rows)
+            delta = tl.load(delta_ptr + rows)
+        # L = -inf (a row that sees no key, or padding) read as +inf: P = exp2(S - inf) = 0, never NaN.
+        lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
+        qkT = tl.dot(k, qT) * qk_scale  # scores in log2 units, keys along rows
+        if MASKED:
+            cols = offs_n[:, None]
+            query_pos = rows[None, :] + offset  # i' = i + N_k - N_q (bottom-right alignment)
+            visible = cols < k_len
+            if HAS_LEFT:
+                visible = visible & (cols >= query_pos - window_left)
+            if HAS_RIGHT:
+                visible = visible & (cols <= query_pos + window_right)
+            qkT = tl.where(visible, qkT, float("-inf"))
+        pT = tl.math.exp2(qkT - lse2[None, :])
+        dv += tl.dot(pT.to(do.dtype), do)
+        dpT = tl.dot(v, tl.trans(do))
+        dsT = pT * (dpT - delta[None, :])
+        dk += tl.dot(dsT.to(qT.dtype), tl.trans(qT))
+        qT_ptrs += BLOCK_M * stride_qn
+        do_ptrs += BLOCK_M * stride_don
+    return dk, dv
+
+
+@triton.jit
+def attention_bwd_dkdv_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV, SEQ_LENS, sm_scale,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_don, stride_dod,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    H, KV_GROUP, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT,
+    Q_BUCKET, K_BUCKET,  # only keys for the autotuner (N rounded up to a power of two)
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_SEQ_LENS: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """dK, dV for key block ``program_id(0)`` of (batch, kv head) ``program_id(1)``.
+
+    Q, DO (B, H, N_q, D), K, V, DK, DV (B, H // KV_GROUP, N_k, D), any strides.
+    LSE, DELTA contiguous float32 (B, H, N_q). The program sums over the KV_GROUP
+    query heads of its kv head (GQA) in float32 and stores every element of its
+    block once (zeros for keys that no query sees).
+    """
+    start_n = tl.program_id(0)
+    off_hkv = tl.program_id(1)
+    kv_heads = H // KV_GROUP
+    off_b = off_hkv // kv_heads
+    off_kvh = off_hkv % kv_heads
+    q_len = N_CTX_Q
+    k_len = N_CTX_K
+    if HAS_SEQ_LENS:
+        seq_len = tl.load(SEQ_LENS + off_b)
+        q_len = tl.minimum(seq_len, N_CTX_Q)
+        k_len = tl.minimum(seq_len, N_CTX_K)
+    offset = N_CTX_K - N_CTX_Q
+
+    n0 = start_n * BLOCK_N
+    lo, full_lo, full_hi, hi = _query_block_range(n0, q_len, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
+                                                  HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
+    kv_mask = (offs_n[:, None] < N_CTX_K) & (offs_d[None, :] < HEAD_DIM)
+    k_base = K + off_b.to(tl.int64) * stride_kb + off_kvh.to(tl.int64) * stride_kh
+    v_base = V + off_b.to(tl.int64) * stride_vb + off_kvh.to(tl.int64) * stride_vh
+    k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
+    v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
+
+    dk = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+    dv = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+    qk_scale = sm_scale * LOG2E
+    for g in range(0, KV_GROUP):  # GQA: the query heads that read this kv head
+        off_h = off_kvh * KV_GROUP + g
+        q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
+        do_base = DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
+        row_base = (off_b * H + off_h).to(tl.int64) * N_CTX_Q
+        lse_ptr = LSE + row_base
+        delta_ptr = DELTA + row_base
+        if HAS_RIGHT:  # stage 1: the diagonal / the window's right edge
+            dk, dv = _attn_bwd_dkdv_inner(
+                dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, lo, full_lo,
+                stride_qn, stride_qd, stride_don, stride_dod, offs_n, offs_d, k_len, N_CTX_Q, offset,
+                WINDOW_LEFT, WINDOW_RIGHT, qk_scale, True, HAS_LEFT, HAS_RIGHT, EVEN_D, HEAD_DIM, BLOCK_M)
+        # stage 2: query blocks that see the whole key block, no mask
+        dk, dv = _attn_bwd_dkdv_inner(
+            dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, full_lo, full_hi,
+            stride_qn, stride_qd, stride_don, stride_dod, offs_n, offs_d, k_len, N_CTX_Q, offset,
+            WINDOW_LEFT, WINDOW_RIGHT, qk_scale, False, HAS_LEFT, HAS_RIGHT, EVEN_D, HEAD_DIM, BLOCK_M)
+        # stage 3: the window's left edge, the q_len tail, a key block cut by k_len
+        dk, dv = _attn_bwd_dkdv_inner(
+            dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, full_hi, hi,
+            stride_qn, stride_qd, stride_don, stride_dod, offs_n, offs_d, k_len, N_CTX_Q, offset,
+            WINDOW_LEFT, WINDOW_RIGHT, qk_scale, True, HAS_LEFT, HAS_RIGHT, EVEN_D, HEAD_DIM, BLOCK_M)
+
+    dk *= sm_scale
+    dk_base = DK + off_b.to(tl.int64) * stride_dkb + off_kvh.to(tl.int64) * stride_dkh
+    dv_base = DV + off_b.to(tl.int64) * stride_dvb + off_kvh.to(tl.int64) * stride_dvh
+    tl.store(dk_base + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
+             dk.to(DK.dtype.element_ty), mask=kv_mask)
+    tl.store(dv_base + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd,
+             dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+# ---------------------------------------------------------------- 3. dQ over query blocks
+@triton.jit
+def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, start, end,
+                       stride_kn, stride_kd, stride_vn, stride_vd,
+                       offs_m, offs_d, k_len, offset, window_left, window_right, qk_scale,
+                       MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                       EVEN_D: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Add to dq the terms of the key blocks [start, end): ``P = exp2(Q K^T - L)``,
+    ``dP = dO V^T``, ``dS = P * (dP - D)``, ``dQ += dS K`` (scale applied at the end)."""
+    offs_n = tl.arange(0, BLOCK_N)
+    # K^T and V^T tiles (BLOCK_D, BLOCK_N) of the first block, through strides.
+    kT_ptrs = k_base + (start + offs_n)[None, :] * stride_kn + offs_d[:, None] * stride_kd
+    vT_ptrs = v_base + (start + offs_n)[None, :] * stride_vn + offs_d[:, None] * stride_vd
+    for start_n in range(start, end, BLOCK_N):
+        cols = start_n + offs_n
+        if MASKED:
+            kv_mask = (cols[None, :] < k_len) & (offs_d[:, None] < HEAD_DIM)
+            kT = tl.load(kT_ptrs, mask=kv_mask, other=0.0)
+            vT = tl.load(vT_ptrs, mask=kv_mask, other=0.0)
+        elif EVEN_D:
+            kT = tl.load(kT_ptrs)
+            vT = tl.load(vT_ptrs)
+        else:
+            kT = tl.load(kT_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+            vT = tl.load(vT_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+        qk = tl.dot(q, kT) * qk_scale  # scores in log2 units
+        if MASKED:
+            query_pos = offs_m[:, None] + offset  # i' = i + N_k - N_q
+            visible = cols[None, :] < k_len
+            if HAS_LEFT:
+                visible = visible & (cols[None, :] >= query_pos - window_left)
+            if HAS_RIGHT:
+                visible = visible & (cols[None, :] <= query_pos + window_right)
+            qk = tl.where(visible, qk, float("-inf"))
+        p = tl.math.exp2(qk - lse2[:, None])
+        dp = tl.dot(do, vT)
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(kT.dtype), tl.trans(kT))
+        kT_ptrs += BLOCK_N * stride_kn
+        vT_ptrs += BLOCK_N * stride_vn
+    return dq
+
+
+@triton.jit
+def attention_bwd_dq_kernel(
+    Q, K, V, DO, LSE, DELTA, DQ, SEQ_LENS, sm_scale,
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_don, stride_dod,
+    stride_dqb, stride_dqh, stride_dqn, stride_dqd,
+    H, KV_GROUP, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT,
+    Q_BUCKET, K_BUCKET,  # only keys for the autotuner
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_SEQ_LENS: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """dQ for query block ``program_id(0)`` of (batch, head) ``program_id(1)``: the forward's
+    loop (same key interval, same three stages), with dQ in place of O."""
+    start_m = tl.program_id(0)
+    off_hz = tl.program_id(1)
+    off_b = off_hz // H
+    off_h = off_hz % H
+    off_kvh = off_h // KV_GROUP
+    q_len = N_CTX_Q
+    k_len = N_CTX_K
+    if HAS_SEQ_LENS:
+        seq_len = tl.load(SEQ_LENS + off_b)
+        q_len = tl.minimum(seq_len, N_CTX_Q)
+        k_len = tl.minimum(seq_len, N_CTX_K)
+    offset = N_CTX_K - N_CTX_Q
+
+    m0 = start_m * BLOCK_M
+    lo, full_lo, full_hi, hi = _key_block_range(m0, q_len, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
+                                                HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
+    row_mask = offs_m < N_CTX_Q
+    tile_mask = row_mask[:, None] & (offs_d[None, :] < HEAD_DIM)
+    q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
+    do_base = DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
+    k_base = K + off_b.to(tl.int64) * stride_kb + off_kvh.to(tl.int64) * stride_kh
+    v_base = V + off_b.to(tl.int64) * stride_vb + off_kvh.to(tl.int64) * stride_vh
+    q = tl.load(q_base + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd, mask=tile_mask, other=0.0)
+    do = tl.load(do_base + offs_m[:, None] * stride_don + offs_d[None, :] * stride_dod, mask=tile_mask, other=0.0)
+    row_base = off_hz.to(tl.int64) * N_CTX_Q
+    lse = tl.load(LSE + row_base + offs_m, mask=row_mask, other=float("inf"))
+    delta = tl.load(DELTA + row_base + offs_m, mask=row_mask, other=0.0)
+    # L = -inf (no key, or padding row) read as +inf: P = 0 on the whole row, never NaN.
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
+
+    dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    qk_scale = sm_scale * LOG2E
+    if HAS_LEFT:  # stage 1: blocks cut by the window's left edge
+        dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, lo, full_lo,
+                                stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d, k_len, offset,
+                                WINDOW_LEFT, WINDOW_RIGHT, qk_scale, True, HAS_LEFT, HAS_RIGHT, EVEN_D,
+                                HEAD_DIM, BLOCK_N)
+    # stage 2: blocks every row sees whole, no mask
+    dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, full_lo, full_hi,
+                            stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d, k_len, offset,
+                            WINDOW_LEFT, WINDOW_RIGHT, qk_scale, False, HAS_LEFT, HAS_RIGHT, EVEN_D,
+                            HEAD_DIM, BLOCK_N)
+    # stage 3: the diagonal / window's right edge, and the key tail (N_k or seq_len)
+    dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, full_hi, hi,
+                            stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d, k_len, offset,
+                            WINDOW_LEFT, WINDOW_RIGHT, qk_scale, True, HAS_LEFT, HAS_RIGHT, EVEN_D,
+                            HEAD_DIM, BLOCK_N)
+
+    dq = tl.where((offs_m < q_len)[:, None], dq * sm_scale, 0.0)  # padding rows: exactly 0
+    dq_base = DQ + off_b.to(tl.int64) * stride_dqb + off_h.to(tl.int64) * stride_dqh
+    tl.store(dq_base + offs_m[:, None] * stride_dqn + offs_d[None, :] * stride_dqd,
+             dq.to(DQ.dtype.element_ty), mask=tile_mask)
+
+
+# ---------------------------------------------------------------- launch configuration
+#: Autotune candidates (BLOCK_M, BLOCK_N, num_stages, num_warps). The dK/dV kernel keeps a
+#: BLOCK_N tile of K, V, dK, dV on chip and streams BLOCK_M query blocks, so it wants a wide
+#: BLOCK_N; the dQ kernel is the other way round (as in Triton's fused-attention tutorial).
+DKDV_GPU_CONFIGS = [
+    (32, 128, 3, 8), (64, 128, 2, 8), (32, 64, 3, 4), (64, 64, 2, 4), (32, 32, 2, 4), (16, 64, 2, 4),
+]
+DQ_GPU_CONFIGS = [
+    (128, 32, 3, 8), (128, 64, 2, 8), (64, 64, 3, 4), (64, 32, 3, 4), (32, 32, 2, 4), (64, 16, 2, 4),
+]
+
+#: The block sizes used in the interpreter, where autotuning would only measure numpy.
+INTERPRETER_BLOCKS = dict(BLOCK_M=32, BLOCK_N=32)
+#: Rows per program of the preprocess kernel (memory bound: no tuning).
+PREPROCESS_BLOCK_M = 64
+
+
+def smem_bytes(kernel: str, block_m: int, block_n: int, block_d: int, stages: int, elem_bytes: int) -> int:
+    """Shared memory one program needs, estimated: the tiles held for the whole program,
+    ``stages`` buffers of the two streamed tiles, and one (BLOCK_M, BLOCK_N) float32 tile
+    for the layout change of P/dS between its two ``tl.dot``.
+
+    dK/dV holds K, V (BLOCK_N x D) and streams Q, dO (BLOCK_M x D); dQ holds Q, dO and
+    streams K, V.
+    """
+    held, streamed = (block_n, block_m) if kernel == "dkdv" else (block_m, block_n)
+    return elem_bytes * block_d * (2 * held + 2 * streamed * stages) + 4 * block_m * block_n
+
+
+def _fits(kernel, bm, bn, stages, warps, block_d, elem_bytes, budget) -> bool:
+    """Registers: float32 accumulators (dK and dV, or dQ) of at most 128 per thread; shared memory."""
+    accumulators = 2 * bn * block_d if kernel == "dkdv" else bm * block_d
+    if accumulators > 4096 * warps:
+        return False
+    return smem_bytes(kernel, bm, bn, block_d, stages, elem_bytes) <= budget
+
+
+def _pruner(kernel):
+    def prune(configs, named_args, **kwargs):
+        """Triton's early_config_prune hook: drop configs that cannot fit this head_dim."""
+        args = {**named_args, **kwargs}
+        shape = (args["BLOCK_D"], args["Q"].element_size(), smem_budget())
+        kept = [c for c in configs
+                if _fits(kernel, c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages, c.num_warps, *shape)]
+        return kept or [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_stages=1, num_warps=4)]
+    return prune
+
+
+def _autotuned(kernel, name, configs):
+    return triton.autotune(
+        configs=[triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=s, num_warps=w)
+                 for bm, bn, s, w in configs],
+        key=["Q_BUCKET", "K_BUCKET", "HEAD_DIM", "HAS_SEQ_LENS", "HAS_LEFT", "HAS_RIGHT", "KV_GROUP"],
+        prune_configs_by={"early_config_prune": _pruner(name)},
+    )(kernel)
+
+
+#: The two main kernels with block sizes, warps and stages chosen by benchmarking on the GPU.
+#: They only store (no accumulation into their outputs), so the autotuner's repeated runs are harmless.
+attention_bwd_dkdv_kernel_autotuned = _autotuned(attention_bwd_dkdv_kernel, "dkdv", DKDV_GPU_CONFIGS)
+attention_bwd_dq_kernel_autotuned = _autotuned(attention_bwd_dq_kernel, "dq", DQ_GPU_CONFIGS)
+
+
+def _launch_fixed(kernel, grid, positional, args, block_m, block_n, block_d, elem_bytes):
+    """Launch with given block sizes: the deepest pipeline (3 stages at most) that fits shared memory.
+
+    ``smem_bytes`` is an estimate; should Triton still refuse a config for shared memory
+    (it does so when compiling, before anything runs), the next shallower one is tried.
+    """
+    fn = attention_bwd_dkdv_kernel if kernel == "dkdv" else attention_bwd_dq_kernel
+    accumulators = 2 * block_n * block_d if kernel == "dkdv" else block_m * block_d
+    budget = smem_budget()
+    stages = [s for s in (3, 2) if smem_bytes(kernel, block_m, block_n, block_d, s, elem_bytes) <= budget] + [1]
+    for i, num_stages in enumerate(stages):
+        try:
+            fn[grid](*positional, **args, BLOCK_M=block_m, BLOCK_N=block_n,
+                     num_stages=num_stages, num_warps=4 if accumulators <= 4096 * 4 else 8)
+            return
+        except OutOfResources:
+            if i == len(stages) - 1:
+                raise
+
+
+def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, *, causal: bool = False, window=None,
+                              seq_lens: torch.Tensor | None = None, softmax_scale: float | None = None,
+                              block_m: int | None = None, block_n: int | None = None):
+    """Fill dq (if not None) and dk, dv (if not None) for checked (B, H, N, D) tensors, any strides.
+
+    q, o, do, dq: (B, H, N_q, D); k, v, dk, dv: (B, H_kv, N_k, D); lse: (B, H, N_q) contiguous
+    float32 from the forward. Arguments are *not* checked here (``flashlib.attention`` does it).
+    Block sizes: given ones (for both kernels), else the interpreter's fixed ones, else
+    autotuned on the GPU (each kernel its own). Returns D = rowsum(dO * O) (B, H, N_q) float32.
+    """
+    batch, heads, n_q, head_dim = q.shape
+    kv_heads, n_k = k.shape[1], k.shape[2]
+    left, right = _window_bounds(causal, window)
+    sm_scale = softmax_scale_for(head_dim, softmax_scale)
+    block_d = max(16, triton.next_power_of_2(head_dim))
+
+    delta = torch.empty((batch, heads, n_q), dtype=torch.float32, device=q.device)
+    attention_bwd_preprocess_kernel[(triton.cdiv(n_q, PREPROCESS_BLOCK_M), batch * heads)](
+        o, do, delta, *o.stride(), *do.stride(), heads, n_q,
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=PREPROCESS_BLOCK_M, num_warps=4 if block_d <= 128 else 8)
+
+    args = dict(
+        H=heads, KV_GROUP=heads // kv_heads, N_CTX_Q=n_q, N_CTX_K=n_k,
+        WINDOW_LEFT=left or 0, WINDOW_RIGHT=right or 0,
+        Q_BUCKET=triton.next_power_of_2(n_q), K_BUCKET=triton.next_power_of_2(n_k),
+        HEAD_DIM=head_dim, BLOCK_D=block_d,
+        HAS_SEQ_LENS=seq_lens is not None, HAS_LEFT=left is not None, HAS_RIGHT=right is not None,
+    )
+    common = (q, k, v, do, lse, delta)
+    strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
+    if block_m is None and runtime.INTERPRET:
+        block_m, block_n = INTERPRETER_BLOCKS["BLOCK_M"], INTERPRETER_BLOCKS["BLOCK_N"]
+    jobs = []
+    if dk is not None:
+        jobs.append(("dkdv", (*common, dk, dv, seq_lens, sm_scale, *strides, *dk.stride(), *dv.stride()),
+                     lambda bn: (triton.cdiv(n_k, bn), batch * kv_heads)))
+    if dq is not None:
+        jobs.append(("dq", (*common, dq, seq_lens, sm_scale, *strides, *dq.stride()),
+                     lambda bm: (triton.cdiv(n_q, bm), batch * heads)))
+    for kernel, positional, grid_of in jobs:
+        program_block = "BLOCK_N" if kernel == "dkdv" else "BLOCK_M"
+        if block_m is not None:
+            grid = grid_of(block_n if kernel == "dkdv" else block_m)
+            _launch_fixed(kernel, grid, positional, args, block_m, block_n, block_d, q.element_size())
+        else:
+            tuned = attention_bwd_dkdv_kernel_autotuned if kernel == "dkdv" else attention_bwd_dq_kernel_autotuned
+            tuned[lambda meta, g=grid_of, b=program_block: g(meta[b])](*positional, **args)
+    return delta

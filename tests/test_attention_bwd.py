@@ -1,0 +1,482 @@
+"""flash_attention backward: gradients equal PyTorch autograd through the float64 reference for
+every mask, layout, GQA group, dtype and head_dim; key/query blocks outside the mask never visited;
+exact zeros past seq_lens; every gradient element written; autograd wiring (partial requires_grad,
+no_grad, layouts, double backward refused)."""
+import functools
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import flashlib  # noqa: F401  (chooses the interpreter before triton is imported)
+import triton
+import triton.language as tl
+
+from flashlib import attention as attention_module
+from flashlib import flash_attention, runtime
+from flashlib.kernels import attention_bwd, attention_fwd
+from flashlib.kernels.attention_bwd import _key_block_range, _query_block_range
+from flashlib.reference import _window_bounds, attention_mask, naive_attention
+from flashlib.validation import relative_error, tolerance
+
+DEVICE = runtime.DEVICE
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+GRADS = ("dq", "dk", "dv")
+
+
+# ---------------------------------------------------------------- helpers
+@pytest.fixture(autouse=True)
+def fixed_blocks_on_the_gpu(request, monkeypatch):
+    """On a GPU every new shape would autotune (a dozen compiles per kernel): tests run fixed
+    blocks there, except test_gpu_autotuned_backward, which exercises the backward's autotuners."""
+    if runtime.INTERPRET:
+        return
+    fixed_fwd = functools.partial(attention_fwd.launch_attention_forward, block_m=64, block_n=32)
+    monkeypatch.setattr(attention_module, "launch_attention_forward", fixed_fwd)
+    if not request.node.name.startswith("test_gpu_autotuned"):
+        fixed_bwd = functools.partial(attention_bwd.launch_attention_backward, block_m=32, block_n=32)
+        monkeypatch.setattr(attention_module, "launch_attention_backward", fixed_bwd)
+
+
+def make_inputs(batch, heads, kv_heads, n_q, n_k, head_dim, dtype, layout="bhnd", seed=0):
+    """Fresh random q, k, v and an output gradient do in ``layout`` ("3d": (B*H, N, D), heads == kv_heads)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def one(h, n):
+        t = torch.randn(batch, h, n, head_dim, generator=gen, dtype=torch.float64).to(DEVICE, dtype)
+        if layout == "bnhd":
+            return t.transpose(1, 2).contiguous()
+        return t.reshape(batch * h, n, head_dim) if layout == "3d" else t
+
+    return one(heads, n_q), one(kv_heads, n_k), one(kv_heads, n_k), one(heads, n_q)
+
+
+def as_bhnd(t, layout):
+    if layout == "3d":
+        return t.unsqueeze(1)
+    return t if layout == "bhnd" else t.transpose(1, 2)
+
+
+def flash_grads(q, k, v, do, layout="bhnd", requires=GRADS, **mask):
+    """flash_attention's gradients (None for an input that does not require grad), in the inputs' layout."""
+    leaves = [t.detach().clone().requires_grad_(name in requires) for name, t in zip(GRADS, (q, k, v))]
+    out = flash_attention(*leaves, layout="bhnd" if layout == "3d" else layout, **mask)
+    out.backward(do)
+    return [t.grad for t in leaves]
+
+
+def reference_grads(q, k, v, do, layout="bhnd", **mask):
+    """PyTorch autograd through naive_attention in float64 on the (rounded) inputs, (B, H, N, D)."""
+    leaves = [as_bhnd(t, layout).detach().double().cpu().requires_grad_() for t in (q, k, v)]
+    if mask.get("seq_lens") is not None:
+        mask = {**mask, "seq_lens": mask["seq_lens"].cpu()}
+    naive_attention(*leaves, **mask).backward(as_bhnd(do, layout).double().cpu())
+    return [t.grad for t in leaves]
+
+
+def assert_grads_match(grads, ref, dtype, layout="bhnd", inputs=None, do=None, softmax_scale=None):
+    """Relative error per gradient: max |grad - ref| / max |ref| <= tolerance(dtype).
+
+    A gradient whose reference is exactly 0 everywhere (dq and dk when every row sees at most
+    one key: softmax is then constant, dS = P * (dP - D) = 0 by exact cancellation) has no scale
+    of its own: its error is measured against the size of the terms that cancel,
+    ``scale * head_dim * max|dO| * max|V| * max|K|`` (for dq; max|Q| for dk).
+    """
+    for name, grad, expected, t in zip(GRADS, grads, ref, inputs or (None,) * 3):
+        if grad is None or grad.numel() == 0:
+            continue
+        if t is not None:
+            assert grad.shape == t.shape and grad.dtype == t.dtype, f"{name}: shape/dtype differ from the input"
+        grad = as_bhnd(grad, layout)
+        if (expected == 0).all() and name != "dv" and inputs is not None:
+            q, k, v = (as_bhnd(x, layout).double().cpu() for x in inputs)
+            head_dim = q.shape[-1]
+            scale = head_dim ** -0.5 if softmax_scale is None else softmax_scale
+            terms = scale * head_dim * as_bhnd(do, layout).double().abs().max() * v.abs().max() \
+                * (k if name == "dq" else q).abs().max()
+            err = (grad.double().cpu() - expected).abs().max().item() / terms.item()
+        else:
+            err = relative_error(grad, expected)
+        assert err <= tolerance(dtype), f"{name}: relative error {err:.2e} > {tolerance(dtype):.0e}"
+
+
+def run_and_check(batch, heads, kv_heads, n_q, n_k, head_dim, dtype, layout="bhnd", seed=0, seq_lens=None,
+                  requires=GRADS, **mask):
+    """Gradients of flash_attention on fresh inputs in ``layout`` against float64 autograd."""
+    q, k, v, do = make_inputs(batch, heads, kv_heads, n_q, n_k, head_dim, dtype, layout, seed)
+    if seq_lens is not None:
+        mask["seq_lens"] = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
+    grads = flash_grads(q, k, v, do, layout, requires, **mask)
+    for name, grad in zip(GRADS, grads):
+        assert (grad is not None) == (name in requires), f"{name}: .grad set iff requires_grad"
+    assert_grads_match(grads, reference_grads(q, k, v, do, layout, **mask), dtype, layout, (q, k, v), do,
+                       mask.get("softmax_scale"))
+    return grads
+
+
+# ---------------------------------------------------------------- a grid against autograd
+@pytest.mark.parametrize("n_q, n_k", [(48, 48), (20, 70), (70, 20)], ids=["self", "decode-like", "q-longer"])
+@pytest.mark.parametrize("heads, kv_heads", [(2, 2), (4, 2), (3, 1)], ids=["mha", "gqa", "mqa"])
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_grid_matches_float64_autograd(causal, layout, heads, kv_heads, n_q, n_k):
+    run_and_check(2, heads, kv_heads, n_q, n_k, 32, torch.float32, layout, seed=n_q * 7 + n_k, causal=causal)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("layout, heads, kv_heads, n_q, n_k", [
+    ("bhnd", 4, 2, 48, 48), ("bnhd", 3, 1, 20, 70), ("bnhd", 2, 2, 70, 20)], ids=["gqa-self", "mqa-decode", "q-longer"])
+def test_grid_in_every_dtype(layout, heads, kv_heads, n_q, n_k, dtype):
+    run_and_check(2, heads, kv_heads, n_q, n_k, 32, dtype, layout, seed=n_q + n_k, causal=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("head_dim", [16, 24, 40, 64, 80, 128, 256], ids=lambda d: f"d{d}")
+def test_every_head_dim(head_dim, dtype):
+    """Powers of two, and others padded to the next power of two with a mask on d."""
+    run_and_check(1, 2, 1, 33, 45, head_dim, dtype, seed=head_dim, causal=head_dim % 32 == 0)
+
+
+def test_softmax_scale_is_used():
+    run_and_check(1, 2, 2, 30, 30, 16, torch.float32, softmax_scale=0.9, causal=True)
+
+
+# ---------------------------------------------------------------- hypothesis: any shape and mask
+@st.composite
+def problems(draw, layouts=("bhnd", "bnhd", "3d"), dtypes=DTYPES):
+    layout = draw(st.sampled_from(layouts))
+    batch = draw(st.integers(1, 2))
+    kv_heads = draw(st.integers(1, 2))
+    heads = kv_heads if layout == "3d" else kv_heads * draw(st.integers(1, 3))
+    n_q = draw(st.integers(1, 70))
+    n_k = draw(st.one_of(st.just(n_q), st.integers(1, 70)))
+    longest = max(n_q, n_k)
+    n_lens = batch * heads if layout == "3d" else batch
+    seq_len = st.one_of(st.just(0), st.just(longest), st.integers(0, longest))
+    bound = st.one_of(st.just(-1), st.integers(0, 40))
+    head_dim = draw(st.sampled_from([16, 32]))
+    return dict(
+        batch=batch, heads=heads, kv_heads=kv_heads, n_q=n_q, n_k=n_k, layout=layout,
+        head_dim=head_dim, dtype=draw(st.sampled_from(dtypes)),
+        causal=draw(st.booleans()),
+        window=draw(st.one_of(st.none(), st.tuples(bound, bound))),
+        seq_lens=draw(st.one_of(st.none(), st.lists(seq_len, min_size=n_lens, max_size=n_lens))),
+        softmax_scale=draw(st.one_of(st.none(), st.floats(0.05, 2.0).map(lambda f: f / head_dim ** 0.5))),
+        requires=draw(st.sampled_from([GRADS, GRADS, ("dq",), ("dk", "dv"), ("dv",)])),
+        seed=draw(st.integers(0, 2**16)),
+    )
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(problem=problems())
+def test_any_problem_matches_autograd(problem):
+    run_and_check(**problem)
+
+
+# ---------------------------------------------------------------- block skipping: the band bounds
+@triton.jit
+def band_probe_kernel(OUT, SEQ_LENS, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, N_BLOCKS,
+                      HAS_SEQ_LENS: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                      PER_QUERY_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """OUT[b, block] = (lo, full_lo, full_hi, hi) as the dQ kernel (PER_QUERY_BLOCK) or the dK/dV
+    kernel computes them, with the kernels' own q_len, k_len and offset."""
+    block = tl.program_id(0)
+    b = tl.program_id(1)
+    q_len = N_CTX_Q
+    k_len = N_CTX_K
+    if HAS_SEQ_LENS:
+        seq_len = tl.load(SEQ_LENS + b)
+        q_len = tl.minimum(seq_len, N_CTX_Q)
+        k_len = tl.minimum(seq_len, N_CTX_K)
+    offset = N_CTX_K - N_CTX_Q
+    if PER_QUERY_BLOCK:
+        lo, full_lo, full_hi, hi = _key_block_range(block * BLOCK_M, q_len, k_len, offset, WINDOW_LEFT,
+                                                    WINDOW_RIGHT, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
+    else:
+        lo, full_lo, full_hi, hi = _query_block_range(block * BLOCK_N, q_len, k_len, offset, WINDOW_LEFT,
+                                                      WINDOW_RIGHT, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
+    out = OUT + (b * N_BLOCKS + block) * 4
+    tl.store(out, lo)
+    tl.store(out + 1, full_lo)
+    tl.store(out + 2, full_hi)
+    tl.store(out + 3, hi)
+
+
+def visited_blocks(n_q, n_k, block_m, block_n, per_query_block, causal, window, seq_lens, batch):
+    """(B, query blocks, key blocks) int8: 1 visited without mask, 2 with mask, 0 skipped, as the
+    kernels' three loops over [lo, full_lo), [full_lo, full_hi), [full_hi, hi) visit them."""
+    left, right = _window_bounds(causal, window)
+    n_mb, n_nb = -(-n_q // block_m), -(-n_k // block_n)
+    n_blocks, step = (n_mb, block_n) if per_query_block else (n_nb, block_m)
+    bounds = torch.zeros(batch, n_blocks, 4, dtype=torch.int32)
+    band_probe_kernel[(n_blocks, batch)](
+        bounds, seq_lens, n_q, n_k, left or 0, right or 0, n_blocks,
+        HAS_SEQ_LENS=seq_lens is not None, HAS_LEFT=left is not None, HAS_RIGHT=right is not None,
+        PER_QUERY_BLOCK=per_query_block, BLOCK_M=block_m, BLOCK_N=block_n)
+    tiles = torch.zeros(batch, n_mb, n_nb, dtype=torch.int8)
+    for b in range(batch):
+        for block in range(n_blocks):
+            lo, full_lo, full_hi, hi = bounds[b, block].tolist()
+            for start, end, kind in ((lo, full_lo, 2), (full_lo, full_hi, 1), (full_hi, hi, 2)):
+                for other in range(start, end, step):
+                    i, j = (block, other // block_n) if per_query_block else (other // block_m, block)
+                    assert tiles[b, i, j] == 0, f"block ({i}, {j}) visited twice"
+                    tiles[b, i, j] = kind
+    return tiles
+
+
+def needed_blocks(n_q, n_k, block_m, block_n, per_query_block, causal, window, seq_lens, batch):
+    """Blocks a kernel must visit: 0 no visible (query, key) pair, 1 every pair visible and no
+    element mask needed, 2 otherwise. The dQ kernel (per query block) computes rows past q_len
+    without a mask and zeroes them at the end, as the forward does; the dK/dV kernel needs every
+    row of an unmasked block to be valid."""
+    allowed = attention_mask(n_q, n_k, causal=causal, window=window, seq_lens=seq_lens, batch=batch)[:, 0]
+    lens = [max(n_q, n_k)] * batch if seq_lens is None else seq_lens.tolist()
+    tiles = torch.zeros(batch, -(-n_q // block_m), -(-n_k // block_n), dtype=torch.int8)
+    for b, length in enumerate(lens):
+        q_len, k_len = min(length, n_q), min(length, n_k)
+        for i in range(tiles.shape[1]):
+            for j in range(tiles.shape[2]):
+                block = allowed[b, i * block_m:min((i + 1) * block_m, q_len), j * block_n:(j + 1) * block_n]
+                if block.any():
+                    whole = (j + 1) * block_n <= k_len and (per_query_block or (i + 1) * block_m <= q_len)
+                    tiles[b, i, j] = 1 if block.all() and whole else 2
+    return tiles
+
+
+@settings(max_examples=80, deadline=None, derandomize=True)
+@given(problem=problems(layouts=["bhnd"], dtypes=[torch.float32]),
+       block_m=st.sampled_from([16, 32, 64]), block_n=st.sampled_from([16, 32, 64]))
+def test_blocks_visited_are_exactly_the_visible_ones(problem, block_m, block_n):
+    """Block skipping in both kernels: a block with no visible pair is never loaded, one with
+    every pair visible gets no mask. The dQ kernel's key ranges are also the forward's."""
+    p = problem
+    lens = None if p["seq_lens"] is None else torch.tensor(p["seq_lens"], dtype=torch.int32)
+    shape = (p["n_q"], p["n_k"], block_m, block_n)
+    mask = dict(causal=p["causal"], window=p["window"], seq_lens=lens, batch=p["batch"])
+    for per_query_block in (True, False):
+        got = visited_blocks(*shape, per_query_block, **mask)
+        expected = needed_blocks(*shape, per_query_block, **mask)
+        assert torch.equal(got, expected), f"visited (0 skip, 1 full, 2 masked):\n{got}\nexpected\n{expected}"
+    q, k, v, _ = make_inputs(p["batch"], 1, 1, p["n_q"], p["n_k"], 16, torch.float32)
+    tiles = torch.zeros(p["batch"], -(-p["n_q"] // block_m), -(-p["n_k"] // block_n), dtype=torch.int8)
+    attention_fwd.launch_attention_forward(q, k, v, torch.empty_like(q), torch.empty(q.shape[:3]), tiles=tiles,
+                                           block_m=block_m, block_n=block_n, causal=p["causal"],
+                                           window=p["window"], seq_lens=lens)
+    assert torch.equal(tiles, visited_blocks(*shape, True, **mask)), "dQ visits what the forward visits"
+
+
+def test_causal_skips_blocks_in_both_kernels():
+    mask = dict(causal=True, window=None, seq_lens=None, batch=1)
+    expected = [[2, 0, 0, 0],
+                [1, 2, 0, 0],
+                [1, 1, 2, 0],
+                [1, 1, 1, 2]]
+    for per_query_block in (True, False):
+        assert visited_blocks(64, 64, 16, 16, per_query_block, **mask)[0].tolist() == expected
+    # dK/dV of a key block cut by N_k = 56 sees every query block through a mask
+    assert visited_blocks(64, 56, 16, 16, False, **mask)[0, :, 3].tolist() == [2, 2, 2, 2]
+
+
+# ---------------------------------------------------------------- padding, rows without keys, poisoned outputs
+@pytest.mark.parametrize("n_q, n_k", [(40, 40), (30, 50), (50, 30)])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gradients_past_seq_lens_are_exactly_zero(causal, n_q, n_k):
+    lens = [0, 17, 33]
+    dq, dk, dv = run_and_check(3, 4, 2, n_q, n_k, 16, torch.float32, seq_lens=lens, causal=causal)
+    for b, length in enumerate(lens):
+        assert (dq[b, :, min(length, n_q):] == 0).all(), "dq of padding queries"
+        assert (dk[b, :, min(length, n_k):] == 0).all() and (dv[b, :, min(length, n_k):] == 0).all(), \
+            "dk, dv of padding keys"
+        if length:
+            assert dq[b, :, :min(length, n_q)].abs().sum() > 0 and dk[b, :, :min(length, n_k)].abs().sum() > 0
+
+
+@pytest.mark.parametrize("n_q, n_k, mask", [
+    (40, 10, dict(causal=True)),                       # the first 30 rows see no key: their dq is 0
+    (20, 50, dict(window=(0, 0))),                     # keys 0..29 seen by nobody: their dk, dv are 0
+    (30, 30, dict(window=(2, -1), causal=True, seq_lens=[30, 0])),
+])
+def test_rows_and_keys_outside_the_mask_get_exact_zeros(n_q, n_k, mask):
+    dq, dk, dv = run_and_check(2, 2, 1, n_q, n_k, 16, torch.float32, **mask)
+    if n_q > n_k:
+        assert (dq[:, :, :n_q - n_k] == 0).all()
+    if n_k > n_q:
+        assert (dk[:, :, :n_k - n_q] == 0).all() and (dv[:, :, :n_k - n_q] == 0).all()
+
+
+@pytest.fixture
+def nan_empty(monkeypatch):
+    """torch.empty returns NaN-filled float tensors: a gradient element never written stays NaN."""
+    real_empty, calls = torch.empty, []
+
+    def empty(*args, **kwargs):
+        t = real_empty(*args, **kwargs)
+        calls.append(t)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", empty)
+    return calls
+
+
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd", "3d"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_every_gradient_element_is_written(nan_empty, layout, dtype):
+    """Key blocks no query sees (window), padding (seq_lens, one sample empty): all written."""
+    heads, kv_heads = (2, 2) if layout == "3d" else (4, 2)
+    lens = [0, 37, 9, 20][:4 if layout == "3d" else 2]
+    run_and_check(2, heads, kv_heads, 37, 70, 16, dtype, layout, window=(3, 0), seq_lens=lens)
+    assert len(nan_empty) >= 5, "outputs and gradients must come from torch.empty for this test to mean anything"
+
+
+def test_no_keys_and_no_queries_give_zero_gradients():
+    q, k, v, do = make_inputs(1, 2, 2, 5, 0, 16, torch.float32)
+    dq, dk, dv = flash_grads(q, k, v, do)
+    assert (dq == 0).all() and dk.shape == k.shape and dv.shape == v.shape
+    q, k, v, do = make_inputs(1, 2, 2, 0, 5, 16, torch.float32)
+    dq, dk, dv = flash_grads(q, k, v, do)
+    assert dq.shape == q.shape and (dk == 0).all() and (dv == 0).all()
+
+
+# ---------------------------------------------------------------- autograd wiring
+@pytest.mark.parametrize("requires", [("dq",), ("dk",), ("dv",), ("dk", "dv"), ("dq", "dv")], ids="+".join)
+def test_only_some_inputs_require_grad(requires, monkeypatch):
+    """Inputs without requires_grad get no .grad, and kernels they alone need are not run."""
+    seen = []
+    real = attention_module.launch_attention_backward
+
+    def spy(q, k, v, o, lse, do, dq, dk, dv, **kwargs):
+        seen.append((dq is not None, dk is not None))
+        return real(q, k, v, o, lse, do, dq, dk, dv, **kwargs)
+
+    monkeypatch.setattr(attention_module, "launch_attention_backward", spy)
+    run_and_check(2, 4, 2, 30, 40, 16, torch.float32, "bnhd", requires=requires, causal=True)
+    assert seen == [("dq" in requires, "dk" in requires or "dv" in requires)]
+
+
+def test_no_grad_and_inputs_without_grad_give_plain_outputs():
+    q, k, v, _ = make_inputs(1, 2, 2, 20, 20, 16, torch.float32)
+    plain = flash_attention(q, k, v, causal=True)
+    assert not plain.requires_grad and plain.grad_fn is None
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    with torch.no_grad():
+        out = flash_attention(*leaves, causal=True)
+    assert not out.requires_grad and torch.equal(out, plain)
+    out, lse = flash_attention(*leaves, causal=True, return_lse=True)
+    assert out.requires_grad and not lse.requires_grad, "L is returned without gradient"
+
+
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd", "3d", "packed"])
+def test_loss_backward_fills_grad_in_each_layout(layout):
+    """.grad has the input's shape, dtype and strides, and the reference's values."""
+    if layout == "packed":  # q, k, v sliced out of one (B, N, 3, H, D) projection
+        qkv = torch.randn(2, 33, 3, 4, 32, device=DEVICE, requires_grad=True)
+        out = flash_attention(*qkv.unbind(2), layout="bnhd", causal=True)
+        do = torch.randn_like(out)
+        out.backward(do)
+        ref = reference_grads(*qkv.detach().unbind(2), do, "bnhd", causal=True)
+        assert qkv.grad.shape == qkv.shape
+        assert_grads_match([g.transpose(1, 2) for g in qkv.grad.unbind(2)], ref, torch.float32)
+        return
+    q, k, v, do = make_inputs(2, 4, 4 if layout == "3d" else 2, 40, 24, 32, torch.float32, layout)
+    leaves = [t.requires_grad_() for t in (q, k, v)]
+    loss = (flash_attention(*leaves, causal=True, layout="bhnd" if layout == "3d" else layout) * do).sum()
+    loss.backward()
+    for t in leaves:
+        assert t.grad.shape == t.shape and t.grad.stride() == t.stride() and t.grad.dtype == t.dtype
+    assert_grads_match([t.grad for t in leaves], reference_grads(q, k, v, do, layout, causal=True),
+                       torch.float32, layout)
+
+
+def test_double_backward_is_refused_with_a_clear_error():
+    q, k, v, do = make_inputs(1, 2, 1, 20, 20, 16, torch.float32)
+    leaves = [t.requires_grad_() for t in (q, k, v)]
+    for loss_of in (lambda out: (out * do).sum(), lambda out: (out ** 2).sum()):
+        grads = torch.autograd.grad(loss_of(flash_attention(*leaves, causal=True)), leaves, create_graph=True)
+        assert all(g.requires_grad for g in grads)
+        with pytest.raises(RuntimeError, match="flash_attention has no double backward"):
+            sum(g.sum() for g in grads).backward()
+    # the first-order gradients under create_graph are the ordinary ones
+    grads = torch.autograd.grad((flash_attention(*leaves, causal=True) * do).sum(), leaves, create_graph=True)
+    assert_grads_match(grads, reference_grads(q, k, v, do, causal=True), torch.float32)
+
+
+def test_gradients_are_deterministic():
+    """No atomics: the same inputs give bitwise the same gradients (GQA sums included)."""
+    q, k, v, do = make_inputs(2, 6, 2, 50, 60, 16, torch.float16, "bnhd")
+    first = flash_grads(q, k, v, do, "bnhd", causal=True)
+    second = flash_grads(q, k, v, do, "bnhd", causal=True)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+@pytest.mark.filterwarnings("ignore:Input #\\d+ requires gradient and is not a double precision")
+@pytest.mark.parametrize("mask", [dict(causal=True, seq_lens=[7, 4]), dict(window=(2, 1))], ids=["causal-lens", "window"])
+def test_gradcheck(mask):
+    """torch.autograd.gradcheck in float32: flash_attention takes float16/bfloat16/float32 only.
+
+    Finite differences in float32 with eps=1e-3 on O(1) inputs carry a rounding error of about
+    1e-7 / 1e-3 = 1e-4 (the truncation error, eps^2, is smaller): atol=2e-3 and rtol=1e-2 sit
+    well above it and far below what a wrong gradient gives (a missing scale, a wrong mask: O(0.1)).
+    """
+    q, k, v, _ = make_inputs(2, 2, 1, 7, 9, 16, torch.float32, seed=3)
+    leaves = [t.requires_grad_() for t in (q, k, v)]
+    if "seq_lens" in mask:
+        mask = {**mask, "seq_lens": torch.tensor(mask["seq_lens"], dtype=torch.int32, device=DEVICE)}
+    assert torch.autograd.gradcheck(lambda *t: flash_attention(*t, **mask), leaves, eps=1e-3, atol=2e-3,
+                                    rtol=1e-2, fast_mode=True)
+
+
+# ---------------------------------------------------------------- autotune configs
+def test_autotune_pruning_keeps_configs_that_fit_the_head_dim():
+    """The early_config_prune hooks, called as Triton documents it (named args, then keywords)."""
+    budget = attention_fwd.smem_budget()
+    for name, configs in (("dkdv", attention_bwd.DKDV_GPU_CONFIGS), ("dq", attention_bwd.DQ_GPU_CONFIGS)):
+        configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=s, num_warps=w)
+                   for bm, bn, s, w in configs]
+        prune = attention_bwd._pruner(name)
+        for dtype in (torch.float16, torch.float32):
+            q = torch.empty(1, dtype=dtype)
+            assert len(prune(configs, {"Q": q}, BLOCK_D=32)) == len(configs)
+            assert len(prune(configs, {"Q": q, "BLOCK_D": 32})) == len(configs)
+            for head_dim in (128, 256):
+                kept = prune(configs, {"Q": q}, BLOCK_D=head_dim)
+                assert kept and all(attention_bwd.smem_bytes(name, c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"],
+                                                             head_dim, c.num_stages, q.element_size()) <= budget
+                                    for c in kept)
+            assert 0 < len(prune(configs, {"Q": q}, BLOCK_D=256)) < len(configs)
+
+
+# ---------------------------------------------------------------- GPU only
+GPU_CASES = [  # (dtype, head_dim, mask) on GPU-sized problems
+    (dtype, head_dim, mask)
+    for dtype in DTYPES
+    for head_dim in (16, 64, 128, 256, 80)
+    for mask in ("none", "causal")
+] + [(torch.float16, 64, mask) for mask in ("window", "seq_lens", "gqa-bnhd", "cross")] \
+  + [(torch.bfloat16, 128, mask) for mask in ("window", "seq_lens", "gqa-bnhd", "cross")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, head_dim, mask", GPU_CASES, ids=str)
+def test_gpu_matches_autograd(dtype, head_dim, mask):
+    batch, heads, kv_heads, n_q, n_k, layout, kwargs = 2, 4, 4, 700, 700, "bhnd", {}
+    if mask == "causal":
+        kwargs = dict(causal=True)
+    elif mask == "window":
+        kwargs = dict(window=(200, 17))
+    elif mask == "seq_lens":
+        kwargs = dict(causal=True, seq_lens=[700, 333])
+    elif mask == "gqa-bnhd":
+        kv_heads, layout, kwargs = 2, "bnhd", dict(causal=True)
+    elif mask == "cross":
+        n_q, n_k, kwargs = 300, 900, dict(causal=True)
+    run_and_check(batch, heads, kv_heads, n_q, n_k, head_dim, dtype, layout, seed=head_dim, **kwargs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, head_dim, mask", [
+    (torch.float16, 64, "causal"), (torch.bfloat16, 128, "gqa-bnhd"), (torch.float16, 256, "seq_lens"),
+], ids=str)
+def test_gpu_autotuned_backward(dtype, head_dim, mask):
+    """The autotuned backward kernels (pruned configs per head_dim) on GPU-sized problems."""
+    test_gpu_matches_autograd(dtype, head_dim, mask)

@@ -1,0 +1,375 @@
+"""The notebook 05 checks pass right answers and name the mistake in wrong ones.
+
+Every wrong answer is written the way a learner plausibly writes it, independently
+of the checks' own lists of mistakes: dS as torch functions, the dK/dV loop as real
+@triton.jit kernels (one jit body, the bug picked by a constexpr).
+"""
+import math
+
+import pytest
+import torch
+
+from flashlib import runtime  # before triton: flashlib picks the interpreter on a CPU
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from flashlib.course import checks  # noqa: E402
+from flashlib.kernels.attention_bwd_simple import flash_dkdv_kernel  # noqa: E402
+
+
+# ---------------------------------------------------------------------------- dS
+
+def ds_right(p, dp, d):
+    return p * (dp - d[..., None])
+
+
+def ds_recomputed_d(p, dp, d):  # D recomputed from P and dP instead of the argument: also right
+    return p * (dp - (p * dp).sum(dim=-1, keepdim=True))
+
+
+def ds_blank(p, dp, d):
+    raise NotImplementedError("Exercise: write your code here")
+
+
+def ds_no_d(p, dp, d):
+    return p * dp
+
+
+def ds_not_broadcast(p, dp, d):
+    return p * (dp - d)
+
+
+def ds_rowsum_dp(p, dp, d):
+    return p * (dp - dp.sum(dim=-1, keepdim=True))
+
+
+def ds_p_twice(p, dp, d):
+    return p * p * (dp - d.unsqueeze(-1))
+
+
+def ds_no_p(p, dp, d):
+    return dp - d.unsqueeze(-1)
+
+
+def ds_sign_flipped(p, dp, d):
+    return p * (d.unsqueeze(-1) - dp)
+
+
+def ds_p_on_dp_only(p, dp, d):
+    return p * dp - d.unsqueeze(-1)
+
+
+def ds_wrong_axis(p, dp, d):
+    return p * (dp - (p * dp).sum(dim=-2, keepdim=True))
+
+
+def ds_transposed(p, dp, d):
+    return (p * (dp - d[..., None])).transpose(-2, -1)
+
+
+@pytest.mark.parametrize("fn", [ds_right, ds_recomputed_d])
+def test_ds_passes_right_answers(fn, capsys):
+    result = checks.check_ds(fn)
+    assert result.passed and result.points == result.max_points == 2
+    assert result.exercise == "05_flash_backward.ds"
+    assert capsys.readouterr().out == "✓ ds: correct on 4 random cases (2/2 points)\n"
+
+
+def test_ds_blank_is_not_attempted():
+    result = checks.check_ds(ds_blank)
+    assert not result.passed and "not attempted yet" in result.feedback
+
+
+@pytest.mark.parametrize("fn, words", [
+    (ds_no_d, "D was not subtracted"),
+    (ds_not_broadcast, "D was broadcast along the keys"),
+    (ds_rowsum_dp, "rowsum(dP) is not D"),
+    (ds_p_twice, "P is applied twice"),
+    (ds_no_p, "the factor P is missing"),
+    (ds_sign_flipped, "the sign is flipped"),
+    (ds_p_on_dp_only, "P multiplies dP only"),
+    (ds_wrong_axis, "D was summed over the query axis"),
+])
+def test_ds_wrong_answers_are_named(fn, words):
+    result = checks.check_ds(fn)
+    assert not result.passed and result.points == 0
+    assert "case 1 of 4" in result.feedback
+    assert f"likely mistake: {words}" in result.feedback, result.feedback
+
+
+def test_ds_on_a_non_square_problem_the_broadcast_error_is_reported():
+    """Past case 1 (square), `dp - d` cannot even broadcast: the exception and its line are said."""
+    def square_only(p, dp, d):
+        return ds_right(p, dp, d) if p.shape[-1] == p.shape[-2] and p.dim() == 2 else ds_not_broadcast(p, dp, d)
+
+    result = checks.check_ds(square_only)
+    assert not result.passed and "case 2 of 4" in result.feedback
+    assert "your code raised RuntimeError" in result.feedback and "ds_not_broadcast" in result.feedback
+
+
+def test_ds_transposed_is_named_on_square_and_non_square_cases():
+    result = checks.check_ds(ds_transposed)
+    assert not result.passed and "case 1 of 4" in result.feedback
+    assert "likely mistake: dS is transposed" in result.feedback
+
+    def transposed_past_case_1(p, dp, d):
+        return ds_right(p, dp, d) if p.shape == (6, 6) else ds_transposed(p, dp, d)
+
+    result = checks.check_ds(transposed_past_case_1)
+    assert "case 2 of 4" in result.feedback and "wrong shape" in result.feedback
+    assert "expected shape (5, 9) = (..., N_q, N_k), like p, got (9, 5)" in result.feedback
+    assert "likely mistake: dS is transposed" in result.feedback
+
+
+def test_ds_a_row_vector_is_a_wrong_shape():
+    result = checks.check_ds(lambda p, dp, d: (p * (dp - d[..., None])).sum(dim=-1))
+    assert not result.passed and "wrong shape" in result.feedback and "likely mistake" not in result.feedback
+
+
+# ---------------------------------------------------------------------- dK / dV
+
+(RIGHT, LOOP_STUB, P_NOT_PT, NO_DK_SCALE, DP_IN_DK, NO_DELTA, SIGN_FLIPPED, P_EXP, P_TILE_SOFTMAX,
+ P_EXP2, UNSCALED_S, NO_TAIL_MASK) = (tl.constexpr(i) for i in range(12))
+
+
+@triton.jit
+def _dkdv_body(Q, K, V, DO, L, DELTA, DK, DV, sm_scale,
+               stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn,
+               stride_doh, stride_don, stride_dkh, stride_dkn, stride_dvh, stride_dvn,
+               N_Q, N_K, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               BUG: tl.constexpr):
+    start_n = tl.program_id(0)
+    off_h = tl.program_id(1)
+    offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    # K and V as (BLOCK_N, HEAD_DIM) tiles here, transposed where needed (unlike the teaching kernel)
+    k = tl.load(K + off_h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
+                mask=offs_n[:, None] < N_K, other=0.0)
+    v = tl.load(V + off_h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
+                mask=offs_n[:, None] < N_K, other=0.0)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    for start_m in range(0, N_Q, BLOCK_M):
+        if BUG != LOOP_STUB:
+            rows = start_m + offs_m
+            q_ptrs = Q + off_h * stride_qh + rows[:, None] * stride_qn + offs_d[None, :]
+            do_ptrs = DO + off_h * stride_doh + rows[:, None] * stride_don + offs_d[None, :]
+            if BUG == NO_TAIL_MASK:
+                q = tl.load(q_ptrs)
+                do = tl.load(do_ptrs)
+                lse = tl.load(L + off_h * N_Q + rows)
+                delta = tl.load(DELTA + off_h * N_Q + rows)
+            else:
+                q = tl.load(q_ptrs, mask=rows[:, None] < N_Q, other=0.0)
+                do = tl.load(do_ptrs, mask=rows[:, None] < N_Q, other=0.0)
+                lse = tl.load(L + off_h * N_Q + rows, mask=rows < N_Q, other=0.0)
+                delta = tl.load(DELTA + off_h * N_Q + rows, mask=rows < N_Q, other=0.0)
+            if BUG == UNSCALED_S:
+                s = tl.dot(q, tl.trans(k))
+            else:
+                s = tl.dot(q, tl.trans(k)) * sm_scale
+            if BUG == P_EXP:
+                p = tl.exp(s)
+            elif BUG == P_TILE_SOFTMAX:
+                p = tl.exp(s - tl.max(s, 1)[:, None])
+                p = p / tl.sum(p, 1)[:, None]
+            elif BUG == P_EXP2:
+                p = tl.math.exp2(s - lse[:, None])
+            else:
+                p = tl.exp(s - lse[:, None])
+            if BUG == P_NOT_PT:
+                dv += tl.dot(p, do)
+            else:
+                dv += tl.dot(tl.trans(p), do)
+            dp = tl.dot(do, tl.trans(v))
+            if BUG == NO_DELTA:
+                ds = p * dp
+            elif BUG == SIGN_FLIPPED:
+                ds = p * (delta[:, None] - dp)
+            else:
+                ds = p * (dp - delta[:, None])
+            if BUG == NO_DK_SCALE:
+                dk += tl.dot(tl.trans(ds), q)
+            elif BUG == DP_IN_DK:
+                dk += tl.dot(tl.trans(dp), q) * sm_scale
+            else:
+                dk += tl.dot(tl.trans(ds), q) * sm_scale
+    tl.store(DK + off_h * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :], dk,
+             mask=offs_n[:, None] < N_K)
+    tl.store(DV + off_h * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :], dv,
+             mask=offs_n[:, None] < N_K)
+
+
+# One kernel per bug, each with the exercise's signature (the interpreter runs no closures).
+@triton.jit
+def right_kernel(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+                 stride_vh, stride_vn, stride_doh, stride_don, stride_dkh, stride_dkn, stride_dvh, stride_dvn,
+                 N_Q, N_K, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    _dkdv_body(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+               stride_vh, stride_vn, stride_doh, stride_don, stride_dkh, stride_dkn, stride_dvh, stride_dvn,
+               N_Q, N_K, HEAD_DIM, BLOCK_M, BLOCK_N, RIGHT)
+
+
+@triton.jit
+def loop_stub_kernel(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+                     stride_vh, stride_vn, stride_doh, stride_don, stride_dkh, stride_dkn, stride_dvh,
+                     stride_dvn, N_Q, N_K, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr):
+    _dkdv_body(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+               stride_vh, stride_vn, stride_doh, stride_don, stride_dkh, stride_dkn, stride_dvh, stride_dvn,
+               N_Q, N_K, HEAD_DIM, BLOCK_M, BLOCK_N, LOOP_STUB)
+
+
+@triton.jit
+def p_not_pt_kernel(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+                    stride_vh, stride_vn, stride_doh, stride_don, stride_dkh, stride_dkn, stride_dvh,
+                    stride_dvn, N_Q, N_K, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr):
+    _dkdv_body(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+               stride_vh, stride_vn, stride_doh, stride_don, stride_dkh, stride_dkn, stride_dvh, stride_dvn,
+               N_Q, N_K, HEAD_DIM, BLOCK_M, BLOCK_N, P_NOT_PT)
+
+
+@triton.jit
+def no_dk_scale_kernel(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+                       stride_vh, stride_vn, stride_doh, stride_don, stride_dkh, stride_dkn, stride_dvh,
+                       stride_dvn, N_Q, N_K, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr):
+    _dkdv_body(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+               stride_vh, stride_vn, stride_doh, stride_don, stride_dkh, stride_dkn, stride_dvh, stride_dvn,
+               N_Q, N_K, HEAD_DIM, BLOCK_M, BLOCK_N, NO_DK_SCALE)
+
+
+@triton.jit
+def dp_in_dk_kernel(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+                    stride_vh, stride_vn, stride_doh, stride_don, stride_dkh, stride_dkn, stride_dvh,
+                    stride_dvn, N_Q, N_K, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr):
+    _dkdv_body(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+               stride_vh, stride_vn, stride_doh, stride_don, stride_dkh, stride_dkn, stride_dvh, stride_dvn,
+               N_Q, N_K, HEAD_DIM, BLOCK_M, BLOCK_N, DP_IN_DK)
+
+
+@triton.jit
+def no_delta_kernel(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+                    stride_vh, stride_vn, stride_doh, stride_don, stride_dkh, stride_dkn, stride_dvh,
+                    stride_dvn, N_Q, N_K, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr):
+    _dkdv_body(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+               stride_vh, stride_vn, stride_doh, stride_don, stride_dkh, stride_dkn, stride_dvh, stride_dvn,
+               N_Q, N_K, HEAD_DIM, BLOCK_M, BLOCK_N, NO_DELTA)
+
+
+@triton.jit
+def sign_flipped_kernel(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+                        stride_vh, stride_vn, stride_doh, stride_don, stride_dkh, stride_dkn, stride_dvh,
+                        stride_dvn, N_Q, N_K, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr):
+    _dkdv_body(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+               stride_vh, stride_vn, stride_doh, stride_don, stride_dkh, stride_dkn, stride_dvh, stride_dvn,
+               N_Q, N_K, HEAD_DIM, BLOCK_M, BLOCK_N, SIGN_FLIPPED)
+
+
+@triton.jit
+def p_exp_kernel(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+                 stride_vh, stride_vn, stride_doh, stride_don, stride_dkh, stride_dkn, stride_dvh, stride_dvn,
+                 N_Q, N_K, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    _dkdv_body(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+               stride_vh, stride_vn, stride_doh, stride_don, stride_dkh, stride_dkn, stride_dvh, stride_dvn,
+               N_Q, N_K, HEAD_DIM, BLOCK_M, BLOCK_N, P_EXP)
+
+
+@triton.jit
+def p_tile_softmax_kernel(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, stride_qn, stride_kh,
+                          stride_kn, stride_vh, stride_vn, stride_doh, stride_don, stride_dkh, stride_dkn,
+                          stride_dvh, stride_dvn, N_Q, N_K, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr):
+    _dkdv_body(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+               stride_vh, stride_vn, stride_doh, stride_don, stride_dkh, stride_dkn, stride_dvh, stride_dvn,
+               N_Q, N_K, HEAD_DIM, BLOCK_M, BLOCK_N, P_TILE_SOFTMAX)
+
+
+@triton.jit
+def p_exp2_kernel(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+                  stride_vh, stride_vn, stride_doh, stride_don, stride_dkh, stride_dkn, stride_dvh, stride_dvn,
+                  N_Q, N_K, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    _dkdv_body(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+               stride_vh, stride_vn, stride_doh, stride_don, stride_dkh, stride_dkn, stride_dvh, stride_dvn,
+               N_Q, N_K, HEAD_DIM, BLOCK_M, BLOCK_N, P_EXP2)
+
+
+@triton.jit
+def unscaled_s_kernel(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+                      stride_vh, stride_vn, stride_doh, stride_don, stride_dkh, stride_dkn, stride_dvh,
+                      stride_dvn, N_Q, N_K, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr):
+    _dkdv_body(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+               stride_vh, stride_vn, stride_doh, stride_don, stride_dkh, stride_dkn, stride_dvh, stride_dvn,
+               N_Q, N_K, HEAD_DIM, BLOCK_M, BLOCK_N, UNSCALED_S)
+
+
+@triton.jit
+def no_tail_mask_kernel(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+                        stride_vh, stride_vn, stride_doh, stride_don, stride_dkh, stride_dkn, stride_dvh,
+                        stride_dvn, N_Q, N_K, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr):
+    _dkdv_body(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+               stride_vh, stride_vn, stride_doh, stride_don, stride_dkh, stride_dkn, stride_dvh, stride_dvn,
+               N_Q, N_K, HEAD_DIM, BLOCK_M, BLOCK_N, NO_TAIL_MASK)
+
+
+def test_the_teaching_kernel_passes(capsys):
+    result = checks.check_dkdv_kernel(flash_dkdv_kernel)
+    assert result.passed and result.points == result.max_points == 4
+    assert result.exercise == "05_flash_backward.dkdv_loop"
+    assert capsys.readouterr().out == "✓ dkdv_loop: correct on 3 random cases (4/4 points)\n"
+
+
+def test_a_kernel_written_independently_passes_and_the_verdict_is_deterministic():
+    first = checks.check_dkdv_kernel(right_kernel)
+    assert first.passed
+    assert checks.check_dkdv_kernel(right_kernel).feedback == first.feedback
+
+
+def test_the_blank_exercise_is_not_attempted():
+    result = checks.check_dkdv_kernel(loop_stub_kernel)
+    assert not result.passed and result.points == 0
+    assert "not attempted yet?" in result.feedback and "still the stub" in result.feedback
+
+
+@pytest.mark.parametrize("bug, case, words", [
+    (p_not_pt_kernel, 1, "dV used P where it needs P^T"),
+    (no_dk_scale_kernel, 1, "dK is missing the softmax scale"),
+    (dp_in_dk_kernel, 1, "dK used dP where it needs dS"),
+    (no_delta_kernel, 1, "D was not subtracted"),
+    (sign_flipped_kernel, 1, "the sign of dS is flipped"),
+    (p_exp_kernel, 1, "P is not recomputed with the logsumexp"),
+    (p_tile_softmax_kernel, 1, "P is not recomputed with the logsumexp"),
+    (p_exp2_kernel, 1, "P uses exp2 with natural-log quantities"),
+    (unscaled_s_kernel, 1, "the scores are not scaled before recomputing P"),
+    (no_tail_mask_kernel, 2, "NaN from reading past the last query"),
+])
+def test_wrong_kernels_are_named(bug, case, words):
+    result = checks.check_dkdv_kernel(bug)
+    assert not result.passed and result.points == 0
+    assert f"case {case} of 3" in result.feedback
+    assert f"likely mistake: {words}" in result.feedback, result.feedback
+
+
+def test_which_gradient_is_wrong_is_said():
+    result = checks.check_dkdv_kernel(no_dk_scale_kernel)
+    assert "dK: wrong values" in result.feedback and "compared: dK wrong, dV right" in result.feedback
+
+
+def test_plain_torch_is_refused():
+    def torch_dkdv(q, k, v, o, do, lse):
+        p = torch.exp(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) - lse[..., None])
+        return None, p.transpose(-2, -1) @ do
+
+    result = checks.check_dkdv_kernel(torch_dkdv)
+    assert not result.passed and "not a @triton.jit kernel" in result.feedback
+
+
+def test_the_exercises_are_registered_for_the_grader():
+    assert [name for name, _, _ in checks.EXERCISES["05_flash_backward"]] == ["ds", "dkdv_loop"]
+    assert [points for _, points, _ in checks.EXERCISES["05_flash_backward"]] == [2, 4]
