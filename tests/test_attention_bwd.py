@@ -115,19 +115,13 @@ def run_and_check(batch, heads, kv_heads, n_q, n_k, head_dim, dtype, layout="bhn
 
 
 # ---------------------------------------------------------------- a grid against autograd
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("n_q, n_k", [(48, 48), (20, 70), (70, 20)], ids=["self", "decode-like", "q-longer"])
 @pytest.mark.parametrize("heads, kv_heads", [(2, 2), (4, 2), (3, 1)], ids=["mha", "gqa", "mqa"])
 @pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_grid_matches_float64_autograd(causal, layout, heads, kv_heads, n_q, n_k):
-    run_and_check(2, heads, kv_heads, n_q, n_k, 32, torch.float32, layout, seed=n_q * 7 + n_k, causal=causal)
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("layout, heads, kv_heads, n_q, n_k", [
-    ("bhnd", 4, 2, 48, 48), ("bnhd", 3, 1, 20, 70), ("bnhd", 2, 2, 70, 20)], ids=["gqa-self", "mqa-decode", "q-longer"])
-def test_grid_in_every_dtype(layout, heads, kv_heads, n_q, n_k, dtype):
-    run_and_check(2, heads, kv_heads, n_q, n_k, 32, dtype, layout, seed=n_q + n_k, causal=True)
+def test_grid_matches_float64_autograd(causal, layout, heads, kv_heads, n_q, n_k, dtype):
+    run_and_check(1, heads, kv_heads, n_q, n_k, 32, dtype, layout, seed=n_q * 7 + n_k, causal=causal)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -208,15 +202,15 @@ def visited_blocks(n_q, n_k, block_m, block_n, per_query_block, causal, window, 
     left, right = _window_bounds(causal, window)
     n_mb, n_nb = -(-n_q // block_m), -(-n_k // block_n)
     n_blocks, step = (n_mb, block_n) if per_query_block else (n_nb, block_m)
-    bounds = torch.zeros(batch, n_blocks, 4, dtype=torch.int32)
+    bounds = torch.zeros(batch, n_blocks, 4, dtype=torch.int32, device=DEVICE)
     band_probe_kernel[(n_blocks, batch)](
-        bounds, seq_lens, n_q, n_k, left or 0, right or 0, n_blocks,
+        bounds, None if seq_lens is None else seq_lens.to(DEVICE), n_q, n_k, left or 0, right or 0, n_blocks,
         HAS_SEQ_LENS=seq_lens is not None, HAS_LEFT=left is not None, HAS_RIGHT=right is not None,
         PER_QUERY_BLOCK=per_query_block, BLOCK_M=block_m, BLOCK_N=block_n)
     tiles = torch.zeros(batch, n_mb, n_nb, dtype=torch.int8)
     for b in range(batch):
         for block in range(n_blocks):
-            lo, full_lo, full_hi, hi = bounds[b, block].tolist()
+            lo, full_lo, full_hi, hi = bounds[b, block].cpu().tolist()
             for start, end, kind in ((lo, full_lo, 2), (full_lo, full_hi, 1), (full_hi, hi, 2)):
                 for other in range(start, end, step):
                     i, j = (block, other // block_n) if per_query_block else (other // block_m, block)
@@ -244,12 +238,12 @@ def needed_blocks(n_q, n_k, block_m, block_n, per_query_block, causal, window, s
     return tiles
 
 
-@settings(max_examples=80, deadline=None, derandomize=True)
+@settings(max_examples=300, deadline=None, derandomize=True)
 @given(problem=problems(layouts=["bhnd"], dtypes=[torch.float32]),
        block_m=st.sampled_from([16, 32, 64]), block_n=st.sampled_from([16, 32, 64]))
 def test_blocks_visited_are_exactly_the_visible_ones(problem, block_m, block_n):
     """Block skipping in both kernels: a block with no visible pair is never loaded, one with
-    every pair visible gets no mask. The dQ kernel's key ranges are also the forward's."""
+    every pair visible gets no mask."""
     p = problem
     lens = None if p["seq_lens"] is None else torch.tensor(p["seq_lens"], dtype=torch.int32)
     shape = (p["n_q"], p["n_k"], block_m, block_n)
@@ -258,12 +252,6 @@ def test_blocks_visited_are_exactly_the_visible_ones(problem, block_m, block_n):
         got = visited_blocks(*shape, per_query_block, **mask)
         expected = needed_blocks(*shape, per_query_block, **mask)
         assert torch.equal(got, expected), f"visited (0 skip, 1 full, 2 masked):\n{got}\nexpected\n{expected}"
-    q, k, v, _ = make_inputs(p["batch"], 1, 1, p["n_q"], p["n_k"], 16, torch.float32)
-    tiles = torch.zeros(p["batch"], -(-p["n_q"] // block_m), -(-p["n_k"] // block_n), dtype=torch.int8)
-    attention_fwd.launch_attention_forward(q, k, v, torch.empty_like(q), torch.empty(q.shape[:3]), tiles=tiles,
-                                           block_m=block_m, block_n=block_n, causal=p["causal"],
-                                           window=p["window"], seq_lens=lens)
-    assert torch.equal(tiles, visited_blocks(*shape, True, **mask)), "dQ visits what the forward visits"
 
 
 def test_causal_skips_blocks_in_both_kernels():
@@ -453,7 +441,7 @@ GPU_CASES = [  # (dtype, head_dim, mask) on GPU-sized problems
     for dtype in DTYPES
     for head_dim in (16, 64, 128, 256, 80)
     for mask in ("none", "causal")
-] + [(torch.float16, 64, mask) for mask in ("window", "seq_lens", "gqa-bnhd", "cross")] \
+] + [(torch.float16, 64, mask) for mask in ("window", "seq_lens", "gqa-bnhd", "cross", "decode", "one-key")] \
   + [(torch.bfloat16, 128, mask) for mask in ("window", "seq_lens", "gqa-bnhd", "cross")]
 
 
@@ -471,6 +459,10 @@ def test_gpu_matches_autograd(dtype, head_dim, mask):
         kv_heads, layout, kwargs = 2, "bnhd", dict(causal=True)
     elif mask == "cross":
         n_q, n_k, kwargs = 300, 900, dict(causal=True)
+    elif mask == "decode":  # one query (N_q = 1 is a compile-time constant for Triton)
+        n_q, n_k, kwargs = 1, 513, dict(causal=True)
+    elif mask == "one-key":
+        n_q, n_k = 300, 1
     run_and_check(batch, heads, kv_heads, n_q, n_k, head_dim, dtype, layout, seed=head_dim, **kwargs)
 
 

@@ -84,8 +84,10 @@ def _key_block_range(m0, q_len, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Key blocks [lo, hi) that the valid rows of query block ``m0`` see; [full_lo, full_hi) seen whole.
 
-    The same arithmetic as ``attention_fwd_kernel`` (query row i sits at key
-    position ``i' = i + offset`` and sees ``i' - left <= j <= i' + right``, ``j < k_len``).
+    The arithmetic of ``attention_fwd_kernel`` (query row i sits at key position
+    ``i' = i + offset`` and sees ``i' - left <= j <= i' + right``, ``j < k_len``), plus
+    one case the forward still visits (one masked block for nothing): a window whose left
+    edge lies past k_len, so that the rows see no key at all.
     """
     row_lo = m0 + offset  # i' of the first row
     row_hi = tl.minimum(m0 + BLOCK_M, q_len) - 1 + offset  # i' of the last valid row
@@ -99,9 +101,10 @@ def _key_block_range(m0, q_len, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
     if HAS_RIGHT:
         hi = tl.minimum(row_hi + WINDOW_RIGHT + 1, k_len)
         full_hi = tl.minimum(tl.maximum(row_lo + WINDOW_RIGHT + 1, 0), k_len)
+    visible = (m0 < q_len) & (hi > lo)  # padding rows, or a window's reach past k_len: nothing to see
     lo = (lo // BLOCK_N) * BLOCK_N  # lo >= 0, so // is the same floor in numpy and on the GPU
     full_hi = (full_hi // BLOCK_N) * BLOCK_N
-    hi = tl.where(m0 < q_len, hi, lo)  # a block of padding rows computes nothing
+    hi = tl.where(visible, hi, lo)
     full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
     full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
     return lo, full_lo, full_hi, hi
@@ -129,10 +132,11 @@ def _query_block_range(n0, q_len, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
     if HAS_LEFT:  # rows further down than the window's reach do not see it
         hi = tl.minimum(col_hi + WINDOW_LEFT - offset + 1, q_len)
         full_hi = tl.minimum(tl.maximum(col_lo + WINDOW_LEFT - offset + 1, 0), q_len)
+    visible = (n0 < k_len) & (hi > lo)  # padding keys, or keys only rows past q_len would see
     lo = (lo // BLOCK_M) * BLOCK_M  # all >= 0 here, so // floors alike in numpy and on the GPU
     full_lo = tl.cdiv(full_lo, BLOCK_M) * BLOCK_M
     full_hi = (full_hi // BLOCK_M) * BLOCK_M
-    hi = tl.where(n0 < k_len, tl.maximum(hi, lo), lo)  # a block of padding keys: no query sees it
+    hi = tl.where(visible, hi, lo)
     full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
     full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
     full_hi = tl.where(n0 + BLOCK_N <= k_len, full_hi, full_lo)  # cut by k_len: every block masked
