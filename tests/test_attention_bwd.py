@@ -398,21 +398,53 @@ def test_gradients_are_deterministic():
     assert all(torch.equal(a, b) for a, b in zip(first, second))
 
 
-@pytest.mark.filterwarnings("ignore:Input #\\d+ requires gradient and is not a double precision")
-@pytest.mark.parametrize("mask", [dict(causal=True, seq_lens=[7, 4]), dict(window=(2, 1))], ids=["causal-lens", "window"])
-def test_gradcheck(mask):
-    """torch.autograd.gradcheck in float32: flash_attention takes float16/bfloat16/float32 only.
+def gradcheck_problem(mask, seed=3):
+    """A float64 function of three 6-vectors (one per input) through flash_attention in float32.
 
-    Finite differences in float32 with eps=1e-3 on O(1) inputs carry a rounding error of about
-    1e-7 / 1e-3 = 1e-4 (the truncation error, eps^2, is smaller): atol=2e-3 and rtol=1e-2 sit
-    well above it and far below what a wrong gradient gives (a missing scale, a wrong mask: O(0.1)).
+    flash_attention takes float16/bfloat16/float32 only, so gradcheck cannot feed it float64.
+    Instead q, k, v = base + lift @ x (float64, rounded to float32) and the output is projected
+    on 8 random directions in float64: gradcheck then compares a 8 x 18 Jacobian, a random
+    slice of the full one, with finite differences. Their noise is float32's rounding over eps,
+    6e-8 / 1e-3 = 6e-5: atol=1e-4, rtol=1e-3 sit above it, and a gradient wrong by 0.5% fails
+    (test_gradcheck_catches_a_gradient_off_by_half_a_percent).
     """
-    q, k, v, _ = make_inputs(2, 2, 1, 7, 9, 16, torch.float32, seed=3)
-    leaves = [t.requires_grad_() for t in (q, k, v)]
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [(2, 2, 7, 16), (2, 1, 9, 16), (2, 1, 9, 16)]  # GQA, N_q != N_k
+    base = [torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes]
+    lifts = [torch.randn(*s, 6, generator=gen, dtype=torch.float64) / 6 ** 0.5 for s in shapes]
+    n_out = 2 * 2 * 7 * 16
+    project = torch.randn(n_out, 8, generator=gen, dtype=torch.float64) / n_out ** 0.5
     if "seq_lens" in mask:
         mask = {**mask, "seq_lens": torch.tensor(mask["seq_lens"], dtype=torch.int32, device=DEVICE)}
-    assert torch.autograd.gradcheck(lambda *t: flash_attention(*t, **mask), leaves, eps=1e-3, atol=2e-3,
-                                    rtol=1e-2, fast_mode=True)
+
+    def fn(*xs):
+        q, k, v = ((b + lift @ x).to(DEVICE, torch.float32) for b, lift, x in zip(base, lifts, xs))
+        return flash_attention(q, k, v, **mask).double().cpu().reshape(-1) @ project
+
+    xs = [torch.zeros(6, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+    return fn, xs
+
+
+def gradcheck(fn, xs):
+    return torch.autograd.gradcheck(fn, xs, eps=1e-3, atol=1e-4, rtol=1e-3, raise_exception=False)
+
+
+@pytest.mark.parametrize("mask", [dict(causal=True, seq_lens=[7, 4]), dict(window=(2, 1))],
+                         ids=["causal-lens", "window"])
+def test_gradcheck(mask):
+    assert gradcheck(*gradcheck_problem(mask))
+
+
+def test_gradcheck_catches_a_gradient_off_by_half_a_percent(monkeypatch):
+    real = attention_module.launch_attention_backward
+
+    def off(q, k, v, o, lse, do, dq, dk, dv, **kwargs):
+        delta = real(q, k, v, o, lse, do, dq, dk, dv, **kwargs)
+        dk.mul_(1.005)
+        return delta
+
+    monkeypatch.setattr(attention_module, "launch_attention_backward", off)
+    assert not gradcheck(*gradcheck_problem(dict(causal=True)))
 
 
 # ---------------------------------------------------------------- autotune configs

@@ -72,44 +72,12 @@ from triton.runtime.errors import OutOfResources
 
 from .. import runtime
 from ..reference import _window_bounds, softmax_scale_for
-from .attention_fwd import smem_budget
+from .attention_fwd import _key_block_range, smem_budget
 
 LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) == exp2(x * LOG2E)
 
 
 # ---------------------------------------------------------------- band bounds
-@triton.jit
-def _key_block_range(m0, q_len, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
-                     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Key blocks [lo, hi) that the valid rows of query block ``m0`` see; [full_lo, full_hi) seen whole.
-
-    The arithmetic of ``attention_fwd_kernel`` (query row i sits at key position
-    ``i' = i + offset`` and sees ``i' - left <= j <= i' + right``, ``j < k_len``), plus
-    one case the forward still visits (one masked block for nothing): a window whose left
-    edge lies past k_len, so that the rows see no key at all.
-    """
-    row_lo = m0 + offset  # i' of the first row
-    row_hi = tl.minimum(m0 + BLOCK_M, q_len) - 1 + offset  # i' of the last valid row
-    lo = 0
-    hi = k_len
-    full_lo = 0
-    full_hi = k_len
-    if HAS_LEFT:
-        lo = tl.maximum(row_lo - WINDOW_LEFT, 0)
-        full_lo = tl.cdiv(tl.maximum(row_hi - WINDOW_LEFT, 0), BLOCK_N) * BLOCK_N
-    if HAS_RIGHT:
-        hi = tl.minimum(row_hi + WINDOW_RIGHT + 1, k_len)
-        full_hi = tl.minimum(tl.maximum(row_lo + WINDOW_RIGHT + 1, 0), k_len)
-    visible = (m0 < q_len) & (hi > lo)  # padding rows, or a window's reach past k_len: nothing to see
-    lo = (lo // BLOCK_N) * BLOCK_N  # lo >= 0, so // is the same floor in numpy and on the GPU
-    full_hi = (full_hi // BLOCK_N) * BLOCK_N
-    hi = tl.where(visible, hi, lo)
-    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
-    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
-    return lo, full_lo, full_hi, hi
-
-
 @triton.jit
 def _query_block_range(n0, q_len, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
                        HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,

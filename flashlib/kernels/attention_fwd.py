@@ -100,6 +100,39 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, start, end,
 
 
 @triton.jit
+def _key_block_range(m0, q_len, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
+                     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Key blocks [lo, hi) that the valid rows of query block ``m0`` see; [full_lo, full_hi) seen whole.
+
+    Query row i sits at key position ``i' = i + offset`` and sees
+    ``i' - left <= j <= i' + right``, ``j < k_len``. Blocks outside [lo, hi) are never
+    loaded (block early exit); the forward and the dQ kernel of the backward share this.
+    Rows that see no key at all (padding rows, or a window whose reach lies past k_len)
+    give an empty range.
+    """
+    row_lo = m0 + offset  # i' of the first row
+    row_hi = tl.minimum(m0 + BLOCK_M, q_len) - 1 + offset  # i' of the last valid row
+    lo = 0
+    hi = k_len
+    full_lo = 0
+    full_hi = k_len
+    if HAS_LEFT:
+        lo = tl.maximum(row_lo - WINDOW_LEFT, 0)
+        full_lo = tl.cdiv(tl.maximum(row_hi - WINDOW_LEFT, 0), BLOCK_N) * BLOCK_N
+    if HAS_RIGHT:
+        hi = tl.minimum(row_hi + WINDOW_RIGHT + 1, k_len)
+        full_hi = tl.minimum(tl.maximum(row_lo + WINDOW_RIGHT + 1, 0), k_len)
+    visible = (m0 < q_len) & (hi > lo)  # padding rows, or a window's reach past k_len: nothing to see
+    lo = (lo // BLOCK_N) * BLOCK_N  # lo >= 0, so // is the same floor in numpy and on the GPU
+    full_hi = (full_hi // BLOCK_N) * BLOCK_N
+    hi = tl.where(visible, hi, lo)
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
 def attention_fwd_kernel(
     Q, K, V, O, LSE, SEQ_LENS, TILES, sm_scale,
     stride_qb, stride_qh, stride_qn, stride_qd,
@@ -143,23 +176,8 @@ def attention_fwd_kernel(
     # The key interval [lo, hi) seen by the valid rows of this block, and the part
     # [full_lo, full_hi) of it that every valid row sees whole.
     m0 = start_m * BLOCK_M
-    row_lo = m0 + offset  # i' of the first row
-    row_hi = tl.minimum(m0 + BLOCK_M, q_len) - 1 + offset  # i' of the last valid row
-    lo = 0
-    hi = k_len
-    full_lo = 0
-    full_hi = k_len
-    if HAS_LEFT:
-        lo = tl.maximum(row_lo - WINDOW_LEFT, 0)
-        full_lo = tl.cdiv(tl.maximum(row_hi - WINDOW_LEFT, 0), BLOCK_N) * BLOCK_N
-    if HAS_RIGHT:
-        hi = tl.minimum(row_hi + WINDOW_RIGHT + 1, k_len)
-        full_hi = tl.minimum(tl.maximum(row_lo + WINDOW_RIGHT + 1, 0), k_len)
-    lo = (lo // BLOCK_N) * BLOCK_N  # lo >= 0, so // is the same floor in numpy and on the GPU
-    full_hi = (full_hi // BLOCK_N) * BLOCK_N
-    hi = tl.where(m0 < q_len, hi, lo)  # a block of padding rows only computes nothing
-    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
-    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
+    lo, full_lo, full_hi, hi = _key_block_range(m0, q_len, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
+                                                HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
 
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
