@@ -116,6 +116,17 @@ def test_softmax_scale_is_used():
     assert relative_error(flash_attention(q, k, v, softmax_scale=0.9), flash_attention(q, k, v)) > 1e-2
 
 
+@pytest.mark.parametrize("softmax_scale", [-0.7, -8.0, 0.0, 8.0], ids=["negative", "large-negative", "zero", "large"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_any_finite_scale_in_masked_and_unmasked_blocks(softmax_scale, causal):
+    """Unmasked key blocks take the row max on raw scores and fold the scale into one FMA;
+    that is only right for a non-negative scale, so the kernel flips Q's sign for a negative
+    one (a wrong row max goes unseen until exp2 overflows: hence the large scales). N spans
+    several blocks so that both the masked and the unmasked path run."""
+    run_and_check(2, 2, 1, 100, 100, 32, torch.float32, "bhnd", seed=11, causal=causal,
+                  softmax_scale=softmax_scale)
+
+
 # ---------------------------------------------------------------- hypothesis: any shape and mask
 @st.composite
 def problems(draw, layouts=LAYOUTS, dtypes=DTYPES):

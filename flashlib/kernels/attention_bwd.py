@@ -72,7 +72,7 @@ from triton.runtime.errors import OutOfResources
 
 from .. import runtime
 from ..reference import _window_bounds, softmax_scale_for
-from .attention_fwd import _key_block_range, smem_budget
+from .attention_fwd import _key_block_range, _row_stats_offset, _sample_bounds, packed_as_bhnd, smem_budget
 
 LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) == exp2(x * LOG2E)
 
@@ -125,7 +125,8 @@ def attention_bwd_preprocess_kernel(
     off_hz = tl.program_id(1)
     off_b = off_hz // H
     off_h = off_hz % H
-    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    # 64-bit rows: packed sequences (varlen) run this over all total_q rows as one sample.
+    offs_m = start_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     mask = (offs_m[:, None] < N_CTX_Q) & (offs_d[None, :] < HEAD_DIM)
     o_ptrs = (O + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
@@ -194,7 +195,7 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, star
 
 @triton.jit
 def attention_bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV, SEQ_LENS, sm_scale,
+    Q, K, V, DO, LSE, DELTA, DK, DV, SEQ_LENS, CU_SEQLENS_Q, CU_SEQLENS_K, sm_scale,
     stride_qb, stride_qh, stride_qn, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -204,7 +205,7 @@ def attention_bwd_dkdv_kernel(
     H, KV_GROUP, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT,
     Q_BUCKET, K_BUCKET,  # only keys for the autotuner (N rounded up to a power of two)
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    HAS_SEQ_LENS: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    HAS_SEQ_LENS: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """dK, dV for key block ``program_id(0)`` of (batch, kv head) ``program_id(1)``.
@@ -212,20 +213,20 @@ def attention_bwd_dkdv_kernel(
     Q, DO (B, H, N_q, D), K, V, DK, DV (B, H // KV_GROUP, N_k, D), any strides.
     LSE, DELTA contiguous float32 (B, H, N_q). The program sums over the KV_GROUP
     query heads of its kv head (GQA) in float32 and stores every element of its
-    block once (zeros for keys that no query sees).
+    block once (zeros for keys that no query sees). IS_VARLEN: packed sequences, as in
+    the forward (batch strides 0, LSE and DELTA (H, total_q)).
     """
     start_n = tl.program_id(0)
     off_hkv = tl.program_id(1)
     kv_heads = H // KV_GROUP
     off_b = off_hkv // kv_heads
     off_kvh = off_hkv % kv_heads
-    q_len = N_CTX_Q
-    k_len = N_CTX_K
-    if HAS_SEQ_LENS:
-        seq_len = tl.load(SEQ_LENS + off_b)
-        q_len = tl.minimum(seq_len, N_CTX_Q)
-        k_len = tl.minimum(seq_len, N_CTX_K)
-    offset = N_CTX_K - N_CTX_Q
+    q_start, n_q, q_len, k_start, n_k, k_len = _sample_bounds(
+        off_b, SEQ_LENS, CU_SEQLENS_Q, CU_SEQLENS_K, N_CTX_Q, N_CTX_K, HAS_SEQ_LENS, IS_VARLEN)
+    offset = n_k - n_q
+    if IS_VARLEN:
+        if start_n * BLOCK_N >= n_k:  # a block past this sequence's end (grid sized for the longest)
+            return
 
     n0 = start_n * BLOCK_N
     lo, full_lo, full_hi, hi = _query_block_range(n0, q_len, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
@@ -233,9 +234,10 @@ def attention_bwd_dkdv_kernel(
     offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
-    kv_mask = (offs_n[:, None] < N_CTX_K) & (offs_d[None, :] < HEAD_DIM)
-    k_base = K + off_b.to(tl.int64) * stride_kb + off_kvh.to(tl.int64) * stride_kh
-    v_base = V + off_b.to(tl.int64) * stride_vb + off_kvh.to(tl.int64) * stride_vh
+    kv_mask = (offs_n[:, None] < n_k) & (offs_d[None, :] < HEAD_DIM)
+    # 64-bit offsets (sample, head, and the sequence's first row when packed).
+    k_base = K + off_b.to(tl.int64) * stride_kb + off_kvh.to(tl.int64) * stride_kh + k_start * stride_kn
+    v_base = V + off_b.to(tl.int64) * stride_vb + off_kvh.to(tl.int64) * stride_vh + k_start * stride_vn
     k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
     v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
 
@@ -244,30 +246,30 @@ def attention_bwd_dkdv_kernel(
     qk_scale = sm_scale * LOG2E
     for g in range(0, KV_GROUP):  # GQA: the query heads that read this kv head
         off_h = off_kvh * KV_GROUP + g
-        q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
-        do_base = DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
-        row_base = (off_b * H + off_h).to(tl.int64) * N_CTX_Q
+        q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh + q_start * stride_qn
+        do_base = DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh + q_start * stride_don
+        row_base = _row_stats_offset(off_b, off_h, H, N_CTX_Q, q_start, IS_VARLEN)
         lse_ptr = LSE + row_base
         delta_ptr = DELTA + row_base
         if HAS_RIGHT:  # stage 1: the diagonal / the window's right edge
             dk, dv = _attn_bwd_dkdv_inner(
                 dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, lo, full_lo,
-                stride_qn, stride_qd, stride_don, stride_dod, offs_n, offs_d, k_len, N_CTX_Q, offset,
+                stride_qn, stride_qd, stride_don, stride_dod, offs_n, offs_d, k_len, n_q, offset,
                 WINDOW_LEFT, WINDOW_RIGHT, qk_scale, True, HAS_LEFT, HAS_RIGHT, EVEN_D, HEAD_DIM, BLOCK_M)
         # stage 2: query blocks that see the whole key block, no mask
         dk, dv = _attn_bwd_dkdv_inner(
             dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, full_lo, full_hi,
-            stride_qn, stride_qd, stride_don, stride_dod, offs_n, offs_d, k_len, N_CTX_Q, offset,
+            stride_qn, stride_qd, stride_don, stride_dod, offs_n, offs_d, k_len, n_q, offset,
             WINDOW_LEFT, WINDOW_RIGHT, qk_scale, False, HAS_LEFT, HAS_RIGHT, EVEN_D, HEAD_DIM, BLOCK_M)
         # stage 3: the window's left edge, the q_len tail, a key block cut by k_len
         dk, dv = _attn_bwd_dkdv_inner(
             dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, full_hi, hi,
-            stride_qn, stride_qd, stride_don, stride_dod, offs_n, offs_d, k_len, N_CTX_Q, offset,
+            stride_qn, stride_qd, stride_don, stride_dod, offs_n, offs_d, k_len, n_q, offset,
             WINDOW_LEFT, WINDOW_RIGHT, qk_scale, True, HAS_LEFT, HAS_RIGHT, EVEN_D, HEAD_DIM, BLOCK_M)
 
     dk *= sm_scale
-    dk_base = DK + off_b.to(tl.int64) * stride_dkb + off_kvh.to(tl.int64) * stride_dkh
-    dv_base = DV + off_b.to(tl.int64) * stride_dvb + off_kvh.to(tl.int64) * stride_dvh
+    dk_base = DK + off_b.to(tl.int64) * stride_dkb + off_kvh.to(tl.int64) * stride_dkh + k_start * stride_dkn
+    dv_base = DV + off_b.to(tl.int64) * stride_dvb + off_kvh.to(tl.int64) * stride_dvh + k_start * stride_dvn
     tl.store(dk_base + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
              dk.to(DK.dtype.element_ty), mask=kv_mask)
     tl.store(dv_base + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd,
@@ -319,7 +321,7 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, start, end,
 
 @triton.jit
 def attention_bwd_dq_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ, SEQ_LENS, sm_scale,
+    Q, K, V, DO, LSE, DELTA, DQ, SEQ_LENS, CU_SEQLENS_Q, CU_SEQLENS_K, sm_scale,
     stride_qb, stride_qh, stride_qn, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -328,7 +330,7 @@ def attention_bwd_dq_kernel(
     H, KV_GROUP, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT,
     Q_BUCKET, K_BUCKET,  # only keys for the autotuner
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    HAS_SEQ_LENS: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    HAS_SEQ_LENS: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """dQ for query block ``program_id(0)`` of (batch, head) ``program_id(1)``: the forward's
@@ -338,13 +340,12 @@ def attention_bwd_dq_kernel(
     off_b = off_hz // H
     off_h = off_hz % H
     off_kvh = off_h // KV_GROUP
-    q_len = N_CTX_Q
-    k_len = N_CTX_K
-    if HAS_SEQ_LENS:
-        seq_len = tl.load(SEQ_LENS + off_b)
-        q_len = tl.minimum(seq_len, N_CTX_Q)
-        k_len = tl.minimum(seq_len, N_CTX_K)
-    offset = N_CTX_K - N_CTX_Q
+    q_start, n_q, q_len, k_start, n_k, k_len = _sample_bounds(
+        off_b, SEQ_LENS, CU_SEQLENS_Q, CU_SEQLENS_K, N_CTX_Q, N_CTX_K, HAS_SEQ_LENS, IS_VARLEN)
+    offset = n_k - n_q
+    if IS_VARLEN:
+        if start_m * BLOCK_M >= n_q:  # a block past this sequence's end (grid sized for the longest)
+            return
 
     m0 = start_m * BLOCK_M
     lo, full_lo, full_hi, hi = _key_block_range(m0, q_len, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
@@ -352,15 +353,16 @@ def attention_bwd_dq_kernel(
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
-    row_mask = offs_m < N_CTX_Q
+    row_mask = offs_m < n_q
     tile_mask = row_mask[:, None] & (offs_d[None, :] < HEAD_DIM)
-    q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
-    do_base = DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
-    k_base = K + off_b.to(tl.int64) * stride_kb + off_kvh.to(tl.int64) * stride_kh
-    v_base = V + off_b.to(tl.int64) * stride_vb + off_kvh.to(tl.int64) * stride_vh
+    # 64-bit offsets (sample, head, and the sequence's first row when packed).
+    q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh + q_start * stride_qn
+    do_base = DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh + q_start * stride_don
+    k_base = K + off_b.to(tl.int64) * stride_kb + off_kvh.to(tl.int64) * stride_kh + k_start * stride_kn
+    v_base = V + off_b.to(tl.int64) * stride_vb + off_kvh.to(tl.int64) * stride_vh + k_start * stride_vn
     q = tl.load(q_base + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd, mask=tile_mask, other=0.0)
     do = tl.load(do_base + offs_m[:, None] * stride_don + offs_d[None, :] * stride_dod, mask=tile_mask, other=0.0)
-    row_base = off_hz.to(tl.int64) * N_CTX_Q
+    row_base = _row_stats_offset(off_b, off_h, H, N_CTX_Q, q_start, IS_VARLEN)
     lse = tl.load(LSE + row_base + offs_m, mask=row_mask, other=float("inf"))
     delta = tl.load(DELTA + row_base + offs_m, mask=row_mask, other=0.0)
     # L = -inf (no key, or padding row) read as +inf: P = 0 on the whole row, never NaN.
@@ -385,7 +387,7 @@ def attention_bwd_dq_kernel(
                             HEAD_DIM, BLOCK_N)
 
     dq = tl.where((offs_m < q_len)[:, None], dq * sm_scale, 0.0)  # padding rows: exactly 0
-    dq_base = DQ + off_b.to(tl.int64) * stride_dqb + off_h.to(tl.int64) * stride_dqh
+    dq_base = DQ + off_b.to(tl.int64) * stride_dqb + off_h.to(tl.int64) * stride_dqh + q_start * stride_dqn
     tl.store(dq_base + offs_m[:, None] * stride_dqn + offs_d[None, :] * stride_dqd,
              dq.to(DQ.dtype.element_ty), mask=tile_mask)
 
@@ -394,11 +396,14 @@ def attention_bwd_dq_kernel(
 #: Autotune candidates (BLOCK_M, BLOCK_N, num_stages, num_warps). The dK/dV kernel keeps a
 #: BLOCK_N tile of K, V, dK, dV on chip and streams BLOCK_M query blocks, so it wants a wide
 #: BLOCK_N; the dQ kernel is the other way round (as in Triton's fused-attention tutorial).
+#: The lists hold the winners of a sweep of every config that fits, on an H100 (benchmarks/TUNING.md).
 DKDV_GPU_CONFIGS = [
-    (32, 128, 3, 8), (64, 128, 2, 8), (32, 64, 3, 4), (64, 64, 2, 4), (32, 32, 2, 4), (16, 64, 2, 4),
+    (32, 64, 3, 4), (64, 64, 3, 4), (32, 128, 3, 4), (64, 128, 3, 8), (64, 128, 2, 8), (32, 128, 3, 8),
+    (64, 64, 2, 4), (32, 32, 2, 4), (16, 64, 2, 4),
 ]
 DQ_GPU_CONFIGS = [
-    (128, 32, 3, 8), (128, 64, 2, 8), (64, 64, 3, 4), (64, 32, 3, 4), (32, 32, 2, 4), (64, 16, 2, 4),
+    (128, 64, 3, 8), (128, 32, 3, 8), (128, 32, 3, 4), (128, 64, 2, 8), (64, 64, 3, 4), (64, 64, 2, 4),
+    (64, 32, 3, 4), (32, 32, 2, 4), (64, 16, 2, 4),
 ]
 
 #: The block sizes used in the interpreter, where autotuning would only measure numpy.
@@ -442,7 +447,7 @@ def _autotuned(kernel, name, configs):
     return triton.autotune(
         configs=[triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=s, num_warps=w)
                  for bm, bn, s, w in configs],
-        key=["Q_BUCKET", "K_BUCKET", "HEAD_DIM", "HAS_SEQ_LENS", "HAS_LEFT", "HAS_RIGHT", "KV_GROUP"],
+        key=["Q_BUCKET", "K_BUCKET", "HEAD_DIM", "HAS_SEQ_LENS", "IS_VARLEN", "HAS_LEFT", "HAS_RIGHT", "KV_GROUP"],
         prune_configs_by={"early_config_prune": _pruner(name)},
     )(kernel)
 
@@ -475,31 +480,47 @@ def _launch_fixed(kernel, grid, positional, args, block_m, block_n, block_d, ele
 
 def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, *, causal: bool = False, window=None,
                               seq_lens: torch.Tensor | None = None, softmax_scale: float | None = None,
-                              block_m: int | None = None, block_n: int | None = None):
+                              block_m: int | None = None, block_n: int | None = None,
+                              cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
+                              max_seqlen_q: int | None = None, max_seqlen_k: int | None = None):
     """Fill dq (if not None) and dk, dv (if not None) for checked (B, H, N, D) tensors, any strides.
 
     q, o, do, dq: (B, H, N_q, D); k, v, dk, dv: (B, H_kv, N_k, D); lse: (B, H, N_q) contiguous
     float32 from the forward. Arguments are *not* checked here (``flashlib.attention`` does it).
     Block sizes: given ones (for both kernels), else the interpreter's fixed ones, else
     autotuned on the GPU (each kernel its own). Returns D = rowsum(dO * O) (B, H, N_q) float32.
+
+    Packed sequences (``cu_seqlens_q`` given), as in ``launch_attention_forward``: q, o, do, dq
+    (total_q, H, D), k, v, dk, dv (total_k, H_kv, D), lse (H, total_q); returns D (H, total_q).
     """
+    varlen = cu_seqlens_q is not None
+    o_rows, do_rows = o, do  # what the preprocess reads, (B, H, N_q, D)
+    if varlen:
+        # D = rowsum(dO * O) is per row, blind to sequences: one sample of all the packed rows.
+        o_rows, do_rows = packed_as_bhnd(o, 1), packed_as_bhnd(do, 1)
+        q, k, v, do, dq, dk, dv = (None if t is None else packed_as_bhnd(t, cu_seqlens_q.shape[0] - 1)
+                                   for t in (q, k, v, do, dq, dk, dv))
     batch, heads, n_q, head_dim = q.shape
     kv_heads, n_k = k.shape[1], k.shape[2]
+    rows_q, rows_k = (max_seqlen_q, max_seqlen_k) if varlen else (n_q, n_k)  # per (batch, head)
     left, right = _window_bounds(causal, window)
     sm_scale = softmax_scale_for(head_dim, softmax_scale)
     block_d = max(16, triton.next_power_of_2(head_dim))
 
-    delta = torch.empty((batch, heads, n_q), dtype=torch.float32, device=q.device)
-    attention_bwd_preprocess_kernel[(triton.cdiv(n_q, PREPROCESS_BLOCK_M), batch * heads)](
-        o, do, delta, *o.stride(), *do.stride(), heads, n_q,
+    delta = torch.empty((o_rows.shape[0], heads, n_q), dtype=torch.float32, device=q.device)
+    attention_bwd_preprocess_kernel[(triton.cdiv(n_q, PREPROCESS_BLOCK_M), o_rows.shape[0] * heads)](
+        o_rows, do_rows, delta, *o_rows.stride(), *do_rows.stride(), heads, n_q,
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=PREPROCESS_BLOCK_M, num_warps=4 if block_d <= 128 else 8)
+    if varlen:
+        delta = delta[0]  # (H, total_q), the layout of lse
 
     args = dict(
         H=heads, KV_GROUP=heads // kv_heads, N_CTX_Q=n_q, N_CTX_K=n_k,
         WINDOW_LEFT=left or 0, WINDOW_RIGHT=right or 0,
-        Q_BUCKET=triton.next_power_of_2(n_q), K_BUCKET=triton.next_power_of_2(n_k),
+        Q_BUCKET=triton.next_power_of_2(rows_q), K_BUCKET=triton.next_power_of_2(rows_k),
         HEAD_DIM=head_dim, BLOCK_D=block_d,
-        HAS_SEQ_LENS=seq_lens is not None, HAS_LEFT=left is not None, HAS_RIGHT=right is not None,
+        HAS_SEQ_LENS=seq_lens is not None, IS_VARLEN=varlen,
+        HAS_LEFT=left is not None, HAS_RIGHT=right is not None,
     )
     common = (q, k, v, do, lse, delta)
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
@@ -507,11 +528,12 @@ def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, *, causal: bool =
         block_m, block_n = INTERPRETER_BLOCKS["BLOCK_M"], INTERPRETER_BLOCKS["BLOCK_N"]
     jobs = []
     if dk is not None:
-        jobs.append(("dkdv", (*common, dk, dv, seq_lens, sm_scale, *strides, *dk.stride(), *dv.stride()),
-                     lambda bn: (triton.cdiv(n_k, bn), batch * kv_heads)))
+        jobs.append(("dkdv", (*common, dk, dv, seq_lens, cu_seqlens_q, cu_seqlens_k, sm_scale, *strides,
+                              *dk.stride(), *dv.stride()),
+                     lambda bn: (triton.cdiv(rows_k, bn), batch * kv_heads)))
     if dq is not None:
-        jobs.append(("dq", (*common, dq, seq_lens, sm_scale, *strides, *dq.stride()),
-                     lambda bm: (triton.cdiv(n_q, bm), batch * heads)))
+        jobs.append(("dq", (*common, dq, seq_lens, cu_seqlens_q, cu_seqlens_k, sm_scale, *strides, *dq.stride()),
+                     lambda bm: (triton.cdiv(rows_q, bm), batch * heads)))
     for kernel, positional, grid_of in jobs:
         program_block = "BLOCK_N" if kernel == "dkdv" else "BLOCK_M"
         if block_m is not None:

@@ -71,8 +71,9 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, start, end,
             k = tl.load(k_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
             v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
 
-        qk = tl.dot(q, k) * qk_scale  # scores in log2 units
+        qk = tl.dot(q, k)
         if MASKED:
+            qk = qk * qk_scale  # scores in log2 units, scaled before the mask (a zero scale meets no -inf)
             rows = offs_m[:, None] + offset  # i' = i + N_k - N_q (bottom-right alignment)
             visible = cols[None, :] < k_len
             if HAS_LEFT:
@@ -85,9 +86,14 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, start, end,
             # exp2(-inf - (-inf)) = NaN never happens: its p and alpha are then exactly 0.
             m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
         else:
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            m_sub = m_new  # every score of an unmasked block is finite
-        p = tl.math.exp2(qk - m_sub[:, None])
+            # Every score is finite here. The max is taken on the raw scores and the scale
+            # folded into one FMA per score (valid for qk_scale >= 0: the launcher makes it so).
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            m_sub = m_new
+            qk = qk * qk_scale - m_sub[:, None]
+        if MASKED:
+            qk = qk - m_sub[:, None]
+        p = tl.math.exp2(qk)
         alpha = tl.math.exp2(m_i - m_sub)  # rescale of what was accumulated so far
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
@@ -132,9 +138,56 @@ def _key_block_range(m0, q_len, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
     return lo, full_lo, full_hi, hi
 
 
+def packed_as_bhnd(t: torch.Tensor, batch: int) -> torch.Tensor:
+    """A packed (total, H, D) tensor seen as (B, H, total, D) with batch stride 0: no copy.
+
+    Every sample sees all rows; the kernels (``IS_VARLEN``) start each one at its cu_seqlens offset.
+    """
+    return t.transpose(0, 1).unsqueeze(0).expand(batch, -1, -1, -1)
+
+
+@triton.jit
+def _sample_bounds(off_b, SEQ_LENS, CU_SEQLENS_Q, CU_SEQLENS_K, N_CTX_Q, N_CTX_K,
+                   HAS_SEQ_LENS: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """Where sample ``off_b`` lies along N: ``(q_start, n_q, q_len, k_start, n_k, k_len)``.
+
+    Its query rows are ``[q_start, q_start + n_q)`` of Q (``n_q`` bounds every load and
+    store), of which the first ``q_len`` are valid; likewise for keys. The causal
+    diagonal is aligned on ``n_k - n_q``. A padded batch: start 0, n = N_CTX, len =
+    min(seq_len, N_CTX) with seq_lens. A packed batch (``IS_VARLEN``, as flash-attn's
+    varlen functions): start = cu_seqlens[b] (int64, for the pointer arithmetic),
+    n = len = cu_seqlens[b + 1] - cu_seqlens[b]. The forward and both backward
+    kernels share this.
+    """
+    if IS_VARLEN:
+        q_first = tl.load(CU_SEQLENS_Q + off_b)
+        k_first = tl.load(CU_SEQLENS_K + off_b)
+        n_q = tl.load(CU_SEQLENS_Q + off_b + 1) - q_first
+        n_k = tl.load(CU_SEQLENS_K + off_b + 1) - k_first
+        return q_first.to(tl.int64), n_q, n_q, k_first.to(tl.int64), n_k, n_k
+    else:
+        q_len = N_CTX_Q
+        k_len = N_CTX_K
+        if HAS_SEQ_LENS:
+            seq_len = tl.load(SEQ_LENS + off_b)
+            q_len = tl.minimum(seq_len, N_CTX_Q)
+            k_len = tl.minimum(seq_len, N_CTX_K)
+        return 0, N_CTX_Q, q_len, 0, N_CTX_K, k_len
+
+
+@triton.jit
+def _row_stats_offset(off_b, off_h, H, N_CTX_Q, q_start, IS_VARLEN: tl.constexpr):
+    """Index of the sample's first row in the float32 row statistics (L, and D in the backward):
+    contiguous (B, H, N_q) for a padded batch, (H, total_q) for a packed one."""
+    if IS_VARLEN:
+        return off_h.to(tl.int64) * N_CTX_Q + q_start
+    else:
+        return (off_b * H + off_h).to(tl.int64) * N_CTX_Q
+
+
 @triton.jit
 def attention_fwd_kernel(
-    Q, K, V, O, LSE, SEQ_LENS, TILES, sm_scale,
+    Q, K, V, O, LSE, SEQ_LENS, CU_SEQLENS_Q, CU_SEQLENS_K, TILES, sm_scale,
     stride_qb, stride_qh, stride_qn, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -142,7 +195,7 @@ def attention_fwd_kernel(
     H, KV_GROUP, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT,
     Q_BUCKET, K_BUCKET,  # only keys for the autotuner (N rounded up to a power of two)
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    HAS_SEQ_LENS: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    HAS_SEQ_LENS: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     RECORD_TILES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -151,6 +204,9 @@ def attention_fwd_kernel(
     Q, K, V, O are (B, H, N, D) through their strides (any layout); K, V have
     ``H // KV_GROUP`` heads (GQA: query head h reads kv head h // KV_GROUP).
     LSE is (B, H, N_q) contiguous float32. SEQ_LENS (B,) int32 when HAS_SEQ_LENS.
+    IS_VARLEN (packed sequences): Q, O hold total_q rows and K, V total_k rows, with
+    batch strides 0; sequence b is rows cu_seqlens[b] to cu_seqlens[b + 1] (CU_SEQLENS_Q,
+    CU_SEQLENS_K, (B + 1,) int32); N_CTX_Q = total_q; LSE is (H, total_q).
     TILES (B*H, cdiv(N_q, BLOCK_M), cdiv(N_k, BLOCK_N)) int8 when RECORD_TILES:
     1 for a block visited without mask, 2 with mask (skipped blocks untouched).
     """
@@ -165,13 +221,16 @@ def attention_fwd_kernel(
     v_base = V + off_b.to(tl.int64) * stride_vb + off_kvh.to(tl.int64) * stride_vh
     o_base = O + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
 
-    q_len = N_CTX_Q
-    k_len = N_CTX_K
-    if HAS_SEQ_LENS:
-        seq_len = tl.load(SEQ_LENS + off_b)
-        q_len = tl.minimum(seq_len, N_CTX_Q)
-        k_len = tl.minimum(seq_len, N_CTX_K)
-    offset = N_CTX_K - N_CTX_Q
+    q_start, n_q, q_len, k_start, n_k, k_len = _sample_bounds(
+        off_b, SEQ_LENS, CU_SEQLENS_Q, CU_SEQLENS_K, N_CTX_Q, N_CTX_K, HAS_SEQ_LENS, IS_VARLEN)
+    offset = n_k - n_q
+    if IS_VARLEN:
+        if start_m * BLOCK_M >= n_q:  # a block past this sequence's end (grid sized for the longest)
+            return
+        q_base += q_start * stride_qn
+        o_base += q_start * stride_on
+        k_base += k_start * stride_kn
+        v_base += k_start * stride_vn
 
     # The key interval [lo, hi) seen by the valid rows of this block, and the part
     # [full_lo, full_hi) of it that every valid row sees whole.
@@ -183,12 +242,16 @@ def attention_fwd_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
     q_ptrs = q_base + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd
-    q = tl.load(q_ptrs, mask=(offs_m[:, None] < N_CTX_Q) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    q = tl.load(q_ptrs, mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM), other=0.0)
 
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-    qk_scale = sm_scale * LOG2E
+    # Unmasked blocks take the row max on raw scores, which needs a non-negative scale:
+    # for a negative one, flip the signs of Q and of the scale (exact, same scores).
+    sign = tl.where(sm_scale < 0, -1.0, 1.0)
+    q = (q * sign).to(q.dtype)
+    qk_scale = sm_scale * sign * LOG2E
     tile_ptr = TILES
     if RECORD_TILES:
         tile_ptr = TILES + (off_hz * tl.cdiv(N_CTX_Q, BLOCK_M) + start_m) * tl.cdiv(N_CTX_K, BLOCK_N)
@@ -215,8 +278,9 @@ def attention_fwd_kernel(
     out = tl.where(valid[:, None], acc / l_safe[:, None], 0.0)
     lse = tl.where(valid, (m_i + tl.math.log2(l_safe)) * LN2, float("-inf"))
     o_ptrs = o_base + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
-    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=(offs_m[:, None] < N_CTX_Q) & (offs_d[None, :] < HEAD_DIM))
-    tl.store(LSE + off_hz.to(tl.int64) * N_CTX_Q + offs_m, lse, mask=offs_m < N_CTX_Q)
+    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM))
+    lse_base = LSE + _row_stats_offset(off_b, off_h, H, N_CTX_Q, q_start, IS_VARLEN)
+    tl.store(lse_base + offs_m, lse, mask=offs_m < n_q)
 
 
 #: Autotune candidates (BLOCK_M, BLOCK_N, num_stages, num_warps), a dozen points of the
@@ -278,7 +342,7 @@ def _prune_configs(configs, named_args, **kwargs):
 #: once per (N_q and N_k rounded to powers of two, head_dim, mask kind, dtype).
 attention_fwd_kernel_autotuned = triton.autotune(
     configs=_gpu_configs(),
-    key=["Q_BUCKET", "K_BUCKET", "HEAD_DIM", "HAS_SEQ_LENS", "HAS_LEFT", "HAS_RIGHT"],
+    key=["Q_BUCKET", "K_BUCKET", "HEAD_DIM", "HAS_SEQ_LENS", "IS_VARLEN", "HAS_LEFT", "HAS_RIGHT"],
     prune_configs_by={"early_config_prune": _prune_configs},
 )(attention_fwd_kernel)
 
@@ -293,7 +357,9 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              window=None, seq_lens: torch.Tensor | None = None,
                              softmax_scale: float | None = None,
                              block_m: int | None = None, block_n: int | None = None,
-                             tiles: torch.Tensor | None = None):
+                             tiles: torch.Tensor | None = None,
+                             cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
+                             max_seqlen_q: int | None = None, max_seqlen_k: int | None = None):
     """Run the forward kernel on checked (B, H, N, D) tensors (any strides); fill o and lse.
 
     q, o: (B, H, N_q, D); k, v: (B, H_kv, N_k, D); lse: (B, H, N_q) contiguous float32.
@@ -301,20 +367,32 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     given ones, else the interpreter's fixed ones, else autotuned on the GPU.
     ``tiles`` (int8, zeros, (B*H, cdiv(N_q, block_m), cdiv(N_k, block_n))) records
     which key blocks each program visited: 1 unmasked, 2 masked, 0 skipped.
+
+    Packed sequences (``cu_seqlens_q`` given, :mod:`flashlib.varlen` checks them): q, o are
+    (total_q, H, D), k, v (total_k, H_kv, D), any strides; lse (H, total_q); cu_seqlens_q/k
+    (B + 1,) int32 on q's device; the grid covers ``max_seqlen_q`` rows per sequence.
     """
+    filled = (o, lse)  # returned as the caller gave them (packed, when varlen)
+    varlen = cu_seqlens_q is not None
+    if varlen:
+        if tiles is not None:
+            raise ValueError("tiles is not recorded for packed sequences (cu_seqlens_q given)")
+        q, k, v, o = (packed_as_bhnd(t, cu_seqlens_q.shape[0] - 1) for t in (q, k, v, o))
     batch, heads, n_q, head_dim = q.shape
     n_k = k.shape[2]
+    rows_q, rows_k = (max_seqlen_q, max_seqlen_k) if varlen else (n_q, n_k)  # per (batch, head)
     left, right = _window_bounds(causal, window)
     sm_scale = softmax_scale_for(head_dim, softmax_scale)
     args = dict(
         H=heads, KV_GROUP=heads // k.shape[1], N_CTX_Q=n_q, N_CTX_K=n_k,
         WINDOW_LEFT=left or 0, WINDOW_RIGHT=right or 0,
-        Q_BUCKET=triton.next_power_of_2(n_q), K_BUCKET=triton.next_power_of_2(n_k),
+        Q_BUCKET=triton.next_power_of_2(rows_q), K_BUCKET=triton.next_power_of_2(rows_k),
         HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-        HAS_SEQ_LENS=seq_lens is not None, HAS_LEFT=left is not None, HAS_RIGHT=right is not None,
+        HAS_SEQ_LENS=seq_lens is not None, IS_VARLEN=varlen,
+        HAS_LEFT=left is not None, HAS_RIGHT=right is not None,
         RECORD_TILES=tiles is not None,
     )
-    tensors = (q, k, v, o, lse, seq_lens, tiles)
+    tensors = (q, k, v, o, lse, seq_lens, cu_seqlens_q, cu_seqlens_k, tiles)
     strides = (*q.stride(), *k.stride(), *v.stride(), *o.stride())
     if block_m is None and runtime.INTERPRET:
         block_m, block_n = INTERPRETER_BLOCKS["BLOCK_M"], INTERPRETER_BLOCKS["BLOCK_N"]
@@ -322,7 +400,7 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         # Fixed blocks: the deepest pipeline (3 stages at most) that fits shared memory.
         block_d, budget = args["BLOCK_D"], smem_budget()
         stages = next((s for s in (3, 2) if smem_bytes(block_m, block_n, block_d, s, q.element_size()) <= budget), 1)
-        grid = (triton.cdiv(n_q, block_m), batch * heads)
+        grid = (triton.cdiv(rows_q, block_m), batch * heads)
         attention_fwd_kernel[grid](*tensors, sm_scale, *strides, **args, BLOCK_M=block_m, BLOCK_N=block_n,
                                    num_stages=stages, num_warps=4 if block_m * block_d <= 4096 * 4 else 8)
     else:
@@ -330,7 +408,7 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             raise ValueError("tiles needs fixed block sizes: pass block_m and block_n")
 
         def grid(meta):
-            return (triton.cdiv(n_q, meta["BLOCK_M"]), batch * heads)
+            return (triton.cdiv(rows_q, meta["BLOCK_M"]), batch * heads)
 
         attention_fwd_kernel_autotuned[grid](*tensors, sm_scale, *strides, **args)
-    return o, lse
+    return filled
