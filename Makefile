@@ -5,9 +5,11 @@ PY     := $(VENV)/bin/python
 # Which torch to install. CPU-only machines with a local wheel: make test TORCH=torch==2.13.0
 TORCH  ?= torch
 NB     ?= exercises
+# Extra flags for make bench-all, e.g. BENCH_ARGS="--dtype fp16" (see python -m flashlib.bench --help)
+BENCH_ARGS ?=
 PYTEST_NOTEBOOKS := notebooks solutions
 
-.PHONY: help install lab test test-lib test-notebooks demo grade exercises bench gpu-info experiment clean
+.PHONY: help install lab test test-lib test-notebooks test-browser advanced demo grade exercises bench bench-all report gpu-info experiment clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -33,8 +35,14 @@ test-lib: install  ## only the library tests (fast)
 test-notebooks: install  ## only nbval over the notebooks
 	$(PY) -m pytest $(PYTEST_NOTEBOOKS) --nbval --nbval-current-env
 
+test-browser: install  ## notebook 03 in JupyterLab, in headless Chromium (screenshot in test-artifacts/)
+	$(PY) -m pytest tests/test_browser.py -v -s -rs -p no:cacheprovider
+
 demo: install  ## headless demo: run the kernels, check them, print results
 	$(PY) -m flashlib.demo
+
+advanced: install  ## GQA/MQA, sliding window, layouts, padding, varlen: forward+backward vs the reference
+	$(PY) -m flashlib.advanced
 
 grade: install  ## grade learners' notebooks: make grade NB=path/to/notebook_or_folder
 	$(PY) -m flashlib.grade $(NB)
@@ -43,7 +51,13 @@ exercises: install  ## regenerate exercises/ from solutions/
 	$(PY) -m flashlib.course.make_exercises solutions exercises
 
 bench: install  ## matmul benchmark against torch.matmul
-	$(PY) -m flashlib.bench
+	$(PY) -m flashlib.bench --kernel matmul
+
+bench-all: install  ## attention vs SDPA: full grid on a GPU into benchmarks/results/ (CPU: tiny grid, temp file)
+	$(PY) -m flashlib.bench $(BENCH_ARGS)
+
+report: install  ## plots, markdown table and README results section from benchmarks/results/attention_*.json
+	$(PY) -m flashlib.report
 
 experiment: install  ## block-size experiment for the tiled matmul (heat map)
 	$(PY) -m flashlib.experiment

@@ -15,6 +15,12 @@ The functions here make those counts concrete, per (batch, head) and multiplied 
 statistics (m, l, L) in float32. Block sizes are given, or derived from the SRAM size
 as in the paper (:func:`paper_block_sizes`). :func:`kernel_traffic` counts what
 flashlib's kernel actually loads and stores, from the tiles it recorded as visited.
+
+For benchmarks: the backward's bytes (:func:`naive_backward_traffic`,
+:func:`flash2_backward_traffic`), :func:`attention_hbm_bytes` per implementation and mode,
+:func:`attention_flops`, and the measured side: :func:`implied_bytes` (what a measured time
+moves at the measured bandwidth), :func:`arithmetic_intensity`, :func:`roofline_ms`,
+:func:`io_analysis` for one row of ``flashlib.bench`` results.
 """
 from __future__ import annotations
 
@@ -93,6 +99,37 @@ def naive_traffic(n_q: int, head_dim: int, *, n_k: int | None = None, batch: int
     return _times(per_head, batch * heads)
 
 
+def _keys_read(n_q: int, n_k: int, block_m: int, block_n: int, causal: bool) -> int:
+    """Key rows loaded by all query-block programs together (each program: its key band).
+
+    With ``causal`` (bottom-right aligned), a program visits key blocks up to the one
+    holding its last row's diagonal, and loads keys up to the end of that block (or N_k).
+    """
+    keys_read = 0
+    for m0 in range(0, n_q, block_m):
+        if causal:
+            last_row = min(m0 + block_m, n_q) - 1
+            hi = min(last_row + 1 + n_k - n_q, n_k)  # keys the last row sees
+            keys_read += min(n_k, _cdiv(hi, block_n) * block_n) if hi > 0 else 0
+        else:
+            keys_read += n_k
+    return keys_read
+
+
+def _queries_read(n_q: int, n_k: int, block_m: int, block_n: int, causal: bool) -> int:
+    """Query rows loaded by all key-block programs of the dK/dV kernel together.
+
+    With ``causal``, the program of key block n0 starts at the query block holding the
+    first row that sees key n0 (row n0 - (N_k - N_q)) and runs to N_q.
+    """
+    rows = 0
+    for n0 in range(0, n_k, block_n):
+        first = max(n0 - (n_k - n_q), 0) if causal else 0
+        if first < n_q:
+            rows += n_q - (first // block_m) * block_m
+    return rows
+
+
 def flash2_traffic(n_q: int, head_dim: int, *, n_k: int | None = None, block_m: int | None = None,
                    block_n: int | None = None, sram_bytes: int | None = None, causal: bool = False,
                    batch: int = 1, heads: int = 1, dtype_bytes: int = 2) -> Traffic:
@@ -113,14 +150,7 @@ def flash2_traffic(n_q: int, head_dim: int, *, n_k: int | None = None, block_m: 
         block_m = resident if block_m is None else block_m
         block_n = streamed if block_n is None else block_n
     _check_sizes(block_m=block_m, block_n=block_n)
-    keys_read = 0
-    for m0 in range(0, n_q, block_m):
-        if causal:
-            last_row = min(m0 + block_m, n_q) - 1
-            hi = min(last_row + 1 + n_k - n_q, n_k)  # keys the last row sees
-            keys_read += min(n_k, _cdiv(hi, block_n) * block_n) if hi > 0 else 0
-        else:
-            keys_read += n_k
+    keys_read = _keys_read(n_q, n_k, block_m, block_n, causal)
     reads = (n_q + 2 * keys_read) * head_dim * dtype_bytes
     writes = n_q * head_dim * dtype_bytes + n_q * STATS_BYTES
     return _times(Traffic(reads, writes), batch * heads)
@@ -194,5 +224,143 @@ def kernel_traffic(tiles, n_q: int, n_k: int, head_dim: int, block_m: int, block
     return Traffic(reads, writes)
 
 
+# ---------------------------------------------------------------- backward, and measured time against the model
+
+def naive_backward_traffic(n_q: int, head_dim: int, *, n_k: int | None = None, batch: int = 1, heads: int = 1,
+                           dtype_bytes: int = 2) -> Traffic:
+    """Standard attention backward (the FlashAttention paper's Algorithm 3), one kernel per step.
+
+    dV = P^T dO (reads P, dO; writes dV); dP = dO V^T (reads dO, V; writes dP);
+    dS = P * (dP - rowsum(dP * P)) (reads P, dP; writes dS); dQ = dS K (reads dS, K;
+    writes dQ); dK = dS^T Q (reads dS, Q; writes dK).
+    """
+    n_k = n_q if n_k is None else n_k
+    _check_sizes(n_q=n_q, n_k=n_k, head_dim=head_dim, batch=batch, heads=heads, dtype_bytes=dtype_bytes)
+    q, kv, scores = n_q * head_dim, n_k * head_dim, n_q * n_k
+    reads = (scores + q) + (q + kv) + 2 * scores + (scores + kv) + (scores + q)
+    writes = kv + scores + scores + q + kv
+    return _times(Traffic(reads * dtype_bytes, writes * dtype_bytes), batch * heads)
+
+
+def flash2_backward_traffic(n_q: int, head_dim: int, *, n_k: int | None = None, block_m: int = 128,
+                            block_n: int = 64, causal: bool = False, batch: int = 1, heads: int = 1,
+                            dtype_bytes: int = 2) -> Traffic:
+    """flashlib's backward: preprocess D = rowsum(dO * O), a dK/dV kernel and a dQ kernel.
+
+    * preprocess: reads O and dO, writes D (float32);
+    * dK/dV (one program per key block): reads its K and V once, and Q, dO, L, D of every
+      query row it visits; writes dK, dV;
+    * dQ (one program per query block): reads its Q, dO, L, D once, and K, V of every key
+      row it visits; writes dQ.
+    Both kernels use ``block_m`` x ``block_n`` here (the autotuner may pick others).
+    """
+    n_k = n_q if n_k is None else n_k
+    _check_sizes(n_q=n_q, n_k=n_k, head_dim=head_dim, batch=batch, heads=heads, dtype_bytes=dtype_bytes,
+                 block_m=block_m, block_n=block_n)
+    row = head_dim * dtype_bytes
+    q_rows = _queries_read(n_q, n_k, block_m, block_n, causal)
+    k_rows = _keys_read(n_q, n_k, block_m, block_n, causal)
+    preprocess = Traffic(2 * n_q * row, n_q * STATS_BYTES)
+    dkdv = Traffic(2 * n_k * row + q_rows * (2 * row + 2 * STATS_BYTES), 2 * n_k * row)
+    dq = Traffic(2 * n_q * row + 2 * n_q * STATS_BYTES + 2 * k_rows * row, n_q * row)
+    per_head = Traffic(preprocess.reads + dkdv.reads + dq.reads, preprocess.writes + dkdv.writes + dq.writes)
+    return _times(per_head, batch * heads)
+
+
+MODES = ("fwd", "bwd", "train")
+#: FLOPs of a mode relative to the forward's (FlashAttention-2 benchmarks' convention): the backward
+#: has five N x N x D matmuls (S recomputed, dV, dP, dQ, dK) against the forward's two: 2.5x;
+#: forward + backward 3.5x.
+MODE_FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "train": 3.5}
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in MODE_FLOP_FACTOR:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+
+
+def attention_flops(batch: int, heads: int, n: int, d: int, causal: bool = False, mode: str = "fwd") -> float:
+    """FLOPs by the FlashAttention-2 benchmarks' convention: 4·B·H·N²·D forward, halved when causal.
+
+    Every implementation is charged the same count (naive attention computes the masked
+    half too), so TFLOP/s compare as inverse times.
+    """
+    _check_sizes(batch=batch, heads=heads, n_q=n, head_dim=d)
+    _check_mode(mode)
+    return 4.0 * batch * heads * n * n * d * (0.5 if causal else 1.0) * MODE_FLOP_FACTOR[mode]
+
+
+def attention_hbm_bytes(impl: str, batch: int, heads: int, n: int, d: int, dtype_bytes: int = 2,
+                        causal: bool = False, mode: str = "fwd", block_m: int = 128, block_n: int = 64) -> int:
+    """Predicted HBM bytes of one attention call: ``impl`` "naive" or "flash", ``mode`` fwd/bwd/train.
+
+    naive: :func:`naive_traffic` (forward) and :func:`naive_backward_traffic`; S, P, dP, dS
+    are N x N in HBM whether causal or not (the mask is applied to the full matrix).
+    flash: :func:`flash2_traffic` and :func:`flash2_backward_traffic` with the given blocks.
+    train = forward + backward.
+    """
+    _check_mode(mode)
+    common = dict(batch=batch, heads=heads, dtype_bytes=dtype_bytes)
+    if impl == "naive":
+        fwd = naive_traffic(n, d, **common)
+        bwd = naive_backward_traffic(n, d, **common)
+    elif impl == "flash":
+        blocks = dict(block_m=block_m, block_n=block_n, causal=causal)
+        fwd = flash2_traffic(n, d, **blocks, **common)
+        bwd = flash2_backward_traffic(n, d, **blocks, **common)
+    else:
+        raise ValueError(f"impl must be 'naive' or 'flash', got {impl!r}")
+    return {"fwd": fwd.total, "bwd": bwd.total, "train": fwd.total + bwd.total}[mode]
+
+
+def implied_bytes(ms: float, hbm_gb_per_s: float) -> float:
+    """Bytes that ``ms`` milliseconds would move at ``hbm_gb_per_s`` (10^9 bytes/s): the most
+    a kernel that took that long could have moved, to compare with a predicted count."""
+    if ms < 0 or hbm_gb_per_s <= 0:
+        raise ValueError(f"need ms >= 0 and hbm_gb_per_s > 0, got ms={ms}, hbm_gb_per_s={hbm_gb_per_s}")
+    return ms * 1e-3 * hbm_gb_per_s * 1e9
+
+
+def arithmetic_intensity(flops: float, nbytes: float) -> float:
+    """FLOPs per byte of HBM traffic: above the ridge point (peak FLOP/s / bandwidth), compute bound."""
+    if nbytes <= 0:
+        raise ValueError(f"nbytes must be > 0, got {nbytes}")
+    return flops / nbytes
+
+
+def roofline_ms(flops: float, nbytes: float, peak_tflops: float, hbm_gb_per_s: float) -> float:
+    """The roofline's lower bound on time: max(flops / peak, bytes / bandwidth), in milliseconds."""
+    if peak_tflops <= 0 or hbm_gb_per_s <= 0:
+        raise ValueError(f"need peak_tflops > 0 and hbm_gb_per_s > 0, got {peak_tflops}, {hbm_gb_per_s}")
+    return max(flops / (peak_tflops * 1e12), nbytes / (hbm_gb_per_s * 1e9)) * 1e3
+
+
+def io_analysis(row: dict, hbm_gb_per_s: float, peak_tflops: float | None = None) -> dict:
+    """Model against measurement for one benchmark row (``flashlib.bench`` format).
+
+    predicted_bytes (naive model for "naive", flash model otherwise), implied_bytes (what
+    the measured time moves at ``hbm_gb_per_s``), their ratio ``predicted_fraction`` (near 1:
+    the time is the traffic), arithmetic intensity, and with ``peak_tflops`` the roofline
+    bound and which roof it hits.
+    """
+    dtype_bytes = {"fp16": 2, "bf16": 2, "fp32": 4}[row["dtype"]]
+    impl = "naive" if row["impl"] == "naive" else "flash"
+    shape = (row["batch"], row["heads"], row["N"], row["D"])
+    predicted = attention_hbm_bytes(impl, *shape, dtype_bytes=dtype_bytes, causal=row["causal"], mode=row["mode"])
+    flops = attention_flops(*shape, causal=row["causal"], mode=row["mode"])
+    out = dict(predicted_bytes=predicted, implied_bytes=None, predicted_fraction=None,
+               intensity=arithmetic_intensity(flops, predicted), bound_ms=None, bound=None)
+    if row.get("ms"):
+        out["implied_bytes"] = implied_bytes(row["ms"], hbm_gb_per_s)
+        out["predicted_fraction"] = predicted / out["implied_bytes"]
+    if peak_tflops:
+        out["bound_ms"] = roofline_ms(flops, predicted, peak_tflops, hbm_gb_per_s)
+        ridge = peak_tflops * 1e12 / (hbm_gb_per_s * 1e9)
+        out["bound"] = "compute" if out["intensity"] >= ridge else "memory"
+    return out
+
+
 __all__ = ["Traffic", "STATS_BYTES", "SRAM_PER_SM", "paper_block_sizes", "naive_traffic", "flash2_traffic",
-           "flash1_traffic", "programs", "kernel_traffic"]
+           "flash1_traffic", "programs", "kernel_traffic", "naive_backward_traffic", "flash2_backward_traffic",
+           "MODES", "MODE_FLOP_FACTOR", "attention_flops", "attention_hbm_bytes", "implied_bytes",
+           "arithmetic_intensity", "roofline_ms", "io_analysis"]

@@ -130,3 +130,71 @@ def test_kernel_traffic_refuses_a_record_of_the_wrong_shape():
 def test_errors_name_the_argument(call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+# ---------------------------------------------------------------- backward, and model against measurement
+
+def test_naive_backward_by_hand():
+    # N = 4, d = 2, 2 bytes (the paper's Algorithm 3): reads P, dO | dO, V | P, dP | dS, K | dS, Q
+    #   = (16 + 8) + (8 + 8) + (16 + 16) + (16 + 8) + (16 + 8) = 120 elements;
+    # writes dV, dP, dS, dQ, dK = 8 + 16 + 16 + 8 + 8 = 56 elements
+    t = io_model.naive_backward_traffic(4, 2, dtype_bytes=2)
+    assert (t.reads, t.writes) == (240, 112)
+    assert io_model.naive_backward_traffic(4, 2, batch=2, heads=3).total == 6 * 352
+
+
+def test_flash2_backward_by_hand():
+    # N = 64, d = 16, 2 bytes (32 bytes a row), 32 x 32 blocks, one head
+    row, stats = 16 * 2, 4
+    preprocess = (2 * 64 * row, 64 * stats)  # reads O, dO; writes D
+    # dK/dV: K, V once; each of the 2 key blocks streams Q, dO, L, D of all 64 query rows
+    dkdv = (2 * 64 * row + 2 * 64 * (2 * row + 2 * stats), 2 * 64 * row)
+    # dQ: Q, dO, L, D once; each of the 2 query blocks streams K, V of all 64 keys
+    dq = (2 * 64 * row + 2 * 64 * stats + 2 * 64 * 2 * row, 64 * row)
+    t = io_model.flash2_backward_traffic(64, 16, block_m=32, block_n=32)
+    assert t.reads == preprocess[0] + dkdv[0] + dq[0] == 30208
+    assert t.writes == preprocess[1] + dkdv[1] + dq[1] == 6400
+    # causal: key block 32 starts at query block 32 (32 + 64 query rows); query block 0 reads keys 0..31
+    c = io_model.flash2_backward_traffic(64, 16, block_m=32, block_n=32, causal=True)
+    assert c.reads == 30208 - 32 * (2 * row + 2 * stats) - 32 * 2 * row
+    assert c.writes == t.writes
+
+
+def test_attention_hbm_bytes_and_flops():
+    n, d = 1024, 64
+    assert io_model.attention_hbm_bytes("naive", 2, 4, n, d) == io_model.naive_traffic(n, d, batch=2, heads=4).total
+    assert io_model.attention_hbm_bytes("naive", 1, 1, n, d, mode="train") == (
+        io_model.naive_traffic(n, d).total + io_model.naive_backward_traffic(n, d).total)
+    assert io_model.attention_hbm_bytes("flash", 1, 1, n, d, causal=True, block_m=128, block_n=64) == (
+        io_model.flash2_traffic(n, d, block_m=128, block_n=64, causal=True).total)
+    assert io_model.attention_hbm_bytes("flash", 1, 1, n, d, mode="bwd") == (
+        io_model.flash2_backward_traffic(n, d).total)
+    with pytest.raises(ValueError, match="impl must be 'naive' or 'flash'"):
+        io_model.attention_hbm_bytes("sdpa", 1, 1, n, d)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        io_model.attention_hbm_bytes("flash", 1, 1, n, d, mode="both")
+    assert io_model.attention_flops(1, 2, 8, 4, causal=True, mode="bwd") == 4 * 2 * 64 * 4 / 2 * 2.5
+
+
+def test_implied_bytes_intensity_roofline():
+    assert io_model.implied_bytes(2.0, 3000) == pytest.approx(6e9)  # 2 ms at 3 TB/s
+    assert io_model.arithmetic_intensity(1e12, 4e9) == 250
+    # 1 TFLOP at 500 TFLOP/s = 2 ms; 1 GB at 2000 GB/s = 0.5 ms: compute bound, 2 ms
+    assert io_model.roofline_ms(1e12, 1e9, 500, 2000) == pytest.approx(2.0)
+    assert io_model.roofline_ms(1e9, 1e10, 500, 2000) == pytest.approx(5.0)  # memory bound
+    with pytest.raises(ValueError, match="hbm_gb_per_s > 0"):
+        io_model.implied_bytes(1.0, 0)
+
+
+def test_io_analysis_of_a_row():
+    row = dict(impl="naive", mode="fwd", dtype="fp16", causal=False, N=1024, D=64, batch=1, heads=1, ms=0.01)
+    a = io_model.io_analysis(row, hbm_gb_per_s=2000, peak_tflops=500)
+    predicted = io_model.naive_traffic(1024, 64).total
+    assert a["predicted_bytes"] == predicted
+    assert a["implied_bytes"] == pytest.approx(2e7)  # 0.01 ms at 2000 GB/s
+    assert a["predicted_fraction"] == pytest.approx(predicted / 2e7)
+    assert a["intensity"] == pytest.approx(4 * 1024 ** 2 * 64 / predicted)
+    assert a["bound"] == "memory"  # about 30 FLOP/byte, below the ridge at 500e12 / 2000e9 = 250
+    flash = io_model.io_analysis(dict(row, impl="flashlib", ms=None), hbm_gb_per_s=2000)
+    assert flash["predicted_bytes"] == io_model.flash2_traffic(1024, 64, block_m=128, block_n=64).total
+    assert flash["implied_bytes"] is None and flash["bound"] is None

@@ -1,0 +1,432 @@
+"""Plots and tables from attention benchmark results (``flashlib.bench``'s JSON files).
+
+``python -m flashlib.report [FILES] [--out-dir DIR] [--readme README.md]`` (``make report``)
+reads results files (default: every ``benchmarks/results/attention_*.json``), merges those
+of one GPU (newest file first: a problem measured twice keeps its newest row), and writes
+per GPU: TFLOP/s versus N, flashlib's speedup versus each baseline, peak memory versus N
+(one PNG per figure) and a markdown table; the README's results section, between
+``<!-- results:start -->`` and ``<!-- results:end -->``, is replaced by that table, so the
+numbers in the README are generated, never typed.
+
+matplotlib is imported only when a plot is drawn: the table functions (which
+``flashlib.bench`` prints with) work without it, on a GPU machine that lacks it.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+from pathlib import Path
+
+from .bench import MODES, OK, RESULTS_DIR, gpu_slug, load_results, stored_results
+from .io_model import io_analysis
+
+START, END = "<!-- results:start -->", "<!-- results:end -->"
+README = RESULTS_DIR.parents[1] / "README.md"
+#: Fixed colours, so that an implementation looks the same in every figure.
+COLORS = {"flashlib": "C3", "sdpa_flash": "C0", "sdpa_cudnn": "C2", "sdpa_efficient": "C1", "naive": "C7"}
+BASELINES = ("sdpa_flash", "sdpa_cudnn")
+_MIB = 2 ** 20
+
+
+# ---------------------------------------------------------------- rows
+
+def _ok(rows, **where) -> list[dict]:
+    """Rows measured successfully (status ok, a time) that match every ``field=value``."""
+    return [r for r in rows if r["status"] == OK and r["ms"] and all(r[k] == v for k, v in where.items())]
+
+
+def _problem(row: dict) -> tuple:
+    return row["mode"], row["dtype"], row["D"], row["causal"], row["N"]
+
+
+def _present(rows, field: str, order=None) -> list:
+    values = list(dict.fromkeys(r[field] for r in rows))
+    return sorted(values, key=(lambda v: order.index(v) if v in order else len(order)) if order else None)
+
+
+def merge(results: list[tuple[dict, list[dict]]]) -> tuple[list[dict], list[dict]]:
+    """(metas that contributed, rows) from several files of one GPU, given newest first:
+    the first row of each (impl, mode, dtype, D, causal, N) wins."""
+    seen, rows, metas = set(), [], []
+    for meta, file_rows in results:
+        used = False
+        for r in file_rows:
+            key = (r["impl"], *_problem(r))
+            if key not in seen:
+                seen.add(key)
+                rows.append(r)
+                used = True
+        if used:
+            metas.append(meta)
+    return metas, rows
+
+
+def summary_ratios(rows: list[dict], baseline: str = "sdpa_flash",
+                   impl: str = "flashlib") -> dict[tuple[str, str], tuple[float, float, float]]:
+    """{(mode, dtype): (min, median, max)} of baseline time / ``impl`` time (= ``impl``'s TFLOP/s /
+    the baseline's) over the problems where both ran; above 1, ``impl`` is faster."""
+    times = {(r["impl"], *_problem(r)): r["ms"] for r in _ok(rows)}
+    ratios: dict[tuple[str, str], list[float]] = {}
+    for (name, *problem), ms in times.items():
+        other = times.get((baseline, *problem))
+        if name == impl and other is not None:
+            ratios.setdefault((problem[0], problem[1]), []).append(other / ms)
+    ordered = sorted(ratios, key=lambda k: (MODES.index(k[0]) if k[0] in MODES else 99, k[1]))
+    return {k: (min(ratios[k]), statistics.median(ratios[k]), max(ratios[k])) for k in ordered}
+
+
+def _ratio_counts(rows, baseline, impl="flashlib") -> dict[tuple[str, str], int]:
+    times = {(r["impl"], *_problem(r)) for r in _ok(rows)}
+    counts: dict[tuple[str, str], int] = {}
+    for name, *problem in times:
+        if name == impl and (baseline, *problem) in times:
+            counts[(problem[0], problem[1])] = counts.get((problem[0], problem[1]), 0) + 1
+    return counts
+
+
+def memory_comparison(rows: list[dict], causal: bool = False) -> dict[tuple, dict[str, int | None]]:
+    """{(mode, dtype, D, causal, N): {impl: peak bytes or None}} at the largest N of each (mode, dtype, D);
+    empty when no row has a memory measurement."""
+    if not any(r["peak_mem_bytes"] is not None for r in rows):
+        return {}
+    impls = _present(rows, "impl", list(COLORS))
+    out = {}
+    for mode in _present(rows, "mode", list(MODES)):
+        for dtype in _present(rows, "dtype"):
+            for d in sorted({r["D"] for r in rows if (r["mode"], r["dtype"]) == (mode, dtype)}):
+                same = [r for r in rows if (r["mode"], r["dtype"], r["D"], r["causal"]) == (mode, dtype, d, causal)]
+                if not same:
+                    continue
+                n = max(r["N"] for r in same)
+                mem = {r["impl"]: r["peak_mem_bytes"] if r["status"] == OK else None for r in same if r["N"] == n}
+                out[(mode, dtype, d, causal, n)] = {i: mem.get(i) for i in impls}
+    return out
+
+
+def describe(metas: list[dict]) -> str:
+    """One line: GPU, versions, dates (several when the rows come from several files)."""
+    if not metas:
+        return "no results"
+    first = metas[0]
+    if first.get("interpreter"):
+        where = "Triton interpreter on the CPU: interpreter timings (numpy), not GPU timings"
+    else:
+        where = first["gpu"]["name"]
+
+    def joined(key):
+        return ", ".join(dict.fromkeys(str(m.get(key)) for m in metas))
+    dates = ", ".join(dict.fromkeys(str(m.get("date", ""))[:10] for m in metas))
+    return f"{where}, torch {joined('torch')}, triton {joined('triton')}, flashlib {joined('flashlib')}, {dates}"
+
+
+# ---------------------------------------------------------------- markdown
+
+def _fmt_ratio(triple, count) -> str:
+    return "-" if triple is None else f"{triple[0]:.2f} / {triple[1]:.2f} / {triple[2]:.2f} ({count})"
+
+
+def _io_lines(rows, ceilings) -> list[str]:
+    """Predicted HBM bytes against what the measured time moves at the measured bandwidth."""
+    bw, peak = (ceilings or {}).get("hbm_gb_per_s"), (ceilings or {}).get("matmul_tflops")
+    if not bw:
+        return []
+    lines = []
+    for impl in ("naive", "flashlib"):
+        for mode in MODES:
+            candidates = _ok(rows, impl=impl, mode=mode, causal=False)
+            if not candidates:
+                continue
+            d = max(r["D"] for r in candidates)
+            r = max((r for r in candidates if r["D"] == d), key=lambda r: (r["N"], r["dtype"] == "fp16"))
+            a = io_analysis(r, bw, peak)
+            bound = "-" if a["bound_ms"] is None else f"{a['bound_ms']:.3g} ({a['bound']})"
+            lines.append(f"| {impl} | {mode} | {r['dtype']} | {r['D']} | {r['N']} | {r['ms']:.3g} | "
+                         f"{a['predicted_bytes'] / 1e9:.3g} | {a['implied_bytes'] / 1e9:.3g} | "
+                         f"{a['predicted_fraction']:.0%} | {a['intensity']:.0f} | {bound} |")
+    if not lines:
+        return []
+    head = [f"HBM traffic (`flashlib.io_model`) against time, at the measured {bw:.0f} GB/s copy bandwidth"
+            + (f" and {peak:.0f} TFLOP/s fp16 matmul" if peak else "") + ", not causal, largest N:", "",
+            "| impl | mode | dtype | D | N | ms | predicted GB | GB movable in that time | predicted / movable "
+            "| FLOP/byte | roofline bound, ms |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    return head + lines + [""]
+
+
+def markdown_table(rows: list[dict], metas: list[dict] | None = None, impl: str = "flashlib",
+                   baselines=BASELINES, images: dict[str, str] | None = None) -> str:
+    """Markdown: where and when; per (mode, dtype) ``impl``'s speed ratio to each baseline
+    (min / median / max, problem count); peak memory at the largest N; the IO model against
+    the measured times (when the bandwidth was measured); links to ``images`` {title: path}."""
+    metas = metas or []
+    lines = [f"Measured on **{describe(metas)}**" + (f" (`{metas[0]['command']}`)" if metas and
+                                                      metas[0].get("command") else "") + ".", ""]
+    ratios = {b: summary_ratios(rows, b, impl) for b in baselines}
+    counts = {b: _ratio_counts(rows, b, impl) for b in baselines}
+    keys = list(dict.fromkeys(k for b in baselines for k in ratios[b]))
+    if keys:
+        lines += [f"{impl}'s speed relative to each baseline (baseline time / {impl} time, above 1 = {impl} "
+                  "faster): min / median / max over the problems measured (N, D, causal), and their count.", "",
+                  "| mode | dtype | " + " | ".join(f"vs {b}" for b in baselines) + " |",
+                  "| --- | --- | " + " | ".join("---" for _ in baselines) + " |"]
+        lines += [f"| {mode} | {dtype} | " + " | ".join(_fmt_ratio(ratios[b].get((mode, dtype)),
+                                                                   counts[b].get((mode, dtype)))
+                                                         for b in baselines) + " |"
+                  for mode, dtype in keys]
+        lines.append("")
+    else:
+        lines += [f"No problem where {impl} and a baseline ({', '.join(baselines)}) both ran.", ""]
+    memory = memory_comparison(rows)
+    if memory:
+        impls = list(next(iter(memory.values())))
+        base = baselines[0]
+        lines += ["Peak memory allocated during one call above the inputs (MiB), not causal, at the largest N:", "",
+                  "| mode | dtype | D | N | " + " | ".join(impls) + f" | {impl} / {base} |",
+                  "| --- | --- | --- | --- | " + " | ".join("---" for _ in impls) + " | --- |"]
+        for (mode, dtype, d, _, n), by_impl in memory.items():
+            cells = ["-" if by_impl[i] is None else f"{by_impl[i] / _MIB:.4g}" for i in impls]
+            mine, theirs = by_impl.get(impl), by_impl.get(base)
+            ratio = f"{mine / theirs:.2f}" if mine is not None and theirs else "-"
+            lines.append(f"| {mode} | {dtype} | {d} | {n} | " + " | ".join(cells) + f" | {ratio} |")
+        lines.append("")
+    else:
+        lines += ["No memory measurements in these results.", ""]
+    lines += _io_lines(rows, metas[0].get("ceilings") if metas else None)
+    if images:
+        lines.append("Plots: " + ", ".join(f"[{title}]({path})" for title, path in images.items()) + ".")
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def replace_section(text: str, content: str, start: str = START, end: str = END) -> str:
+    """``text`` with what lies between the ``start`` and ``end`` marker lines replaced by ``content``.
+
+    Everything outside the markers is kept byte for byte; applying it twice gives the same text.
+    """
+    i, j = text.find(start), text.find(end)
+    if i < 0 or j < 0 or j < i:
+        raise ValueError(f"text must contain {start!r} followed by {end!r} (found start at {i}, end at {j})")
+    return text[:i + len(start)] + "\n" + content.strip("\n") + "\n" + text[j:]
+
+
+def update_readme(path, content: str) -> bool:
+    """Replace the results section of the README at ``path``; True if the file changed."""
+    path = Path(path)
+    old = path.read_text(encoding="utf-8")
+    new = replace_section(old, content)
+    if new != old:
+        path.write_text(new, encoding="utf-8")
+    return new != old
+
+
+# ---------------------------------------------------------------- plots
+
+def _pyplot():
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _figure(nrows: int, ncols: int, width: float = 4.0, height: float = 3.2):
+    plt = _pyplot()
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False,
+                             layout="constrained")
+    plt.close(fig)  # shown once, when returned to a notebook
+    return fig, axes
+
+
+def _log2_x(ax, ns) -> None:
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(ns))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x / 1024:g}k" if x >= 1024 else f"{x:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("N (sequence length)")
+    ax.grid(True, alpha=0.3)
+
+
+def _title(fig, text: str, metas) -> None:
+    fig.suptitle(f"{text}\n{describe(metas or [])}", fontsize=10)
+
+
+def _empty(fig, ax, message: str):
+    ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes)
+    ax.set_axis_off()
+    return fig
+
+
+def plot_tflops(rows: list[dict], dtype: str | None = None, metas: list[dict] | None = None):
+    """TFLOP/s versus N: one panel per (mode, D, causal), one line per implementation."""
+    dtype = dtype or (_present(rows, "dtype") or [None])[0]
+    ok = _ok(rows, dtype=dtype)
+    if not ok:
+        fig, axes = _figure(1, 1)
+        return _empty(fig, axes[0, 0], f"no successful rows for dtype {dtype}")
+    modes = _present(ok, "mode", list(MODES))
+    columns = sorted({(r["D"], r["causal"]) for r in ok})
+    fig, axes = _figure(len(modes), len(columns))
+    interpreter = bool(metas and metas[0].get("interpreter"))
+    for i, mode in enumerate(modes):
+        for j, (d, causal) in enumerate(columns):
+            ax = axes[i, j]
+            panel = [r for r in ok if (r["mode"], r["D"], r["causal"]) == (mode, d, causal)]
+            for impl in _present(panel, "impl", list(COLORS)):
+                pts = sorted((r["N"], r["ms"] if interpreter else r["tflops"]) for r in panel if r["impl"] == impl)
+                ax.plot(*zip(*pts), marker="o", ms=3, color=COLORS.get(impl), label=impl,
+                        lw=2.2 if impl == "flashlib" else 1.2)
+            _log2_x(ax, {r["N"] for r in panel} or {1})
+            ax.set_title(f"{mode}, D={d}, {'causal' if causal else 'not causal'}", fontsize=9)
+            ax.set_ylabel("ms (interpreter)" if interpreter else "TFLOP/s")
+            if interpreter:
+                ax.set_yscale("log")
+    axes[0, 0].legend(fontsize=8)
+    _title(fig, f"attention {dtype}: throughput versus N (FLOPs 4BHN²D fwd, halved if causal; bwd 2.5x, "
+                f"train 3.5x)", metas)
+    return fig
+
+
+def plot_speedup(rows: list[dict], baseline: str = "sdpa_flash", impl: str = "flashlib",
+                 metas: list[dict] | None = None):
+    """``impl``'s speedup over ``baseline`` (baseline time / impl time) versus N: one panel per mode,
+    one line per (dtype, D, causal); the dashed line is parity."""
+    times = {(r["impl"], *_problem(r)): r["ms"] for r in _ok(rows)}
+    pairs = [(p, times[(baseline, *p)] / ms) for (name, *p), ms in times.items()
+             if name == impl and (baseline, *p) in times]
+    if not pairs:
+        fig, axes = _figure(1, 1)
+        return _empty(fig, axes[0, 0], f"no problem where {impl} and {baseline} both ran")
+    modes = [m for m in MODES if any(p[0] == m for p, _ in pairs)]
+    fig, axes = _figure(1, len(modes), width=4.6)
+    combos = sorted({(p[1], p[2], p[3]) for p, _ in pairs})
+    for j, mode in enumerate(modes):
+        ax = axes[0, j]
+        for k, (dtype, d, causal) in enumerate(combos):
+            pts = sorted((p[4], s) for p, s in pairs if (p[0], p[1], p[2], p[3]) == (mode, dtype, d, causal))
+            if pts:
+                ax.plot(*zip(*pts), marker="o", ms=3, color=f"C{k % 10}", ls="--" if causal else "-",
+                        label=f"{dtype} D={d}{' causal' if causal else ''}")
+        ax.axhline(1.0, color="black", lw=0.8, ls=":")
+        _log2_x(ax, {p[4] for p, _ in pairs})
+        ax.set_title(mode, fontsize=9)
+        ax.set_ylabel(f"{baseline} time / {impl} time")
+    axes[0, 0].legend(fontsize=7)
+    _title(fig, f"{impl} speedup over {baseline} (above 1: {impl} faster)", metas)
+    return fig
+
+
+def plot_memory(rows: list[dict], dtype: str | None = None, causal: bool = False,
+                metas: list[dict] | None = None):
+    """Peak memory above the inputs versus N (log scale): one panel per mode, colour = implementation,
+    line style = D. Missing points: out of memory, unsupported, or not measured."""
+    dtype = dtype or (_present(rows, "dtype") or [None])[0]
+    ok = [r for r in _ok(rows, dtype=dtype, causal=causal) if r["peak_mem_bytes"] is not None]
+    if not ok:
+        fig, axes = _figure(1, 1)
+        return _empty(fig, axes[0, 0], f"no memory measurements for dtype {dtype}")
+    modes = _present(ok, "mode", list(MODES))
+    fig, axes = _figure(1, len(modes), width=4.6)
+    styles = ["-", "--", ":", "-."]
+    dims = sorted({r["D"] for r in ok})
+    for j, mode in enumerate(modes):
+        ax = axes[0, j]
+        for impl in _present(ok, "impl", list(COLORS)):
+            for d in dims:
+                pts = sorted((r["N"], max(r["peak_mem_bytes"], 1) / _MIB) for r in ok
+                             if (r["mode"], r["impl"], r["D"]) == (mode, impl, d))
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", ms=3, color=COLORS.get(impl),
+                            ls=styles[dims.index(d) % len(styles)], label=f"{impl} D={d}")
+        ax.set_yscale("log")
+        _log2_x(ax, {r["N"] for r in ok})
+        ax.set_title(mode, fontsize=9)
+        ax.set_ylabel("peak MiB above inputs")
+    axes[0, 0].legend(fontsize=7)
+    _title(fig, f"attention {dtype}{' causal' if causal else ''}: peak memory of one call", metas)
+    return fig
+
+
+# ---------------------------------------------------------------- the command
+
+def group_by_gpu(files) -> dict[str, tuple[list[dict], list[dict]]]:
+    """{gpu slug: (metas, merged rows)} from results files given newest first."""
+    loaded: dict[str, list] = {}
+    for path in files:
+        meta, rows = load_results(path)
+        name = meta.get("gpu", {}).get("name", "unknown")
+        slug = "interpreter" if meta.get("interpreter") else gpu_slug(name)
+        loaded.setdefault(slug, []).append((meta, rows))
+    return {slug: merge(results) for slug, results in loaded.items()}
+
+
+def _relative(path: Path, start: Path) -> str:
+    return Path(os.path.relpath(path, start)).as_posix()
+
+
+def write_report(files, out_dir=RESULTS_DIR, readme=None) -> list[Path]:
+    """Plots and a markdown file per GPU in ``out_dir``; the README's section if ``readme``. Returns paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written, sections = [], []
+    for slug, (metas, rows) in group_by_gpu(files).items():
+        figures = {}
+        for dtype in _present(rows, "dtype"):
+            figures[f"TFLOP/s {dtype}"] = (f"attention_{slug}_tflops_{dtype}.png", plot_tflops(rows, dtype, metas))
+        for baseline in _present(rows, "impl", list(COLORS)):
+            if baseline != "flashlib" and summary_ratios(rows, baseline):
+                figures[f"speedup vs {baseline}"] = (f"attention_{slug}_speedup_vs_{baseline}.png",
+                                                     plot_speedup(rows, baseline, metas=metas))
+        for dtype in _present(rows, "dtype"):
+            if any(r["peak_mem_bytes"] is not None for r in rows if r["dtype"] == dtype):
+                figures[f"memory {dtype}"] = (f"attention_{slug}_memory_{dtype}.png",
+                                              plot_memory(rows, dtype, metas=metas))
+        for name, fig in figures.values():
+            fig.savefig(out_dir / name, dpi=110)
+            written.append(out_dir / name)
+        md = out_dir / f"attention_{slug}.md"
+        md.write_text(markdown_table(rows, metas, images={t: n for t, (n, _) in figures.items()}), encoding="utf-8")
+        written.append(md)
+        if readme is not None:
+            base = Path(readme).resolve().parent
+            links = {t: _relative(out_dir.resolve() / n, base) for t, (n, _) in figures.items()}
+            sections.append(markdown_table(rows, metas, images=links))
+    if readme is not None and sections:
+        generated = ("<!-- generated by `make report` (python -m flashlib.report) from "
+                     "benchmarks/results/attention_*.json; edit those, not this -->\n")
+        update_readme(readme, generated + "\n".join(sections))
+        written.append(Path(readme))
+    return written
+
+
+def main(argv: list[str] | None = None) -> list[Path]:
+    """``python -m flashlib.report``: plots, markdown and the README section from results files."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    parser = argparse.ArgumentParser(prog="python -m flashlib.report", description=__doc__.splitlines()[0])
+    parser.add_argument("files", nargs="*", help="results JSON files (default: benchmarks/results/attention_*.json, "
+                                                 "those of flashlib.bench's format)")
+    parser.add_argument("--out-dir", default=str(RESULTS_DIR), help="where plots and markdown go (default "
+                                                                    "benchmarks/results)")
+    parser.add_argument("--readme", help="README whose results section to regenerate (default: the repository's "
+                                         "README.md when FILES are not given)")
+    args = parser.parse_args(argv)
+    files = [Path(f) for f in args.files]
+    if not files:
+        files = []
+        for path in stored_results():
+            try:
+                load_results(path)
+                files.append(path)
+            except ValueError as exc:
+                print(f"skipping {exc}")
+    if not files:
+        parser.error("no results files: give FILES or run `python -m flashlib.bench` on a GPU first")
+    readme = args.readme or (README if not args.files else None)
+    for path in write_report(files, args.out_dir, readme):
+        print(f"wrote {path}")
+    return files
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""flashlib.report: ratios by hand on synthetic results, plots and markdown files written, and the
+README section replaced exactly and idempotently."""
+import json
+
+import matplotlib
+import pytest
+
+from flashlib import bench, report
+
+matplotlib.use("Agg")
+
+GPU = "Test GPU 80GB"
+META = dict(date="2026-05-01T12:00:00+00:00", gpu={"name": GPU, "is_gpu": True}, torch="2.11.0", triton="3.6.0",
+            flashlib="0.1.0", python="3.12.3", interpreter=False, method="synthetic", command="python -m flashlib.bench",
+            ceilings={"hbm_gb_per_s": 3000.0, "matmul_tflops": 700.0})
+#: baseline time / flashlib time per N: the ratios the summary must find
+SPEEDUP = {"sdpa_flash": {512: 2.0, 1024: 1.5, 2048: 1.2}, "sdpa_cudnn": {512: 0.5, 1024: 0.8, 2048: 0.9}}
+
+
+def _row(impl, mode, causal, n, ms, mem, status="ok", dtype="fp16", d=64):
+    b, h = bench.fa2_shape(n, d)
+    flops = bench.attention_flops(b, h, n, d, causal=causal, mode=mode)
+    return dict(impl=impl, mode=mode, dtype=dtype, causal=causal, N=n, D=d, batch=b, heads=h,
+                ms=ms if status == "ok" else None, tflops=flops / (ms * 1e-3) / 1e12 if status == "ok" else None,
+                peak_mem_bytes=mem if status == "ok" else None, rel_err=1e-3 if status == "ok" else None,
+                status=status)
+
+
+def synthetic_rows():
+    rows = []
+    for mode in ("fwd", "bwd", "train"):
+        for causal in (False, True):
+            for n in (512, 1024, 2048):
+                flash_ms = 1.0 + n / 1024
+                rows.append(_row("flashlib", mode, causal, n, flash_ms, 10 * n))
+                for base, ratio in SPEEDUP.items():
+                    rows.append(_row(base, mode, causal, n, flash_ms * ratio[n], 20 * n))
+                rows.append(_row("naive", mode, causal, n, 10 * flash_ms, n * n,
+                                 status="out of memory" if n == 2048 else "ok"))
+    return rows
+
+
+@pytest.fixture
+def results_file(tmp_path):
+    path = tmp_path / "attention_test_gpu.json"
+    path.write_text(json.dumps({"meta": META, "rows": synthetic_rows()}))
+    return path
+
+
+@pytest.fixture
+def small_results_file(tmp_path):
+    """Two implementations only: fewer figures to draw (each PNG takes about a second)."""
+    path = tmp_path / "attention_small.json"
+    rows = [r for r in synthetic_rows() if r["impl"] in ("flashlib", "sdpa_flash")]
+    path.write_text(json.dumps({"meta": META, "rows": rows}))
+    return path
+
+
+def test_summary_ratios_by_hand():
+    ratios = report.summary_ratios(synthetic_rows(), "sdpa_flash")
+    assert list(ratios) == [("fwd", "fp16"), ("bwd", "fp16"), ("train", "fp16")]
+    for lo, mid, hi in ratios.values():  # 1.2, 1.5, 2.0, each twice (causal and not)
+        assert (lo, mid, hi) == pytest.approx((1.2, 1.5, 2.0))
+    assert report.summary_ratios(synthetic_rows(), "sdpa_cudnn")[("bwd", "fp16")] == pytest.approx((0.5, 0.8, 0.9))
+
+
+def test_summary_ratios_skip_failed_and_unmatched_rows():
+    rows = synthetic_rows()
+    rows = [r for r in rows if not (r["impl"] == "sdpa_flash" and r["N"] == 512)]  # baseline missing there
+    rows.append(_row("flashlib", "fwd", False, 4096, 1.0, 1, status="unsupported: test"))
+    assert report.summary_ratios(rows, "sdpa_flash")[("fwd", "fp16")] == pytest.approx((1.2, 1.35, 1.5))
+    # naive is 10x slower where it ran, and its out-of-memory rows are ignored
+    assert report.summary_ratios(rows, "naive")[("train", "fp16")] == pytest.approx((10, 10, 10))
+    assert report.summary_ratios(rows, "sdpa_efficient") == {}
+
+
+def test_memory_comparison_at_largest_n():
+    memory = report.memory_comparison(synthetic_rows())
+    assert memory[("train", "fp16", 64, False, 2048)] == {
+        "flashlib": 20480, "sdpa_flash": 40960, "sdpa_cudnn": 40960, "naive": None}  # naive: out of memory
+    assert report.memory_comparison([dict(r, peak_mem_bytes=None) for r in synthetic_rows()]) == {}
+
+
+def test_markdown_table():
+    text = report.markdown_table(synthetic_rows(), [META])
+    assert f"**{GPU}, torch 2.11.0, triton 3.6.0, flashlib 0.1.0, 2026-05-01**" in text
+    assert "| fwd | fp16 | 1.20 / 1.50 / 2.00 (6) | 0.50 / 0.80 / 0.90 (6) |" in text
+    assert "| train | fp16 | 64 | 2048 | 0.01953 | 0.03906 | 0.03906 | - | 0.50 |" in text  # MiB; flashlib / sdpa_flash
+    assert "HBM traffic" in text and "| flashlib | fwd | fp16 | 64 | 2048 |" in text
+
+
+def test_replace_section_exact_and_idempotent():
+    text = "# T\n\nbefore\n<!-- results:start -->\nold table\n<!-- results:end -->\nafter\n"
+    once = report.replace_section(text, "new\ntable\n")
+    assert once == "# T\n\nbefore\n<!-- results:start -->\nnew\ntable\n<!-- results:end -->\nafter\n"
+    assert report.replace_section(once, "new\ntable\n") == once
+    with pytest.raises(ValueError, match="must contain"):
+        report.replace_section("no markers here", "x")
+    with pytest.raises(ValueError, match="must contain"):
+        report.replace_section("<!-- results:end --> <!-- results:start -->", "x")
+
+
+def test_command_writes_plots_markdown_and_readme(small_results_file, tmp_path):
+    readme = tmp_path / "README.md"
+    original = "# Project\n\n## GPU results\n<!-- results:start -->\ntyped\n<!-- results:end -->\n\n## More\n"
+    readme.write_text(original)
+    out_dir = tmp_path / "out"
+    report.main([str(small_results_file), "--out-dir", str(out_dir), "--readme", str(readme)])
+    pngs = sorted(p.name for p in out_dir.glob("*.png"))
+    assert pngs == ["attention_test_gpu_80gb_memory_fp16.png", "attention_test_gpu_80gb_speedup_vs_sdpa_flash.png",
+                    "attention_test_gpu_80gb_tflops_fp16.png"]
+    for png in out_dir.glob("*.png"):
+        assert png.read_bytes()[:4] == b"\x89PNG"
+    md = (out_dir / "attention_test_gpu_80gb.md").read_text()
+    assert "1.20 / 1.50 / 2.00" in md and "(attention_test_gpu_80gb_tflops_fp16.png)" in md
+
+    first = readme.read_text()
+    assert first.startswith("# Project\n\n## GPU results\n<!-- results:start -->\n")
+    assert first.endswith("<!-- results:end -->\n\n## More\n") and "typed" not in first
+    assert "1.20 / 1.50 / 2.00" in first and "(out/attention_test_gpu_80gb_tflops_fp16.png)" in first
+    report.main([str(small_results_file), "--out-dir", str(out_dir), "--readme", str(readme)])
+    assert readme.read_text() == first  # regenerating changes nothing
+
+
+def test_newest_file_wins_for_a_problem_measured_twice(results_file, tmp_path):
+    newer = tmp_path / "attention_newer.json"
+    rows = [dict(r, ms=r["ms"] / 2) if r["impl"] == "flashlib" and r["ms"] else r for r in synthetic_rows()]
+    newer.write_text(json.dumps({"meta": dict(META, date="2026-06-01T00:00:00+00:00"), "rows": rows[:3]}))
+    (slug, (metas, merged)), = report.group_by_gpu([newer, results_file]).items()
+    assert slug == "test_gpu_80gb" and [m["date"][:7] for m in metas] == ["2026-06", "2026-05"]
+    assert len(merged) == len(synthetic_rows())
+    first = next(r for r in merged if r["impl"] == "flashlib")
+    assert first["ms"] == synthetic_rows()[0]["ms"] / 2
+
+
+def test_plots_have_one_panel_per_case():
+    rows = synthetic_rows()
+    assert len(report.plot_tflops(rows, "fp16").axes) == 3 * 2  # modes x (D, causal)
+    assert len(report.plot_speedup(rows, "sdpa_cudnn").axes) == 3
+    assert len(report.plot_memory(rows, "fp16").axes) == 3
+    empty = report.plot_memory([dict(r, peak_mem_bytes=None) for r in rows], "fp16")
+    assert "no memory measurements" in empty.axes[0].texts[0].get_text()
