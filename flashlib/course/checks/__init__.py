@@ -13,9 +13,13 @@ from .online_softmax import check_merge_partials, check_online_update
 from .forward import check_flash_forward_kernel
 from .backward import check_ds, check_dkdv_kernel
 from .masking import check_causal_block_range, check_padding_mask
+from .performance import check_achieved_tflops, check_attention_flops, check_roofline_time_ms
+from .in_practice import check_attend, check_gqa_attention
 
 __all__ = ["EXERCISES", "run_check", "check_naive_attention", "check_stable_softmax",
            "check_matmul_kernel", "check_online_update", "check_merge_partials",
            "check_flash_forward_kernel"]
 __all__ += ["check_ds", "check_dkdv_kernel"]
 __all__ += ["check_causal_block_range", "check_padding_mask"]
+__all__ += ["check_attention_flops", "check_achieved_tflops", "check_roofline_time_ms"]
+__all__ += ["check_attend", "check_gqa_attention"]

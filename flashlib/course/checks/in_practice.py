@@ -1,0 +1,252 @@
+"""Checks for notebook 08 (in practice): flashlib inside a model.
+
+Exercise signatures (stated in the notebook):
+
+* ``attend(q, k, v) -> o``: the attention function of :class:`flashlib.model.CausalSelfAttention`.
+  q (B, N, H, D), k and v (B, N, H_kv, D), as the projections produce them
+  (layout "bnhd"); returns causal attention (B, N, H, D) with the scale 1/sqrt(D),
+  computed by :func:`flashlib.flash_attention` (the check looks for its autograd node).
+* ``GQAttention``: a subclass of :class:`flashlib.model.CausalSelfAttention` whose
+  ``forward(x)`` (x (B, N, d_model)) projects to q (H heads) and k, v (H_kv heads),
+  runs causal attention with flashlib (GQA: no repeat needed) and projects back
+  with ``out_proj``. The check builds it as ``GQAttention(d_model, n_heads, n_kv_heads)``
+  and loads random weights.
+
+Wrong answers named, for both: causal forgotten, the (B, N, H, D) tensors passed
+as (B, H, N, D) (no ``layout="bnhd"``), ``reshape`` where a ``transpose`` is needed,
+the output left in (B, H, N, D), a wrong scale; for the module also k/v heads
+repeated in the wrong order (``repeat`` instead of ``repeat_interleave``) and the
+output projection forgotten. Mixing up H and H_kv makes the shapes disagree: the
+verdict then quotes the error and the learner's line.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+
+import torch
+
+from ... import reference, runtime
+from ...validation import tolerance
+from .framework import Case, Check, Mistake, register, run_check
+
+NOTEBOOK = "08_in_practice"
+ATTEND = register(NOTEBOOK, "attend", 2,
+                  "Swap flashlib into the block: causal attention on (B, N, H, D) tensors, no copy")
+GQA_ATTENTION = register(NOTEBOOK, "gqa_attention", 2,
+                         "The attention module's forward with GQA: H query heads, H_kv shared k/v heads")
+
+
+def _flashlib_used(out) -> bool:
+    """Whether ``out`` was computed through an autograd node of flashlib's attention (padded or varlen)."""
+    seen, stack = set(), [getattr(out, "grad_fn", None)]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if type(node).__name__.startswith(("FlashAttentionFunction", "FlashAttentionVarlenFunction")):
+            return True
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return False
+
+
+def _inspect_flashlib(case: Case, out) -> str | None:
+    if not _flashlib_used(out):
+        return ("right values, but not computed by flashlib: call flashlib.flash_attention "
+                "(the check found no FlashAttentionFunction node in the output's autograd graph)")
+    return None
+
+
+# ------------------------------------------------------------------ attention in float64
+
+def _attention_bnhd(q, k, v, *, causal=True, scale=None, layout="transpose", expand="interleave"):
+    """Causal attention of (B, N, H, D) tensors in float64, with one step done as a typical bug does it.
+
+    layout: "transpose" (right), "as_bhnd" (the tensors read as (B, H, N, D) as they are),
+    "reshape" (reshaped to (B, H, N, D) and back instead of transposed), "stay_bhnd" (the
+    output left in (B, H, N, D)). expand: how k/v heads are shared: "interleave" (right:
+    query head h reads k/v head h // G) or "repeat" (h % H_kv).
+    """
+    q, k, v = (t.detach().double() for t in (q, k, v))
+    batch, n, heads, head_dim = q.shape
+    if expand == "repeat" and k.shape[2] != heads:
+        group = heads // k.shape[2]
+        k, v = k.repeat(1, 1, group, 1), v.repeat(1, 1, group, 1)
+    if layout == "as_bhnd":
+        return reference.naive_attention(q, k, v, causal=causal, softmax_scale=scale)
+    if layout == "reshape":
+        q4, k4, v4 = (t.reshape(batch, t.shape[2], n, head_dim) for t in (q, k, v))
+        return reference.naive_attention(q4, k4, v4, causal=causal, softmax_scale=scale).reshape(q.shape)
+    o = reference.naive_attention(*(t.transpose(1, 2) for t in (q, k, v)), causal=causal, softmax_scale=scale)
+    return o if layout == "stay_bhnd" else o.transpose(1, 2)
+
+
+def _scales(head_dim: int, heads: int) -> list[float]:
+    return [1.0, 1.0 / head_dim, math.sqrt(head_dim), 1.0 / math.sqrt(heads * head_dim)]
+
+
+_LAYOUT_MESSAGE = (
+    "the (B, N, H, D) tensors were passed as if they were (B, H, N, D): the kernel then takes the "
+    "sequence for the heads and the heads for the sequence. Pass layout=\"bnhd\" to flash_attention "
+    "(no copy), or transpose(1, 2) before and after")
+_RESHAPE_MESSAGE = (
+    "reshape (or view) to (B, H, N, D) scrambles the tokens and heads: it keeps the memory order. "
+    "Going from (B, N, H, D) to (B, H, N, D) swaps two axes: transpose(1, 2), or better, "
+    "layout=\"bnhd\" and no reordering at all")
+_CAUSAL_MESSAGE = ("causal=True is missing: a language model's token i must not see tokens after it; "
+                   "without the mask every token sees the whole sequence")
+_SCALE_MESSAGE = ("the scale is wrong: scores are q . k / sqrt(D) with D the head_dim "
+                  "(flash_attention's default when softmax_scale is None), not 1, 1/D, sqrt(D) or "
+                  "1/sqrt(d_model)")
+_STAY_MESSAGE = ("the output is still (B, H, N, D): the caller (the block) expects (B, N, H, D), "
+                 "the layout of its inputs; transpose(1, 2) it back, or use layout=\"bnhd\" and "
+                 "get (B, N, H, D) directly")
+_REPEAT_MESSAGE = ("k/v heads shared in the wrong order: query head h reads k/v head h // (H // H_kv) "
+                   "(heads 0 and 1 share k/v head 0, ...), which is repeat_interleave; repeat (or expand "
+                   "then reshape along the wrong axis) gives head h the k/v head h % H_kv. "
+                   "flash_attention shares the heads itself: pass the H_kv-head k and v as they are")
+
+
+ATTEND_MISTAKES = (
+    Mistake("not causal", _CAUSAL_MESSAGE, lambda q, k, v: _attention_bnhd(q, k, v, causal=False)),
+    Mistake("layout", _LAYOUT_MESSAGE, lambda q, k, v: [_attention_bnhd(q, k, v, layout="as_bhnd"),
+                                                        _attention_bnhd(q, k, v, layout="as_bhnd", causal=False)]),
+    Mistake("reshape", _RESHAPE_MESSAGE, lambda q, k, v: [_attention_bnhd(q, k, v, layout="reshape"),
+                                                          _attention_bnhd(q, k, v, layout="reshape", causal=False)]),
+    Mistake("left in bhnd", _STAY_MESSAGE, lambda q, k, v: _attention_bnhd(q, k, v, layout="stay_bhnd")),
+    Mistake("scale", _SCALE_MESSAGE,
+            lambda q, k, v: [_attention_bnhd(q, k, v, scale=s) for s in _scales(q.shape[3], q.shape[2])]),
+    Mistake("repeat", _REPEAT_MESSAGE, lambda q, k, v: (_attention_bnhd(q, k, v, expand="repeat")
+                                                        if k.shape[2] not in (1, q.shape[2]) else None)),
+)
+
+
+def _randn(gen, *shape):
+    return torch.randn(shape, generator=gen, dtype=torch.float64)
+
+
+def _attend_case(gen, batch, n, heads, kv_heads, head_dim, note="") -> Case:
+    q = _randn(gen, batch, n, heads, head_dim)
+    k, v = (_randn(gen, batch, n, kv_heads, head_dim) for _ in range(2))
+    expected = _attention_bnhd(q, k, v)
+    args = tuple(t.float().to(runtime.DEVICE) for t in (q, k, v))
+    description = (f"q ({batch}, {n}, {heads}, {head_dim}), k and v ({batch}, {n}, {kv_heads}, {head_dim}) "
+                   f"= (B, N, H, D), float32{note}")
+    return Case(description, args, expected, tolerance(torch.float32), shape_words="(B, N, H, D)",
+                out_dtype=torch.float32)
+
+
+def _attend_cases(gen):
+    return [
+        _attend_case(gen, 1, 24, 2, 2, 16),
+        _attend_case(gen, 2, 20, 4, 4, 32),
+        _attend_case(gen, 2, 30, 4, 2, 16, ", GQA: 2 query heads per k/v head"),
+        _attend_case(gen, 1, 40, 3, 1, 64, ", MQA: one k/v head for all"),
+    ]
+
+
+def _call_with_grad(learner, case: Case):
+    """Call on copies that require grad, so that the output's autograd graph shows who computed it."""
+    return learner(*(t.detach().clone().requires_grad_() for t in case.args))
+
+
+ATTEND_CHECK = Check(ATTEND, _attend_cases, ATTEND_MISTAKES, call=_call_with_grad, inspect=_inspect_flashlib,
+                     time_limit=20.0)
+
+
+def check_attend(fn, *, seed: int | None = None, time_limit_s: float | None = None):
+    """Check ``fn(q, k, v) -> o``: causal flashlib attention of (B, N, H, D) tensors, GQA allowed."""
+    return run_check(ATTEND_CHECK, fn, seed=seed, time_limit_s=time_limit_s)
+
+
+# ----------------------------------------------------------------- the GQA module
+
+def _module_output(x, sizes, weights, *, project_out=True, **attention_bug):
+    """The module's forward in float64 from its weights, with an optional bug in the attention."""
+    d_model, heads, kv_heads = sizes
+    head_dim = d_model // heads
+    x = x.detach().double()
+    batch, n, _ = x.shape
+    w = {name: t.detach().double().cpu() for name, t in weights.items()}
+    x = x.cpu()
+    q = (x @ w["q_proj.weight"].T).view(batch, n, heads, head_dim)
+    k = (x @ w["k_proj.weight"].T).view(batch, n, kv_heads, head_dim)
+    v = (x @ w["v_proj.weight"].T).view(batch, n, kv_heads, head_dim)
+    o = _attention_bnhd(q, k, v, **attention_bug)
+    o = o.reshape(batch, n, heads * head_dim)   # also the scrambled reshape of an output left in bhnd
+    return o @ w["out_proj.weight"].T if project_out else o
+
+
+GQA_MISTAKES = (
+    Mistake("repeat", _REPEAT_MESSAGE, lambda x, s, w: _module_output(x, s, w, expand="repeat")),
+    Mistake("not causal", _CAUSAL_MESSAGE, lambda x, s, w: _module_output(x, s, w, causal=False)),
+    Mistake("layout", _LAYOUT_MESSAGE, lambda x, s, w: _module_output(x, s, w, layout="as_bhnd")),
+    Mistake("reshape", _RESHAPE_MESSAGE, lambda x, s, w: _module_output(x, s, w, layout="reshape")),
+    Mistake("left in bhnd",
+            "the attention output was reshaped to (B, N, H * D) while still (B, H, N, D): that mixes "
+            "tokens and heads. Bring it back to (B, N, H, D) first (transpose(1, 2)), or use "
+            "layout=\"bnhd\" throughout",
+            lambda x, s, w: _module_output(x, s, w, layout="stay_bhnd")),
+    Mistake("scale", _SCALE_MESSAGE,
+            lambda x, s, w: [_module_output(x, s, w, scale=c) for c in _scales(s[0] // s[1], s[1])]),
+    Mistake("out_proj missing",
+            "the output projection is missing: after attention, return self.out_proj(o.reshape(B, N, H * D))",
+            lambda x, s, w: _module_output(x, s, w, project_out=False)),
+)
+
+
+def _gqa_case(gen, batch, n, d_model, heads, kv_heads, note="") -> Case:
+    head_dim = d_model // heads
+    x = _randn(gen, batch, n, d_model)
+    weights = {  # unit-scale projections: scores of order 1, so that a wrong scale shows
+        "q_proj.weight": _randn(gen, heads * head_dim, d_model) / math.sqrt(d_model),
+        "k_proj.weight": _randn(gen, kv_heads * head_dim, d_model) / math.sqrt(d_model),
+        "v_proj.weight": _randn(gen, kv_heads * head_dim, d_model) / math.sqrt(d_model),
+        "out_proj.weight": _randn(gen, d_model, heads * head_dim) / math.sqrt(heads * head_dim),
+    }
+    sizes = (d_model, heads, kv_heads)
+    expected = _module_output(x, sizes, weights)
+    weights = {name: t.float().to(runtime.DEVICE) for name, t in weights.items()}
+    description = (f"GQAttention(d_model={d_model}, n_heads={heads}, n_kv_heads={kv_heads}) "
+                   f"(head_dim {head_dim}), x ({batch}, {n}, {d_model}), float32{note}")
+    return Case(description, (x.float().to(runtime.DEVICE), sizes, weights), expected,
+                tolerance(torch.float32), shape_words="(B, N, d_model)", out_dtype=torch.float32)
+
+
+def _gqa_cases(gen):
+    return [
+        _gqa_case(gen, 1, 24, 32, 2, 2, ", no GQA (as many k/v heads as query heads)"),
+        _gqa_case(gen, 2, 20, 64, 4, 2, ", GQA: 2 query heads per k/v head"),
+        _gqa_case(gen, 1, 30, 64, 4, 1, ", MQA: one k/v head"),
+        _gqa_case(gen, 1, 40, 96, 6, 3, ", GQA: 3 k/v heads"),
+    ]
+
+
+def _accept_module_class(learner) -> str | None:
+    from ...model import CausalSelfAttention
+
+    if not inspect.isclass(learner) or not issubclass(learner, torch.nn.Module):
+        return (f"expected a class (a subclass of flashlib.model.CausalSelfAttention), "
+                f"got {type(learner).__name__} {learner!r:.60}")
+    if not issubclass(learner, CausalSelfAttention):
+        return f"expected a subclass of flashlib.model.CausalSelfAttention, got {learner.__name__}"
+    return None
+
+
+def _call_module(learner, case: Case):
+    x, (d_model, heads, kv_heads), weights = case.args
+    module = learner(d_model, heads, kv_heads).to(runtime.DEVICE)
+    with torch.no_grad():
+        for name, value in weights.items():
+            module.get_parameter(name).copy_(value)
+    return module(x.clone())
+
+
+GQA_ATTENTION_CHECK = Check(GQA_ATTENTION, _gqa_cases, GQA_MISTAKES, call=_call_module,
+                            accept=_accept_module_class, inspect=_inspect_flashlib, time_limit=20.0)
+
+
+def check_gqa_attention(cls, *, seed: int | None = None, time_limit_s: float | None = None):
+    """Check a CausalSelfAttention subclass whose forward runs flashlib with GQA."""
+    return run_check(GQA_ATTENTION_CHECK, cls, seed=seed, time_limit_s=time_limit_s)

@@ -1,0 +1,181 @@
+"""flashlib.model: a small GPT whose attention is naive, SDPA or flashlib, and its text.
+
+The three attention choices must give the same model: the same outputs and the same
+gradients, and training from the same weights on the same batches must give the
+same losses up to float32 rounding, while the loss falls.
+"""
+import copy
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+import flashlib
+from flashlib import model as M
+from flashlib import runtime, validation
+
+DEVICE = runtime.DEVICE
+TOL = validation.tolerance(torch.float32)
+GRAD_TOL = runtime.pick(gpu=TOL, cpu=1e-4)      # gradients add up more rounded terms; TF32 on a GPU
+LOSS_TOL = runtime.pick(gpu=2e-2, cpu=1e-5)     # the loss-curve tolerance of notebook 08
+ATTENTION_CHOICES = ("naive", "sdpa", "flashlib")
+
+
+def _tiny(vocab=20, **sizes):
+    config = dict(vocab_size=vocab, context=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16)
+    config.update(sizes)
+    torch.manual_seed(0)
+    return M.GPT(M.GPTConfig(**config)).to(DEVICE)
+
+
+# ------------------------------------------------------------------------- the text
+def test_the_text_ships_with_the_installed_package():
+    text = M.load_text()
+    path = Path(flashlib.__file__).parent / "data" / M.TEXT_NAME
+    assert path.is_file() and path.stat().st_size <= 300_000
+    assert text == path.read_text(encoding="utf-8")
+    assert len(text) > 100_000 and text.isascii()
+    assert "The next day they did it all again." in text
+
+
+def test_the_text_is_what_its_generator_writes():
+    script = Path(flashlib.__file__).parent / "data" / "make_tales.py"
+    spec = importlib.util.spec_from_file_location("make_tales", script)
+    make_tales = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_tales)
+    assert make_tales.make_text() == M.load_text()
+
+
+def test_pyproject_declares_the_text_as_package_data():
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    assert "data/*.txt" in pyproject
+
+
+def test_tokenizer_round_trip_and_errors():
+    text = M.load_text()
+    tok = M.CharTokenizer(text)
+    assert tok.vocab_size == len(set(text)) and tok.chars == sorted(tok.chars)
+    sample = text[:500]
+    ids = tok.encode(sample)
+    assert ids.dtype == torch.long and ids.shape == (500,)
+    assert tok.decode(ids) == sample
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        tok.encode("héllo")
+
+
+def test_get_batch_targets_are_inputs_shifted_by_one():
+    data = torch.arange(1000)
+    x, y = M.get_batch(data, 4, 16, torch.Generator().manual_seed(0))
+    assert x.shape == y.shape == (4, 16)
+    assert torch.equal(y[:, :-1], x[:, 1:]) and torch.equal(y[:, -1], x[:, -1] + 1)
+
+
+# ------------------------------------------------------------------------ the model
+def test_shapes_and_parameter_counts_with_gqa():
+    model = _tiny(n_heads=4, n_kv_heads=2, head_dim=16)
+    attn = model.blocks[0].attn
+    assert (attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features) == (64, 32, 32)
+    idx = torch.randint(0, 20, (3, 32), device=DEVICE)
+    logits, loss = model(idx, idx)
+    assert logits.shape == (3, 32, 20)
+    assert abs(loss.item() - math.log(20)) < 0.1   # small initial weights: close to uniform
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(ValueError, match="multiple of n_kv_heads"):
+        M.CausalSelfAttention(64, 4, 3)
+    with pytest.raises(ValueError, match="attention must be one of"):
+        M.attention_function("flash")
+    with pytest.raises(ValueError, match="context is 32"):
+        _tiny()(torch.zeros(1, 33, dtype=torch.long, device=DEVICE))
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1])
+def test_the_three_attention_choices_agree_on_outputs_and_gradients(kv_heads):
+    base = _tiny(n_heads=2, n_kv_heads=kv_heads)
+    idx = torch.randint(0, 20, (2, 32), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    results = {}
+    for choice in ATTENTION_CHOICES:
+        model = copy.deepcopy(base).set_attention(choice)
+        assert all(block.attn.attend is M.ATTENTION[choice] for block in model.blocks)
+        logits, loss = model(idx, idx)
+        loss.backward()
+        results[choice] = (logits.detach(), {n: p.grad for n, p in model.named_parameters()})
+    ref_logits, ref_grads = results["naive"]
+    for choice in ("sdpa", "flashlib"):
+        logits, grads = results[choice]
+        assert validation.relative_error(logits, ref_logits) <= TOL, choice
+        for name, grad in grads.items():
+            assert validation.relative_error(grad, ref_grads[name]) <= GRAD_TOL, (choice, name)
+
+
+def test_the_attention_functions_match_the_float64_reference_per_layout():
+    gen = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 24, 4, 16, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(2, 24, 2, 16, generator=gen, dtype=torch.float64) for _ in range(2))
+    expected = M.naive_attend(q, k, v)
+    bhnd = flashlib.naive_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
+    assert torch.allclose(expected, bhnd.transpose(1, 2))
+    for fn in (M.sdpa_attend, M.flashlib_attend):
+        out = fn(*(t.float().to(DEVICE) for t in (q, k, v)))
+        assert out.shape == (2, 24, 4, 16)
+        assert validation.relative_error(out, expected) <= TOL, fn.__name__
+
+
+def test_a_function_can_be_plugged_in():
+    calls = []
+
+    def spy(q, k, v):
+        calls.append((q.shape, k.shape))
+        return M.sdpa_attend(q, k, v)
+
+    model = _tiny().set_attention(spy)
+    model(torch.zeros(1, 8, dtype=torch.long, device=DEVICE))
+    assert calls == [((1, 8, 2, 16), (1, 8, 1, 16))] * 2
+    assert "attention='spy'" in repr(model.blocks[0].attn)
+
+
+def test_a_short_training_run_gives_the_same_losses_with_sdpa_and_flashlib():
+    """Same init, same batches: the curves differ by float32 rounding only, and the loss falls."""
+    text = M.load_text()
+    tok = M.CharTokenizer(text)
+    data = tok.encode(text)
+    base = _tiny(vocab=tok.vocab_size, n_layers=1, n_heads=2, n_kv_heads=1)
+    runs = {choice: M.train(copy.deepcopy(base).set_attention(choice), data, steps=12, batch_size=2, lr=1e-2)
+            for choice in ("sdpa", "flashlib")}
+    assert len(runs["flashlib"]) == 12
+    assert M.relative_loss_gap(runs["flashlib"], runs["sdpa"]) < LOSS_TOL
+    assert runs["sdpa"][0] == pytest.approx(math.log(tok.vocab_size), rel=0.02)
+    assert max(runs["flashlib"][-3:]) < 0.85 * math.log(tok.vocab_size)
+
+
+def test_relative_loss_gap():
+    assert M.relative_loss_gap([1.0, 2.2], [1.0, 2.0]) == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="different lengths"):
+        M.relative_loss_gap([1.0], [1.0, 2.0])
+
+
+def test_generate_appends_tokens_deterministically():
+    model = _tiny().set_attention("sdpa")
+    start = torch.zeros(2, 3, dtype=torch.long, device=DEVICE)
+    out = M.generate(model, start, 40, generator=torch.Generator().manual_seed(0), top_k=5)
+    again = M.generate(model, start, 40, generator=torch.Generator().manual_seed(0), top_k=5)
+    assert out.shape == (2, 43) and torch.equal(out[:, :3], start) and torch.equal(out, again)
+    assert int(out.max()) < 20
+
+
+@pytest.mark.gpu
+def test_gpu_config_of_notebook_08_matches_sdpa_within_the_tf32_tolerance():
+    """The GPU run of notebook 08, section 5: 300 steps, flashlib (TF32 in its dots) against SDPA."""
+    text = M.load_text()
+    tok = M.CharTokenizer(text)
+    data = tok.encode(text)
+    config = M.GPTConfig(vocab_size=tok.vocab_size, context=256, n_layers=4, n_heads=8, n_kv_heads=2, head_dim=32)
+    torch.manual_seed(0)
+    base = M.GPT(config).to(DEVICE)
+    runs = {choice: M.train(copy.deepcopy(base).set_attention(choice), data, steps=300, batch_size=32, lr=1e-3)
+            for choice in ("sdpa", "flashlib")}
+    assert M.relative_loss_gap(runs["flashlib"], runs["sdpa"]) < LOSS_TOL
+    assert sum(runs["flashlib"][-10:]) / 10 < 0.8 * math.log(tok.vocab_size)
