@@ -51,7 +51,8 @@ def test_python_versions_agree():
 
 def test_makefile_has_the_course_targets():
     makefile = (ROOT / "Makefile").read_text()
-    for target in ("lab", "test", "demo", "grade", "exercises", "bench", "gpu-info", "experiment"):
+    for target in ("lab", "test", "demo", "grade", "exercises", "bench", "bench-all", "report", "gpu-info", "experiment",
+                   "advanced", "test-browser"):
         assert re.search(rf"^{re.escape(target)}:", makefile, re.M), f"make {target} is missing"
 
 
