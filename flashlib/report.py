@@ -151,7 +151,11 @@ def _io_lines(rows, ceilings) -> list[str]:
             "| impl | mode | dtype | D | N | ms | predicted GB | GB movable in that time | predicted / movable "
             "| FLOP/byte | roofline bound, ms |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    return head + lines + [""]
+    note = ("The model charges every re-read of K and V (once per block of queries) to HBM. A ratio above "
+            "100% means the kernel ran faster than those bytes could cross HBM: the re-reads came from the "
+            "L2 cache, and the 'memory' bound is the model's, not the kernel's. A ratio far below 100% means "
+            "time went to something other than HBM traffic.")
+    return head + lines + ["", note, ""]
 
 
 def markdown_table(rows: list[dict], metas: list[dict] | None = None, impl: str = "flashlib",

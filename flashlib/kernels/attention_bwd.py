@@ -73,6 +73,7 @@ from triton.runtime.errors import OutOfResources
 from .. import runtime
 from ..reference import _window_bounds, softmax_scale_for
 from .attention_fwd import _key_block_range, _row_stats_offset, _sample_bounds, packed_as_bhnd, smem_budget
+from .tuned import launch_tuned
 
 LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) == exp2(x * LOG2E)
 
@@ -541,5 +542,5 @@ def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, *, causal: bool =
             _launch_fixed(kernel, grid, positional, args, block_m, block_n, block_d, q.element_size())
         else:
             tuned = attention_bwd_dkdv_kernel_autotuned if kernel == "dkdv" else attention_bwd_dq_kernel_autotuned
-            tuned[lambda meta, g=grid_of, b=program_block: g(meta[b])](*positional, **args)
+            launch_tuned(tuned, lambda meta, g=grid_of, b=program_block: g(meta[b]), *positional, **args)
     return delta

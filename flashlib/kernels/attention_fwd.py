@@ -37,6 +37,7 @@ import triton.language as tl
 
 from .. import runtime
 from ..reference import _window_bounds, softmax_scale_for
+from .tuned import launch_tuned
 
 LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) == exp2(x * LOG2E)
 LN2 = tl.constexpr(0.6931471805599453)  # ln(2): ln(x) == log2(x) * LN2
@@ -410,5 +411,5 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         def grid(meta):
             return (triton.cdiv(rows_q, meta["BLOCK_M"]), batch * heads)
 
-        attention_fwd_kernel_autotuned[grid](*tensors, sm_scale, *strides, **args)
+        launch_tuned(attention_fwd_kernel_autotuned, grid, *tensors, sm_scale, *strides, **args)
     return filled
