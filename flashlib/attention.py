@@ -63,6 +63,21 @@ def _check_seq_lens(seq_lens, batch: int, n_q: int, n_k: int, device: torch.devi
                              f"got values from {low} to {high}")
 
 
+def check_dtypes_and_device(q, k, v) -> None:
+    """q, k, v share one supported dtype and sit on the device the kernels run on."""
+    if q.dtype != k.dtype or q.dtype != v.dtype:
+        raise TypeError(f"q, k, v must have the same dtype; got q.dtype={q.dtype}, k.dtype={k.dtype}, "
+                        f"v.dtype={v.dtype}")
+    if q.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"Unsupported dtype {q.dtype} for q, k, v: expected float16, bfloat16 or float32")
+    if q.device != k.device or q.device != v.device:
+        raise ValueError(f"q, k, v must be on the same device; got q on {q.device}, k on {k.device}, "
+                         f"v on {v.device}")
+    if q.device.type != runtime.DEVICE.type:
+        raise ValueError(f"q, k, v must be on {runtime.DEVICE.type} ({runtime.mode_description()}); "
+                         f"got {q.device}")
+
+
 def check_attention_args(q, k, v, causal=False, seq_lens=None, window=None,
                          softmax_scale=None, layout="bhnd") -> None:
     """Raise a ValueError/TypeError naming the argument that is wrong, and what came in."""
@@ -78,17 +93,7 @@ def check_attention_args(q, k, v, causal=False, seq_lens=None, window=None,
         raise ValueError(f"layout={layout!r} needs 4D tensors; 3D tensors are (B*H, N, D): got {shapes}")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool; got {causal!r}")
-    if q.dtype != k.dtype or q.dtype != v.dtype:
-        raise TypeError(f"q, k, v must have the same dtype; got q.dtype={q.dtype}, k.dtype={k.dtype}, "
-                        f"v.dtype={v.dtype}")
-    if q.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"Unsupported dtype {q.dtype} for q, k, v: expected float16, bfloat16 or float32")
-    if q.device != k.device or q.device != v.device:
-        raise ValueError(f"q, k, v must be on the same device; got q on {q.device}, k on {k.device}, "
-                         f"v on {v.device}")
-    if q.device.type != runtime.DEVICE.type:
-        raise ValueError(f"q, k, v must be on {runtime.DEVICE.type} ({runtime.mode_description()}); "
-                         f"got {q.device}")
+    check_dtypes_and_device(q, k, v)
 
     q4, k4, v4 = (_as_bhnd(t, layout) for t in (q, k, v))
     batch, heads, n_q, head_dim = q4.shape

@@ -19,7 +19,7 @@ import numbers
 import torch
 
 from . import runtime
-from .attention import SUPPORTED_DTYPES, _check_window, _RefuseDoubleBackward
+from .attention import _check_window, _RefuseDoubleBackward, check_dtypes_and_device
 from .kernels.attention_bwd import launch_attention_backward
 from .kernels.attention_fwd import MAX_HEAD_DIM, MIN_HEAD_DIM, launch_attention_forward
 
@@ -74,17 +74,7 @@ def check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
         raise ValueError(f"Unsupported head_dim {head_dim}: flash_attention_varlen supports {MIN_HEAD_DIM} to "
                          f"{MAX_HEAD_DIM}; got {shapes}")
-    if q.dtype != k.dtype or q.dtype != v.dtype:
-        raise TypeError(f"q, k, v must have the same dtype; got q.dtype={q.dtype}, k.dtype={k.dtype}, "
-                        f"v.dtype={v.dtype}")
-    if q.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"Unsupported dtype {q.dtype} for q, k, v: expected float16, bfloat16 or float32")
-    if q.device != k.device or q.device != v.device:
-        raise ValueError(f"q, k, v must be on the same device; got q on {q.device}, k on {k.device}, "
-                         f"v on {v.device}")
-    if q.device.type != runtime.DEVICE.type:
-        raise ValueError(f"q, k, v must be on {runtime.DEVICE.type} ({runtime.mode_description()}); "
-                         f"got {q.device}")
+    check_dtypes_and_device(q, k, v)
     lengths_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], "total_q (q.shape[0])", q.device)
     lengths_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], "total_k (k.shape[0])", q.device)
     if len(lengths_q) != len(lengths_k):

@@ -1,5 +1,6 @@
 """Shared pytest set-up: GPU-only tests are skipped (with the reason) on the interpreter."""
 import pytest
+import torch
 
 from flashlib import runtime
 
@@ -15,3 +16,18 @@ def pytest_collection_modifyitems(config, items):
 # Notebooks under tests/fixtures are inputs for the grader's tests (some hang on
 # purpose); nbval must not collect them.
 collect_ignore_glob = ["fixtures/*"]
+
+
+@pytest.fixture
+def nan_empty(monkeypatch):
+    """torch.empty returns NaN-filled float tensors: an output or gradient element never
+    written stays NaN (the kernels' outputs are made with torch.empty)."""
+    real_empty, calls = torch.empty, []
+
+    def empty(*args, **kwargs):
+        t = real_empty(*args, **kwargs)
+        calls.append(t)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", empty)
+    return calls

@@ -294,20 +294,6 @@ def test_rows_and_keys_outside_the_mask_get_exact_zeros(n_q, n_k, mask):
         assert (dk[:, :, :n_k - n_q] == 0).all() and (dv[:, :, :n_k - n_q] == 0).all()
 
 
-@pytest.fixture
-def nan_empty(monkeypatch):
-    """torch.empty returns NaN-filled float tensors: a gradient element never written stays NaN."""
-    real_empty, calls = torch.empty, []
-
-    def empty(*args, **kwargs):
-        t = real_empty(*args, **kwargs)
-        calls.append(t)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty", empty)
-    return calls
-
-
 @pytest.mark.parametrize("layout", ["bhnd", "bnhd", "3d"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_every_gradient_element_is_written(nan_empty, layout, dtype):

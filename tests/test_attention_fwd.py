@@ -254,20 +254,6 @@ def test_no_keys_at_all_and_no_queries():
     assert out.shape == (1, 2, 0, 16) and lse.shape == (1, 2, 0)
 
 
-@pytest.fixture
-def nan_empty(monkeypatch):
-    """torch.empty returns NaN-filled float tensors: an output element never written stays NaN."""
-    real_empty, calls = torch.empty, []
-
-    def empty(*args, **kwargs):
-        t = real_empty(*args, **kwargs)
-        calls.append(t)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty", empty)
-    return calls
-
-
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_every_output_element_is_written(nan_empty, layout, dtype):
