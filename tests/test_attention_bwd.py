@@ -435,7 +435,10 @@ def test_gradcheck_catches_a_gradient_off_by_half_a_percent(monkeypatch):
 
 # ---------------------------------------------------------------- autotune configs
 def test_autotune_pruning_keeps_configs_that_fit_the_head_dim():
-    """The early_config_prune hooks, called as Triton documents it (named args, then keywords)."""
+    """The early_config_prune hooks, called as Triton documents it (named args, then keywords).
+
+    Tensor-core dots ("tf32"); full float32 ("ieee") has its own test in test_precision.py.
+    """
     budget = attention_fwd.smem_budget()
     for name, configs in (("dkdv", attention_bwd.DKDV_GPU_CONFIGS), ("dq", attention_bwd.DQ_GPU_CONFIGS)):
         configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=s, num_warps=w)
@@ -443,14 +446,15 @@ def test_autotune_pruning_keeps_configs_that_fit_the_head_dim():
         prune = attention_bwd._pruner(name)
         for dtype in (torch.float16, torch.float32):
             q = torch.empty(1, dtype=dtype)
-            assert len(prune(configs, {"Q": q}, BLOCK_D=32)) == len(configs)
-            assert len(prune(configs, {"Q": q, "BLOCK_D": 32})) == len(configs)
+            tf32 = {"DOT_PRECISION": "tf32"}
+            assert len(prune(configs, {"Q": q}, BLOCK_D=32, **tf32)) == len(configs)
+            assert len(prune(configs, {"Q": q, "BLOCK_D": 32, **tf32})) == len(configs)
             for head_dim in (128, 256):
-                kept = prune(configs, {"Q": q}, BLOCK_D=head_dim)
+                kept = prune(configs, {"Q": q}, BLOCK_D=head_dim, **tf32)
                 assert kept and all(attention_bwd.smem_bytes(name, c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"],
                                                              head_dim, c.num_stages, q.element_size()) <= budget
                                     for c in kept)
-            assert 0 < len(prune(configs, {"Q": q}, BLOCK_D=256)) < len(configs)
+            assert 0 < len(prune(configs, {"Q": q}, BLOCK_D=256, **tf32)) < len(configs)
 
 
 # ---------------------------------------------------------------- GPU only

@@ -374,12 +374,15 @@ def test_errors_name_the_argument_and_the_values(args, kwargs, error, message):
 
 
 def test_autotune_pruning_keeps_configs_that_fit_the_head_dim():
-    """The early_config_prune hook, called as Triton documents it (named args, then keywords)."""
+    """The early_config_prune hook, called as Triton documents it (named args, then keywords).
+
+    Tensor-core dots ("tf32"); full float32 ("ieee") has its own test in test_precision.py.
+    """
     configs, budget = attention_fwd._gpu_configs(), attention_fwd.smem_budget()
     for dtype in (torch.float16, torch.float32):
         q = torch.empty(1, dtype=dtype)
-        for call in (lambda **kw: attention_fwd._prune_configs(configs, {"Q": q}, **kw),
-                     lambda **kw: attention_fwd._prune_configs(configs, {"Q": q, **kw})):
+        for call in (lambda **kw: attention_fwd._prune_configs(configs, {"Q": q}, DOT_PRECISION="tf32", **kw),
+                     lambda **kw: attention_fwd._prune_configs(configs, {"Q": q, "DOT_PRECISION": "tf32", **kw})):
             assert len(call(BLOCK_D=32, Q_BUCKET=4096)) == len(configs)
             assert 0 < len(call(BLOCK_D=256, Q_BUCKET=4096)) < len(configs)
             for head_dim in (128, 256):
