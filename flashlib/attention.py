@@ -233,7 +233,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     q (B, N_q, H, D), k, v (B, N_k, H_kv, D), read through strides, never copied;
     3D (B*H, N, D) tensors are B*H batches of one head. H must be a multiple of
     H_kv (GQA; H_kv = 1 is MQA). D from 16 to 256. float16, bfloat16, float32
-    (on a GPU float32 products use TF32; in the interpreter bfloat16 is computed in float32).
+    (float32 products follow torch's float32 matmul precision: full float32 unless TF32 is
+    allowed; in the interpreter bfloat16 is computed in float32).
 
     Masks, combined (the semantics of :func:`flashlib.reference.naive_attention`):
 

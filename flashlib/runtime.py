@@ -110,6 +110,23 @@ def dot_safe_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype
 
 
+def dot_precision(dtype: torch.dtype) -> str:
+    """The ``input_precision`` of ``tl.dot`` in flashlib's attention kernels for ``dtype`` inputs.
+
+    float32 follows torch's float32 matmul setting, as ``torch.matmul`` does: full float32
+    ("ieee") by default, TF32 (10-bit mantissa, tensor cores) once the user allows it with
+    ``torch.backends.cuda.matmul.fp32_precision = "tf32"`` or the older
+    ``torch.set_float32_matmul_precision("high")``. 16-bit inputs always use tensor cores;
+    for them the value is Triton's default and changes nothing.
+    """
+    if dtype != torch.float32:
+        return "tf32"
+    setting = getattr(torch.backends.cuda.matmul, "fp32_precision", None)  # torch >= 2.9; reflects both APIs
+    if setting is None:
+        return "ieee" if torch.get_float32_matmul_precision() == "highest" else "tf32"
+    return "tf32" if setting == "tf32" else "ieee"
+
+
 def upcast_for_interpreter(*tensors: torch.Tensor):
     """Return the tensors, with bfloat16 ones upcast to float32 in the interpreter."""
     return tuple(t.float() if t.dtype != dot_safe_dtype(t.dtype) else t for t in tensors)

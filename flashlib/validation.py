@@ -12,7 +12,9 @@ import torch
 from . import runtime
 from .reference import naive_attention
 
-#: Relative-error tolerance per input dtype. float32 on a GPU allows for TF32 in tl.dot.
+#: Relative-error tolerance per input dtype. float32 on a GPU allows for TF32, tl.dot's default,
+#: which the course's teaching kernels and learners' kernels use (flashlib's attention kernels
+#: follow torch's float32 matmul precision: full float32 unless TF32 is allowed).
 _TOLERANCE = {torch.float16: 5e-3, torch.bfloat16: 3e-2, torch.float32: 1e-5, torch.float64: 1e-10}
 _TF32_TOLERANCE = 5e-3
 

@@ -61,7 +61,8 @@ their gradients are exactly 0, and keys past ``seq_len`` get exactly 0 too.
 
 Precision: all products accumulate in float32; with float16/bfloat16 inputs P
 and dS are cast to the input dtype before their ``tl.dot`` (tensor cores), as in
-every FlashAttention. float32 inputs use TF32 in ``tl.dot`` on a GPU.
+every FlashAttention. float32 inputs run ``tl.dot`` at ``DOT_PRECISION``
+(:func:`flashlib.runtime.dot_precision`): full float32 unless torch allows TF32.
 """
 from __future__ import annotations
 
@@ -72,7 +73,8 @@ from triton.runtime.errors import OutOfResources
 
 from .. import runtime
 from ..reference import _window_bounds, softmax_scale_for
-from .attention_fwd import _key_block_range, _row_stats_offset, _sample_bounds, packed_as_bhnd, smem_budget
+from .attention_fwd import (_key_block_range, _row_stats_offset, _sample_bounds, full_float32_config, packed_as_bhnd,
+                            smem_budget)
 from .tuned import launch_tuned
 
 LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) == exp2(x * LOG2E)
@@ -145,7 +147,8 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, star
                          stride_qn, stride_qd, stride_don, stride_dod,
                          offs_n, offs_d, k_len, N_CTX_Q, offset, window_left, window_right, qk_scale,
                          MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                         EVEN_D: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+                         EVEN_D: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                         BLOCK_M: tl.constexpr):
     """Add to (dk, dv) the terms of the query blocks [start, end) of one query head.
 
     Works on transposed tiles (keys along rows): ``P^T = exp2(K Q^T - L)`` (BLOCK_N, BLOCK_M),
@@ -174,7 +177,7 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, star
             delta = tl.load(delta_ptr + rows)
         # L = -inf (a row that sees no key, or padding) read as +inf: P = exp2(S - inf) = 0, never NaN.
         lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
-        qkT = tl.dot(k, qT) * qk_scale  # scores in log2 units, keys along rows
+        qkT = tl.dot(k, qT, input_precision=DOT_PRECISION) * qk_scale  # scores in log2 units, keys along rows
         if MASKED:
             cols = offs_n[:, None]
             query_pos = rows[None, :] + offset  # i' = i + N_k - N_q (bottom-right alignment)
@@ -185,10 +188,10 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, star
                 visible = visible & (cols <= query_pos + window_right)
             qkT = tl.where(visible, qkT, float("-inf"))
         pT = tl.math.exp2(qkT - lse2[None, :])
-        dv += tl.dot(pT.to(do.dtype), do)
-        dpT = tl.dot(v, tl.trans(do))
+        dv += tl.dot(pT.to(do.dtype), do, input_precision=DOT_PRECISION)
+        dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
         dsT = pT * (dpT - delta[None, :])
-        dk += tl.dot(dsT.to(qT.dtype), tl.trans(qT))
+        dk += tl.dot(dsT.to(qT.dtype), tl.trans(qT), input_precision=DOT_PRECISION)
         qT_ptrs += BLOCK_M * stride_qn
         do_ptrs += BLOCK_M * stride_don
     return dk, dv
@@ -207,7 +210,7 @@ def attention_bwd_dkdv_kernel(
     Q_BUCKET, K_BUCKET,  # only keys for the autotuner (N rounded up to a power of two)
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_SEQ_LENS: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """dK, dV for key block ``program_id(0)`` of (batch, kv head) ``program_id(1)``.
 
@@ -256,17 +259,20 @@ def attention_bwd_dkdv_kernel(
             dk, dv = _attn_bwd_dkdv_inner(
                 dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, lo, full_lo,
                 stride_qn, stride_qd, stride_don, stride_dod, offs_n, offs_d, k_len, n_q, offset,
-                WINDOW_LEFT, WINDOW_RIGHT, qk_scale, True, HAS_LEFT, HAS_RIGHT, EVEN_D, HEAD_DIM, BLOCK_M)
+                WINDOW_LEFT, WINDOW_RIGHT, qk_scale, True, HAS_LEFT, HAS_RIGHT, EVEN_D, HEAD_DIM,
+                DOT_PRECISION, BLOCK_M)
         # stage 2: query blocks that see the whole key block, no mask
         dk, dv = _attn_bwd_dkdv_inner(
             dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, full_lo, full_hi,
             stride_qn, stride_qd, stride_don, stride_dod, offs_n, offs_d, k_len, n_q, offset,
-            WINDOW_LEFT, WINDOW_RIGHT, qk_scale, False, HAS_LEFT, HAS_RIGHT, EVEN_D, HEAD_DIM, BLOCK_M)
+            WINDOW_LEFT, WINDOW_RIGHT, qk_scale, False, HAS_LEFT, HAS_RIGHT, EVEN_D, HEAD_DIM,
+            DOT_PRECISION, BLOCK_M)
         # stage 3: the window's left edge, the q_len tail, a key block cut by k_len
         dk, dv = _attn_bwd_dkdv_inner(
             dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, full_hi, hi,
             stride_qn, stride_qd, stride_don, stride_dod, offs_n, offs_d, k_len, n_q, offset,
-            WINDOW_LEFT, WINDOW_RIGHT, qk_scale, True, HAS_LEFT, HAS_RIGHT, EVEN_D, HEAD_DIM, BLOCK_M)
+            WINDOW_LEFT, WINDOW_RIGHT, qk_scale, True, HAS_LEFT, HAS_RIGHT, EVEN_D, HEAD_DIM,
+            DOT_PRECISION, BLOCK_M)
 
     dk *= sm_scale
     dk_base = DK + off_b.to(tl.int64) * stride_dkb + off_kvh.to(tl.int64) * stride_dkh + k_start * stride_dkn
@@ -283,7 +289,8 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, start, end,
                        stride_kn, stride_kd, stride_vn, stride_vd,
                        offs_m, offs_d, k_len, offset, window_left, window_right, qk_scale,
                        MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                       EVEN_D: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
+                       EVEN_D: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                       BLOCK_N: tl.constexpr):
     """Add to dq the terms of the key blocks [start, end): ``P = exp2(Q K^T - L)``,
     ``dP = dO V^T``, ``dS = P * (dP - D)``, ``dQ += dS K`` (scale applied at the end)."""
     offs_n = tl.arange(0, BLOCK_N)
@@ -302,7 +309,7 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, start, end,
         else:
             kT = tl.load(kT_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
             vT = tl.load(vT_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
-        qk = tl.dot(q, kT) * qk_scale  # scores in log2 units
+        qk = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale  # scores in log2 units
         if MASKED:
             query_pos = offs_m[:, None] + offset  # i' = i + N_k - N_q
             visible = cols[None, :] < k_len
@@ -312,9 +319,9 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, start, end,
                 visible = visible & (cols[None, :] <= query_pos + window_right)
             qk = tl.where(visible, qk, float("-inf"))
         p = tl.math.exp2(qk - lse2[:, None])
-        dp = tl.dot(do, vT)
+        dp = tl.dot(do, vT, input_precision=DOT_PRECISION)
         ds = p * (dp - delta[:, None])
-        dq += tl.dot(ds.to(kT.dtype), tl.trans(kT))
+        dq += tl.dot(ds.to(kT.dtype), tl.trans(kT), input_precision=DOT_PRECISION)
         kT_ptrs += BLOCK_N * stride_kn
         vT_ptrs += BLOCK_N * stride_vn
     return dq
@@ -332,7 +339,7 @@ def attention_bwd_dq_kernel(
     Q_BUCKET, K_BUCKET,  # only keys for the autotuner
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_SEQ_LENS: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """dQ for query block ``program_id(0)`` of (batch, head) ``program_id(1)``: the forward's
     loop (same key interval, same three stages), with dQ in place of O."""
@@ -375,17 +382,17 @@ def attention_bwd_dq_kernel(
         dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, lo, full_lo,
                                 stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d, k_len, offset,
                                 WINDOW_LEFT, WINDOW_RIGHT, qk_scale, True, HAS_LEFT, HAS_RIGHT, EVEN_D,
-                                HEAD_DIM, BLOCK_N)
+                                HEAD_DIM, DOT_PRECISION, BLOCK_N)
     # stage 2: blocks every row sees whole, no mask
     dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, full_lo, full_hi,
                             stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d, k_len, offset,
                             WINDOW_LEFT, WINDOW_RIGHT, qk_scale, False, HAS_LEFT, HAS_RIGHT, EVEN_D,
-                            HEAD_DIM, BLOCK_N)
+                            HEAD_DIM, DOT_PRECISION, BLOCK_N)
     # stage 3: the diagonal / window's right edge, and the key tail (N_k or seq_len)
     dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, full_hi, hi,
                             stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d, k_len, offset,
                             WINDOW_LEFT, WINDOW_RIGHT, qk_scale, True, HAS_LEFT, HAS_RIGHT, EVEN_D,
-                            HEAD_DIM, BLOCK_N)
+                            HEAD_DIM, DOT_PRECISION, BLOCK_N)
 
     dq = tl.where((offs_m < q_len)[:, None], dq * sm_scale, 0.0)  # padding rows: exactly 0
     dq_base = DQ + off_b.to(tl.int64) * stride_dqb + off_h.to(tl.int64) * stride_dqh + q_start * stride_dqn
@@ -435,8 +442,12 @@ def _fits(kernel, bm, bn, stages, warps, block_d, elem_bytes, budget) -> bool:
 
 def _pruner(kernel):
     def prune(configs, named_args, **kwargs):
-        """Triton's early_config_prune hook: drop configs that cannot fit this head_dim."""
+        """Triton's early_config_prune hook: drop configs that cannot fit this head_dim
+        (full float32: the one config of ``full_float32_config``)."""
         args = {**named_args, **kwargs}
+        only = full_float32_config(args, lambda bm, bn, stages: smem_bytes(kernel, bm, bn, args["BLOCK_D"], stages, 4))
+        if only is not None:
+            return [only]
         shape = (args["BLOCK_D"], args["Q"].element_size(), smem_budget())
         kept = [c for c in configs
                 if _fits(kernel, c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages, c.num_warps, *shape)]
@@ -448,7 +459,8 @@ def _autotuned(kernel, name, configs):
     return triton.autotune(
         configs=[triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=s, num_warps=w)
                  for bm, bn, s, w in configs],
-        key=["Q_BUCKET", "K_BUCKET", "HEAD_DIM", "HAS_SEQ_LENS", "IS_VARLEN", "HAS_LEFT", "HAS_RIGHT", "KV_GROUP"],
+        key=["Q_BUCKET", "K_BUCKET", "HEAD_DIM", "HAS_SEQ_LENS", "IS_VARLEN", "HAS_LEFT", "HAS_RIGHT", "KV_GROUP",
+             "DOT_PRECISION"],
         prune_configs_by={"early_config_prune": _pruner(name)},
     )(kernel)
 
@@ -521,7 +533,7 @@ def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, *, causal: bool =
         Q_BUCKET=triton.next_power_of_2(rows_q), K_BUCKET=triton.next_power_of_2(rows_k),
         HEAD_DIM=head_dim, BLOCK_D=block_d,
         HAS_SEQ_LENS=seq_lens is not None, IS_VARLEN=varlen,
-        HAS_LEFT=left is not None, HAS_RIGHT=right is not None,
+        HAS_LEFT=left is not None, HAS_RIGHT=right is not None, DOT_PRECISION=runtime.dot_precision(q.dtype),
     )
     common = (q, k, v, do, lse, delta)
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())

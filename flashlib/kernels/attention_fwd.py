@@ -26,8 +26,8 @@ cut the band's edges do. The loop is therefore split in three stages::
 Precision: q @ k^T and p @ v accumulate in float32. With float16/bfloat16
 inputs ``p`` is cast to v's dtype before the second ``tl.dot``, as every
 FlashAttention does (tensor cores take 16-bit operands). With float32 inputs
-``tl.dot`` runs at its default precision, which on a GPU is TF32 (10-bit
-mantissa): compare with ``flashlib.validation.tolerance``.
+``tl.dot`` runs at ``DOT_PRECISION`` (:func:`flashlib.runtime.dot_precision`): full
+float32 unless torch's float32 matmul setting allows TF32 (10-bit mantissa).
 """
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, start, end,
                     tile_ptr,
                     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                     EVEN_D: tl.constexpr, HEAD_DIM: tl.constexpr, RECORD_TILES: tl.constexpr,
-                    BLOCK_N: tl.constexpr):
+                    DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
     """Online-softmax update of (acc, l_i, m_i) over the key blocks [start, end).
 
     ``MASKED`` blocks get an element mask (band edges, key tail) and loads masked
@@ -72,7 +72,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, start, end,
             k = tl.load(k_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
             v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
 
-        qk = tl.dot(q, k)
+        qk = tl.dot(q, k, input_precision=DOT_PRECISION)
         if MASKED:
             qk = qk * qk_scale  # scores in log2 units, scaled before the mask (a zero scale meets no -inf)
             rows = offs_m[:, None] + offset  # i' = i + N_k - N_q (bottom-right alignment)
@@ -97,7 +97,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, start, end,
         p = tl.math.exp2(qk)
         alpha = tl.math.exp2(m_i - m_sub)  # rescale of what was accumulated so far
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
         if RECORD_TILES:
             tl.store(tile_ptr + start_n // BLOCK_N, 2 if MASKED else 1)
@@ -197,7 +197,7 @@ def attention_fwd_kernel(
     Q_BUCKET, K_BUCKET,  # only keys for the autotuner (N rounded up to a power of two)
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_SEQ_LENS: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    RECORD_TILES: tl.constexpr,
+    RECORD_TILES: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """O, LSE for query block ``program_id(0)`` of (batch, head) ``program_id(1)``.
@@ -261,17 +261,17 @@ def attention_fwd_kernel(
         acc, l_i, m_i = _attn_fwd_inner(
             acc, l_i, m_i, q, k_base, v_base, lo, full_lo, stride_kn, stride_kd, stride_vn, stride_vd,
             offs_m, offs_d, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT, qk_scale, tile_ptr,
-            True, HAS_LEFT, HAS_RIGHT, EVEN_D, HEAD_DIM, RECORD_TILES, BLOCK_N)
+            True, HAS_LEFT, HAS_RIGHT, EVEN_D, HEAD_DIM, RECORD_TILES, DOT_PRECISION, BLOCK_N)
     # stage 2: blocks every row sees whole, no mask
     acc, l_i, m_i = _attn_fwd_inner(
         acc, l_i, m_i, q, k_base, v_base, full_lo, full_hi, stride_kn, stride_kd, stride_vn, stride_vd,
         offs_m, offs_d, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT, qk_scale, tile_ptr,
-        False, HAS_LEFT, HAS_RIGHT, EVEN_D, HEAD_DIM, RECORD_TILES, BLOCK_N)
+        False, HAS_LEFT, HAS_RIGHT, EVEN_D, HEAD_DIM, RECORD_TILES, DOT_PRECISION, BLOCK_N)
     # stage 3: the diagonal / window's right edge, and the key tail (N_k or seq_len)
     acc, l_i, m_i = _attn_fwd_inner(
         acc, l_i, m_i, q, k_base, v_base, full_hi, hi, stride_kn, stride_kd, stride_vn, stride_vd,
         offs_m, offs_d, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT, qk_scale, tile_ptr,
-        True, HAS_LEFT, HAS_RIGHT, EVEN_D, HEAD_DIM, RECORD_TILES, BLOCK_N)
+        True, HAS_LEFT, HAS_RIGHT, EVEN_D, HEAD_DIM, RECORD_TILES, DOT_PRECISION, BLOCK_N)
 
     # Rows with no visible key (l = 0) and rows past the sample's length: O = 0, L = -inf.
     valid = (offs_m < q_len) & (l_i > 0.0)
@@ -327,12 +327,35 @@ def _fits(bm, bn, stages, warps, block_d, elem_bytes, q_bucket, budget) -> bool:
     return bm <= max(64, q_bucket)  # no 128-row blocks for short queries (decoding)
 
 
+#: Full-float32 ``tl.dot`` ("ieee") runs on the CUDA cores, not the tensor cores: large tiles
+#: spill registers and take minutes to compile. On an H100, 32 x 32 blocks compiled in 3-7 s
+#: and ran fastest or within 10% of the fastest at head_dim 32-128, forward and backward, while
+#: 128 x 128 took 20-150 s and ran 5-20x slower (benchmarks/TUNING.md). Full float32 uses them alone.
+FULL_FLOAT32_BLOCKS = (32, 32)
+
+
+def full_float32_config(args: dict, smem_of) -> triton.Config | None:
+    """The one config of a full-float32 launch (no autotuning), or None for tensor-core dots.
+
+    ``smem_of(block_m, block_n, stages)`` is the kernel's shared memory: the deepest
+    pipeline (3 stages at most) that fits is taken.
+    """
+    if args["DOT_PRECISION"] != "ieee" or args["Q"].element_size() != 4:
+        return None
+    block_m, block_n = FULL_FLOAT32_BLOCKS
+    stages = next((s for s in (3, 2) if smem_of(block_m, block_n, s) <= smem_budget()), 1)
+    return triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_stages=stages, num_warps=4)
+
+
 def _prune_configs(configs, named_args, **kwargs):
     """Triton's early_config_prune hook: drop configs that cannot fit or do not fit N_q.
 
     Triton passes positional arguments in ``named_args`` and keyword ones in ``kwargs``.
     """
     args = {**named_args, **kwargs}
+    only = full_float32_config(args, lambda bm, bn, stages: smem_bytes(bm, bn, args["BLOCK_D"], stages, 4))
+    if only is not None:
+        return [only]
     shape = (args["BLOCK_D"], args["Q"].element_size(), args["Q_BUCKET"], smem_budget())
     kept = [c for c in configs
             if _fits(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages, c.num_warps, *shape)]
@@ -340,10 +363,10 @@ def _prune_configs(configs, named_args, **kwargs):
 
 
 #: The kernel with BLOCK_M, BLOCK_N, warps and stages chosen by benchmarking on the GPU,
-#: once per (N_q and N_k rounded to powers of two, head_dim, mask kind, dtype).
+#: once per (N_q and N_k rounded to powers of two, head_dim, mask kind, float32 precision, dtype).
 attention_fwd_kernel_autotuned = triton.autotune(
     configs=_gpu_configs(),
-    key=["Q_BUCKET", "K_BUCKET", "HEAD_DIM", "HAS_SEQ_LENS", "IS_VARLEN", "HAS_LEFT", "HAS_RIGHT"],
+    key=["Q_BUCKET", "K_BUCKET", "HEAD_DIM", "HAS_SEQ_LENS", "IS_VARLEN", "HAS_LEFT", "HAS_RIGHT", "DOT_PRECISION"],
     prune_configs_by={"early_config_prune": _prune_configs},
 )(attention_fwd_kernel)
 
@@ -391,7 +414,7 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         HAS_SEQ_LENS=seq_lens is not None, IS_VARLEN=varlen,
         HAS_LEFT=left is not None, HAS_RIGHT=right is not None,
-        RECORD_TILES=tiles is not None,
+        RECORD_TILES=tiles is not None, DOT_PRECISION=runtime.dot_precision(q.dtype),
     )
     tensors = (q, k, v, o, lse, seq_lens, cu_seqlens_q, cu_seqlens_k, tiles)
     strides = (*q.stride(), *k.stride(), *v.stride(), *o.stride())
