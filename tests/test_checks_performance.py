@@ -73,7 +73,7 @@ def test_attention_flops_passes_the_right_answer(capsys):
     result = checks.check_attention_flops(flops_right)
     assert result.passed and result.points == result.max_points == 2
     assert result.exercise == "07_performance.attention_flops"
-    assert capsys.readouterr().out == "✓ attention_flops: correct on 4 random cases (2/2 points)\n"
+    assert capsys.readouterr().out == "✓ attention_flops: correct on 4 cases (2/2 points)\n"
 
 
 def test_attention_flops_accepts_ints_numpy_and_tensors():
@@ -160,7 +160,7 @@ def test_achieved_tflops_names_the_mistake(bug, words, seed):
 def test_achieved_tflops_right_blank_and_crash(capsys):
     result = checks.check_achieved_tflops(tflops_right)
     assert result.passed and result.points == result.max_points == 1
-    assert capsys.readouterr().out == "✓ achieved_tflops: correct on 2 random cases (1/1 points)\n"
+    assert capsys.readouterr().out == "✓ achieved_tflops: correct on 2 cases (1/1 points)\n"
 
     def blank(flops, ms):
         raise NotImplementedError("Exercise: write your code here")
@@ -217,7 +217,7 @@ def roofline_intensity(flops, bytes_moved, peak_tflops, hbm_gb_per_s):
 def test_roofline_passes_the_right_answer_and_an_intensity_form(capsys):
     result = checks.check_roofline_time_ms(roofline_right)
     assert result.passed and result.points == result.max_points == 2
-    assert capsys.readouterr().out == "✓ roofline_time_ms: correct on 2 random cases (2/2 points)\n"
+    assert capsys.readouterr().out == "✓ roofline_time_ms: correct on 2 cases (2/2 points)\n"
 
     def by_intensity(flops, bytes_moved, peak_tflops, hbm_gb_per_s):
         intensity, ridge = flops / bytes_moved, peak_tflops * 1e12 / (hbm_gb_per_s * 1e9)

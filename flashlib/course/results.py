@@ -1,23 +1,19 @@
-"""Structured exercise results: what a check writes and the grader reads.
+"""The verdict on one exercise, as data: what a check returns and the grader reports.
 
-A check records one :class:`ExerciseResult` per call. Results are kept in memory
-(for the notebook) and, when the grader runs a notebook, appended as JSON lines
-to the file named by the environment variable ``FLASHLIB_RESULTS_FILE``. The grader
-sets that variable for the kernel it starts, so nothing is written into the
-learner's notebook or next to it.
+A check cell in a notebook prints its verdict and keeps it in :data:`RECORDED`
+(for the learner's own session). Nothing here is written to a file or read by the
+grader: the grader computes every verdict itself (:mod:`flashlib.course.grader`),
+so nothing a notebook records can change a score.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
-
-RESULTS_ENV = "FLASHLIB_RESULTS_FILE"
 
 
 @dataclasses.dataclass(frozen=True)
 class ExerciseResult:
-    """The verdict on one exercise: id like '01.naive_attention', points, feedback."""
+    """The verdict on one exercise: id like '01_naive_attention.naive_attention', points, feedback."""
 
     exercise: str
     passed: bool
@@ -28,34 +24,6 @@ class ExerciseResult:
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
-    @classmethod
-    def from_json(cls, line: str) -> "ExerciseResult":
-        return cls(**json.loads(line))
 
-
-#: Results recorded in this process, in order (the last one per exercise counts).
+#: Verdicts printed in this process, in order (for the learner's session; never graded).
 RECORDED: list[ExerciseResult] = []
-
-
-def record(result: ExerciseResult) -> ExerciseResult:
-    """Keep ``result`` in memory and append it to the grader's file if one is set."""
-    RECORDED.append(result)
-    path = os.environ.get(RESULTS_ENV)
-    if path:
-        with open(path, "a", encoding="utf-8") as handle:
-            handle.write(result.to_json() + "\n")
-    return result
-
-
-def read_results(path: str) -> dict[str, ExerciseResult]:
-    """The last result per exercise id from a results file (missing file → empty)."""
-    results: dict[str, ExerciseResult] = {}
-    if not os.path.exists(path):
-        return results
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            line = line.strip()
-            if line:
-                result = ExerciseResult.from_json(line)
-                results[result.exercise] = result
-    return results

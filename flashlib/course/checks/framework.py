@@ -1,11 +1,17 @@
-"""The machinery shared by every exercise check: run, compare, diagnose, report.
+"""The machinery shared by every exercise check: cases, running the learner's code, judging, hints.
 
-A check is data (:class:`Check`): how to make fresh random cases with their float64
+A check is data (:class:`Check`): how to make an exercise's cases with their float64
 answers (:class:`Case`), how to call the learner's code on a case, and which
-plausible wrong answers to recognise (:class:`Mistake`). :func:`run_check` runs the
-learner's code on every case under a time limit, stops at the first case that
-fails, prints one verdict, records an :class:`~flashlib.course.results.ExerciseResult`
-and returns it. It never raises for the learner's mistakes: a check is feedback.
+plausible wrong answers to recognise (:class:`Mistake`). Cases are deterministic:
+fixed adversarial ones first, then random ones from a generator seeded by the
+exercise id, so the notebook and the grader see the same inputs.
+
+Running and judging are two steps, so that they can happen in two processes:
+:func:`run_learner` calls the learner's code on every case (in the notebook, or in
+the grader's sandbox) and returns plain :class:`Reply` data; :func:`judge`
+compares those replies with the reference, where the learner's code cannot reach.
+:func:`run_check`, what a notebook's check cell calls, does both in one process and
+prints the verdict. It never raises for the learner's mistakes: a check is feedback.
 
 A verdict says *what* is wrong (which case, expected versus got) and, when the
 output matches a known wrong answer better than the right one, *why* ("likely
@@ -18,7 +24,6 @@ import contextlib
 import dataclasses
 import math
 import os
-import secrets
 import signal
 import sysconfig
 import threading
@@ -28,11 +33,15 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .. import results
+from .. import registry, results
 from ...validation import relative_error
 
-#: Notebook stem -> [(exercise name, max points, one-line title)], in notebook order.
+#: Notebook stem -> [(exercise name, max points, one-line title)], in notebook order,
+#: as :mod:`flashlib.course.registry` says (the registry is the one source of points).
 EXERCISES: dict[str, list[tuple[str, float, str]]] = {}
+for _exercise in registry.EXERCISES:
+    EXERCISES.setdefault(_exercise.notebook, []).append((_exercise.name, _exercise.points, _exercise.title))
+del _exercise
 
 #: Seconds a learner's code may run on one case before it is stopped.
 DEFAULT_TIME_LIMIT = 5.0
@@ -46,16 +55,17 @@ NOT_ATTEMPTED = ("not attempted yet: replace `raise NotImplementedError` with yo
 
 
 def register(notebook: str, name: str, max_points: float, title: str) -> str:
-    """Add an exercise to :data:`EXERCISES` (once) and return its id 'notebook.name'."""
-    entries = EXERCISES.setdefault(notebook, [])
-    entry = (name, max_points, title)
-    for i, (known, _, _) in enumerate(entries):
-        if known == name:
-            entries[i] = entry
-            break
-    else:
-        entries.append(entry)
-    return f"{notebook}.{name}"
+    """The id 'notebook.name' of an exercise of the registry, checked against it.
+
+    Points and titles live in :mod:`flashlib.course.registry`; a check module that
+    states other ones is out of date, and fails at import rather than scoring wrongly.
+    """
+    key = f"{notebook}.{name}"
+    known = registry.exercise(key)
+    if float(known.points) != float(max_points) or known.title != title:
+        raise ValueError(f"exercise {key!r}: the check says {max_points!r} points and title "
+                         f"{title!r}, the registry {known.points!r} and {known.title!r}")
+    return key
 
 
 def exercise_info(exercise: str) -> tuple[str, float, str]:
@@ -158,8 +168,8 @@ def _copy_arg(arg):
 
 
 def call_with_copies(learner, case: Case):
-    """The default call: ``learner(*args)`` on copies, so that in-place edits harm nothing."""
-    return learner(*(_copy_arg(a) for a in case.args))
+    """The default call: ``learner(*args)``; the args are already copies (see :func:`run_learner`)."""
+    return learner(*case.args)
 
 
 def accept_callable(learner) -> str | None:
@@ -260,9 +270,13 @@ def _distance_any(out, target) -> float:
     return distance(out, target) if isinstance(out, torch.Tensor) else math.inf
 
 
-def _diagnose(check: Check, case: Case, out, error_from_right: float) -> Mistake | None:
-    """The known mistake closest to ``out``, if it is close and closer than the right answer."""
-    best, best_distance = None, math.inf
+def _diagnose(check: Check, case: Case, out, error_from_right: float) -> list[Mistake]:
+    """The known mistakes that fit ``out``: close to it, and closer than the right answer.
+
+    The closest comes first; a second one is named too when it fits about as well
+    (within 2x the closest distance), since the output cannot tell them apart.
+    """
+    fits: dict[str, tuple[float, Mistake]] = {}
     for mistake in check.mistakes:
         try:
             produced = mistake.compute(*(_copy_arg(a) for a in case.args))
@@ -273,19 +287,22 @@ def _diagnose(check: Check, case: Case, out, error_from_right: float) -> Mistake
             if variant is None:
                 continue
             d = _distance_any(out, variant)
-            if d < best_distance:
-                best, best_distance = mistake, d
+            if d < fits.get(mistake.name, (math.inf, None))[0]:
+                fits[mistake.name] = (d, mistake)
     close_enough = max(10 * case.tolerance, DIAGNOSE_RTOL)
-    if best is not None and best_distance <= close_enough and best_distance < error_from_right:
-        return best
-    return None
+    ranked = sorted((d, i, m) for i, (d, m) in enumerate(fits.values())
+                    if d <= close_enough and d < error_from_right)
+    if not ranked:
+        return []
+    best = ranked[0][0]
+    return [m for d, _, m in ranked[:2] if d <= 2 * best + 1e-12]
 
 
 @dataclasses.dataclass
 class _Failure:
     headline: str
     details: list[str]
-    mistake: Mistake | None = None
+    mistakes: list[Mistake] = dataclasses.field(default_factory=list)
 
 
 def _nth(value, i):
@@ -333,7 +350,7 @@ def _judge(check: Check, case: Case, out) -> _Failure | None:
         failure = _judge_form(case, i, name, got, want)
         if failure is not None:
             if failure.headline.endswith("wrong shape"):
-                failure.mistake = _diagnose(check, case, out, math.inf)
+                failure.mistakes = _diagnose(check, case, out, math.inf)
             return failure
     errors = [error_from(got, want) for _, got, want in outputs]
     for (name, got, want), error in zip(outputs, errors):
@@ -348,10 +365,10 @@ def _judge(check: Check, case: Case, out) -> _Failure | None:
                       f" (relative error {_fmt(error)}, allowed {case.tolerance:g})")]
         if check.explain is not None:
             details += check.explain(case, out)
-        mistake = _diagnose(check, case, out, max(errors))
-        if mistake is None and nonfinite and check.nonfinite_hint:
+        mistakes = _diagnose(check, case, out, max(errors))
+        if not mistakes and nonfinite and check.nonfinite_hint:
             details.append(check.nonfinite_hint)
-        return _Failure(headline, details, mistake)
+        return _Failure(headline, details, mistakes)
     if check.inspect is not None:
         problem = check.inspect(case, out)
         if problem:
@@ -431,58 +448,171 @@ class CheckResult(results.ExerciseResult):
     __hash__ = results.ExerciseResult.__hash__
 
 
-def fresh_generator(seed: int | None = None) -> torch.Generator:
-    """A CPU generator: seeded when asked (tests), otherwise fresh every call."""
-    return torch.Generator().manual_seed(secrets.randbits(62) if seed is None else seed)
+def case_generator(exercise: str, seed: int | None = None) -> torch.Generator:
+    """The CPU generator of an exercise's cases, seeded from its id (or ``seed``, in tests).
+
+    The same id gives the same cases in the learner's notebook and in the grader, so
+    both give the same verdict for the same code.
+    """
+    return torch.Generator().manual_seed(registry.seed_of(exercise) if seed is None else seed)
 
 
-def _evaluate(check: Check, learner, seed: int | None, limit: float) -> tuple[bool, str, list[str]]:
-    """(passed, headline, detail lines) for the learner's object."""
+def make_cases(check: Check, seed: int | None = None) -> list[Case]:
+    """The check's cases: its fixed adversarial ones and its seeded random ones."""
+    return list(check.make_cases(case_generator(check.exercise, seed)))
+
+
+# ------------------------------------------------------------ the learner's side
+
+@dataclasses.dataclass
+class Reply:
+    """What the learner's code did on one case; plain data, so it can cross a process boundary.
+
+    ``status`` is "ok" (``out`` holds what it returned), "raised", "timeout",
+    "not attempted" or "refused" (``headline`` and ``details`` say why). ``args`` are
+    the case's inputs after the call (for the in-place mutation check) and
+    ``context`` what the check's call noted (buffers, memory). A reply is only ever
+    believed in the direction of failing: the verdict comes from comparing ``out``
+    with the judge's own reference.
+    """
+
+    status: str
+    out: Any = None
+    args: tuple = ()
+    context: dict = dataclasses.field(default_factory=dict)
+    headline: str = ""
+    details: list = dataclasses.field(default_factory=list)
+
+
+def _fresh_copy(case: Case) -> Case:
+    """The case with copies of its tensors (args and context): the learner may touch them freely."""
+    def copy(x):
+        if isinstance(x, torch.Tensor):
+            return x.clone()
+        if isinstance(x, (tuple, list)):
+            return type(x)(copy(item) for item in x)
+        if isinstance(x, dict):
+            return {key: copy(value) for key, value in x.items()}
+        return x
+    return dataclasses.replace(case, args=copy(case.args), context=copy(case.context))
+
+
+def run_learner(check: Check, learner, cases: Sequence[Case], limit: float | None = None) -> list[Reply]:
+    """Run the learner's object on every case, in order, under a time limit per case.
+
+    This is the part that runs where the learner's code lives (the notebook's
+    process, or the grader's sandbox). It stops at the first case that raises or
+    times out. It never judges values: :func:`judge` does, with the reference.
+    """
+    limit = check.time_limit if limit is None else limit
     refusal = check.accept(learner)
     if refusal:
-        return False, refusal, []
-    cases = list(check.make_cases(fresh_generator(seed)))
-    for number, case in enumerate(cases, start=1):
-        where = f"case {number} of {len(cases)}: {case.description}"
+        return [Reply("refused", headline=refusal)]
+    replies = []
+    for case in cases:
+        work = _fresh_copy(case)
         try:
             with time_limit(limit):
-                out = check.call(learner, case)
+                out = check.call(learner, work)
         except CheckTimeout:
-            return False, (f"took longer than {limit:g} s "
-                           "(an infinite loop? a too-large grid?)"), [where]
+            replies.append(Reply("timeout", headline=(f"took longer than {limit:g} s "
+                                                      "(an infinite loop? a too-large grid?)")))
+            break
         except Exception as raised:  # the learner's code failed: explain, never raise
             exc = _unwrap(raised)
             if isinstance(exc, NotImplementedError):
-                return False, NOT_ATTEMPTED, []
-            return False, f"your code raised {type(exc).__name__}", [where] + _describe_exception(exc)
-        failure = _judge(check, case, out)
+                replies.append(Reply("not attempted", headline=NOT_ATTEMPTED))
+            else:
+                replies.append(Reply("raised", headline=f"your code raised {type(exc).__name__}",
+                                     details=_describe_exception(exc)))
+            break
+        replies.append(Reply("ok", out=out, args=work.args, context=work.context))
+    return replies
+
+
+# ----------------------------------------------------------------- the judge's side
+
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    a, b = a.detach().cpu(), b.detach().cpu()
+    if a.is_floating_point():
+        return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
+    return torch.equal(a, b)
+
+
+def changed_inputs(before: tuple, after) -> list[int]:
+    """Positions of the tensor arguments that the learner's code changed in place."""
+    if not isinstance(after, (tuple, list)) or len(after) != len(before):
+        return []
+    return [i for i, (a, b) in enumerate(zip(before, after))
+            if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and not _same_tensor(a, b)]
+
+
+def judge(check: Check, cases: Sequence[Case], replies: Sequence[Reply]) -> tuple[bool, str, list[str]]:
+    """(passed, headline, detail lines): the learner's replies against the reference of every case."""
+    if replies and replies[0].status == "refused":
+        return False, replies[0].headline, list(replies[0].details)
+    for number, case in enumerate(cases, start=1):
+        where = f"case {number} of {len(cases)}: {case.description}"
+        if number > len(replies):
+            return False, ("no answer for this case: the run stopped before it "
+                           "(time limit, crash or exit)"), [where]
+        reply = replies[number - 1]
+        if reply.status == "not attempted":
+            return False, NOT_ATTEMPTED, []
+        if reply.status != "ok":
+            return False, reply.headline or f"the run ended with status {reply.status!r}", \
+                [where] + [str(line) for line in reply.details]
+        # The judge's own context wins: a reply may only add what the call noted.
+        judged = dataclasses.replace(case, context={**dict(reply.context or {}), **case.context})
+        failure = _judge(check, judged, reply.out)
         if failure is not None:
             details = [where] + failure.details
             headline = failure.headline
-            if failure.mistake is not None:
-                details.append(f"likely mistake: {failure.mistake.message}")
-                if failure.mistake.stub:
+            mistakes = failure.mistakes
+            if mistakes:
+                details.append("likely mistake: " + "\n  or: ".join(m.message for m in mistakes))
+                if all(m.stub for m in mistakes):
                     headline = "not attempted yet? " + headline
             return False, headline, details
+        changed = changed_inputs(case.args, reply.args)
+        if changed:
+            which = ", ".join(f"argument {i + 1}" for i in changed)
+            return False, f"right values, but your code changed its input in place ({which})", [
+                where, "a function must not modify the tensors it is given: the caller still needs "
+                "them. Use out-of-place operations (x = x - m, not x -= m) or work on a copy"]
     plural = "s" if len(cases) != 1 else ""
-    return True, f"correct on {len(cases)} random case{plural}", []
+    return True, f"correct on {len(cases)} case{plural}", []
 
 
 def run_check(check: Check, learner, *, seed: int | None = None,
               time_limit_s: float | None = None) -> results.ExerciseResult:
-    """Run ``check`` on the learner's function or kernel; print, record and return the verdict.
+    """Run ``check`` on the learner's function or kernel; print and return the verdict.
 
-    ``seed`` fixes the random cases (tests); ``time_limit_s`` overrides the check's
-    time limit per case. Never raises for mistakes in the learner's code.
+    The cases are the exercise's own (seeded from its id, so the grader sees the
+    same ones); ``seed`` picks other random ones (tests); ``time_limit_s`` overrides
+    the check's time limit per case. Never raises for mistakes in the learner's code.
+    The grader does not read this verdict: it computes its own (see
+    :mod:`flashlib.course.grader`).
     """
     name, max_points, _ = exercise_info(check.exercise)
-    limit = check.time_limit if time_limit_s is None else time_limit_s
-    passed, headline, details = _evaluate(check, learner, seed, limit)
+    cases = make_cases(check, seed)
+    passed, headline, details = judge(check, cases, run_learner(check, learner, cases, time_limit_s))
+    return verdict(check.exercise, passed, headline, details, echo=True)
+
+
+def verdict(exercise: str, passed: bool, headline: str, details: Sequence[str],
+            echo: bool = False) -> results.ExerciseResult:
+    """The ExerciseResult of a judged exercise: full points or none, with the feedback text."""
+    name, max_points, _ = exercise_info(exercise)
     points = float(max_points) if passed else 0.0
     mark = "✓" if passed else "✗"
     text = f"{mark} {name}: {headline} ({points:g}/{float(max_points):g} points)"
-    text = "\n  ".join([text] + details)
-    result = CheckResult(exercise=check.exercise, passed=passed, points=points,
+    text = "\n  ".join([text] + [str(line) for line in details])
+    result = CheckResult(exercise=exercise, passed=passed, points=points,
                          max_points=float(max_points), feedback=text)
-    print(text)
-    return results.record(result)
+    if echo:
+        print(text)
+        results.RECORDED.append(result)
+    return result

@@ -1,0 +1,148 @@
+"""The course's exercises and their points, as data: read by the checks, the grader and the generator.
+
+This module imports nothing but the standard library (no torch), so that the
+grader can know what a notebook should contain, and what each exercise is worth,
+before anything heavy or anything a learner wrote is loaded.
+
+Each :class:`Exercise` also says what the learner's answer is (``answer``: the
+name the notebook defines around the answer region, ``kind``: a Python function,
+a ``@triton.jit`` kernel or a class) and what the answer may not use
+(``forbidden``): the names of finished implementations that would do the
+exercise for the learner. ``uses_flashlib`` names the flashlib objects that the
+exercise is *about* using (notebook 08 swaps flashlib into a model); every other
+name a given cell binds to flashlib is refused inside an answer. The rules are
+applied by :mod:`flashlib.course.policy`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+FUNCTION, KERNEL, CLASS = "function", "kernel", "class"
+
+#: Names no answer may use: ways out of the answer region (imports are refused separately).
+ALWAYS_FORBIDDEN = (
+    "eval", "exec", "compile", "open", "getattr", "setattr", "delattr", "globals", "locals",
+    "vars", "breakpoint", "input", "help", "super", "type", "object", "dir", "memoryview",
+    "classmethod", "staticmethod", "property", "os", "sys", "subprocess", "importlib", "builtins",
+    "inspect", "ctypes", "signal", "shutil", "pathlib", "pickle", "socket", "threading",
+    "multiprocessing", "flashlib", "solutions", "exercises", "checks", "np", "numpy",
+    "scaled_dot_product_attention", "flash_attn_func", "sdpa",
+)
+
+#: Attention written by hand: refused where the exercise is to *call* flashlib's attention.
+HAND_ATTENTION = ("matmul", "bmm", "einsum", "softmax", "log_softmax", "exp", "mm", "baddbmm",
+                  "naive_attention", "multi_head_attention_forward", "MultiheadAttention")
+
+
+@dataclasses.dataclass(frozen=True)
+class Exercise:
+    """One exercise: its notebook, name, points and the rules for the learner's answer."""
+
+    notebook: str
+    name: str
+    points: float
+    title: str
+    answer: str
+    kind: str = FUNCTION
+    forbidden: tuple[str, ...] = ()
+    uses_flashlib: tuple[str, ...] = ()
+    required_calls: tuple[str, ...] = ()
+    no_matmul_operator: bool = False
+
+    @property
+    def key(self) -> str:
+        """The exercise id used everywhere: 'notebook.name'."""
+        return f"{self.notebook}.{self.name}"
+
+
+_ATTENTION_BY_HAND = ("softmax", "log_softmax", "logsumexp")
+
+EXERCISES: tuple[Exercise, ...] = (
+    Exercise("01_naive_attention", "naive_attention", 2,
+             "Naive attention: softmax(Q K^T / sqrt(d)) V for (B, H, N, D) tensors", "naive_attention",
+             forbidden=("multi_head_attention_forward", "MultiheadAttention")),
+    Exercise("01_naive_attention", "stable_softmax", 2,
+             "Stable softmax over the last dim: subtract the row max before exp", "stable_softmax",
+             forbidden=_ATTENTION_BY_HAND),
+    Exercise("02_triton_tiled_matmul", "matmul_kernel", 3,
+             "The k-loop of a tiled matmul kernel: masked loads, tl.dot into acc, advance",
+             "matmul_kernel", kind=KERNEL, forbidden=("torch", "triton_matmul")),
+    Exercise("03_online_softmax", "online_update", 2,
+             "The (m, l, acc) update for one key block: running max, rescale, -inf safe",
+             "online_update", forbidden=_ATTENTION_BY_HAND),
+    Exercise("03_online_softmax", "merge_partials", 2,
+             "Merge two partial softmaxes (m, l, o) over disjoint keys, exactly", "merge_partials",
+             forbidden=_ATTENTION_BY_HAND),
+    Exercise("04_flash_forward", "inner_loop", 4,
+             "The inner loop of the FlashAttention forward kernel, then O = acc / l and L = m + log l",
+             "flash_forward_kernel", kind=KERNEL, forbidden=("torch",)),
+    Exercise("05_flash_backward", "ds", 2,
+             "dS = P * (dP - D) from P, dP and D = rowsum(dO * O)", "ds"),
+    Exercise("05_flash_backward", "dkdv_loop", 4,
+             "The loop of the dK/dV kernel: recompute P from L, dV += P^T dO, dK += scale * dS^T Q", "flash_dkdv_kernel",
+             kind=KERNEL, forbidden=("torch", "grad", "backward")),
+    Exercise("06_masking", "causal_block_range", 2,
+             "The key blocks a causal query block visits: bottom-right aligned, nothing skipped that is needed, nothing visited that is not", "causal_block_range"),
+    Exercise("06_masking", "padding_mask", 2,
+             "The padding mask of a batch with seq_lens: keys and queries past each sample's length", "padding_mask",
+             forbidden=("padding_mask_reference",)),
+    Exercise("07_performance", "attention_flops", 2,
+             "FLOPs of attention: 4·B·H·N²·D forward, halved when causal, bwd 2.5x, train 3.5x", "attention_flops"),
+    Exercise("07_performance", "achieved_tflops", 1,
+             "TFLOP/s achieved: FLOPs over milliseconds, in units of 10^12 per second", "achieved_tflops"),
+    Exercise("07_performance", "roofline_time_ms", 2,
+             "The roofline: the least time set by the slower of arithmetic and memory traffic", "roofline_time_ms"),
+    Exercise("08_in_practice", "attend", 2,
+             "Swap flashlib into the block: causal attention on (B, N, H, D) tensors, no copy",
+             "attend", forbidden=HAND_ATTENTION, uses_flashlib=("flash_attention",),
+             required_calls=("flash_attention",), no_matmul_operator=True),
+    Exercise("08_in_practice", "gqa_attention", 2,
+             "The attention module's forward with GQA: H query heads, H_kv shared k/v heads",
+             "GQAttention", kind=CLASS, forbidden=HAND_ATTENTION + ("forward_reference",),
+             uses_flashlib=("flash_attention",), required_calls=("flash_attention",),
+             no_matmul_operator=True),
+)
+
+BY_KEY: dict[str, Exercise] = {exercise.key: exercise for exercise in EXERCISES}
+
+
+def notebooks() -> list[str]:
+    """The notebook keys that hold exercises, in course order."""
+    return list(dict.fromkeys(exercise.notebook for exercise in EXERCISES))
+
+
+def exercises_of(notebook: str) -> list[Exercise]:
+    """The exercises of one notebook, in notebook order (empty for an unknown key)."""
+    return [exercise for exercise in EXERCISES if exercise.notebook == notebook]
+
+
+def exercise(key: str) -> Exercise:
+    """The exercise with id 'notebook.name'; KeyError naming the known ids otherwise."""
+    try:
+        return BY_KEY[key]
+    except KeyError:
+        raise KeyError(f"exercise {key!r} is not in the registry; known: {sorted(BY_KEY)}") from None
+
+
+def max_points(notebook: str) -> float:
+    """What a notebook is worth: the sum of its exercises' points."""
+    return float(sum(exercise.points for exercise in exercises_of(notebook)))
+
+
+def clamp_points(points, maximum: float) -> float:
+    """``points`` as a float in [0, maximum]; NaN, inf and non-numbers count 0."""
+    try:
+        value = float(points)
+    except (TypeError, ValueError):
+        return 0.0
+    if not math.isfinite(value):
+        return 0.0
+    return min(max(value, 0.0), float(maximum))
+
+
+def seed_of(key: str) -> int:
+    """The seed of an exercise's random cases: the same in the notebook and in the grader."""
+    import hashlib
+
+    return int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:7], "big")
