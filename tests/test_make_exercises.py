@@ -65,7 +65,9 @@ def test_solution_regions_are_replaced_and_the_rest_kept_exactly():
         "\n"
         "def softmax(x):\n"
         "    \"\"\"Rows of x to probabilities.\"\"\"\n"
+        f"    {mk.ANSWER_BEGIN}\n"
         f"    {PLACEHOLDER}\n"
+        f"    {mk.ANSWER_END}\n"
         "\n"
         "print('defined')"
     )
@@ -73,12 +75,16 @@ def test_solution_regions_are_replaced_and_the_rest_kept_exactly():
         "@triton.jit\n"
         "def kernel(x_ptr, BLOCK: tl.constexpr):\n"
         "    for k in range(0, 4):\n"
+        f"        {mk.ANSWER_BEGIN}\n"
         "        pass\n"
+        f"        {mk.ANSWER_END}\n"
         "    x = 1\n"
+        f"    {mk.ANSWER_BEGIN}\n"
         "    y = tl.zeros((BLOCK,), dtype=tl.float32)\n"
+        f"    {mk.ANSWER_END}\n"
         "    return"
     )
-    assert exercise.cells[3].source == f"{PLACEHOLDER}\nprint(answer)"
+    assert exercise.cells[3].source == f"{mk.ANSWER_BEGIN}\n{PLACEHOLDER}\n{mk.ANSWER_END}\nprint(answer)"
 
 
 def test_markdown_and_raw_cells_are_untouched():

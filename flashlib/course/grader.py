@@ -1,49 +1,51 @@
-"""Grade exercise notebooks: run each in a fresh kernel and read what its checks record.
+"""Grade learners' exercise notebooks: the grader computes every verdict; the learner's code only answers.
 
-The learner's file is only read. Its in-memory copy runs in a new kernel (working
-folder: the notebook's own folder, so relative paths work) whose environment sets
-``FLASHLIB_RESULTS_FILE`` to a temporary file; every check appends its
-:class:`~flashlib.course.results.ExerciseResult` there. The exercises a notebook
-should contain come from ``flashlib.course.checks.EXERCISES``, so an exercise whose
-check never ran is reported as NOT RUN with 0 points rather than left out.
+For each notebook:
 
-Limits keep one bad exercise from costing the others: a cell running longer than
-the per-cell timeout is interrupted and the run goes on; a cell that ignores the
-interrupt, or a notebook past its wall-clock limit, gets its kernel killed and the
-exercises not yet checked are NOT RUN. Cell outputs are dropped as they arrive
-(only errors are kept), so a cell that floods its output costs no memory here.
+1. **What the learner wrote.** The notebook is read (never written, never run). Its
+   key (``01_naive_attention``, ...) comes from the file name, else from its
+   metadata; the answer regions are taken out of it and put into the course's own
+   exercise notebook (:mod:`flashlib.course.answers`). Edited given code, edited
+   check cells and extra cells are not run; they are listed as warnings.
+2. **Whose work it is.** Each answer is read statically (:mod:`flashlib.course.policy`):
+   imports, Python internals, flashlib's finished code, SDPA and the like are
+   refused with the reason, and a refused answer is not run at all.
+3. **What it does.** The rebuilt notebook runs in a sandbox
+   (:mod:`flashlib.course.sandbox`) in a temporary folder, as
+   :mod:`flashlib.course.worker`, which calls each answer on the cases the grader
+   wrote there and writes back what it returned.
+4. **The verdict.** The grader compares those replies with its own float64
+   reference (:func:`flashlib.course.checks.framework.judge`). Nothing the
+   learner's process writes can turn a failure into a pass.
 
-    python -m flashlib.grade NOTEBOOK_OR_FOLDER [--json FILE] [--timeout SECONDS]
+Scores come from :mod:`flashlib.course.registry`: points are clamped to each
+exercise's maximum, totals cannot be NaN, a notebook of no known exercise and a
+second submission of the same notebook are reported and not scored.
+
+    python -m flashlib.grade NOTEBOOK_OR_FOLDER [--json FILE] [--timeout SECONDS] [--sandbox MODE]
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
-import logging
 import os
-import signal
-import subprocess
+import shutil
 import sys
 import tempfile
-import threading
 from pathlib import Path
-from time import monotonic
 
 import nbformat
-from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
-from nbclient import NotebookClient
-from nbclient.exceptions import DeadKernelError
 
-from flashlib.course.results import RESULTS_ENV, read_results
+from . import answers, policy, registry, sandbox
 
-DEFAULT_TIMEOUT = 120.0  # seconds per cell
-DEFAULT_NOTEBOOK_TIMEOUT = 900.0  # seconds per notebook
-KILL_GRACE = 10.0  # seconds a timed-out cell gets to answer the interrupt before its kernel is killed
-MESSAGE_CHARS = 200  # error and feedback messages are cut to this length in the report
-TABLE_FEEDBACK_CHARS = 60
+DEFAULT_TIMEOUT = 300.0  # wall-clock seconds per notebook, in the sandbox
+CELL_TIME_LIMIT = 120.0  # seconds per given cell
+MESSAGE_CHARS = 300  # feedback is cut to this length in the report
+TABLE_FEEDBACK_CHARS = 70
 
-PASS, FAIL, NOT_RUN = "PASS", "FAIL", "NOT RUN"
+PASS, FAIL, NOT_RUN, REFUSED = "PASS", "FAIL", "NOT RUN", "REFUSED"
+GRADED, DUPLICATE, UNKNOWN, UNREADABLE = "graded", "duplicate", "unknown notebook", "unreadable"
 
 
 @dataclasses.dataclass
@@ -57,36 +59,35 @@ class ExerciseScore:
 
 
 @dataclasses.dataclass
-class CellProblem:
-    """A cell that raised, timed out or stopped the run; ``cell`` is its index (None: the whole run)."""
-
-    cell: int | None
-    kind: str  # "error", "timeout", "kernel died", "time limit", "unreadable", "grader"
-    message: str
-
-
-@dataclasses.dataclass
 class NotebookReport:
+    """One notebook's scores; ``status`` says whether it counts (``graded``) or why not."""
+
     path: str
+    notebook: str | None
+    status: str
     exercises: list[ExerciseScore]
-    errors: list[CellProblem]
+    warnings: list[str]
+    sandbox: str = ""
+
+    @property
+    def counted(self) -> bool:
+        return self.status == GRADED
 
     @property
     def total(self) -> float:
-        return sum(score.points for score in self.exercises)
+        if not self.counted:
+            return 0.0
+        return sum(registry.clamp_points(s.points, s.max_points) for s in self.exercises)
 
     @property
     def max_total(self) -> float:
-        return sum(score.max_points for score in self.exercises)
+        return registry.max_points(self.notebook) if self.counted else 0.0
 
     def to_dict(self) -> dict:
-        return {
-            "path": self.path,
-            "exercises": [dataclasses.asdict(score) for score in self.exercises],
-            "total": self.total,
-            "max_total": self.max_total,
-            "errors": [dataclasses.asdict(problem) for problem in self.errors],
-        }
+        return {"path": self.path, "notebook": self.notebook, "status": self.status,
+                "exercises": [dataclasses.asdict(score) for score in self.exercises],
+                "total": self.total, "max_total": self.max_total, "warnings": self.warnings,
+                "sandbox": self.sandbox}
 
 
 def _short(text: str, limit: int = MESSAGE_CHARS) -> str:
@@ -94,200 +95,202 @@ def _short(text: str, limit: int = MESSAGE_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-# --- which exercises a notebook should have -----------------------------------------
+# ------------------------------------------------------------------ which notebook
 
-def load_registry() -> dict:
-    """``checks.EXERCISES``: notebook stem → [(exercise name, max points, title), ...]."""
-    from flashlib.course import checks
+def notebook_key(nb: nbformat.NotebookNode | None, path: Path) -> tuple[str | None, str | None]:
+    """(key, warning): the registry key from the file name, else from the metadata.
 
-    return checks.EXERCISES
-
-
-def notebook_key(nb: nbformat.NotebookNode | None, path: Path, registry: dict) -> str | None:
-    """The registry key for a notebook: its ``metadata.flashlib.notebook``, else its file name.
-
-    A renamed copy ("alice_01_naive_attention.ipynb") still matches through the
-    longest key its file name contains.
+    The file name is what the instructor sees, so it wins: a renamed copy
+    ("alice_01_naive_attention.ipynb") matches through the longest key it contains.
+    Metadata that names another notebook is reported.
     """
+    keys = registry.notebooks()
+    contained = [key for key in keys if key in path.stem]
+    declared = None
     if nb is not None:
-        declared = nb.metadata.get("flashlib", {}).get("notebook")
-        if declared in registry:
-            return declared
-    if path.stem in registry:
-        return path.stem
-    contained = [key for key in registry if key in path.stem]
-    return max(contained, key=len) if contained else None
+        meta = nb.metadata.get("flashlib", {})
+        declared = meta.get("notebook") if isinstance(meta, dict) else None
+    if contained:
+        key = max(contained, key=len)
+        warning = (f"the notebook's metadata says {declared!r}; graded as {key!r}, as its file name says"
+                   if declared is not None and declared != key else None)
+        return key, warning
+    if isinstance(declared, str) and declared in keys:
+        return declared, None
+    return None, None
 
 
-def score_exercises(key: str | None, registry: dict, recorded: dict) -> list[ExerciseScore]:
-    """One score per expected exercise (or per recorded result when none are expected)."""
-    if key is None:
-        expected = [(exercise, result.max_points) for exercise, result in recorded.items()]
-    else:
-        expected = [(f"{key}.{name}", max_points) for name, max_points, _title in registry[key]]
+def _scores_for(notebook: str, status: str, feedback: str) -> list[ExerciseScore]:
+    return [ExerciseScore(e.key, 0.0, float(e.points), False, status, feedback)
+            for e in registry.exercises_of(notebook)]
+
+
+# ------------------------------------------------------------------ grading one notebook
+
+def default_exercises_dir() -> Path:
+    """The course's generated exercise notebooks (``exercises/`` beside the package)."""
+    return Path(__file__).resolve().parents[2] / "exercises"
+
+
+def _worker_env(workdir: str) -> dict[str, str]:
+    package_root = str(Path(__file__).resolve().parents[2])
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": workdir, "TMPDIR": os.path.join(workdir, "tmp"), "LANG": "C.UTF-8",
+        "PYTHONPATH": package_root, "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1",
+        "CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "1", "MPLBACKEND": "Agg",
+        "TRITON_CACHE_DIR": os.path.join(workdir, "tmp", "triton"), "OMP_NUM_THREADS": "1",
+        "MPLCONFIGDIR": os.path.join(workdir, "tmp", "mpl"),
+    }
+
+
+def _judge_all(notebook: str, submission: answers.Submission, refused: dict[str, str],
+               cases: dict, workdir: str, outcome: sandbox.Outcome, cell_errors: dict) -> list[ExerciseScore]:
+    from . import wire
+    from .checks import CHECKS
+    from .checks.framework import judge, verdict
+
     scores = []
-    for exercise, max_points in expected:
-        result = recorded.get(exercise)
-        if result is None:
-            scores.append(ExerciseScore(exercise, 0.0, float(max_points), False, NOT_RUN,
-                                        "no result: its check cell did not run to the end"))
+    for exercise in registry.exercises_of(notebook):
+        key = exercise.key
+        if key in submission.problems:
+            scores.append(ExerciseScore(key, 0.0, float(exercise.points), False, FAIL,
+                                        _short(submission.problems[key])))
             continue
-        points = min(max(float(result.points), 0.0), float(max_points))
-        scores.append(ExerciseScore(exercise, points, float(max_points), bool(result.passed),
-                                    PASS if result.passed else FAIL, _short(result.feedback)))
+        if key in refused:
+            scores.append(ExerciseScore(key, 0.0, float(exercise.points), False, REFUSED,
+                                        _short(refused[key])))
+            continue
+        path = os.path.join(workdir, "replies", f"{key}.pt")
+        try:
+            replies = [wire.reply_from_wire(item) for item in wire.load(path)]
+        except FileNotFoundError:
+            why = ("the run was stopped at the notebook time limit" if outcome.timed_out
+                   else "the run ended before this exercise (it crashed or exited)")
+            cells = [cell for cell in submission.answer_cells(key) if str(cell.index) in cell_errors]
+            if cells:
+                why += f"; its cell raised {cell_errors[str(cells[0].index)]}"
+            scores.append(ExerciseScore(key, 0.0, float(exercise.points), False, NOT_RUN, _short(why)))
+            continue
+        except Exception as error:  # noqa: BLE001 - a damaged reply fails the exercise, nothing more
+            scores.append(ExerciseScore(key, 0.0, float(exercise.points), False, FAIL,
+                                        _short(f"unreadable reply from the learner's process: {error}")))
+            continue
+        if not isinstance(replies, list):
+            replies = []
+        passed, headline, details = judge(CHECKS[key], cases[key], replies)
+        result = verdict(key, passed, headline, details)
+        scores.append(ExerciseScore(key, registry.clamp_points(result.points, exercise.points),
+                                    float(exercise.points), passed, PASS if passed else FAIL,
+                                    _short(result.feedback)))
     return scores
 
 
-# --- running a notebook --------------------------------------------------------------
+def grade_notebook(path: str | Path, timeout: float = DEFAULT_TIMEOUT, mode: str | None = None,
+                   exercises_dir: str | Path | None = None, hide: list[str | Path] = (),
+                   enforce_policy: bool = True) -> NotebookReport:
+    """Grade one notebook; the file at ``path`` is read, never written, and never run.
 
-class _GradingClient(NotebookClient):
-    """A NotebookClient that keeps only error outputs: the grader needs nothing else."""
-
-    def output(self, outs, msg, display_id, cell_index):
-        if msg["msg_type"] != "error":
-            return None
-        return super().output(outs, msg, display_id, cell_index)
-
-
-class _Watchdog:
-    """Kills the kernel when a cell outlives its time limit plus KILL_GRACE (interrupt ignored)."""
-
-    def __init__(self, km):
-        self.km = km
-        self.deadline: float | None = None
-        self.killed = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-
-    def _watch(self):
-        while not self._stop.wait(0.25):
-            if self.deadline is not None and monotonic() > self.deadline:
-                self._kill()
-                return
-
-    def _kill(self):
-        provisioner = getattr(self.km, "provisioner", None)
-        pgid = getattr(provisioner, "pgid", None)
-        pid = getattr(provisioner, "pid", None)
-        try:
-            if pgid and hasattr(os, "killpg"):
-                os.killpg(pgid, signal.SIGKILL)
-            elif pid:
-                os.kill(pid, signal.SIGKILL)
-            else:
-                return
-        except ProcessLookupError:
-            return
-        self.killed = True
-
-
-# nbclient logs timeouts and interrupts as errors; the report says it better.
-_quiet_log = logging.getLogger("flashlib.grade.nbclient")
-_quiet_log.addHandler(logging.NullHandler())
-_quiet_log.propagate = False
-
-
-def _error_message(cell: nbformat.NotebookNode) -> str | None:
-    for output in cell.get("outputs", []):
-        if output.get("output_type") == "error":
-            return _short(f"{output.get('ename')}: {output.get('evalue')}")
-    return None
-
-
-def run_notebook(nb: nbformat.NotebookNode, cwd: str, results_file: str, timeout: float,
-                 notebook_timeout: float, kernel_name: str) -> list[CellProblem]:
-    """Execute ``nb`` (in memory) in a fresh kernel; return the cells that went wrong."""
-    problems: list[CellProblem] = []
-    limit = {"seconds": timeout}
-    client = _GradingClient(
-        nb,
-        timeout_func=lambda cell: limit["seconds"],
-        allow_errors=True,
-        interrupt_on_timeout=True,
-        kernel_name=kernel_name,
-        shutdown_kernel="immediate",
-        record_timing=False,
-        log=_quiet_log,
-    )
-    env = {**os.environ, RESULTS_ENV: results_file}
-    # The kernel's own stdout/stderr (not the cells' output, which comes as messages)
-    # would only add start-up warnings to the score table.
-    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    with client.setup_kernel(env=env, cwd=cwd, **quiet), _Watchdog(client.km) as watchdog:
-        wall_deadline = monotonic() + notebook_timeout  # from a ready kernel on
-        for index, cell in enumerate(nb.cells):
-            if cell.cell_type != "code" or not cell.source.strip():
-                continue
-            remaining = wall_deadline - monotonic()
-            if remaining <= 0:
-                problems.append(CellProblem(index, "time limit",
-                                            f"notebook time limit ({notebook_timeout:g} s) reached; "
-                                            "this cell and the ones after it did not run"))
-                break
-            limit["seconds"] = min(timeout, remaining)
-            started = monotonic()
-            watchdog.deadline = started + limit["seconds"] + KILL_GRACE
-            try:
-                client.execute_cell(cell, index)
-            except DeadKernelError:
-                why = ("killed: it did not stop when interrupted after "
-                       f"{limit['seconds']:g} s" if watchdog.killed
-                       else "the kernel died (it crashed, exited or ran out of memory)")
-                problems.append(CellProblem(index, "kernel died",
-                                            f"{why}; the cells after it did not run"))
-                break
-            finally:
-                watchdog.deadline = None
-            error = _error_message(cell)
-            if error is None:
-                continue
-            if monotonic() - started >= limit["seconds"] and error.startswith("KeyboardInterrupt"):
-                reason = ("the notebook time limit" if limit["seconds"] < timeout
-                          else f"the {timeout:g} s limit per cell")
-                problems.append(CellProblem(index, "timeout",
-                                            f"interrupted: ran past {reason}"))
-            else:
-                problems.append(CellProblem(index, "error", error))
-    return problems
-
-
-def grade_notebook(path: str | Path, timeout: float = DEFAULT_TIMEOUT,
-                   notebook_timeout: float = DEFAULT_NOTEBOOK_TIMEOUT,
-                   kernel_name: str = "python3", registry: dict | None = None) -> NotebookReport:
-    """Run one notebook and score it; the file at ``path`` is read, never written."""
+    ``enforce_policy=False`` runs even refused answers (tests of the sandbox only).
+    """
     path = Path(path)
-    registry = load_registry() if registry is None else registry
     try:
         nb = nbformat.read(path, as_version=4)
-    except Exception as error:  # a learner's broken file is reported, not fatal
-        key = notebook_key(None, path, registry)
-        return NotebookReport(str(path), score_exercises(key, registry, {}),
-                              [CellProblem(None, "unreadable", _short(f"{type(error).__name__}: {error}"))])
-    with tempfile.TemporaryDirectory(prefix="flashlib-grade-") as scratch:
-        results_file = os.path.join(scratch, "results.jsonl")
+    except Exception as error:  # noqa: BLE001 - a learner's broken file is reported, not fatal
+        key, _ = notebook_key(None, path)
+        return NotebookReport(str(path), key, UNREADABLE if key else UNKNOWN,
+                              _scores_for(key, NOT_RUN, "unreadable notebook") if key else [],
+                              [_short(f"unreadable notebook: {type(error).__name__}: {error}")])
+    key, warning = notebook_key(nb, path)
+    if key is None:
+        return NotebookReport(str(path), None, UNKNOWN, [],
+                              ["no exercise notebook of the course matches this file's name or metadata"])
+    warnings = [warning] if warning else []
+    exercises_dir = Path(exercises_dir) if exercises_dir else default_exercises_dir()
+    canonical = nbformat.read(exercises_dir / f"{key}.ipynb", as_version=4)
+    submission = answers.take_answers(nb, canonical, key)
+    warnings += submission.warnings
+
+    given = policy.flashlib_names([cell.source for cell in submission.cells if cell.kind != answers.ANSWER])
+    refused: dict[str, str] = {}
+    run_cells = []
+    for cell in submission.cells:
+        if cell.kind == answers.CHECK:
+            continue
+        if cell.kind == answers.ANSWER:
+            exercise = registry.exercise(cell.exercise)
+            regions = [r for r in cell.regions if not answers.is_unattempted(
+                "\n".join(cell.source.split("\n")[r[0] - 1:r[1]]))]
+            problems = policy.check_answer(exercise, cell.source, regions, given) if regions else []
+            if problems and enforce_policy:
+                refused[cell.exercise] = ("answer refused: " + "; ".join(str(p) for p in problems[:3])
+                                          + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""))
+                # A refused answer never runs: its regions go back to the placeholder.
+                blank = answers.take_answers(canonical, canonical, key)
+                cell = next(c for c in blank.cells if c.index == cell.index)
+        run_cells.append({"index": cell.index, "kind": cell.kind, "source": cell.source})
+
+    from . import wire
+    from .checks import CHECKS
+    from .checks.framework import make_cases
+
+    to_run = [e for e in registry.exercises_of(key) if e.key not in refused and e.key not in submission.problems]
+    cases = {e.key: make_cases(CHECKS[e.key]) for e in registry.exercises_of(key)}
+    workdir = tempfile.mkdtemp(prefix="flashlib-grade-")
+    try:
+        os.chmod(workdir, 0o700)
+        os.makedirs(os.path.join(workdir, "cases"))
+        os.makedirs(os.path.join(workdir, "tmp"))
+        for exercise in to_run:
+            wire.save_cases(os.path.join(workdir, "cases", f"{exercise.key}.pt"), cases[exercise.key])
+        job = {"notebook": key, "cells": run_cells, "cell_time_limit": CELL_TIME_LIMIT,
+               "exercises": [e.key for e in to_run], "answers": {e.key: e.answer for e in to_run}}
+        Path(workdir, "job.json").write_text(json.dumps(job), encoding="utf-8")
+        outcome = sandbox.run([sys.executable, "-m", "flashlib.course.worker", workdir], workdir,
+                              _worker_env(workdir), sandbox.Limits(wall_seconds=timeout), mode=mode,
+                              hide=[path.parent.resolve(), *hide])
         try:
-            problems = run_notebook(nb, str(path.parent.resolve()), results_file,
-                                    timeout, notebook_timeout, kernel_name)
-        except Exception as error:  # e.g. the kernel would not start: grade the rest anyway
-            problems = [CellProblem(None, "grader", _short(f"{type(error).__name__}: {error}"))]
-        try:
-            recorded = read_results(results_file)
-        except (ValueError, TypeError) as error:  # the notebook wrote into the results file
-            problems.append(CellProblem(None, "grader", _short(f"unreadable results file: {error}")))
-            recorded = {}
-    key = notebook_key(nb, path, registry)
-    return NotebookReport(str(path), score_exercises(key, registry, recorded), problems)
+            cell_errors = wire.load(os.path.join(workdir, "cells.pt")).get("errors", {})
+            cell_errors = {str(k): _short(v) for k, v in dict(cell_errors).items()}
+        except Exception:  # noqa: BLE001 - missing or damaged: the run ended early
+            cell_errors = {}
+        scores = _judge_all(key, submission, refused, cases, workdir, outcome, cell_errors)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    for index, message in sorted(cell_errors.items(), key=lambda item: int(item[0])):
+        warnings.append(f"cell {index} raised {message}")
+    if outcome.timed_out:
+        warnings.append(f"the notebook ran past its {timeout:g} s limit and was stopped")
+    if outcome.leftovers_killed:
+        warnings.append(f"{outcome.leftovers_killed} process(es) left behind by the notebook were killed")
+    return NotebookReport(str(path), key, GRADED, scores, [_short(w) for w in warnings], outcome.mode)
 
 
-# --- reporting -------------------------------------------------------------------------
+def find_notebooks(target: Path) -> list[Path]:
+    """A notebook, or every *.ipynb in a folder (one learner's submission), sorted."""
+    if target.is_dir():
+        return sorted(p for p in target.glob("*.ipynb") if p.is_file())
+    return [target]
+
+
+def grade(paths: list[Path], **options) -> list[NotebookReport]:
+    """Grade notebooks of one learner; a second notebook with the same key is reported, not scored."""
+    reports = [grade_notebook(path, **options) for path in paths]
+    by_key: dict[str, list[NotebookReport]] = {}
+    for report in reports:
+        if report.notebook is not None and report.status == GRADED:
+            by_key.setdefault(report.notebook, []).append(report)
+    for key, same in by_key.items():
+        if len(same) > 1:
+            names = ", ".join(Path(r.path).name for r in same)
+            for report in same:
+                report.status = DUPLICATE
+                report.warnings.insert(0, f"{len(same)} submissions of {key} ({names}): none is scored; "
+                                          "keep one and grade again")
+    return reports
+
+
+# ------------------------------------------------------------------ reporting
 
 def _points(value: float) -> str:
     return f"{value:g}"
@@ -300,14 +303,13 @@ def format_report(report: NotebookReport) -> str:
     header = ("exercise", "points", "status", "feedback")
     widths = [max([len(header[i])] + [len(row[i]) for row in rows]) for i in range(3)]
     line = "  {:<%d}  {:>%d}  {:<%d}  {}" % tuple(widths)
-    out = [report.path, line.format(*header)]
+    title = report.path + ("" if report.counted else f"  [{report.status.upper()}: not scored]")
+    out = [title, line.format(*header)]
     out += [line.format(*row) for row in rows]
     if not rows:
-        out.append("  (no exercises expected or recorded)")
+        out.append("  (no exercises)")
     out.append(line.format("total", f"{_points(report.total)}/{_points(report.max_total)}", "", ""))
-    for problem in report.errors:
-        where = "notebook" if problem.cell is None else f"cell {problem.cell}"
-        out.append(f"  ! {where} ({problem.kind}): {problem.message}")
+    out += [f"  ! {warning}" for warning in report.warnings]
     return "\n".join(out)
 
 
@@ -322,49 +324,47 @@ def to_json(reports: list[NotebookReport]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m flashlib.grade",
-        description="Grade flashlib exercise notebooks. The notebooks are run, never changed.",
+        description="Grade flashlib exercise notebooks. The notebooks are read, never changed or run: "
+                    "the grader runs each learner's answers in a sandbox and judges them itself.",
     )
-    parser.add_argument("target", help="a notebook, or a folder: every *.ipynb in it is graded")
+    parser.add_argument("target", help="a notebook, or a folder holding one learner's notebooks")
     parser.add_argument("--json", metavar="FILE", help="also write the scores as JSON to FILE")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
-                        help=f"time limit per cell (default {DEFAULT_TIMEOUT:g})")
-    parser.add_argument("--notebook-timeout", type=float, default=DEFAULT_NOTEBOOK_TIMEOUT,
-                        metavar="SECONDS", help=f"time limit per notebook (default {DEFAULT_NOTEBOOK_TIMEOUT:g})")
-    parser.add_argument("--kernel-name", default="python3",
-                        help="Jupyter kernel to run the notebooks in (default python3: this Python)")
+                        help=f"time limit per notebook (default {DEFAULT_TIMEOUT:g})")
+    parser.add_argument("--sandbox", choices=sandbox.MODES, default=None,
+                        help="how to isolate learners' code (default: the strongest that works here)")
+    parser.add_argument("--exercises", metavar="DIR", default=None,
+                        help=f"the course's exercise notebooks (default {default_exercises_dir()})")
     args = parser.parse_args(argv)
 
     target = Path(args.target)
-    if target.is_dir():
-        notebooks = sorted(target.glob("*.ipynb"))
-        if not notebooks:
-            parser.error(f"NOTEBOOK_OR_FOLDER: no *.ipynb files in folder {args.target!r}")
-    elif target.is_file() and target.suffix == ".ipynb":
-        notebooks = [target]
-    elif target.exists():
-        parser.error(f"NOTEBOOK_OR_FOLDER: expected an .ipynb file or a folder, got {args.target!r}")
-    else:
+    if not target.exists():
         parser.error(f"NOTEBOOK_OR_FOLDER: {args.target!r} does not exist")
-    if args.timeout <= 0 or args.notebook_timeout <= 0:
-        parser.error(f"--timeout and --notebook-timeout must be positive, got "
-                     f"{args.timeout:g} and {args.notebook_timeout:g}")
+    if target.is_file() and target.suffix != ".ipynb":
+        parser.error(f"NOTEBOOK_OR_FOLDER: expected an .ipynb file or a folder, got {args.target!r}")
+    notebooks = find_notebooks(target)
+    if not notebooks:
+        parser.error(f"NOTEBOOK_OR_FOLDER: no *.ipynb files in folder {args.target!r}")
+    if args.timeout <= 0:
+        parser.error(f"--timeout: expected a positive number of seconds, got {args.timeout:g}")
+    exercises_dir = Path(args.exercises) if args.exercises else default_exercises_dir()
+    if not exercises_dir.is_dir():
+        parser.error(f"--exercises: {str(exercises_dir)!r} is not a folder of exercise notebooks")
     try:
-        KernelSpecManager().get_kernel_spec(args.kernel_name)
-    except NoSuchKernel:
-        parser.error(f"--kernel-name: no Jupyter kernel named {args.kernel_name!r} is installed")
-
-    registry = load_registry()
-    reports = []
-    for notebook in notebooks:
-        report = grade_notebook(notebook, args.timeout, args.notebook_timeout, args.kernel_name, registry)
+        mode = sandbox.pick_mode(args.sandbox)
+    except ValueError as error:
+        parser.error(f"--sandbox: {error}")
+    print(f"sandbox: {mode}: {sandbox.GUARANTEES[mode]}", flush=True)
+    json_path = Path(args.json).resolve() if args.json else None
+    hide = [json_path.parent] if json_path else []
+    reports = grade(notebooks, timeout=args.timeout, mode=mode, exercises_dir=exercises_dir, hide=hide)
+    for report in reports:
         print(format_report(report), flush=True)
         print(flush=True)
-        reports.append(report)
     summary = to_json(reports)
     print(f"grand total: {_points(summary['total'])}/{_points(summary['max_total'])} "
-          f"({len(reports)} notebook(s))")
-    if args.json:
-        json_path = Path(args.json)
+          f"({sum(r.counted for r in reports)} of {len(reports)} notebook(s) scored)")
+    if json_path:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return 0

@@ -2,13 +2,17 @@
 
 ``solutions/`` is the only source: every code cell's learner part sits between a
 ``### BEGIN SOLUTION`` line and a ``### END SOLUTION`` line. The generated copy in
-``exercises/`` has each such region (markers included) replaced by one line at the
-BEGIN line's indentation::
+``exercises/`` has each such region's answer replaced by one line, between two
+markers at the BEGIN line's indentation that show the learner what is graded::
 
+    ### BEGIN YOUR ANSWER (graded: only the lines between these two markers count)
     raise NotImplementedError("Exercise: write your code here")
+    ### END YOUR ANSWER
 
-or, when the BEGIN line reads ``### BEGIN SOLUTION stub: <code>``, by ``<code>``
-(a ``raise`` would not compile inside a ``@triton.jit`` kernel). Everything else is
+or, when the BEGIN line reads ``### BEGIN SOLUTION stub: <code>``, ``<code>`` in
+place of the ``raise`` (a ``raise`` would not compile inside a ``@triton.jit``
+kernel). The grader takes exactly those regions from a learner's notebook
+(:mod:`flashlib.course.answers`). Everything else is
 kept as it is, except what comes from running the notebook: outputs, execution
 counts, nbclient's timing metadata and saved widget state. The output is
 byte-for-byte deterministic, so a test can tell when ``exercises/`` drifts::
@@ -31,6 +35,8 @@ from nbformat.validator import MissingIDFieldWarning
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
 PLACEHOLDER = 'raise NotImplementedError("Exercise: write your code here")'
+ANSWER_BEGIN = "### BEGIN YOUR ANSWER (graded: only the lines between these two markers count)"
+ANSWER_END = "### END YOUR ANSWER"
 _STUB = re.compile(r"### BEGIN SOLUTION stub: (?P<code>\S.*)$")
 
 
@@ -65,7 +71,9 @@ def replace_solutions(source: str, where: str = "cell") -> str:
                 )
             begin_line = number
             indent = line[: len(line) - len(line.lstrip())]
+            out.append(indent + ANSWER_BEGIN)
             out.append(indent + _replacement(marker, f"{where}, line {number}"))
+            out.append(indent + ANSWER_END)
         elif marker.startswith(END):
             if begin_line is None:
                 raise MarkerError(f"{where}, line {number}: '{END}' without a '{BEGIN}' before it")

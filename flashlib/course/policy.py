@@ -1,0 +1,159 @@
+"""What an answer may use: the rules that keep an answer the learner's own work.
+
+The grader runs only the learner's answer regions, inside the course's own cells
+(:mod:`flashlib.course.answers`), and every region sits inside a function body, a
+kernel or a method. Read statically (with :mod:`ast`, before anything runs), a
+region is refused when it
+
+* imports anything, or declares ``global``/``nonlocal`` (an answer uses what the
+  notebook imported, and defines nothing outside its function);
+* touches a name or attribute that starts with ``_`` (Python's internals:
+  ``__import__``, ``__globals__``, ``__class__``, ``_judge``, ...);
+* names a way out of the answer (``eval``, ``open``, ``os``, ``getattr``, ``super``,
+  ...: :data:`~flashlib.course.registry.ALWAYS_FORBIDDEN`), or what the exercise
+  forbids (its finished implementation, SDPA, ``softmax`` where the exercise is to
+  write one: ``Exercise.forbidden``, as names or attributes);
+* uses a name that a given cell bound to flashlib (``from flashlib.x import y``),
+  unless the exercise is about using it (``Exercise.uses_flashlib``);
+* assigns to an attribute of anything but ``self`` (no monkey-patching);
+* lacks a call the exercise asks for (``flash_attention`` in notebook 08) or uses
+  the ``@`` operator where attention must not be written by hand.
+
+These rules are about whose work an answer is. Keeping hostile code from harming
+the machine is the sandbox's job (:mod:`flashlib.course.sandbox`), which holds
+whatever these rules miss.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+
+from . import registry
+
+
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    """Why an answer is not accepted: the line and what is wrong there."""
+
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.message}"
+
+
+def flashlib_names(given_sources: list[str]) -> set[str]:
+    """Names the given cells bind to flashlib (imports of flashlib or its modules)."""
+    names = set()
+    for source in given_sources:
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "flashlib":
+                names.update(alias.asname or alias.name for alias in node.names)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] == "flashlib":
+                        names.add(alias.asname or alias.name.split(".")[0])
+    return names
+
+
+def _enclosing_function(tree: ast.AST, first: int, last: int) -> ast.AST | None:
+    """The innermost function whose body holds lines first..last."""
+    best = None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            body_start = node.body[0].lineno
+            if body_start <= first and last <= node.end_lineno:
+                if best is None or node.lineno > best.lineno:
+                    best = node
+    return best
+
+
+def _in_region(node: ast.AST, regions) -> bool:
+    line = getattr(node, "lineno", None)
+    return line is not None and any(first <= line <= last for first, last in regions)
+
+
+def check_answer(exercise: registry.Exercise, source: str, regions: list[tuple[int, int]],
+                 given_flashlib: set[str]) -> list[Refusal]:
+    """The refusals for the answer regions (1-based line ranges) of one rebuilt cell; [] if accepted."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as error:
+        return [Refusal(error.lineno or 0, f"the cell does not parse: {error.msg}")]
+    refusals: list[Refusal] = []
+    for first, last in regions:
+        if last < first:
+            continue
+        if _enclosing_function(tree, first, last) is None:
+            refusals.append(Refusal(first, "the answer must stay inside its function's body"))
+    forbidden = (set(registry.ALWAYS_FORBIDDEN) | set(exercise.forbidden)) - set(exercise.uses_flashlib)
+    forbidden_flashlib = set(given_flashlib) - set(exercise.uses_flashlib)
+    called = set()
+    for node in ast.walk(tree):
+        if not _in_region(node, regions):
+            continue
+        line = node.lineno
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            refusals.append(Refusal(line, "imports are not allowed in an answer: use what the notebook "
+                                          "imported"))
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            refusals.append(Refusal(line, f"`{type(node).__name__.lower()}` is not allowed in an answer: "
+                                          "keep your code inside the function"))
+        elif isinstance(node, ast.Name):
+            if node.id.startswith("_") and node.id != "_":
+                refusals.append(Refusal(line, f"`{node.id}`: names starting with _ are not allowed in an answer"))
+            elif node.id in forbidden_flashlib:
+                refusals.append(Refusal(line, f"`{node.id}` is flashlib's finished code: the exercise is to "
+                                              "write it yourself"))
+            elif node.id in forbidden:
+                refusals.append(Refusal(line, f"`{node.id}` is not allowed in this answer"
+                                              + _why(node.id, exercise)))
+        elif isinstance(node, ast.Attribute):
+            if node.attr.startswith("_"):
+                refusals.append(Refusal(line, f"`.{node.attr}`: attributes starting with _ are not allowed "
+                                              "in an answer"))
+            elif node.attr in forbidden and node.attr not in exercise.uses_flashlib:
+                refusals.append(Refusal(line, f"`.{node.attr}` is not allowed in this answer"
+                                              + _why(node.attr, exercise)))
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+            for target in targets:
+                for sub in ast.walk(target):
+                    if isinstance(sub, ast.Attribute) and not (isinstance(sub.value, ast.Name)
+                                                               and sub.value.id == "self"):
+                        refusals.append(Refusal(line, "assigning to attributes of other objects is not "
+                                                      "allowed in an answer (only self.x = ...)"))
+                        break
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult) and exercise.no_matmul_operator:
+            refusals.append(Refusal(line, "`@`: this exercise is to call flashlib's attention, not to "
+                                          "write attention by hand"))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            called.add(node.func.id)
+    for name in exercise.required_calls:
+        if name not in called and not any(r.message.startswith("the cell does not parse") for r in refusals):
+            line = regions[0][0] if regions else 0
+            refusals.append(Refusal(line, f"the answer must call `{name}`"))
+    return _unique(refusals)
+
+
+def _why(name: str, exercise: registry.Exercise) -> str:
+    if name in exercise.forbidden and exercise.kind == registry.KERNEL:
+        return ": a kernel's answer is Triton code (tl.*) on the kernel's own pointers"
+    if name in registry.HAND_ATTENTION and exercise.required_calls:
+        return ": this exercise is to call flashlib's attention, not to write attention by hand"
+    if name in exercise.forbidden:
+        return ": it would do the exercise for you"
+    return ": it reaches outside the answer"
+
+
+def _unique(refusals: list[Refusal]) -> list[Refusal]:
+    seen, out = set(), []
+    for refusal in sorted(refusals, key=lambda r: r.line):
+        if (refusal.line, refusal.message) not in seen:
+            seen.add((refusal.line, refusal.message))
+            out.append(refusal)
+    return out
