@@ -13,10 +13,6 @@ def pytest_collection_modifyitems(config, items):
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
 
-# Notebooks under tests/fixtures are inputs for the grader's tests (some hang on
-# purpose); nbval must not collect them.
-collect_ignore_glob = ["fixtures/*"]
-
 
 @pytest.fixture
 def nan_empty(monkeypatch):

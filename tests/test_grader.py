@@ -1,276 +1,399 @@
-"""The grader: scores from recorded results, time limits, floods, dead kernels, the CLI.
+"""The grader: verdicts it computes itself, answers that must be the learner's own, the sandbox, points.
 
-The fixture notebooks (tests/fixtures/grader, made by tests/fixtures/make_fixtures.py)
-record ExerciseResults directly, and the tests hand the grader a matching registry,
-so these tests do not depend on the real checks. The tests at the end grade the
-real course (solutions/ and exercises/) through the command line.
+Learner notebooks here are the course's solution notebooks with one answer region
+swapped for the code under test (:func:`learner_notebook`), so every test grades
+a notebook a learner could hand in. The slow part, runs in the sandbox, is
+grouped into a few module-scoped fixtures.
 """
-import contextlib
 import hashlib
-import io
 import json
+import math
+import os
 import subprocess
 import sys
-import tracemalloc
+import textwrap
+import time
 from pathlib import Path
-from time import monotonic
-from types import SimpleNamespace
 
 import nbformat
 import pytest
 
-from flashlib.course import grader
-from flashlib.course.results import ExerciseResult
+from flashlib.course import answers, grader, policy, registry, sandbox
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURES = Path(__file__).parent / "fixtures" / "grader"
-TIMEOUT = 3.0  # per cell; the fixtures with hanging cells do not import torch
-FLOOD_BYTES = 200_000 * 1_000  # what the flood cell of flood.ipynb prints
-
-REGISTRY = {
-    "fx_all_pass": [("one", 2, "First"), ("two", 3, "Second")],
-    "fx_partial": [("good", 1, "Good"), ("bad", 4, "Bad")],
-    "fx_trouble": [(name, 1, name) for name in "abcdefg"],
-    "fx_flood": [("a", 1, "A"), ("b", 1, "B")],
-    "fx_dies": [("a", 1, "A"), ("b", 1, "B")],
-    "fx_stubborn": [("a", 1, "A"), ("b", 1, "B")],
-    "fx_slow": [("a", 1, "A"), ("b", 1, "B")],
-}
+SOLUTIONS = REPO / "solutions"
+EXERCISES = REPO / "exercises"
+FRAMEWORK = REPO / "flashlib" / "course" / "checks" / "framework.py"
 
 
-def fingerprint(path):
-    return hashlib.sha256(path.read_bytes()).hexdigest(), path.stat().st_mtime_ns
+def learner_notebook(key: str, regions: dict[str, str] | None = None, extra_cells=(), edit_checks=False):
+    """The solution notebook of ``key`` with the answer region of some answers replaced.
+
+    ``regions`` maps an answer name (e.g. "naive_attention") to the code that goes
+    into its first region (dedented; it is indented to the region's place).
+    """
+    nb = nbformat.read(SOLUTIONS / f"{key}.ipynb", as_version=4)
+    for name, code in (regions or {}).items():
+        for cell in nb.cells:
+            if cell.cell_type == "code" and answers._defines(cell.source, name):
+                lines = cell.source.split("\n")
+                (begin, end), *_ = answers.marker_pairs(lines)
+                indent = lines[begin][: len(lines[begin]) - len(lines[begin].lstrip())]
+                body = [indent + line if line.strip() else "" for line in textwrap.dedent(code).strip("\n").split("\n")]
+                cell.source = "\n".join(lines[: begin + 1] + body + lines[end:])
+                break
+        else:
+            raise AssertionError(f"no cell of {key} defines {name}")
+    for code in extra_cells:
+        nb.cells.append(nbformat.v4.new_code_cell(code))
+    if edit_checks:
+        for cell in nb.cells:
+            if cell.cell_type == "code" and "checks.check_" in cell.source:
+                cell.source += "\nprint('edited')"
+    return nb
 
 
-def by_exercise(report):
-    return {score.exercise: score for score in report.exercises}
+def write(nb, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+    return path
 
 
-# --- scoring, without a kernel ---------------------------------------------------------
-
-def result(exercise, passed, points, max_points, feedback="fb"):
-    return ExerciseResult(exercise, passed, points, max_points, feedback)
+def scores(report):
+    return {s.exercise.split(".", 1)[1]: s for s in report.exercises}
 
 
-def test_scores_follow_the_registry_and_clamp_points():
-    recorded = {
-        "fx_partial.good": result("fx_partial.good", True, 7, 7),  # claims more than the registry allows
-        "fx_partial.unexpected": result("fx_partial.unexpected", True, 5, 5),
-    }
-    scores = grader.score_exercises("fx_partial", REGISTRY, recorded)
-    assert [(s.exercise, s.points, s.max_points, s.status) for s in scores] == [
-        ("fx_partial.good", 1.0, 1.0, "PASS"),
-        ("fx_partial.bad", 0.0, 4.0, "NOT RUN"),
-    ]
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_without_a_registry_entry_the_recorded_results_are_the_scores():
-    recorded = {"misc.x": result("misc.x", False, 0.5, 2, "half\nright")}
-    [score] = grader.score_exercises(None, REGISTRY, recorded)
-    assert (score.exercise, score.points, score.max_points, score.passed, score.status, score.feedback) == (
-        "misc.x", 0.5, 2.0, False, "FAIL", "half right")
+# ------------------------------------------------------------------ taking the answers
+
+def test_answers_are_taken_from_the_marked_regions_only():
+    nb = learner_notebook("01_naive_attention", {"naive_attention": "return q"})
+    nb.cells[3].source = "import os  # a given line changed\n" + nb.cells[3].source
+    canonical = nbformat.read(EXERCISES / "01_naive_attention.ipynb", as_version=4)
+    submission = answers.take_answers(nb, canonical, "01_naive_attention")
+    [cell] = submission.answer_cells("01_naive_attention.naive_attention")
+    assert "import os" not in cell.source  # the grader runs the original given lines
+    first, last = cell.regions[0]
+    assert cell.source.split("\n")[first - 1:last] == ["    return q"]
+    assert any("lines outside the answer markers were changed" in w for w in submission.warnings)
 
 
-def test_notebook_key_from_metadata_then_file_name():
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["flashlib"] = {"notebook": "fx_slow"}
-    assert grader.notebook_key(nb, Path("fx_dies.ipynb"), REGISTRY) == "fx_slow"
-    assert grader.notebook_key(nbformat.v4.new_notebook(), Path("fx_dies.ipynb"), REGISTRY) == "fx_dies"
-    assert grader.notebook_key(None, Path("alice-fx_partial-v2.ipynb"), REGISTRY) == "fx_partial"
-    assert grader.notebook_key(None, Path("other.ipynb"), REGISTRY) is None
+def test_removed_markers_edited_checks_and_extra_cells_are_reported():
+    nb = learner_notebook("01_naive_attention", extra_cells=["print('mine')"], edit_checks=True)
+    nb.cells[6].source = nb.cells[6].source.replace("### END SOLUTION", "")
+    canonical = nbformat.read(EXERCISES / "01_naive_attention.ipynb", as_version=4)
+    submission = answers.take_answers(nb, canonical, "01_naive_attention")
+    assert "restore the markers" in submission.problems["01_naive_attention.stable_softmax"]
+    assert any("check was edited" in w for w in submission.warnings)
+    assert any("1 code cell(s) that the exercise does not have were not run" in w for w in submission.warnings)
 
 
-def test_only_error_outputs_are_kept():
-    client = grader._GradingClient(nbformat.v4.new_notebook())
-    client.clear_before_next_output = False  # as execute_cell sets it before a cell's messages
-    outs = []
-
-    def message(msg_type, content):
-        return {"msg_type": msg_type, "header": {"msg_type": msg_type}, "content": content,
-                "parent_header": {"msg_id": "m"}, "metadata": {}}
-
-    client.output(outs, message("stream", {"name": "stdout", "text": "x" * 1_000_000}), None, 0)
-    client.output(outs, message("display_data", {"data": {"text/plain": "y"}, "metadata": {}}), None, 0)
-    assert outs == []
-    client.output(outs, message("error", {"ename": "ValueError", "evalue": "bad", "traceback": []}), None, 0)
-    assert [(o.output_type, o.ename) for o in outs] == [("error", "ValueError")]
+def test_every_canonical_region_is_inside_a_function():
+    for key in registry.notebooks():
+        canonical = nbformat.read(EXERCISES / f"{key}.ipynb", as_version=4)
+        solution = nbformat.read(SOLUTIONS / f"{key}.ipynb", as_version=4)
+        submission = answers.take_answers(solution, canonical, key)
+        given = policy.flashlib_names([c.source for c in submission.cells if c.kind != answers.ANSWER])
+        for cell in submission.cells:
+            if cell.kind == answers.ANSWER:
+                assert policy.check_answer(registry.exercise(cell.exercise), cell.source, cell.regions,
+                                           given) == [], cell.exercise
 
 
-def test_an_unreadable_notebook_is_reported_not_fatal(tmp_path):
-    path = tmp_path / "fx_dies.ipynb"
-    path.write_text("{ not json", encoding="utf-8")
-    report = grader.grade_notebook(path, registry=REGISTRY)
-    assert [s.status for s in report.exercises] == ["NOT RUN", "NOT RUN"]
-    assert [e.kind for e in report.errors] == ["unreadable"]
+# ------------------------------------------------------------------ whose work it is
+
+def refusals(key, name, code):
+    nb = learner_notebook(key, {name: code})
+    canonical = nbformat.read(EXERCISES / f"{key}.ipynb", as_version=4)
+    submission = answers.take_answers(nb, canonical, key)
+    given = policy.flashlib_names([c.source for c in submission.cells if c.kind != answers.ANSWER])
+    cell = next(c for c in submission.cells if c.kind == answers.ANSWER
+                and registry.exercise(c.exercise).answer == name)
+    return " | ".join(str(r) for r in policy.check_answer(registry.exercise(cell.exercise), cell.source,
+                                                          cell.regions, given))
 
 
-# --- one kernel run with everything that can go wrong in a cell ----------------------
-
-@pytest.fixture(scope="module")
-def trouble():
-    path = FIXTURES / "trouble.ipynb"
-    before = fingerprint(path)
-    started = monotonic()
-    report = grader.grade_notebook(path, timeout=TIMEOUT, registry=REGISTRY)
-    elapsed = monotonic() - started
-    return SimpleNamespace(report=report, elapsed=elapsed, before=before, after=fingerprint(path))
-
-
-def test_a_raising_cell_costs_only_its_exercise(trouble):
-    scores = by_exercise(trouble.report)
-    assert scores["fx_trouble.a"].status == "PASS" and scores["fx_trouble.a"].points == 1
-    assert scores["fx_trouble.b"].status == "NOT RUN" and scores["fx_trouble.b"].points == 0
-    assert scores["fx_trouble.c"].status == "FAIL" and scores["fx_trouble.c"].feedback == "expected 1.0 got 2.0"
-    [error] = [e for e in trouble.report.errors if e.cell == 2]
-    assert error.kind == "error" and error.message == "ValueError: boom in the check of b"
-
-
-def test_hanging_cells_are_interrupted_and_the_run_goes_on(trouble):
-    scores = by_exercise(trouble.report)
-    for hanging in ("fx_trouble.d", "fx_trouble.f"):  # `while True: pass`, `time.sleep(1000)`
-        assert scores[hanging].status == "NOT RUN" and scores[hanging].points == 0
-    for after in ("fx_trouble.e", "fx_trouble.g"):
-        assert scores[after].status == "PASS"
-    timeouts = {e.cell: e.message for e in trouble.report.errors if e.kind == "timeout"}
-    assert sorted(timeouts) == [4, 6]
-    assert "3 s limit per cell" in timeouts[4]
-    assert trouble.elapsed < 2 * TIMEOUT + 60
-
-
-def test_totals_and_the_learners_file_is_untouched(trouble):
-    assert (trouble.report.total, trouble.report.max_total) == (3, 7)
-    assert trouble.after == trouble.before
-
-
-def test_a_flood_of_output_is_not_kept():
-    tracemalloc.start()
-    try:
-        report = grader.grade_notebook(FIXTURES / "flood.ipynb", timeout=60, registry=REGISTRY)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert [s.status for s in report.exercises] == ["PASS", "PASS"]
-    assert report.errors == []
-    # keeping the outputs would take the whole 200 MB (more, as Python strings)
-    assert peak < FLOOD_BYTES, f"the grader held {peak / 1e6:.0f} MB of a 200 MB flood"
-
-
-def test_a_dead_kernel_leaves_the_rest_not_run():
-    report = grader.grade_notebook(FIXTURES / "dies.ipynb", timeout=TIMEOUT, registry=REGISTRY)
-    assert [s.status for s in report.exercises] == ["PASS", "NOT RUN"]
-    assert [(e.cell, e.kind) for e in report.errors] == [(2, "kernel died")]
-
-
-def test_a_cell_that_ignores_the_interrupt_gets_its_kernel_killed(monkeypatch):
-    monkeypatch.setattr(grader, "KILL_GRACE", 1.0)
-    started = monotonic()
-    report = grader.grade_notebook(FIXTURES / "ignores_interrupt.ipynb", timeout=TIMEOUT, registry=REGISTRY)
-    assert [s.status for s in report.exercises] == ["PASS", "NOT RUN"]
-    [error] = report.errors
-    assert (error.cell, error.kind) == (2, "kernel died") and "did not stop when interrupted" in error.message
-    assert monotonic() - started < TIMEOUT + 60
-
-
-def test_the_notebook_time_limit_stops_the_run():
-    started = monotonic()
-    report = grader.grade_notebook(FIXTURES / "slow.ipynb", timeout=60, notebook_timeout=8, registry=REGISTRY)
-    assert [s.status for s in report.exercises] == ["PASS", "NOT RUN"]
-    assert [(e.cell, e.kind) for e in report.errors] == [(2, "timeout"), (3, "time limit")]
-    assert "notebook time limit" in report.errors[0].message
-    assert monotonic() - started < 8 + 30  # the cell sleeps 30 s
-
-
-# --- the command line ------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def folder_run(tmp_path_factory):
-    folder = FIXTURES / "folder"
-    before = {path.name: fingerprint(path) for path in folder.iterdir()}
-    json_path = tmp_path_factory.mktemp("grade") / "out" / "scores.json"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(grader, "load_registry", lambda: REGISTRY)
-        printed = io.StringIO()
-        with contextlib.redirect_stdout(printed):
-            code = grader.main([str(folder), "--json", str(json_path), "--timeout", "60"])
-    after = {path.name: fingerprint(path) for path in folder.iterdir()}
-    return SimpleNamespace(code=code, printed=printed.getvalue(), data=json.loads(json_path.read_text()),
-                           before=before, after=after)
-
-
-def test_folder_grading_writes_the_json_schema(folder_run):
-    assert folder_run.code == 0
-    data = folder_run.data
-    assert set(data) == {"notebooks", "total", "max_total"}
-    for notebook in data["notebooks"]:
-        assert set(notebook) == {"path", "exercises", "total", "max_total", "errors"}
-        for exercise in notebook["exercises"]:
-            assert set(exercise) == {"exercise", "points", "max_points", "passed", "status", "feedback"}
-    assert [Path(n["path"]).name for n in data["notebooks"]] == ["all_pass.ipynb", "fx_partial.ipynb",
-                                                                 "unregistered.ipynb"]
-    assert (data["total"], data["max_total"]) == (6.5, 12)
-    assert folder_run.after == folder_run.before
-
-
-def test_all_passed_gives_full_marks(folder_run):
-    all_pass = folder_run.data["notebooks"][0]
-    assert (all_pass["total"], all_pass["max_total"]) == (5, 5)
-    assert [(e["exercise"], e["points"], e["passed"], e["status"]) for e in all_pass["exercises"]] == [
-        ("fx_all_pass.one", 2, True, "PASS"), ("fx_all_pass.two", 3, True, "PASS")]
-    assert all_pass["errors"] == []
-
-
-def test_registry_by_file_name_and_unregistered_notebooks(folder_run):
-    partial, unregistered = folder_run.data["notebooks"][1:]
-    assert [(e["exercise"], e["points"], e["max_points"], e["status"]) for e in partial["exercises"]] == [
-        ("fx_partial.good", 1, 1, "PASS"), ("fx_partial.bad", 0, 4, "FAIL")]
-    assert partial["exercises"][1]["feedback"] == "wrong scale: expected 1/sqrt(D), got 1/D"
-    assert [(e["exercise"], e["points"], e["max_points"]) for e in unregistered["exercises"]] == [
-        ("misc.extra", 0.5, 2)]
-
-
-def test_the_score_table_is_printed(folder_run):
-    lines = folder_run.printed.splitlines()
-    assert any(line.split()[:3] == ["fx_partial.bad", "0/4", "FAIL"] for line in lines)
-    assert any(line.split()[:2] == ["total", "5/5"] for line in lines)
-    assert lines[-1] == "grand total: 6.5/12 (3 notebook(s))"
-
-
-@pytest.mark.parametrize("argv, words", [
-    (["missing.ipynb"], "does not exist"),
-    ([str(FIXTURES / "../make_fixtures.py")], "expected an .ipynb file or a folder"),
-    ([str(FIXTURES / "folder"), "--timeout", "0"], "must be positive"),
-    ([str(FIXTURES / "folder"), "--kernel-name", "no-such-kernel"], "no Jupyter kernel named"),
+@pytest.mark.parametrize("key, name, code, words", [
+    ("01_naive_attention", "naive_attention", "from flashlib.reference import naive_attention\n"
+     "return naive_attention(q, k, v)", "imports are not allowed"),
+    ("01_naive_attention", "naive_attention", "return flashlib.reference.naive_attention(q, k, v)",
+     "`flashlib` is not allowed"),
+    ("01_naive_attention", "naive_attention",
+     "return torch.nn.functional.scaled_dot_product_attention(q, k, v)", "scaled_dot_product_attention"),
+    ("01_naive_attention", "naive_attention", "checks.framework._judge = lambda *a: None\nreturn q",
+     "`checks` is flashlib's finished code"),
+    ("01_naive_attention", "naive_attention", "exec(open('solutions/01_naive_attention.ipynb').read())",
+     "`exec` is not allowed"),
+    ("01_naive_attention", "naive_attention", "return __import__('flashlib').reference.naive_attention(q, k, v)",
+     "names starting with _"),
+    ("01_naive_attention", "naive_attention", "torch.softmax = lambda x, dim: x\nreturn q",
+     "assigning to attributes of other objects"),
+    ("01_naive_attention", "stable_softmax", "return torch.softmax(x, dim=-1)", "`.softmax` is not allowed"),
+    ("03_online_softmax", "online_update", "return reference.online_update(m, l, acc, scores, v)",
+     "`reference` is flashlib's finished code"),
+    ("02_triton_tiled_matmul", "matmul_kernel", "c = triton_matmul(a_ptr, b_ptr)", "`triton_matmul` is not allowed"),
+    ("02_triton_tiled_matmul", "matmul_kernel", "launch_matmul(a_ptr, b_ptr, c_ptr)",
+     "`launch_matmul` is flashlib's finished code"),
+    ("04_flash_forward", "flash_forward_kernel", "s = np.dot(q, k)", "`np` is not allowed"),
+    ("04_flash_forward", "flash_forward_kernel", "s = torch.matmul(q, k)", "`torch` is not allowed"),
+    ("08_in_practice", "attend",
+     "o = torch.softmax(q.transpose(1, 2) @ k.transpose(1, 2).transpose(-2, -1), -1) @ v.transpose(1, 2)\n"
+     "return o.transpose(1, 2) + 0 * flash_attention(q, k, v, causal=True, layout='bnhd')", "`@`"),
+    ("08_in_practice", "attend", "return gpt.CausalSelfAttention.attend(q, k, v)",
+     "the answer must call `flash_attention`"),
+    ("08_in_practice", "GQAttention", "return super().forward(x)", "`super` is not allowed"),
+    ("08_in_practice", "GQAttention", "return gpt.CausalSelfAttention.forward(self, x)",
+     "`gpt` is flashlib's finished code"),
 ])
-def test_usage_errors_exit_2(argv, words, capsys):
-    with pytest.raises(SystemExit) as info:
-        grader.main(argv)
-    assert info.value.code == 2
-    assert words in capsys.readouterr().err
+def test_someone_elses_work_is_refused_with_the_reason(key, name, code, words):
+    assert words in refusals(key, name, code)
 
 
-def test_empty_folder_is_a_usage_error(tmp_path, capsys):
-    with pytest.raises(SystemExit) as info:
-        grader.main([str(tmp_path)])
-    assert info.value.code == 2 and "no *.ipynb files" in capsys.readouterr().err
+def test_a_refused_answer_is_not_run_and_scores_zero(tmp_path):
+    marker = tmp_path / "ran"
+    path = write(learner_notebook("01_naive_attention", {
+        "naive_attention": f"open({str(marker)!r}, 'w').write('x')\nreturn flashlib.reference.naive_attention(q, k, v)",
+    }), tmp_path / "sub" / "01_naive_attention.ipynb")
+    report = grader.grade_notebook(path)
+    got = scores(report)
+    assert (got["naive_attention"].status, got["naive_attention"].points) == ("REFUSED", 0)
+    assert "`open` is not allowed" in got["naive_attention"].feedback
+    assert got["stable_softmax"].status == "PASS"  # the other exercise keeps its points
+    assert not marker.exists()
 
 
-def test_module_entry_point_reports_usage_errors():
-    proc = subprocess.run([sys.executable, "-m", "flashlib.grade", "no/such/notebook.ipynb"],
-                          capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert proc.returncode == 2 and "does not exist" in proc.stderr
+# ------------------------------------------------------------------ verdicts are the grader's
+
+def test_recording_results_editing_checks_and_extra_cells_earn_nothing(tmp_path):
+    nb = nbformat.read(EXERCISES / "01_naive_attention.ipynb", as_version=4)
+    forged = ("from flashlib.course import results\n"
+              "for name in ('naive_attention', 'stable_softmax'):\n"
+              "    results.RECORDED.append(results.ExerciseResult('01_naive_attention.' + name, True, 2, 2, 'ok'))\n"
+              "import os\nopen(os.environ.get('FLASHLIB_RESULTS_FILE', 'results.jsonl'), 'a').write('{}')\n"
+              "from flashlib.course.checks import framework\nframework.judge = lambda *a: (True, 'ok', [])\n")
+    nb.cells.append(nbformat.v4.new_code_cell(forged))
+    for cell in nb.cells:
+        if cell.cell_type == "code" and "checks.check_" in cell.source:
+            cell.source = "print('✓ correct (2/2 points)')"
+    report = grader.grade_notebook(write(nb, tmp_path / "01_naive_attention.ipynb"))
+    assert report.total == 0 and report.max_total == 4
+    assert [s.status for s in report.exercises] == ["FAIL", "FAIL"]
+    assert all("not attempted" in s.feedback for s in report.exercises)
+    assert sum("check was edited" in w for w in report.warnings) == 2
 
 
-# --- the real course: grade solutions/ and exercises/ through the command line --------
+WRONG_ANSWERS = [
+    # (notebook, answer, code): plausible wrong answers that once passed on some seeds or always
+    ("01_naive_attention", "stable_softmax",
+     "e = torch.exp(x - x.max())\nreturn e / e.sum(dim=-1, keepdim=True)"),
+    ("03_online_softmax", "online_update",
+     "m_safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)\n"
+     "m_new = torch.maximum(m_safe, scores.amax(dim=-1))\n"
+     "alpha = torch.exp(m - m_new)\np = torch.exp(scores - m_new[:, None])\n"
+     "return m_new, alpha * l + p.sum(-1), alpha[:, None] * acc + p @ v"),
+]
 
-SOLUTIONS = sorted(p.name for p in (REPO / "solutions").glob("*.ipynb"))
 
+@pytest.mark.parametrize("key, name, code", WRONG_ANSWERS)
+def test_the_notebook_and_the_grader_give_the_same_verdict(key, name, code, tmp_path):
+    from flashlib.course import checks
+    from flashlib.course.checks.framework import run_check
+
+    nb = learner_notebook(key, {name: code})
+    report = grader.grade_notebook(write(nb, tmp_path / f"{key}.ipynb"))
+    exercise = next(e for e in registry.exercises_of(key) if e.answer == name)
+    graded = next(s for s in report.exercises if s.exercise == exercise.key)
+    # The same answer, run in this process as the notebook's check cell runs it.
+    canonical = nbformat.read(EXERCISES / f"{key}.ipynb", as_version=4)
+    submission = answers.take_answers(nb, canonical, key)
+    namespace = {}
+    exec(submission.cells[0].source, namespace)  # the notebook's imports
+    exec(submission.answer_cells(exercise.key)[0].source, namespace)
+    mine = run_check(checks.CHECKS[exercise.key], namespace[name])
+    assert not mine.passed and not graded.passed
+    assert graded.feedback == grader._short(mine.feedback)
+
+
+# ------------------------------------------------------------------ points as data
+
+def test_points_are_clamped_and_nan_safe():
+    assert registry.clamp_points(math.nan, 2) == 0.0
+    assert registry.clamp_points(math.inf, 2) == 0.0
+    assert registry.clamp_points(1000, 2) == 2.0
+    assert registry.clamp_points(-1, 2) == 0.0
+    assert registry.clamp_points("2", 2) == 2.0 and registry.clamp_points(None, 2) == 0.0
+    report = grader.NotebookReport("x.ipynb", "01_naive_attention", grader.GRADED, [
+        grader.ExerciseScore("01_naive_attention.naive_attention", math.nan, 2, True, "PASS", ""),
+        grader.ExerciseScore("01_naive_attention.stable_softmax", 1000, 2, True, "PASS", "")], [])
+    assert report.total == 2 and report.max_total == 4
+    assert json.loads(json.dumps(grader.to_json([report])))["total"] == 2
+
+
+def test_the_file_name_beats_the_metadata():
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["flashlib"] = {"notebook": "08_in_practice"}
+    key, warning = grader.notebook_key(nb, Path("alice_01_naive_attention.ipynb"))
+    assert key == "01_naive_attention" and "metadata says '08_in_practice'" in warning
+    assert grader.notebook_key(nb, Path("homework.ipynb")) == ("08_in_practice", None)
+    nb.metadata["flashlib"] = {"notebook": "99_bonus"}
+    assert grader.notebook_key(nb, Path("homework.ipynb")) == (None, None)
+
+
+def test_unknown_notebooks_and_duplicates_are_reported_not_scored(tmp_path):
+    bonus = nbformat.v4.new_notebook()
+    bonus.metadata["flashlib"] = {"notebook": "99_bonus", "max_points": 1000}
+    unknown = grader.grade_notebook(write(bonus, tmp_path / "bonus.ipynb"))
+    assert unknown.status == grader.UNKNOWN and unknown.total == 0 and unknown.max_total == 0
+    first = write(learner_notebook("07_performance"), tmp_path / "dup" / "07_performance.ipynb")
+    second = write(learner_notebook("07_performance"), tmp_path / "dup" / "copy_07_performance.ipynb")
+    reports = grader.grade([first, second])
+    assert [r.status for r in reports] == [grader.DUPLICATE] * 2
+    summary = grader.to_json(reports)
+    assert (summary["total"], summary["max_total"]) == (0, 0)
+    assert "2 submissions of 07_performance" in reports[0].warnings[0]
+
+
+# ------------------------------------------------------------------ the sandbox
+
+HOSTILE = """
+import os, signal, subprocess, shutil
+for attempt in (
+    lambda: subprocess.Popen(["sleep", "4242"], start_new_session=True),
+    lambda: subprocess.Popen(["sh", "-c", "sleep 2; echo hacked > {report}"], start_new_session=True),
+    lambda: os.fork() == 0 and (os.setsid(), os.execvp("sleep", ["sleep", "4243"])),
+    lambda: shutil.rmtree({neighbours!r}),
+    lambda: open({framework!r}, "a").write("\\nEXERCISES.clear()\\n"),
+    lambda: open({report!r}, "w").write("hacked"),
+    lambda: os.kill({grader_pid}, signal.SIGSTOP),
+    lambda: os.kill({grader_pid}, signal.SIGKILL),
+    lambda: os.kill(os.getppid(), signal.SIGSTOP),
+    lambda: print("x" * 100_000_000),
+):
+    try:
+        attempt()
+    except BaseException:
+        pass
+os._exit(0)
+"""
+
+
+def _sleepers():
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if b"sleep 424" in cmdline or b"echo hacked" in cmdline:
+            found.append((entry, cmdline))
+    return found
+
+
+def _modes():
+    modes = []
+    for mode in ("bwrap", "user"):
+        try:
+            sandbox.pick_mode(mode)
+            modes.append(pytest.param(mode))
+        except ValueError as error:
+            modes.append(pytest.param(mode, marks=pytest.mark.skip(reason=str(error))))
+    return modes
+
+
+@pytest.fixture(scope="module", params=_modes())
+def hostile_run(request, tmp_path_factory):
+    mode = request.param
+    root = tmp_path_factory.mktemp(f"hostile-{mode}")
+    neighbours = root / "neighbours"
+    neighbour = write(learner_notebook("07_performance"), neighbours / "07_performance.ipynb")
+    report_path = root / "report.json"
+    report_path.write_text("{}")
+    code = HOSTILE.format(report=str(report_path), neighbours=str(neighbours), framework=str(FRAMEWORK),
+                          grader_pid=os.getpid())
+    learner = write(learner_notebook("01_naive_attention", {"naive_attention": code}),
+                    root / "learner" / "01_naive_attention.ipynb")
+    before = {p: digest(p) for p in (learner, neighbour, FRAMEWORK, report_path)}
+    started = time.monotonic()
+    report = grader.grade_notebook(learner, timeout=120, mode=mode, enforce_policy=False, hide=[root])
+    elapsed = time.monotonic() - started
+    time.sleep(2.5)  # the delayed writer would have written by now
+    later = grader.grade_notebook(neighbour, mode=mode)
+    return dict(report=report, later=later, elapsed=elapsed, before=before, mode=mode)
+
+
+def test_hostile_code_is_refused_by_the_policy(tmp_path):
+    code = HOSTILE.format(report="r", neighbours="n", framework="f", grader_pid=1)
+    assert "imports are not allowed" in refusals("01_naive_attention", "naive_attention", code)
+
+
+def test_hostile_code_ends_in_bounded_time(hostile_run):
+    assert hostile_run["elapsed"] < 120
+    assert hostile_run["report"].sandbox == hostile_run["mode"]
+    assert hostile_run["report"].total == 0  # os._exit: no answers came back
+
+
+def test_hostile_code_leaves_no_process(hostile_run):
+    assert _sleepers() == []
+
+
+def test_hostile_code_changes_nothing_outside_its_copy(hostile_run):
+    for path, before in hostile_run["before"].items():
+        assert path.exists() and digest(path) == before, path  # learner, neighbour, flashlib, report
+
+
+def test_the_next_notebook_keeps_its_points(hostile_run):
+    later = hostile_run["later"]
+    assert later.total == later.max_total == 5, grader.format_report(later)
+
+
+def test_even_the_weakest_sandbox_leaves_no_process(tmp_path):
+    """The session mode (no bubblewrap, not root) cannot stop signals or writes, but kills every leftover."""
+    code = ("import os, subprocess\n"
+            "subprocess.Popen(['sleep', '4242'], start_new_session=True)\n"
+            "if os.fork() == 0:\n    os.setsid()\n    os.execvp('sleep', ['sleep', '4243'])\n"
+            "os._exit(3)")
+    path = write(learner_notebook("01_naive_attention", {"naive_attention": code}), tmp_path / "01_naive_attention.ipynb")
+    report = grader.grade_notebook(path, mode="session", enforce_policy=False)
+    assert report.sandbox == "session" and report.total == 0
+    assert any("process(es) left behind by the notebook were killed" in w for w in report.warnings)
+    assert _sleepers() == []
+
+
+def test_an_endless_loop_costs_only_its_exercise(tmp_path):
+    path = write(learner_notebook("01_naive_attention", {"naive_attention": "while True:\n    pass"}),
+                 tmp_path / "01_naive_attention.ipynb")
+    started = time.monotonic()
+    report = grader.grade_notebook(path)
+    assert time.monotonic() - started < 60
+    got = scores(report)
+    assert got["naive_attention"].status == "FAIL" and "took longer than" in got["naive_attention"].feedback
+    assert got["stable_softmax"].status == "PASS"
+
+
+def test_the_notebook_time_limit_stops_a_given_cell_that_hangs(tmp_path):
+    path = write(learner_notebook("01_naive_attention", {"naive_attention": "while True:\n    pass"}),
+                 tmp_path / "01_naive_attention.ipynb")
+    report = grader.grade_notebook(path, timeout=4)
+    assert report.total == 0
+    assert any("ran past its 4 s limit" in w for w in report.warnings)
+    assert [s.status for s in report.exercises] == ["NOT RUN", "NOT RUN"]
+
+
+# ------------------------------------------------------------------ the whole course, by the CLI
 
 def grade_folder(folder, tmp_path_factory):
     json_path = tmp_path_factory.mktemp("course") / f"{folder}.json"
+    started = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "flashlib.grade", folder, "--json", str(json_path)],
-                          capture_output=True, text=True, cwd=REPO, timeout=1800)
+                          capture_output=True, text=True, cwd=REPO, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return {Path(n["path"]).name: n for n in json.loads(json_path.read_text())["notebooks"]}
+    data = json.loads(json_path.read_text())
+    data["seconds"] = time.monotonic() - started
+    data["stdout"] = proc.stdout
+    return data
 
 
 @pytest.fixture(scope="module")
@@ -283,36 +406,42 @@ def graded_exercises(tmp_path_factory):
     return grade_folder("exercises", tmp_path_factory)
 
 
-def expected_ids(name):
-    from flashlib.course import checks
-
-    key = nbformat.read(REPO / "solutions" / name, as_version=4).metadata["flashlib"]["notebook"]
-    assert key == Path(name).stem, f"{name}: metadata.flashlib.notebook is {key!r}"
-    return [f"{key}.{exercise}" for exercise, _points, _title in checks.EXERCISES[key]]
-
-
-def test_the_course_has_solution_notebooks():
-    assert SOLUTIONS, "solutions/ holds no notebooks: the course tests below have nothing to grade"
+@pytest.mark.slow
+def test_solutions_get_full_marks_within_a_minute(graded_solutions):
+    assert graded_solutions["total"] == graded_solutions["max_total"] == sum(e.points for e in registry.EXERCISES)
+    for report in graded_solutions["notebooks"]:
+        assert report["status"] == "graded"
+        assert [e["exercise"] for e in report["exercises"]] == [
+            e.key for e in registry.exercises_of(report["notebook"])]
+        assert all(e["status"] == "PASS" for e in report["exercises"]), report
+    assert graded_solutions["seconds"] < 60
+    assert "sandbox: " in graded_solutions["stdout"] and "grand total: 34/34" in graded_solutions["stdout"]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", SOLUTIONS)
-def test_solutions_get_full_marks(name, graded_solutions):
-    report = graded_solutions[name]
-    assert [e["exercise"] for e in report["exercises"]] == expected_ids(name)
-    assert report["max_total"] > 0
-    for exercise in report["exercises"]:
-        assert exercise["status"] == "PASS" and exercise["points"] == exercise["max_points"], exercise
-    assert report["errors"] == []
+def test_blank_exercises_get_zero(graded_exercises):
+    assert graded_exercises["total"] == 0 and graded_exercises["max_total"] == 34
+    for report in graded_exercises["notebooks"]:
+        for exercise in report["exercises"]:
+            assert exercise["points"] == 0 and "not attempted" in exercise["feedback"], exercise
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", SOLUTIONS)
-def test_exercises_get_zero_and_every_exercise_is_checked(name, graded_exercises):
-    assert name in graded_exercises, f"exercises/{name} is missing: run python -m flashlib.course.make_exercises"
-    report = graded_exercises[name]
-    assert [e["exercise"] for e in report["exercises"]] == expected_ids(name)
-    assert report["total"] == 0
-    for exercise in report["exercises"]:
-        # the check ran and said why (e.g. "not attempted yet"): the notebook runs end to end
-        assert exercise["status"] == "FAIL" and exercise["points"] == 0, exercise
+@pytest.mark.parametrize("argv, words", [
+    (["no/such/notebook.ipynb"], "does not exist"),
+    ([str(REPO / "README.md")], "expected an .ipynb file or a folder"),
+    (["solutions", "--timeout", "0"], "expected a positive number of seconds"),
+    (["solutions", "--exercises", "no/such/folder"], "is not a folder of exercise notebooks"),
+    (["solutions", "--sandbox", "nope"], "invalid choice"),
+])
+def test_usage_errors_exit_2(argv, words, capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    with pytest.raises(SystemExit) as info:
+        grader.main(argv)
+    assert info.value.code == 2
+    assert words in capsys.readouterr().err
+
+
+def test_empty_folder_is_a_usage_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        grader.main([str(tmp_path)])
+    assert info.value.code == 2 and "no *.ipynb files" in capsys.readouterr().err
