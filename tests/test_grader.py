@@ -152,6 +152,24 @@ def test_someone_elses_work_is_refused_with_the_reason(key, name, code, words):
     assert words in refusals(key, name, code)
 
 
+def test_ordinary_code_is_not_refused():
+    code = ("x = x.type(torch.float64)\nrow_max = x.amax(dim=-1, keepdim=True)\n"
+            "e = torch.exp(x - torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max)))\n"
+            "_ = e.shape\nreturn e / e.sum(dim=-1, keepdim=True)")
+    assert refusals("01_naive_attention", "stable_softmax", code) == ""
+
+
+def test_an_inherited_forward_is_not_an_answer():
+    nb = learner_notebook("08_in_practice")
+    cell = next(c for c in nb.cells if c.cell_type == "code" and answers._defines(c.source, "GQAttention"))
+    cell.source = "class GQAttention(gpt.CausalSelfAttention):\n    pass"
+    canonical = nbformat.read(EXERCISES / "08_in_practice.ipynb", as_version=4)
+    submission = answers.take_answers(nb, canonical, "08_in_practice")
+    assert "restore the markers" in submission.problems["08_in_practice.gqa_attention"]
+    [rebuilt] = submission.answer_cells("08_in_practice.gqa_attention")
+    assert "def forward(self, x):" in rebuilt.source and "NotImplementedError" in rebuilt.source
+
+
 def test_a_refused_answer_is_not_run_and_scores_zero(tmp_path):
     marker = tmp_path / "ran"
     path = write(learner_notebook("01_naive_attention", {

@@ -237,3 +237,16 @@ def test_real_exercise_notebooks_have_no_solutions_and_compile():
             assert "### BEGIN SOLUTION" not in cell.source, f"{path.name} cell {index}"
             assert not cell.outputs, f"{path.name} cell {index} has outputs"
             compile(TransformerManager().transform_cell(cell.source), f"{path.name} cell {index}", "exec")
+
+
+def test_solutions_and_the_registry_must_agree(tmp_path):
+    from flashlib.course import registry
+
+    nb = mk.read_solution(Path(__file__).resolve().parents[1] / "solutions" / "07_performance.ipynb")
+    mk.check_against_registry(make_exercise_notebook(nb), "07_performance")  # agrees
+    for cell in nb.cells:
+        if cell.cell_type == "code" and "def achieved_tflops" in cell.source:
+            cell.source = cell.source.replace("def achieved_tflops", "def tflops_achieved")
+    with pytest.raises(MarkerError, match="07_performance.achieved_tflops"):
+        mk.check_against_registry(make_exercise_notebook(nb), "07_performance")
+    assert "07_performance" in registry.notebooks()

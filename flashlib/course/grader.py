@@ -41,6 +41,7 @@ from . import answers, policy, registry, sandbox
 
 DEFAULT_TIMEOUT = 300.0  # wall-clock seconds per notebook, in the sandbox
 CELL_TIME_LIMIT = 120.0  # seconds per given cell
+MAX_NOTEBOOK_BYTES = 50 * 2**20
 MESSAGE_CHARS = 300  # feedback is cut to this length in the report
 TABLE_FEEDBACK_CHARS = 70
 
@@ -195,6 +196,8 @@ def grade_notebook(path: str | Path, timeout: float = DEFAULT_TIMEOUT, mode: str
     """
     path = Path(path)
     try:
+        if path.stat().st_size > MAX_NOTEBOOK_BYTES:
+            raise ValueError(f"{path.stat().st_size} bytes, more than the {MAX_NOTEBOOK_BYTES} a notebook may have")
         nb = nbformat.read(path, as_version=4)
     except Exception as error:  # noqa: BLE001 - a learner's broken file is reported, not fatal
         key, _ = notebook_key(None, path)
@@ -207,7 +210,11 @@ def grade_notebook(path: str | Path, timeout: float = DEFAULT_TIMEOUT, mode: str
                               ["no exercise notebook of the course matches this file's name or metadata"])
     warnings = [warning] if warning else []
     exercises_dir = Path(exercises_dir) if exercises_dir else default_exercises_dir()
-    canonical = nbformat.read(exercises_dir / f"{key}.ipynb", as_version=4)
+    canonical_path = exercises_dir / f"{key}.ipynb"
+    if not canonical_path.is_file():
+        raise FileNotFoundError(f"the course's exercise notebook {canonical_path} is missing: "
+                                "run python -m flashlib.course.make_exercises")
+    canonical = nbformat.read(canonical_path, as_version=4)
     submission = answers.take_answers(nb, canonical, key)
     warnings += submission.warnings
 

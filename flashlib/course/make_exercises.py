@@ -126,12 +126,35 @@ def read_solution(path: Path) -> nbformat.NotebookNode:
     return nb
 
 
+def check_against_registry(exercise: nbformat.NotebookNode, key: str) -> None:
+    """MarkerError unless the notebook's answer cells are exactly the registry's exercises of ``key``.
+
+    The grader finds answers through the registry (the name each exercise cell
+    defines); a solution whose cells and the registry disagree would grade wrongly.
+    """
+    from . import answers, registry
+
+    if key not in registry.notebooks():
+        return
+    try:
+        found = {cell.exercise for cell in answers.take_answers(exercise, exercise, key).cells
+                 if cell.kind == answers.ANSWER}
+    except ValueError as error:
+        raise MarkerError(str(error)) from None
+    wanted = {e.key for e in registry.exercises_of(key)}
+    if found != wanted:
+        raise MarkerError(f"{key}: the registry lists {sorted(wanted)}, the notebook's answer cells "
+                          f"define {sorted(found)}")
+
+
 def _expected(src: Path) -> dict[str, str]:
     """File name → exercise text for every solution notebook in ``src``."""
     expected = {}
     for path in sorted(src.glob("*.ipynb")):
         solution = read_solution(path)
-        expected[path.name] = render(make_exercise_notebook(solution, str(path)))
+        exercise = make_exercise_notebook(solution, str(path))
+        check_against_registry(exercise, path.stem)
+        expected[path.name] = render(exercise)
     return expected
 
 

@@ -10,9 +10,9 @@ region is refused when it
 * touches a name or attribute that starts with ``_`` (Python's internals:
   ``__import__``, ``__globals__``, ``__class__``, ``_judge``, ...);
 * names a way out of the answer (``eval``, ``open``, ``os``, ``getattr``, ``super``,
-  ...: :data:`~flashlib.course.registry.ALWAYS_FORBIDDEN`), or what the exercise
-  forbids (its finished implementation, SDPA, ``softmax`` where the exercise is to
-  write one: ``Exercise.forbidden``, as names or attributes);
+  ...: :data:`~flashlib.course.registry.ALWAYS_FORBIDDEN`), SDPA as an attribute, or
+  what the exercise forbids (its finished implementation, ``softmax`` where the
+  exercise is to write one: ``Exercise.forbidden``, as names or attributes);
 * uses a name that a given cell bound to flashlib (``from flashlib.x import y``),
   unless the exercise is about using it (``Exercise.uses_flashlib``);
 * assigns to an attribute of anything but ``self`` (no monkey-patching);
@@ -91,6 +91,8 @@ def check_answer(exercise: registry.Exercise, source: str, regions: list[tuple[i
         if _enclosing_function(tree, first, last) is None:
             refusals.append(Refusal(first, "the answer must stay inside its function's body"))
     forbidden = (set(registry.ALWAYS_FORBIDDEN) | set(exercise.forbidden)) - set(exercise.uses_flashlib)
+    forbidden_attributes = ((set(registry.ALWAYS_FORBIDDEN_ATTRIBUTES) | set(exercise.forbidden))
+                            - set(exercise.uses_flashlib))
     forbidden_flashlib = set(given_flashlib) - set(exercise.uses_flashlib)
     called = set()
     for node in ast.walk(tree):
@@ -116,7 +118,7 @@ def check_answer(exercise: registry.Exercise, source: str, regions: list[tuple[i
             if node.attr.startswith("_"):
                 refusals.append(Refusal(line, f"`.{node.attr}`: attributes starting with _ are not allowed "
                                               "in an answer"))
-            elif node.attr in forbidden and node.attr not in exercise.uses_flashlib:
+            elif node.attr in forbidden_attributes:
                 refusals.append(Refusal(line, f"`.{node.attr}` is not allowed in this answer"
                                               + _why(node.attr, exercise)))
         elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):

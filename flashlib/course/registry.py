@@ -23,12 +23,15 @@ FUNCTION, KERNEL, CLASS = "function", "kernel", "class"
 #: Names no answer may use: ways out of the answer region (imports are refused separately).
 ALWAYS_FORBIDDEN = (
     "eval", "exec", "compile", "open", "getattr", "setattr", "delattr", "globals", "locals",
-    "vars", "breakpoint", "input", "help", "super", "type", "object", "dir", "memoryview",
-    "classmethod", "staticmethod", "property", "os", "sys", "subprocess", "importlib", "builtins",
+    "vars", "breakpoint", "super", "type", "os", "sys", "subprocess", "importlib", "builtins",
     "inspect", "ctypes", "signal", "shutil", "pathlib", "pickle", "socket", "threading",
     "multiprocessing", "flashlib", "solutions", "exercises", "checks", "np", "numpy",
     "scaled_dot_product_attention", "flash_attn_func", "sdpa",
 )
+
+#: Attributes no answer may use: attention done by someone else.
+ALWAYS_FORBIDDEN_ATTRIBUTES = ("scaled_dot_product_attention", "flash_attn_func",
+                               "multi_head_attention_forward")
 
 #: Attention written by hand: refused where the exercise is to *call* flashlib's attention.
 HAND_ATTENTION = ("matmul", "bmm", "einsum", "softmax", "log_softmax", "exp", "mm", "baddbmm",

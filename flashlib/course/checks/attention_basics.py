@@ -1,10 +1,16 @@
 """Checks for notebook 01 (naive attention): attention from the formula, stable softmax.
 
 Both run the learner's PyTorch function on float64 inputs and compare with
-:mod:`flashlib.reference`. The wrong answers they recognise are the classic ones:
-a missing or wrong 1/sqrt(d) scale, the softmax over the wrong axis, K used
-without transposing, P returned instead of P @ V; a softmax without the max
-subtraction (inf/inf = NaN on large inputs), divided by the max, shifted by the min.
+:mod:`flashlib.reference`. Each check's first case is fixed (the same values
+whatever the seed), so that the wrong answers it is built to catch fail on every
+run; seeded random cases follow. The wrong answers they recognise are the classic
+ones: a missing or wrong 1/sqrt(d) scale (or d taken from the wrong dimension),
+the softmax over the wrong axis, K used without transposing, P returned instead of
+P @ V; a softmax without the max subtraction (inf/inf = NaN on large inputs),
+shifted by the max of the whole tensor instead of each row's own (0/0 = NaN in a
+row far below the others), divided by the max, shifted by the min. An answer that
+changes its input in place fails too (the framework compares the inputs after the
+call with the originals).
 """
 from __future__ import annotations
 
@@ -25,6 +31,14 @@ STABLE_SOFTMAX = register(NOTEBOOK, "stable_softmax", 2,
 
 # ----------------------------------------------------------------- naive attention
 
+#: The seed of the fixed cases: the same values in every run, whatever the exercise's seed.
+FIXED_SEED = 20240101
+
+
+def _fixed_generator() -> torch.Generator:
+    return torch.Generator().manual_seed(FIXED_SEED)
+
+
 def _attention(q, k, v, *, scale=None, dim=-1, transpose_k=True, softmax=True, times_v=True):
     """Attention in float64 with one part done the way a typical bug does it."""
     q, k, v = q.double(), k.double(), v.double()
@@ -42,6 +56,11 @@ ATTENTION_MISTAKES = (
     Mistake("scale 1/d",
             "looks like the scores are scaled by 1/d instead of 1/sqrt(d): use 1 / math.sqrt(D)",
             lambda q, k, v: _attention(q, k, v, scale=1.0 / q.shape[-1])),
+    Mistake("scale from N",
+            "looks like the scale uses the sequence length instead of the head dim: d is the last "
+            "dimension of q, q.shape[-1] (D), not q.shape[-2] (N)",
+            lambda q, k, v: [_attention(q, k, v, scale=1.0 / math.sqrt(n)) for n in {q.shape[-2], k.shape[-2]}
+                             if n != q.shape[-1]] or None),
     Mistake("scale sqrt(d)",
             "looks like the scores are multiplied by sqrt(d) instead of divided by it",
             lambda q, k, v: _attention(q, k, v, scale=math.sqrt(q.shape[-1]))),
@@ -75,9 +94,9 @@ def _attention_case(gen, description, q_shape, n_k, dtype=torch.float64) -> Case
 
 
 def _attention_cases(gen):
-    # The first case is square (N_k = D) so that "K not transposed" runs and can be named.
+    # The first case is fixed, and square (N_k = D) so that "K not transposed" runs and can be named.
     return [
-        _attention_case(gen, "q, k, v (1, 2, 16, 16), float64 (N = D = 16)", (1, 2, 16, 16), 16),
+        _attention_case(_fixed_generator(), "q, k, v (1, 2, 16, 16), float64 (N = D = 16)", (1, 2, 16, 16), 16),
         _attention_case(gen, "q, k, v (2, 3, 24, 32), float64", (2, 3, 24, 32), 24),
         _attention_case(gen, "q (2, 2, 12, 16), k and v (2, 2, 40, 16), float64 (N_q != N_k)",
                         (2, 2, 12, 16), 40),
@@ -103,9 +122,11 @@ def _no_max_softmax(x):
     return e / e.sum(dim=-1, keepdim=True)
 
 
-def _shifted_softmax(x, shift, dim=-1):
+def _shifted_softmax(x, shift, dim=-1, guard=False):
+    """exp(x - shift) normalised over ``dim``; ``guard``: a row summing to 0 stays 0 (no 0/0)."""
     e = torch.exp(x - shift)
-    return e / e.sum(dim=dim, keepdim=True)
+    total = e.sum(dim=dim, keepdim=True)
+    return e / (torch.where(total > 0, total, torch.ones_like(total)) if guard else total)
 
 
 SOFTMAX_MISTAKES = (
@@ -114,6 +135,17 @@ SOFTMAX_MISTAKES = (
             "large x (and to 0 for very negative x), and inf/inf gives NaN. Compute "
             "exp(x - x.max(dim=-1, keepdim=True).values)",
             _no_max_softmax),
+    Mistake("global max",
+            "looks like the max of the whole tensor (x.max()) is subtracted, not each row's own max: "
+            "a row far below the tensor's max then has exp(x - max) = 0 everywhere, and 0/0 gives NaN "
+            "(or a row of zeros). Subtract each row's max: x.amax(dim=-1, keepdim=True)",
+            lambda x: [_shifted_softmax(x, x.max()), _shifted_softmax(x, x.max(), guard=True)]),
+    Mistake("max over the wrong dim",
+            "looks like the max is taken over the wrong dimension (each column's max, not each row's): "
+            "a row far below another then underflows to exp(...) = 0 everywhere, and 0/0 gives NaN. "
+            "Subtract each row's own max: x.amax(dim=-1, keepdim=True)",
+            lambda x: [_shifted_softmax(x, x.amax(dim=d, keepdim=True), guard=g)
+                       for d in (0, -2) for g in (False, True)]),
     Mistake("softmax over the wrong dim",
             "looks like the softmax is over the wrong dimension: normalise over the last dim "
             "(dim=-1), so that every row sums to 1",
@@ -145,7 +177,14 @@ def _softmax_cases(gen):
     hidden = torch.rand(5, 12, generator=gen) < 0.4
     hidden[:, 0] = False  # every row keeps at least one visible entry
     masked = masked.masked_fill(hidden, float("-inf"))
+    # Fixed: rows far apart. The whole tensor's max (800) leaves the rows near -300 and -800
+    # with exp(x - 800) = 0 (0/0 = NaN); no max at all overflows the row near +800 (inf/inf).
+    offsets = torch.tensor([800.0, 300.0, -300.0, -800.0], dtype=torch.float64).unsqueeze(-1)
+    apart = torch.randn(4, 6, generator=_fixed_generator(), dtype=torch.float64) + offsets
     return [
+        _softmax_case("x (4, 6), float64, rows at very different offsets: around +800, +300, -300 "
+                      "and -800 (exp overflows, or underflows to 0 in a whole row, unless each row's "
+                      "own max is subtracted)", apart),
         _softmax_case("x (4, 10), float64, standard normal values", randn(4, 10)),
         _softmax_case("x (2, 3, 7), float64, a 3-D input (softmax over the last dim only)",
                       randn(2, 3, 7)),
