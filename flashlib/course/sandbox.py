@@ -240,9 +240,11 @@ def _bwrap_base_args() -> list[str]:
 
 
 def _limits_setter(limits: Limits, uid: int | None):
+    """What the child runs between fork and exec: nothing that takes a lock (no /proc reading here)."""
+    current_processes = len(_processes_of(os.getuid() if uid is None else uid))
+
     def apply():
         os.setsid()
-        current_processes = len(_processes_of(os.getuid() if uid is None else uid))
         for which, value in ((resource.RLIMIT_CPU, limits.cpu_seconds),
                              (resource.RLIMIT_AS, limits.memory_bytes),
                              (resource.RLIMIT_FSIZE, limits.file_bytes),
