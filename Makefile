@@ -23,14 +23,17 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed  ## create .venv and install flashlib with the lab and test extras
 
-lab: install  ## start JupyterLab on the course notebooks
-	$(VENV)/bin/jupyter lab notebooks/
+# Jupyter refuses to run as root (containers, cloud notebooks) unless told.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-test: install  ## every test: pytest for flashlib, nbval over notebooks/ and solutions/
-	$(PY) -m pytest tests $(PYTEST_NOTEBOOKS) --nbval --nbval-current-env -p no:cacheprovider
+lab: install  ## start JupyterLab at the course root (notebooks/, exercises/, solutions/), on notebook 00
+	$(VENV)/bin/jupyter lab $(ROOT_FLAG) --ServerApp.root_dir="$(CURDIR)" notebooks/00_setup.ipynb
 
-test-lib: install  ## only the library tests (fast)
-	$(PY) -m pytest tests
+test: install  ## every test: pytest for flashlib, nbval over notebooks/ and solutions/ (about 15 min on 2 CPU cores)
+	$(PY) -m pytest tests $(PYTEST_NOTEBOOKS) --nbval --nbval-current-env -p no:cacheprovider -rs
+
+test-lib: install  ## only the library tests, no notebooks (about 10 min on 2 CPU cores)
+	$(PY) -m pytest tests -rs
 
 test-notebooks: install  ## only nbval over the notebooks
 	$(PY) -m pytest $(PYTEST_NOTEBOOKS) --nbval --nbval-current-env
@@ -63,7 +66,7 @@ experiment: install  ## block-size experiment for the tiled matmul (heat map)
 	$(PY) -m flashlib.experiment
 
 gpu-info: install  ## what the GPU (or the interpreter) offers
-	$(PY) -m flashlib.gpu
+	$(PY) -c "import flashlib; flashlib.print_gpu_info()"
 
 clean:  ## remove caches (keeps .venv)
 	rm -rf .pytest_cache .hypothesis build *.egg-info
