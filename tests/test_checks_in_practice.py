@@ -4,6 +4,7 @@ The wrong answers are written the way a learner plausibly writes them (calling
 flashlib, transposing, repeating heads), independently of the check's own list of
 mistakes, and each is tried on two seeds.
 """
+import io
 import math
 
 import pytest
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 
 from flashlib import flash_attention
 from flashlib.course import checks
+from flashlib.course.checks import framework, in_practice
 from flashlib.model import CausalSelfAttention, flashlib_attend, sdpa_attend
 
 SEEDS = (0, 1)
@@ -71,7 +73,7 @@ def test_attend_passes_right_answers(capsys):
     result = checks.check_attend(attend_right)
     assert result.passed and result.points == result.max_points == 2
     assert result.exercise == "08_in_practice.attend"
-    assert capsys.readouterr().out == "✓ attend: correct on 4 cases (2/2 points)\n"
+    assert capsys.readouterr().out == "✓ attend: correct on 5 cases (2/2 points)\n"
     # other right answers, on other random cases: the same verdict, word for word
     assert checks.check_attend(attend_transposed).feedback == result.feedback
     assert checks.check_attend(flashlib_attend, seed=3).feedback == result.feedback
@@ -104,6 +106,73 @@ def test_attend_names_the_mistake(wrong, words, seed):
     result = checks.check_attend(wrong, seed=seed)
     assert not result.passed and result.points == 0
     assert f"likely mistake: {words}" in result.feedback, result.feedback
+    # the fixed first case, whatever the seed
+    assert "case 1 of 5: q (1, 12, 6, 16), k and v (1, 12, 2, 16) = (B, N, H, D), float32, GQA: 3 query " \
+        "heads per k/v head; q, k and v are non-contiguous views of one fused projection" in result.feedback
+
+
+def test_attend_first_case_hands_non_contiguous_views_of_one_fused_tensor():
+    seen = []
+
+    def spy(q, k, v):
+        seen.append((q.is_contiguous(), k.is_contiguous(), v.is_contiguous(), q.stride(),
+                     q.untyped_storage().data_ptr() == v.untyped_storage().data_ptr()))
+        return attend_right(q, k, v)
+
+    assert checks.check_attend(spy).passed
+    assert seen[0] == (False, False, False, (12 * 10 * 16, 10 * 16, 16, 1), True)
+    assert all(seen_here[:3] == (True, True, True) for seen_here in seen[1:])
+
+
+def test_attend_that_needs_contiguous_inputs_fails_with_the_line():
+    def views_as_bhnd(q, k, v):
+        b, n, h, d = q.shape
+        o = flash_attention(q.view(b, h, n, d), k.view(b, k.shape[2], n, d), v.view(b, v.shape[2], n, d),
+                            causal=True)
+        return o.view(b, n, h, d)
+
+    result = checks.check_attend(views_as_bhnd)
+    assert not result.passed and "case 1 of 5" in result.feedback
+    assert "your code raised RuntimeError" in result.feedback and "q.view(b, h, n, d)" in result.feedback
+
+
+def _judged_from_saved_replies(check, answer):
+    """What the grader decides: replies detached, saved and loaded with weights_only (no autograd graph),
+    judged by the check that checks.CHECKS holds for the exercise."""
+    assert checks.CHECKS[check.exercise] is check and check.inspect is None
+    cases = framework.make_cases(check)
+    replies = framework.run_learner(check, answer, cases)
+    buffer = io.BytesIO()
+    torch.save([(r.status, r.out.detach() if isinstance(r.out, torch.Tensor) else r.out, r.args, r.context)
+                for r in replies], buffer)
+    buffer.seek(0)
+    loaded = [framework.Reply(status, out=out, args=args, context=context)
+              for status, out, args, context in torch.load(buffer, weights_only=True)]
+    return framework.judge(check, cases, loaded)
+
+
+@pytest.mark.parametrize("answer, passes", [(attend_right, True), (attend_repeat, False),
+                                            (attend_not_causal, False), (attend_default_layout, False),
+                                            (sdpa_attend, True)],
+                         ids=lambda x: getattr(x, "__name__", None))
+def test_attend_verdict_by_values_alone(answer, passes):
+    # right values pass the grader's judge even without flashlib (SDPA): the grader refuses such an
+    # answer from its source before running it; only the notebook's check looks at the autograd graph
+    passed, headline, details = _judged_from_saved_replies(in_practice.ATTEND_CHECK, answer)
+    assert passed == passes, (headline, details)
+    if not passes:
+        assert details[0].startswith("case 1 of 5") and any(line.startswith("likely mistake") for line in details)
+
+
+@pytest.mark.parametrize("check", [in_practice.ATTEND_CHECK, in_practice.GQA_ATTENTION_CHECK],
+                         ids=lambda check: check.exercise)
+def test_cases_are_plain_data_that_load_with_weights_only(check):
+    cases = framework.make_cases(check)
+    buffer = io.BytesIO()
+    torch.save([(case.args, case.context, case.expected) for case in cases], buffer)
+    buffer.seek(0)
+    for case, (args, context, _) in zip(cases, torch.load(buffer, weights_only=True)):
+        assert context == case.context and len(args) == len(case.args)
 
 
 def test_attend_crash_is_reported_with_the_line():
@@ -220,7 +289,7 @@ def test_gqa_attention_passes_right_answers(capsys):
     result = checks.check_gqa_attention(Right)
     assert result.passed and result.points == result.max_points == 2
     assert result.exercise == "08_in_practice.gqa_attention"
-    assert capsys.readouterr().out == "✓ gqa_attention: correct on 4 cases (2/2 points)\n"
+    assert capsys.readouterr().out == "✓ gqa_attention: correct on 5 cases (2/2 points)\n"
     assert checks.check_gqa_attention(CausalSelfAttention).passed   # the library's own, attention="flashlib"
     assert checks.check_gqa_attention(RepeatInterleaveKV).passed
 
@@ -256,11 +325,30 @@ def test_gqa_attention_names_the_mistake(wrong, words, seed):
     result = checks.check_gqa_attention(wrong, seed=seed)
     assert not result.passed and result.points == 0
     assert f"likely mistake: {words}" in result.feedback, result.feedback
+    assert "case 1 of 5: GQAttention(d_model=96, n_heads=6, n_kv_heads=2)" in result.feedback  # fixed, any seed
+
+
+@pytest.mark.parametrize("answer, passes", [(Right, True), (RepeatKV, False), (NotCausal, False),
+                                            (DefaultLayout, False), (WithSDPA, True)],
+                         ids=lambda x: getattr(x, "__name__", None))
+def test_gqa_attention_verdict_by_values_alone(answer, passes):
+    passed, headline, details = _judged_from_saved_replies(in_practice.GQA_ATTENTION_CHECK, answer)
+    assert passed == passes, (headline, details)
+    if not passes:
+        assert details[0].startswith("case 1 of 5: GQAttention(d_model=96, n_heads=6, n_kv_heads=2)")
+
+
+def test_gqa_attention_module_call_leaves_the_case_inputs_alone():
+    cases = framework.make_cases(in_practice.GQA_ATTENTION_CHECK)[:1]
+    replies = framework.run_learner(in_practice.GQA_ATTENTION_CHECK, Right, cases)
+    assert replies[0].status == "ok" and not framework.changed_inputs(cases[0].args, replies[0].args)
+    x, sizes, weights = replies[0].args
+    assert sizes == (96, 6, 2) and all(torch.equal(weights[k], cases[0].args[2][k]) for k in weights)
 
 
 def test_gqa_attention_heads_mixed_up_is_a_readable_error():
     result = checks.check_gqa_attention(HeadsMixedUp, seed=0)
     assert not result.passed
-    assert "case 2 of 4" in result.feedback and "n_kv_heads=2" in result.feedback
+    assert "case 1 of 5" in result.feedback and "n_kv_heads=2" in result.feedback
     assert "your code raised" in result.feedback
     assert "in HeadsMixedUp, line" in result.feedback

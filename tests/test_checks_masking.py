@@ -4,11 +4,14 @@ Every wrong answer is written the way a learner plausibly writes it, independent
 of the check's own list of mistakes, and each is tried on several seeds: the
 mistake must be named whatever the random cases.
 """
+import io
+
 import pytest
 import torch
 
 from flashlib import masks
 from flashlib.course import checks
+from flashlib.course.checks import framework, masking
 
 SEEDS = range(5)
 
@@ -61,6 +64,30 @@ def range_key_positions(start_m, block_m, block_n, n_q, n_k):
     return 0, min((start_m + 1) * block_m, n_q) + n_k - n_q
 
 
+def range_cdiv_of_last_key(start_m, block_m, block_n, n_q, n_k):
+    # "round up" applied to the last key's index instead of the number of keys
+    last_key = min((start_m + 1) * block_m, n_q) - 1 + n_k - n_q
+    return 0, -(-last_key // block_n)
+
+
+def range_last_row_one_past(start_m, block_m, block_n, n_q, n_k):
+    last_row = min((start_m + 1) * block_m, n_q)  # the first row of the next block
+    last_key = last_row + n_k - n_q
+    if last_key < 0:
+        return 0, 0
+    return 0, last_key // block_n + 1
+
+
+def range_clamped_at_zero(start_m, block_m, block_n, n_q, n_k):
+    last_key = max(min((start_m + 1) * block_m, n_q) - 1 + n_k - n_q, 0)
+    return 0, last_key // block_n + 1
+
+
+def range_truncating_division(start_m, block_m, block_n, n_q, n_k):
+    last_key = min((start_m + 1) * block_m, n_q) - 1 + n_k - n_q
+    return 0, int(last_key / block_n) + 1
+
+
 def test_causal_block_range_passes_the_right_answer_and_the_library(capsys):
     result = checks.check_causal_block_range(range_right)
     assert result.passed and result.points == result.max_points == 2
@@ -91,7 +118,7 @@ def test_causal_block_range_blank_is_not_attempted(capsys):
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("wrong, words", [
-    (range_strict_less, "off by one: query i sees key j when j <= i + n_k - n_q"),
+    (range_strict_less, "off by one at the diagonal: the block holding the last visible key is lost"),
     (range_top_left, "the n_k - n_q offset is missing (top-left alignment)"),
     (range_no_round_up, "the last, partly visible key block is dropped: hi must round up"),
     (range_every_block, "your range is safe (it holds every key these rows see, so the output would be right), "
@@ -100,11 +127,37 @@ def test_causal_block_range_blank_is_not_attempted(capsys):
     (range_excludes_diagonal, "the diagonal block is left out"),
     (range_tutorial, "hi = start_m + 1 counts query blocks"),
     (range_key_positions, "these are key positions, not key block indices"),
+    (range_cdiv_of_last_key, "off by one at the diagonal"),
+    (range_last_row_one_past, "off by one in the block's last row"),
+    (range_clamped_at_zero, "with more queries than keys (n_q > n_k) the first n_q - n_k queries see no key"),
+    (range_truncating_division, "with more queries than keys (n_q > n_k) the first n_q - n_k queries see no key"),
 ], ids=lambda x: getattr(x, "__name__", None))
 def test_causal_block_range_names_the_mistake(wrong, words, seed):
     result = checks.check_causal_block_range(wrong, seed=seed)
     assert not result.passed and result.points == 0
     assert f"likely mistake: {words}" in result.feedback, result.feedback
+    assert "\n  or: " not in result.feedback  # the fixed cases tell these answers apart
+
+
+@pytest.mark.parametrize("wrong, case", [
+    (range_excludes_diagonal, 1), (range_key_positions, 1), (range_every_block, 1), (range_last_row_one_past, 1),
+    (range_strict_less, 2), (range_cdiv_of_last_key, 2), (range_no_round_up, 2), (range_ignores_query_tail, 2),
+    (range_tutorial, 2), (range_top_left, 3), (range_clamped_at_zero, 4), (range_truncating_division, 4),
+], ids=lambda x: getattr(x, "__name__", None))
+def test_causal_block_range_wrong_answers_fail_a_fixed_case_whatever_the_seed(wrong, case):
+    for seed in (11, 12):
+        assert f"case {case} of 5: " in checks.check_causal_block_range(wrong, seed=seed).feedback
+
+
+def test_causal_block_range_fixed_cases_hold_tails_more_queries_and_fewer_queries():
+    cases = framework.make_cases(masking.CAUSAL_BLOCK_RANGE_CHECK)
+    other_seed = framework.make_cases(masking.CAUSAL_BLOCK_RANGE_CHECK, seed=5)
+    assert [c.args for c in cases[:4]] == [c.args for c in other_seed[:4]]
+    configs = [config for case in cases[:4] for config in case.args[0]]
+    assert any(n_q % bm and bm != bn for _, bm, bn, n_q, n_k in configs)                   # tails, bm != bn
+    assert any(n_q < n_k for *_, n_q, n_k in configs) and any(n_q > n_k for *_, n_q, n_k in configs)
+    sees_nothing = [c for c in configs if masking._last_key(*c) < 0]
+    assert sees_nothing and all(tuple(masking._right_range(*c)) == (0, 0) for c in sees_nothing)
 
 
 def test_causal_block_range_says_which_block_and_what_goes_wrong():
@@ -186,11 +239,19 @@ def padding_axes_swapped(seq_lens, n_q, n_k):
     return (torch.arange(n_k)[:, None] < lens) & (torch.arange(n_q)[None, :] < lens)
 
 
+def padding_keys_only_broadcastable(seq_lens, n_q, n_k):
+    return torch.arange(n_k) < seq_lens[:, None, None, None]             # (B, 1, 1, N_k)
+
+
+def padding_queries_only_broadcastable(seq_lens, n_q, n_k):
+    return torch.arange(n_q)[:, None] < seq_lens[:, None, None, None]    # (B, 1, N_q, 1)
+
+
 def test_padding_mask_passes_the_right_answer_and_the_library(capsys):
     result = checks.check_padding_mask(padding_right)
     assert result.passed and result.points == result.max_points == 2
     assert result.exercise == "06_masking.padding_mask"
-    assert capsys.readouterr().out == "✓ padding_mask: correct on 5 cases (2/2 points)\n"
+    assert capsys.readouterr().out == "✓ padding_mask: correct on 6 cases (2/2 points)\n"
     assert checks.check_padding_mask(masks.padding_mask).passed
 
 
@@ -202,7 +263,7 @@ def test_padding_mask_blank_is_not_attempted():
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("wrong, words", [
     (padding_keys_only, "only the keys are masked: queries past the length are padding too"),
-    (padding_queries_only, "the queries are masked but not the keys"),
+    (padding_queries_only, "only the queries are masked: key j of sample b is padding"),
     (padding_inclusive, "off by one: positions 0 .. seq_lens[b] - 1 are real"),
     (padding_one_length, "every sample got the same length"),
     (padding_first_length_no_batch, "every sample got the same length"),
@@ -210,16 +271,20 @@ def test_padding_mask_blank_is_not_attempted():
     (padding_additive, "this is an additive mask (0 where allowed, -inf where not)"),
     (padding_no_head_axis, "the mask must have shape (B, 1, N_q, N_k)"),
     (padding_axes_swapped, "rows are queries and columns are keys"),
+    (padding_keys_only_broadcastable, "only the keys are masked: queries past the length are padding too"),
+    (padding_queries_only_broadcastable, "only the queries are masked: key j of sample b is padding"),
 ], ids=lambda x: getattr(x, "__name__", None))
 def test_padding_mask_names_the_mistake(wrong, words, seed):
     result = checks.check_padding_mask(wrong, seed=seed)
     assert not result.passed and result.points == 0
+    assert "case 1 of 6: seq_lens = [9, 0, 4, 6]" in result.feedback  # the fixed case, whatever the seed
     assert f"likely mistake: {words}" in result.feedback, result.feedback
+    assert "\n  or: " not in result.feedback
 
 
 def test_padding_mask_says_which_entry_is_wrong_and_why():
     feedback = checks.check_padding_mask(padding_keys_only, seed=0).feedback
-    assert "case 1 of 5: seq_lens = [" in feedback
+    assert "case 1 of 6: seq_lens = [9, 0, 4, 6] (int32), n_q = 7, n_k = 10" in feedback
     assert "so query" in feedback and "is padding and key" in feedback and "expected False, got True" in feedback
 
 
@@ -228,6 +293,25 @@ def test_padding_mask_wants_a_boolean_mask():
     assert not result.passed
     assert "right values, but the mask must be a boolean tensor (torch.bool, True = may attend), got torch.float32" \
         in result.feedback
+
+
+@pytest.mark.parametrize("check", [masking.CAUSAL_BLOCK_RANGE_CHECK, masking.PADDING_MASK_CHECK],
+                         ids=lambda check: check.exercise)
+def test_cases_are_plain_data_that_load_with_weights_only(check):
+    cases = framework.make_cases(check)
+    buffer = io.BytesIO()
+    torch.save([(case.args, case.context) for case in cases], buffer)
+    buffer.seek(0)
+    assert len(torch.load(buffer, weights_only=True)) == len(cases)
+
+
+def test_padding_mask_that_edits_seq_lens_in_place_fails():
+    def reshapes_in_place(seq_lens, n_q, n_k):
+        lens = seq_lens.unsqueeze_(-1).unsqueeze_(-1).unsqueeze_(-1)  # the caller's seq_lens is now (B, 1, 1, 1)
+        return (torch.arange(n_q)[:, None] < lens) & (torch.arange(n_k)[None, :] < lens)
+
+    result = checks.check_padding_mask(reshapes_in_place)
+    assert not result.passed and "changed its input in place (argument 1)" in result.feedback
 
 
 def test_exercises_are_registered_in_notebook_order():

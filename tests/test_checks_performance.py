@@ -5,11 +5,14 @@ of the check's own list of mistakes, and each is tried on several seeds: the
 mistake must be named whatever the random cases.
 """
 
+import io
+
 import numpy as np
 import pytest
 import torch
 
 from flashlib.course import checks
+from flashlib.course.checks import framework, performance
 
 SEEDS = range(4)
 FACTOR = {"fwd": 1.0, "bwd": 2.5, "train": 3.5}
@@ -73,7 +76,7 @@ def test_attention_flops_passes_the_right_answer(capsys):
     result = checks.check_attention_flops(flops_right)
     assert result.passed and result.points == result.max_points == 2
     assert result.exercise == "07_performance.attention_flops"
-    assert capsys.readouterr().out == "✓ attention_flops: correct on 4 cases (2/2 points)\n"
+    assert capsys.readouterr().out == "✓ attention_flops: correct on 5 cases (2/2 points)\n"
 
 
 def test_attention_flops_accepts_ints_numpy_and_tensors():
@@ -117,7 +120,7 @@ def test_attention_flops_passing_verdict_is_deterministic():
 def test_attention_flops_names_the_mistake(bug, case, words, seed):
     result = checks.check_attention_flops(bug, seed=seed)
     assert not result.passed and result.points == 0
-    assert f"case {case} of 4" in result.feedback
+    assert f"case {case} of 5" in result.feedback  # a fixed case: the same whatever the seed
     assert "likely mistake: " in result.feedback and words in result.feedback, result.feedback
     assert "x the right value" in result.feedback  # the first wrong call, in words
 
@@ -127,7 +130,7 @@ def test_attention_flops_blank_and_crash_give_readable_messages():
     assert not blank.passed and "not attempted yet" in blank.feedback
     crash = checks.check_attention_flops(flops_crashes)
     assert not crash.passed and "your code raised KeyError" in crash.feedback
-    assert "in flops_crashes, line" in crash.feedback and "case 1 of 4" in crash.feedback
+    assert "in flops_crashes, line" in crash.feedback and "case 1 of 5" in crash.feedback
 
 
 def test_attention_flops_refuses_a_non_number():
@@ -143,11 +146,34 @@ def tflops_right(flops, ms):
     return flops / (ms * 1e-3) / 1e12
 
 
+def tflops_ms_as_seconds(flops, ms):
+    return flops / ms / 1e12
+
+
+def tflops_peta(flops, ms):
+    return flops / (ms * 1e-3) / 1e15
+
+
+def tflops_giga(flops, ms):
+    return flops / (ms / 1e3) / 1e9
+
+
+def tflops_ms_times_1000(flops, ms):
+    return flops / (ms * 1e3) / 1e12
+
+
+def tflops_microseconds(flops, ms):
+    return flops / (ms * 1e-6) / 1e12
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("bug, words", [
-    (lambda flops, ms: flops / ms / 1e12, "the time is in milliseconds"),
-    (lambda flops, ms: flops / (ms * 1e3) / 1e12, "the time is in milliseconds"),
-    (lambda flops, ms: flops / (ms / 1e3) / 1e9, "GFLOP/s"),
+    (tflops_ms_as_seconds, "the result is 1000x too small: the time was used as if it were in seconds"),
+    (tflops_ms_times_1000, "the result is 10^6 times too small: milliseconds were multiplied by 1000"),
+    (lambda flops, ms: flops / (ms / 1e-3) / 1e12, "the result is 10^6 times too small"),
+    (tflops_giga, "the result is 1000x too large: dividing the FLOP/s by 1e9 gives GFLOP/s"),
+    (tflops_peta, "the result is 1000x too small: dividing the FLOP/s by 1e15 gives PFLOP/s"),
+    (tflops_microseconds, "the time was converted with 1e-6 (microseconds to seconds)"),
     (lambda flops, ms: flops / (ms / 1e3) / 2 ** 40, "not 2^40"),
     (lambda flops, ms: flops * (ms / 1e3) / 1e12, "a rate is work per time"),
 ])
@@ -155,6 +181,23 @@ def test_achieved_tflops_names_the_mistake(bug, words, seed):
     result = checks.check_achieved_tflops(bug, seed=seed)
     assert not result.passed and "case 1 of 2" in result.feedback
     assert "likely mistake: " in result.feedback and words in result.feedback, result.feedback
+
+
+@pytest.mark.parametrize("bug", [tflops_ms_as_seconds, tflops_peta])
+def test_achieved_tflops_1000x_too_small_names_both_slips(bug):
+    # flops / ms / 1e12 and flops / (ms * 1e-3) / 1e15 give the same number: the verdict names the factor
+    # and both causes, not one of them as if it were certain
+    feedback = checks.check_achieved_tflops(bug).feedback
+    assert "(0.001 x the right value)" in feedback
+    assert ("likely mistake: the result is 1000x too small: the time was used as if it were in seconds"
+            in feedback)
+    assert "\n  or: the result is 1000x too small: dividing the FLOP/s by 1e15 gives PFLOP/s" in feedback
+
+
+def test_achieved_tflops_1000x_too_large_names_both_slips():
+    feedback = checks.check_achieved_tflops(tflops_giga).feedback
+    assert "(1000 x the right value)" in feedback
+    assert "GFLOP/s" in feedback and "microseconds to seconds" in feedback
 
 
 def test_achieved_tflops_right_blank_and_crash(capsys):
@@ -206,6 +249,22 @@ def roofline_gflops(flops, bytes_moved, peak_tflops, hbm_gb_per_s):
     return max(flops / (peak_tflops * 1e9), bytes_moved / (hbm_gb_per_s * 1e9)) * 1e3
 
 
+def roofline_microseconds(flops, bytes_moved, peak_tflops, hbm_gb_per_s):
+    return max(flops / (peak_tflops * 1e12), bytes_moved / (hbm_gb_per_s * 1e9)) * 1e6
+
+
+def roofline_divided_by_1000(flops, bytes_moved, peak_tflops, hbm_gb_per_s):
+    return max(flops / (peak_tflops * 1e12), bytes_moved / (hbm_gb_per_s * 1e9)) / 1e3
+
+
+def roofline_terabytes(flops, bytes_moved, peak_tflops, hbm_gb_per_s):
+    return max(flops / (peak_tflops * 1e12), bytes_moved / (hbm_gb_per_s * 1e12)) * 1e3
+
+
+def roofline_units_dropped(flops, bytes_moved, peak_tflops, hbm_gb_per_s):
+    return max(flops / peak_tflops, bytes_moved / hbm_gb_per_s) * 1e3
+
+
 def roofline_intensity(flops, bytes_moved, peak_tflops, hbm_gb_per_s):
     # the ridge test written out, but returning the wrong branch
     intensity, ridge = flops / bytes_moved, peak_tflops * 1e12 / (hbm_gb_per_s * 1e9)
@@ -236,13 +295,19 @@ def test_roofline_passes_the_right_answer_and_an_intensity_form(capsys):
     (roofline_compute_only, "only the arithmetic time"),
     (roofline_memory_only, "only the memory time"),
     (roofline_gib, "not 2^30"),
-    (roofline_seconds, "multiply by 1e3"),
-    (roofline_gflops, "convert both to per-second"),
-])
+    (roofline_seconds, "the result is 1000x too small: it is in seconds"),
+    (roofline_microseconds, "the result is 1000x too large: multiplying the seconds by 1e6 gives microseconds"),
+    (roofline_divided_by_1000, "the result is 10^6 times too small: the seconds were divided by 1e3"),
+    (roofline_gflops, "the compute time is 1000x too long: peak_tflops was multiplied by 1e9"),
+    (roofline_terabytes, "the memory time is 1000x too short: hbm_gb_per_s was multiplied by 1e12"),
+    (roofline_units_dropped, "convert both to per-second rates"),
+], ids=lambda x: getattr(x, "__name__", None))
 def test_roofline_names_the_mistake(bug, words, seed):
     result = checks.check_roofline_time_ms(bug, seed=seed)
     assert not result.passed and "case 1 of 2" in result.feedback
     assert "likely mistake: " in result.feedback and words in result.feedback, result.feedback
+    # the fixed first case (an elementwise op 2000x below the ridge among others) tells them apart
+    assert "\n  or: " not in result.feedback
 
 
 def test_roofline_blank_and_crash():
@@ -253,6 +318,18 @@ def test_roofline_blank_and_crash():
     crash = checks.check_roofline_time_ms(lambda f, b, p, h: max(f / p))  # max of one float
     assert not crash.passed and "your code raised TypeError" in crash.feedback
     assert "not iterable" in crash.feedback and "max(f / p)" in crash.feedback
+
+
+@pytest.mark.parametrize("check", [performance.ATTENTION_FLOPS_CHECK, performance.ACHIEVED_TFLOPS_CHECK,
+                                   performance.ROOFLINE_TIME_CHECK], ids=lambda check: check.exercise)
+def test_first_cases_are_fixed_and_plain_data(check):
+    fixed = len(framework.make_cases(check)) - 1  # the last case is the random one
+    assert [c.args for c in framework.make_cases(check, seed=1)[:fixed]] == \
+        [c.args for c in framework.make_cases(check, seed=2)[:fixed]]
+    buffer = io.BytesIO()
+    torch.save([(case.args, case.context) for case in framework.make_cases(check)], buffer)
+    buffer.seek(0)
+    assert torch.load(buffer, weights_only=True)
 
 
 def test_the_exercises_are_registered_in_notebook_order():

@@ -12,15 +12,32 @@ Exercise signatures (stated in the notebook):
   with ``out_proj``. The check builds it as ``GQAttention(d_model, n_heads, n_kv_heads)``
   and loads random weights.
 
+Each check's first case is fixed (the same values whatever the seed): GQA with
+three query heads per k/v head (H = 6, H_kv = 2), where ``repeat`` and
+``repeat_interleave`` disagree; for ``attend`` its q, k and v are also
+non-contiguous views of one fused projection (B, N, H + 2 H_kv, D), as a model
+that projects q, k and v with one matmul produces them. Seeded random cases follow.
+The grader's checks (:data:`ATTEND_CHECK`, :data:`GQA_ATTENTION_CHECK`, in
+``checks.CHECKS``) judge the values alone: the replies cross a process boundary as
+plain tensors, without their autograd graph, and that the answer calls flashlib is
+checked statically from its source (the registry's ``required_calls``). Every wrong
+answer below gives other values than the right one on the fixed case. In the
+notebook, ``check_attend`` and ``check_gqa_attention`` also look for flashlib's
+autograd node in the output (``_inspect_flashlib``), where the graph is still there.
+
 Wrong answers named, for both: causal forgotten, the (B, N, H, D) tensors passed
 as (B, H, N, D) (no ``layout="bnhd"``), ``reshape`` where a ``transpose`` is needed,
-the output left in (B, H, N, D), a wrong scale; for the module also k/v heads
-repeated in the wrong order (``repeat`` instead of ``repeat_interleave``) and the
+the output left in (B, H, N, D), a wrong scale, k/v heads repeated in the wrong
+order (``repeat`` instead of ``repeat_interleave``); for the module also the
 output projection forgotten. Mixing up H and H_kv makes the shapes disagree: the
 verdict then quotes the error and the learner's line.
+
+Case args and contexts are plain data (tensors, ints, tuples, dicts, strings), so
+that they load with ``torch.load(weights_only=True)``.
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 
@@ -126,7 +143,18 @@ def _randn(gen, *shape):
     return torch.randn(shape, generator=gen, dtype=torch.float64)
 
 
-def _attend_case(gen, batch, n, heads, kv_heads, head_dim, note="") -> Case:
+#: The seed of the fixed cases: the same values in every run, whatever the exercise's seed.
+FIXED_SEED = 20240808
+
+#: ``case.context["inputs"]`` of a case whose q, k, v reach the learner as views of one fused tensor.
+FUSED = "fused qkv"
+
+
+def _fixed_generator() -> torch.Generator:
+    return torch.Generator().manual_seed(FIXED_SEED)
+
+
+def _attend_case(gen, batch, n, heads, kv_heads, head_dim, note="", fused=False) -> Case:
     q = _randn(gen, batch, n, heads, head_dim)
     k, v = (_randn(gen, batch, n, kv_heads, head_dim) for _ in range(2))
     expected = _attention_bnhd(q, k, v)
@@ -134,11 +162,15 @@ def _attend_case(gen, batch, n, heads, kv_heads, head_dim, note="") -> Case:
     description = (f"q ({batch}, {n}, {heads}, {head_dim}), k and v ({batch}, {n}, {kv_heads}, {head_dim}) "
                    f"= (B, N, H, D), float32{note}")
     return Case(description, args, expected, tolerance(torch.float32), shape_words="(B, N, H, D)",
-                out_dtype=torch.float32)
+                out_dtype=torch.float32, context={"inputs": FUSED if fused else "separate"})
 
 
 def _attend_cases(gen):
     return [
+        _attend_case(_fixed_generator(), 1, 12, 6, 2, 16,
+                     ", GQA: 3 query heads per k/v head; q, k and v are non-contiguous views of one fused "
+                     "projection (B, N, H + 2 H_kv, D) = (1, 12, 10, 16), split along the heads, as a model "
+                     "with one qkv matmul produces them", fused=True),
         _attend_case(gen, 1, 24, 2, 2, 16),
         _attend_case(gen, 2, 20, 4, 4, 32),
         _attend_case(gen, 2, 30, 4, 2, 16, ", GQA: 2 query heads per k/v head"),
@@ -147,17 +179,28 @@ def _attend_cases(gen):
 
 
 def _call_with_grad(learner, case: Case):
-    """Call on copies that require grad, so that the output's autograd graph shows who computed it."""
-    return learner(*(t.detach().clone().requires_grad_() for t in case.args))
+    """Call on tensors that require grad, so that the output's autograd graph shows who computed it.
+
+    The framework has already copied the case's args; a FUSED case hands the learner q, k and v as
+    views of one (B, N, H + 2 H_kv, D) tensor (strides of a fused projection, not contiguous).
+    """
+    q, k, v = case.args
+    if case.context.get("inputs") == FUSED:
+        fused = torch.cat([q, k, v], dim=2).detach().requires_grad_()
+        q, k, v = fused.split([q.shape[2], k.shape[2], v.shape[2]], dim=2)
+        return learner(q, k, v)
+    return learner(*(t.detach().requires_grad_() for t in (q, k, v)))
 
 
-ATTEND_CHECK = Check(ATTEND, _attend_cases, ATTEND_MISTAKES, call=_call_with_grad, inspect=_inspect_flashlib,
-                     time_limit=20.0)
+#: What the grader judges: the values (its replies carry no autograd graph).
+ATTEND_CHECK = Check(ATTEND, _attend_cases, ATTEND_MISTAKES, call=_call_with_grad, time_limit=20.0)
+#: What the notebook's check cell runs: the same, and the output must come from flashlib's autograd node.
+ATTEND_NOTEBOOK_CHECK = dataclasses.replace(ATTEND_CHECK, inspect=_inspect_flashlib)
 
 
 def check_attend(fn, *, seed: int | None = None, time_limit_s: float | None = None):
     """Check ``fn(q, k, v) -> o``: causal flashlib attention of (B, N, H, D) tensors, GQA allowed."""
-    return run_check(ATTEND_CHECK, fn, seed=seed, time_limit_s=time_limit_s)
+    return run_check(ATTEND_NOTEBOOK_CHECK, fn, seed=seed, time_limit_s=time_limit_s)
 
 
 # ----------------------------------------------------------------- the GQA module
@@ -216,6 +259,7 @@ def _gqa_case(gen, batch, n, d_model, heads, kv_heads, note="") -> Case:
 
 def _gqa_cases(gen):
     return [
+        _gqa_case(_fixed_generator(), 1, 12, 96, 6, 2, ", GQA: 3 query heads per k/v head"),
         _gqa_case(gen, 1, 24, 32, 2, 2, ", no GQA (as many k/v heads as query heads)"),
         _gqa_case(gen, 2, 20, 64, 4, 2, ", GQA: 2 query heads per k/v head"),
         _gqa_case(gen, 1, 30, 64, 4, 1, ", MQA: one k/v head"),
@@ -235,18 +279,22 @@ def _accept_module_class(learner) -> str | None:
 
 
 def _call_module(learner, case: Case):
+    """Build the learner's module, load the case's weights and run it on x (already a copy)."""
     x, (d_model, heads, kv_heads), weights = case.args
     module = learner(d_model, heads, kv_heads).to(runtime.DEVICE)
     with torch.no_grad():
         for name, value in weights.items():
             module.get_parameter(name).copy_(value)
-    return module(x.clone())
+    return module(x)
 
 
+#: What the grader judges: the values (its replies carry no autograd graph).
 GQA_ATTENTION_CHECK = Check(GQA_ATTENTION, _gqa_cases, GQA_MISTAKES, call=_call_module,
-                            accept=_accept_module_class, inspect=_inspect_flashlib, time_limit=20.0)
+                            accept=_accept_module_class, time_limit=20.0)
+#: What the notebook's check cell runs: the same, and the output must come from flashlib's autograd node.
+GQA_ATTENTION_NOTEBOOK_CHECK = dataclasses.replace(GQA_ATTENTION_CHECK, inspect=_inspect_flashlib)
 
 
 def check_gqa_attention(cls, *, seed: int | None = None, time_limit_s: float | None = None):
     """Check a CausalSelfAttention subclass whose forward runs flashlib with GQA."""
-    return run_check(GQA_ATTENTION_CHECK, cls, seed=seed, time_limit_s=time_limit_s)
+    return run_check(GQA_ATTENTION_NOTEBOOK_CHECK, cls, seed=seed, time_limit_s=time_limit_s)

@@ -13,16 +13,23 @@ Exercise signatures (stated in the notebook):
   (the keys of :func:`flashlib.reference.attention_mask`, and padding queries
   attend to nothing, so that attention gives them output 0).
 
-The block range runs on every query block of several problems per case (square with
-no tail, tails with block_m != block_n, fewer queries than keys, more queries than
-keys, random ones); the compared tensor has one row (lo, hi) per query block. The
-wrong answers it names: the diagonal block left out, ``<`` for ``<=``, top-left
-alignment (no ``n_k - n_q``), no rounding up, every block visited (right output but
-nothing skipped), hi past the last key block (the query tail ignored), query blocks
-counted as key blocks, key positions instead of block indices. The padding mask
-names: only keys masked, only queries masked, ``<=`` for ``<``, one length for the
-whole batch, an inverted mask, an additive (0 / -inf) mask, a missing head axis and
-swapped axes.
+The block range runs on every query block of several problems per case; the first
+four cases are fixed (the same in every run, whatever the seed): square with no
+tail, tails that are not a multiple of the block with block_m != block_n, fewer
+queries than keys (the last key starting a key block, and one query decoding),
+more queries than keys (query blocks that see no key at all); then 200 random
+configurations. The compared tensor has one row (lo, hi) per query block. The wrong
+answers it names: the diagonal block left out, an off-by-one at the diagonal
+(``<`` for ``<=``, or cdiv of the last key's index instead of the count of keys),
+the block's last row one past (no ``- 1``), top-left alignment (no ``n_k - n_q``),
+no rounding up, every block visited (right output but nothing skipped), hi past
+the last key block (the query tail ignored), a block that sees no key still
+visiting one, query blocks counted as key blocks, key positions instead of block
+indices. The padding mask (a fixed case with n_q != n_k, an empty sample and one
+longer than n_q first, then random ones) names: only keys masked, only queries
+masked (either also left at shape (B, 1, 1, N_k) or (B, 1, N_q, 1)), ``<=`` for
+``<``, one length for the whole batch, an inverted mask, an additive (0 / -inf)
+mask, a missing head axis and swapped axes.
 """
 from __future__ import annotations
 
@@ -103,9 +110,19 @@ RANGE_MISTAKES = (
         lambda s, bm, bn, nq, nk: (0, s)),
     _range_mistake(
         "< for <=",
-        "off by one: query i sees key j when j <= i + n_k - n_q (the diagonal itself included), "
-        "not j < i + n_k - n_q; with <, the block is lost whenever the diagonal key starts a block",
+        "off by one at the diagonal: the block holding the last visible key is lost whenever that key "
+        "starts a block. Either the diagonal is excluded (query i sees key j when j <= i + n_k - n_q, "
+        "the diagonal itself included, not j < i + n_k - n_q), or hi = cdiv(last_key, block_n) rounds up "
+        "the last key's index instead of the number of keys up to it: hi = cdiv(last_key + 1, block_n) "
+        "= last_key // block_n + 1",
         lambda s, bm, bn, nq, nk: (0, _cdiv(_last_key(s, bm, bn, nq, nk), bn))),
+    _range_mistake(
+        "last row one past",
+        "off by one in the block's last row: rows are numbered from 0, so the last row of query block "
+        "start_m is min((start_m + 1) * block_m, n_q) - 1 ((start_m + 1) * block_m is the first row of "
+        "the next block); one row too far visits a key block no row sees whenever the last key ends a block",
+        lambda s, bm, bn, nq, nk: (0, (_last_key(s, bm, bn, nq, nk) + 1) // bn + 1)
+        if _last_key(s, bm, bn, nq, nk) + 1 >= 0 else (0, 0)),
     _range_mistake(
         "top-left alignment",
         "the n_k - n_q offset is missing (top-left alignment): with n_q != n_k the causal diagonal is "
@@ -135,6 +152,14 @@ RANGE_MISTAKES = (
         lambda s, bm, bn, nq, nk: (0, (_last_row_ignoring_tail(s, bm, bn, nq, nk) + nk - nq) // bn + 1),
         lambda s, bm, bn, nq, nk: (0, _cdiv(_last_row_ignoring_tail(s, bm, bn, nq, nk) + nk - nq, bn))),
     _range_mistake(
+        "a block that sees no key",
+        "with more queries than keys (n_q > n_k) the first n_q - n_k queries see no key at all: "
+        "a query block whose last key, last_row + n_k - n_q, is negative must visit nothing (an empty "
+        "range such as (0, 0)). Clamping last_key at 0, or int(last_key / block_n) (which rounds -0.5 "
+        "up to 0), visits key block 0 for nothing",
+        lambda s, bm, bn, nq, nk: (0, max(_last_key(s, bm, bn, nq, nk), 0) // bn + 1),
+        lambda s, bm, bn, nq, nk: (0, int(_last_key(s, bm, bn, nq, nk) / bn) + 1)),
+    _range_mistake(
         "query blocks as key blocks",
         "hi = start_m + 1 counts query blocks, which are key blocks only when block_m == block_n and "
         "n_q == n_k: go through positions: last_row = min((start_m + 1) * block_m, n_q) - 1, "
@@ -161,6 +186,27 @@ def _range_case(description: str, configs) -> Case:
                 shape_words="one row (lo, hi) per query block")
 
 
+def _fixed_range_cases() -> list[Case]:
+    """The same four cases in every run: each wrong answer of RANGE_MISTAKES fails one of them."""
+    tails = [(100, 64, 32), (77, 32, 16), (50, 16, 32), (130, 32, 64), (129, 32, 64), (97, 32, 32)]
+    return [
+        _range_case("n_q = n_k = 128, block_m = block_n = 32, every query block", _every_block(128, 128, 32, 32)),
+        _range_case("n_q = n_k, tails that are not a multiple of the block, block_m != block_n: every query "
+                    "block of (n, block_m, block_n) = " + ", ".join(str(p) for p in tails)
+                    + " (in (129, 32, 64) and (97, 32, 32) the last key starts a key block)",
+                    [config for n, bm, bn in tails for config in _every_block(n, n, bm, bn)]),
+        _range_case("n_q < n_k, the last n_q positions of a sequence (a chunk after a KV cache): every query "
+                    "block of n_q = 40, n_k = 161, block_m = block_n = 32 (the last key, 160, starts a key "
+                    "block) and of n_q = 100, n_k = 300, block_m = 64, block_n = 32; and one query over 161 "
+                    "keys (decoding), block_m = 16, block_n = 32",
+                    _every_block(40, 161, 32, 32) + _every_block(100, 300, 64, 32) + [(0, 16, 32, 1, 161)]),
+        _range_case("n_q > n_k: the first n_q - n_k queries see no key, so whole query blocks visit nothing: "
+                    "every query block of n_q = 150, n_k = 40, block_m = block_n = 32 (blocks 0-2 see no key) "
+                    "and of n_q = 70, n_k = 20, block_m = 16, block_n = 32 (blocks 0-2 see no key)",
+                    _every_block(150, 40, 32, 32) + _every_block(70, 20, 16, 32)),
+    ]
+
+
 def _range_cases(gen):
     def integer(low, high):  # inclusive
         return int(torch.randint(low, high + 1, (1,), generator=gen))
@@ -168,34 +214,7 @@ def _range_cases(gen):
     def choice(options):
         return options[integer(0, len(options) - 1)]
 
-    cases = []
-    n = choice([96, 128, 160])
-    cases.append(_range_case(f"n_q = n_k = {n}, block_m = block_n = 32, every query block",
-                             _every_block(n, n, 32, 32)))
-    # Tails: the last query block cut short inside one key block (bm > bn), or anywhere; n = 1 (mod bn)
-    # once, so that the last key starts a key block.
-    problems = [(bm * integer(1, 4) + integer(1, bn - 1), bm, bn) for bm, bn in ((64, 32), (32, 16))]
-    problems += [(16 * integer(2, 12) + integer(1, 15), bm, bn) for bm, bn in ((16, 32), (32, 64))]
-    problems.append((64 * integer(1, 4) + 1, 32, 64))
-    cases.append(_range_case(
-        "n_q = n_k with tails, block_m != block_n: every query block of (n, block_m, block_n) = "
-        + ", ".join(str(p) for p in problems),
-        [config for n, bm, bn in problems for config in _every_block(n, n, bm, bn)]))
-    # Fewer queries than keys: the last n_q positions of a longer sequence.
-    bm, bn = choice([(32, 32), (64, 32), (16, 64), (32, 16)])
-    n_k = bn * integer(-(-100 // bn), 300 // bn) + 1  # the last key, n_k - 1, starts a key block
-    n_q, n_q2, n_k2 = integer(20, n_k // 2), integer(40, 150), integer(160, 400)
-    cases.append(_range_case(
-        f"n_q < n_k, the last n_q positions of a sequence (a chunk after a KV cache): n_q = {n_q}, n_k = {n_k}, "
-        f"and n_q = {n_q2}, n_k = {n_k2}, block_m = {bm}, block_n = {bn}, every query block; and one query "
-        f"over {n_k} keys (decoding)",
-        _every_block(n_q, n_k, bm, bn) + _every_block(n_q2, n_k2, bm, bn) + [(0, 16, bn, 1, n_k)]))
-    n_q = integer(100, 200)
-    n_k = integer(10, n_q // 2)
-    bm, bn = choice([(32, 32), (16, 32), (32, 16)])
-    cases.append(_range_case(f"n_q = {n_q} > n_k = {n_k}: the first {n_q - n_k} queries see no key, "
-                             f"block_m = {bm}, block_n = {bn}, every query block",
-                             _every_block(n_q, n_k, bm, bn)))
+    cases = _fixed_range_cases()
     configs = []
     for _ in range(200):
         bm, bn = choice([16, 32, 64, 128]), choice([16, 32, 64, 128])
@@ -303,12 +322,15 @@ PADDING_MISTAKES = (
     Mistake("keys only",
             "only the keys are masked: queries past the length are padding too and must attend to nothing "
             "(a fully masked row, whose output is then 0). Mask query rows i >= seq_lens[b] as well: "
-            "(i < len) & (j < len)",
-            lambda seq_lens, n_q, n_k: _mask_from(seq_lens, n_q, n_k, queries=False)),
+            "(i < len) & (j < len), a (B, 1, N_q, N_k) mask",
+            lambda seq_lens, n_q, n_k: [_mask_from(seq_lens, n_q, n_k, queries=False),
+                                        _mask_from(seq_lens, n_q, n_k, queries=False)[:, :, :1, :]]),
     Mistake("queries only",
-            "the queries are masked but not the keys (rows and columns swapped?): key j of sample b is "
-            "padding when j >= seq_lens[b], and no query may attend to it. Mask both: (i < len) & (j < len)",
-            lambda seq_lens, n_q, n_k: _mask_from(seq_lens, n_q, n_k, keys=False)),
+            "only the queries are masked: key j of sample b is padding when j >= seq_lens[b], and no query "
+            "may attend to it (that part keeps the padding out of every real query's softmax). Mask the "
+            "keys too: (i < len) & (j < len), a (B, 1, N_q, N_k) mask",
+            lambda seq_lens, n_q, n_k: [_mask_from(seq_lens, n_q, n_k, keys=False),
+                                        _mask_from(seq_lens, n_q, n_k, keys=False)[:, :, :, :1]]),
     Mistake("<= for <",
             "off by one: positions 0 .. seq_lens[b] - 1 are real, so position i is real when i < seq_lens[b], "
             "not i <= seq_lens[b]",
@@ -358,8 +380,12 @@ def _padding_cases(gen):
         picks = torch.randperm(high - low + 1, generator=gen)[:count] + low
         return [int(x) for x in picks]
 
+    # Fixed: n_q != n_k (swapped axes show), an empty sample, one longer than n_q (its queries are all
+    # real, its keys are not), two padded in both; distinct lengths (one length for all shows).
+    cases = [_padding_case("an empty sample, one longer than n_q (its queries are all real, its keys are not), "
+                           "two padded", [9, 0, 4, 6], 7, 10)]
     n = integer(8, 16)
-    cases = [_padding_case("one full sample, two padded", [n] + distinct(2, 1, n - 1), n, n)]
+    cases.append(_padding_case("one full sample, two padded", [n] + distinct(2, 1, n - 1), n, n))
     n = integer(20, 40)
     cases.append(_padding_case("one empty sample (length 0)", distinct(3, 1, n - 1) + [0], n, n))
     n_q, n_k = integer(4, 10), integer(20, 30)

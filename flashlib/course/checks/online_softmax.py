@@ -367,10 +367,9 @@ def _explain_parts(case: Case, out: torch.Tensor) -> list[str]:
     got_m, want_m = out[:, 0].double().cpu(), expected[:, 0]
     empty = case.context["empty_rows"]
     wrong_m = ~_same_m(got_m, want_m, case.tolerance)
-    for rows in (wrong_m & ~empty, wrong_m & empty):  # the first wrong m of a row with keys, of an empty row
-        if rows.any():
-            lines.append((int(rows.nonzero()[0]), _explain_m(case, int(rows.nonzero()[0]), got_m, want_m)))
-    return [lines[0]] + [line for _, line in sorted(lines[1:])]
+    # the first row with keys whose m is wrong, and the first empty row whose m is not -inf, in row order
+    rows = sorted(int(wrong.nonzero()[0]) for wrong in (wrong_m & ~empty, wrong_m & empty) if wrong.any())
+    return lines + [_explain_m(case, row, got_m, want_m) for row in rows]
 
 
 def _explain_m(case: Case, row: int, got_m: torch.Tensor, want_m: torch.Tensor) -> str:

@@ -16,12 +16,18 @@ Exercise signatures (stated in the notebook; plain Python numbers in and out):
   overlap, so the slower of the two sets it, ``max(flops / peak, bytes / bandwidth)``.
 
 Each case is a list of calls; the compared tensor has one value per call (float64,
-relative tolerance 1e-9: these are exact formulas). The wrong answers it names:
+relative tolerance 1e-9: these are exact formulas). The first cases of each check
+are fixed (the same calls whatever the seed), so that every wrong answer below fails
+one of them in every run; seeded random calls follow. The wrong answers it names:
 no causal halving (or only in the forward), N(N+1)/2 instead of half, 2 n^2 d (one
 product) or n^2 d (multiply-adds as one FLOP), the backward not 2.5x, training not
-3.5x, the mode ignored, batch or heads left out; milliseconds taken as seconds,
-GFLOP/s, binary (2^40) tera; the sum or the min of the two times instead of the max,
-one ceiling only, GiB/s or TiB-sized units, seconds or microseconds instead of ms.
+3.5x, the mode ignored, batch or heads left out; for TFLOP/s, by the factor the
+result is off: 1000x too small (ms used as seconds, or divided by 1e15: PFLOP/s),
+1000x too large (divided by 1e9: GFLOP/s, or ms -> s by 1e-6), 10^6 too small (ms
+multiplied by 1000 instead of divided), binary (2^40) tera, multiplied by the
+time; the sum or the min of the two times instead of the max, one ceiling only,
+GiB/s or 2^40 units, seconds or microseconds instead of ms, TFLOP/s taken as
+GFLOP/s, GB/s taken as TB/s, units dropped.
 """
 from __future__ import annotations
 
@@ -193,9 +199,9 @@ def _flops_case(description: str, calls) -> Case:
 
 
 def _flops_cases(gen):
-    ns = [512, 1024, 2048, 4096, 8192, 16384]
-    picked = sorted({_choice(gen, ns) for _ in range(3)})
-    dims = (64, 128)
+    # Fixed: FA2's benchmark shapes (batch >= 2 for these n, so a missing batch shows), then causal,
+    # then the modes, then the modes with causal (a halving done in the forward only shows there).
+    picked, dims = [512, 2048, 8192], (64, 128)
     cases = [_flops_case(f"forward, not causal, FA2 benchmark shapes (batch = 16384 // n, heads = 2048 // d), "
                          f"n in {picked}, d in {list(dims)}",
                          [(_fa2_shape(n, d), {"causal": False, "mode": "fwd"}) for n in picked for d in dims])]
@@ -206,6 +212,9 @@ def _flops_cases(gen):
     cases.append(_flops_case(
         f"the three modes 'fwd', 'bwd', 'train', not causal, n in {picked}, d = 64",
         [(_fa2_shape(n, 64), {"causal": False, "mode": mode}) for n in picked for mode in MODE_FACTOR]))
+    cases.append(_flops_case(
+        f"the three modes, causal: the backward skips the same blocks as the forward, n in {picked}, d = 128",
+        [(_fa2_shape(n, 128), {"causal": True, "mode": mode}) for n in picked for mode in MODE_FACTOR]))
     calls = []
     for _ in range(24):
         shape = (_randint(gen, 1, 8), _randint(gen, 1, 32), _randint(gen, 1, 8192), _choice(gen, (16, 32, 64, 128, 256)))
@@ -236,12 +245,28 @@ def _tflops_variant(**bug):
 
 
 TFLOPS_MISTAKES = (
+    # The same output can come from two slips (a factor of 1000 is a factor of 1000): each factor has
+    # a mistake per slip, so that the verdict names both ("likely mistake: ... or: ...").
     _mistake("ms as seconds",
-             "the time is in milliseconds: divide by ms * 1e-3 seconds (the result was 1000x off)",
-             _tflops_variant(seconds_per_ms=1.0), _tflops_variant(seconds_per_ms=1e3)),
+             "the result is 1000x too small: the time was used as if it were in seconds. It is in "
+             "milliseconds: FLOP/s = flops / (ms * 1e-3)",
+             _tflops_variant(seconds_per_ms=1.0)),
+    _mistake("PFLOP/s",
+             "the result is 1000x too small: dividing the FLOP/s by 1e15 gives PFLOP/s (peta); TFLOP/s "
+             "divides by 1e12",
+             _tflops_variant(unit=1e15)),
     _mistake("GFLOP/s",
-             "TFLOP/s means 10^12 FLOP per second (tera); dividing by 1e9 gives GFLOP/s",
+             "the result is 1000x too large: dividing the FLOP/s by 1e9 gives GFLOP/s (giga); TFLOP/s "
+             "divides by 1e12 (tera)",
              _tflops_variant(unit=1e9)),
+    _mistake("ms as microseconds",
+             "the result is 1000x too large: the time was converted with 1e-6 (microseconds to seconds); "
+             "milliseconds to seconds is ms * 1e-3",
+             _tflops_variant(seconds_per_ms=1e-6)),
+    _mistake("ms converted the wrong way",
+             "the result is 10^6 times too small: milliseconds were multiplied by 1000 (ms * 1e3, or "
+             "ms / 1e-3), which makes the time 10^6 times too long; seconds = ms * 1e-3 (or ms / 1e3)",
+             _tflops_variant(seconds_per_ms=1e3)),
     _mistake("binary tera",
              "tera is 10^12 in FLOP/s (decimal), not 2^40 = 1.0995e12: GPU datasheets and benchmarks use "
              "powers of ten",
@@ -260,8 +285,9 @@ def _tflops_case(description: str, calls) -> Case:
 
 
 def _tflops_cases(gen):
-    first = [((attention_flops(*_fa2_shape(n, 64)), _uniform_log(gen, 0.2, 2.0)), {}) for n in (1024, 4096)]
-    cases = [_tflops_case("two forward passes at FA2 benchmark shapes, times 0.2..2 ms", first)]
+    first = [((attention_flops(*_fa2_shape(n, 64)), ms), {}) for n, ms in ((1024, 0.35), (4096, 1.7))]
+    cases = [_tflops_case("two forward passes at FA2 benchmark shapes: n = 1024 in 0.35 ms, n = 4096 in 1.7 ms",
+                          first)]
     calls = [((_uniform_log(gen, 1e6, 1e16), _uniform_log(gen, 1e-3, 1e4)), {}) for _ in range(12)]
     cases.append(_tflops_case("12 random (flops, ms), flops 1e6..1e16, ms 0.001..10000", calls))
     return cases
@@ -314,13 +340,30 @@ ROOFLINE_MISTAKES = (
              _roofline_variant(byte_unit=2.0 ** 30), _roofline_variant(flop_unit=2.0 ** 40),
              _roofline_variant(byte_unit=2.0 ** 30, flop_unit=2.0 ** 40)),
     _mistake("not milliseconds",
-             "the time must be in milliseconds: flops / (peak_tflops * 1e12) is in seconds, multiply by 1e3",
-             _roofline_variant(to_result=1.0), _roofline_variant(to_result=1e6), _roofline_variant(to_result=1e-3)),
+             "the result is 1000x too small: it is in seconds, and the time must be in milliseconds: "
+             "flops / (peak_tflops * 1e12) is in seconds, multiply by 1e3",
+             _roofline_variant(to_result=1.0)),
+    _mistake("microseconds",
+             "the result is 1000x too large: multiplying the seconds by 1e6 gives microseconds; "
+             "milliseconds are seconds * 1e3",
+             _roofline_variant(to_result=1e6)),
+    _mistake("seconds divided by 1000",
+             "the result is 10^6 times too small: the seconds were divided by 1e3; milliseconds are "
+             "seconds * 1e3 (there are 1000 ms in a second)",
+             _roofline_variant(to_result=1e-3)),
+    _mistake("TFLOP/s as GFLOP/s",
+             "the compute time is 1000x too long: peak_tflops was multiplied by 1e9, which reads it as GFLOP/s; "
+             "TFLOP/s is 10^12 FLOP/s, so compute_s = flops / (peak_tflops * 1e12)",
+             _roofline_variant(flop_unit=1e9)),
+    _mistake("GB/s as TB/s",
+             "the memory time is 1000x too short: hbm_gb_per_s was multiplied by 1e12, which reads it as TB/s; "
+             "GB/s is 10^9 bytes/s, so memory_s = bytes_moved / (hbm_gb_per_s * 1e9)",
+             _roofline_variant(byte_unit=1e12)),
     _mistake("units dropped",
              "peak_tflops is in 10^12 FLOP/s and hbm_gb_per_s in 10^9 bytes/s: convert both to per-second "
              "rates (x 1e12, x 1e9) before dividing",
-             _roofline_variant(flop_unit=1e9), _roofline_variant(byte_unit=1e12),
-             _roofline_variant(flop_unit=1.0, byte_unit=1.0), _roofline_variant(flop_unit=1e9, byte_unit=1e12)),
+             _roofline_variant(flop_unit=1.0, byte_unit=1.0), _roofline_variant(flop_unit=1e9, byte_unit=1e12),
+             _roofline_variant(flop_unit=1.0), _roofline_variant(byte_unit=1.0)),
 )
 
 #: Ceilings to draw cases from: (name, dense fp16 TFLOP/s, HBM GB/s) of datasheets.
@@ -334,17 +377,21 @@ def _roofline_case(description: str, calls) -> Case:
 
 
 def _roofline_cases(gen):
-    name, peak, hbm = _choice(gen, CEILINGS)
+    name, peak, hbm = CEILINGS[0]
     ridge = peak * 1e12 / (hbm * 1e9)  # FLOP per byte where the two times are equal
 
-    def call(intensity):
-        bytes_moved = _uniform_log(gen, 1e6, 1e10)
+    def call(intensity, bytes_moved):
         return (intensity * bytes_moved, bytes_moved, peak, hbm), {}
 
-    first = [call(ridge * _uniform_log(gen, 2.0, 50.0)) for _ in range(2)]
-    first += [call(ridge / _uniform_log(gen, 2.0, 50.0)) for _ in range(2)]
+    # Fixed: two compute-bound calls and three memory-bound ones, 3x to 2000x away from the ridge; the
+    # last, an elementwise op (about 0.15 FLOP per byte), is so memory-bound that even a memory time
+    # 1000x too short (or a compute time 1000x too long) leaves it memory-bound, so that those slips
+    # cannot pass for "compute only" or for each other.
+    first = [call(ridge * 3.0, 2.5e8), call(ridge * 40.0, 6.0e6), call(ridge / 4.0, 3.2e9), call(ridge / 25.0, 7.5e7),
+             call(ridge / 2000.0, 4.0e9)]
     cases = [_roofline_case(f"{name} ceilings ({peak} TFLOP/s, {hbm} GB/s): two compute-bound calls (arithmetic "
-                            "intensity above the ridge), then two memory-bound ones (below it)", first)]
+                            "intensity 3x and 40x the ridge), then three memory-bound ones (1/4, 1/25 and 1/2000 of "
+                            "it: an elementwise op)", first)]
     calls = []
     for _ in range(12):
         peak, hbm = _uniform_log(gen, 10.0, 2000.0), _uniform_log(gen, 100.0, 8000.0)
