@@ -62,12 +62,34 @@ def time_ms(fn: Callable[[], object], warmup: int = 25, rep: int = 100, grad_to_
             t.grad = None
         fn()
 
-    call()  # warm-up: the interpreter has no compile step, but torch may allocate
-    samples = []
-    for _ in range(max(1, min(rep, 3))):
-        start = time.perf_counter()
+    return _cpu_time_ms(call, rep)
+
+
+def _cpu_time_ms(call: Callable[[], object], rep: int, warmup_budget_s: float = 2.0) -> float:
+    """Median milliseconds of ``call()`` off the GPU, after a warm-up that lasts until it is stable.
+
+    The first calls pay one-off costs (thread pools, allocations, lazy imports) that can be
+    a thousand times one call of a small op; the warm-up goes on until two calls in a row
+    agree within 25% (at most 10 calls or ``warmup_budget_s``). A call shorter than a few
+    milliseconds is repeated inside each sample, so the clock's resolution does not count.
+    """
+    previous, started = None, time.perf_counter()
+    for _ in range(10):
+        begin = time.perf_counter()
         call()
-        samples.append((time.perf_counter() - start) * 1e3)
+        last = time.perf_counter() - begin
+        if previous is not None and abs(last - previous) <= 0.25 * max(last, previous):
+            break
+        previous = last
+        if time.perf_counter() - started > warmup_budget_s:
+            break
+    inner = min(1000, max(1, int(0.005 / max(last, 1e-7))))
+    samples = []
+    for _ in range(max(1, min(rep, 5 if last < 0.2 else 3))):
+        begin = time.perf_counter()
+        for _ in range(inner):
+            call()
+        samples.append((time.perf_counter() - begin) * 1e3 / inner)
     return statistics.median(samples)
 
 
