@@ -2,23 +2,33 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-# Which torch to install. CPU-only machines with a local wheel: make test TORCH=torch==2.13.0
+# Which torch to install (what `pip install` gets), and from where: TORCH_INDEX=auto takes PyTorch's
+# CPU-only index on a machine without an NVIDIA driver and pip's default otherwise; `default` is pip's
+# own configuration (e.g. a local wheel); or give an index URL. See tools/torch_choice.py.
 TORCH  ?= torch
+TORCH_INDEX ?= auto
 NB     ?= exercises
 # Extra flags for make bench-all, e.g. BENCH_ARGS="--dtype fp16" (see python -m flashlib.bench --help)
 BENCH_ARGS ?=
 PYTEST_NOTEBOOKS := notebooks solutions
 
-.PHONY: help install lab test test-lib test-notebooks test-browser advanced demo grade exercises bench bench-all report gpu-info experiment clean
+.PHONY: FORCE help install lab test test-lib test-notebooks test-browser advanced demo grade exercises bench bench-all report gpu-info experiment clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
 
-$(VENV)/.installed: pyproject.toml
+# A changed TORCH or TORCH_INDEX reinstalls: the choice is kept in a stamp file.
+TORCH_STAMP := $(VENV)/.torch-choice
+$(TORCH_STAMP): FORCE
+	@mkdir -p $(VENV)
+	@echo '$(TORCH) $(TORCH_INDEX)' | cmp -s - $@ || echo '$(TORCH) $(TORCH_INDEX)' > $@
+
+$(VENV)/.installed: pyproject.toml constraints.txt $(TORCH_STAMP)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "$(TORCH)"
-	$(PY) -m pip install --quiet -e ".[lab,test]"
+	$(PY) -m pip install --progress-bar on $$($(PY) tools/torch_choice.py "$(TORCH)" "$(TORCH_INDEX)")
+	@echo "installing flashlib with its lab and test extras"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[lab,test]"
 	touch $@
 
 install: $(VENV)/.installed  ## create .venv and install flashlib with the lab and test extras

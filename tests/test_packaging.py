@@ -24,7 +24,7 @@ def _environment_pip_requirements():
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     pip_sections = [d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d]
     assert len(pip_sections) == 1, "environment.yml should have one pip: section"
-    return [r for r in pip_sections[0] if not r.startswith("-e")], pip_sections[0]
+    return [r for r in pip_sections[0] if not r.startswith("-")], pip_sections[0]
 
 
 def _normalise(req: str) -> str:
@@ -61,3 +61,40 @@ def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text()
     assert "make test" in readme
     assert re.search(r"^make test\b", ci, re.M)
+
+
+def test_the_tested_versions_live_in_one_constraints_file():
+    constraints = (ROOT / "constraints.txt").read_text()
+    assert re.search(r"^torch[<>=]", constraints, re.M) and re.search(r"^triton[<>=]", constraints, re.M)
+    _, raw = _environment_pip_requirements()
+    assert "-c constraints.txt" in raw
+    assert "-c constraints.txt" in (ROOT / "Makefile").read_text()
+
+
+def _torch_choice():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("torch_choice", ROOT / "tools" / "torch_choice.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_machine_without_an_nvidia_gpu_gets_the_cpu_build():
+    choice = _torch_choice()
+    assert choice.pip_args("torch", "auto", nvidia=False) == [
+        "torch", "-c", "constraints.txt", "--index-url", choice.CPU_INDEX]
+    assert choice.pip_args("torch", "auto", nvidia=True) == ["torch", "-c", "constraints.txt"]
+    assert choice.pip_args("torch==2.13.0", "default", nvidia=False) == ["torch==2.13.0", "-c", "constraints.txt"]
+    assert choice.pip_args("torch", "https://example.org/simple", nvidia=True)[-1] == "https://example.org/simple"
+    assert "200 MB" in choice.describe("torch", "auto", nvidia=False)
+    import pytest
+
+    with pytest.raises(ValueError, match="TORCH_INDEX: expected auto, default or an index URL, got 'cpu'"):
+        choice.pip_args("torch", "cpu", nvidia=False)
+
+
+def test_a_changed_torch_choice_reinstalls():
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^\$\(VENV\)/\.installed:.*\$\(TORCH_STAMP\)", makefile, re.M)
+    assert "TORCH_INDEX" in (ROOT / ".ci" / "run").read_text()
