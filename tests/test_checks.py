@@ -54,6 +54,15 @@ def attention_returns_p(q, k, v):
     return torch.softmax(_scaled_scores(q, k), dim=-1)
 
 
+def attention_scale_from_n(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-2]), dim=-1) @ v
+
+
+def attention_scales_q_in_place(q, k, v):
+    q /= math.sqrt(q.shape[-1])  # right values, but the caller's q is changed
+    return torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v
+
+
 def attention_hangs(q, k, v):
     while True:
         pass
@@ -96,6 +105,25 @@ def test_naive_attention_names_the_mistake(wrong, words):
     assert not result.passed
     assert "likely mistake: looks like" in result.feedback and words in result.feedback
     assert "case 1 of 5" in result.feedback and "expected" in result.feedback
+
+
+@pytest.mark.parametrize("seed", [None, 1, 2])
+def test_naive_attention_scale_from_the_sequence_length_is_named(seed):
+    result = checks.check_naive_attention(attention_scale_from_n, seed=seed)
+    assert not result.passed and "case 2 of 5" in result.feedback  # case 1 has N = D: no difference there
+    assert "likely mistake: looks like the scale uses the sequence length instead of the head dim" in result.feedback
+
+
+def test_naive_attention_that_changes_its_input_in_place_fails():
+    result = checks.check_naive_attention(attention_scales_q_in_place)
+    assert not result.passed and result.points == 0
+    assert "right values, but your code changed its input in place (argument 1)" in result.feedback
+    assert "case 1 of 5" in result.feedback and "x = x - m, not x -= m" in result.feedback
+
+
+def test_naive_attention_first_case_is_the_same_whatever_the_seed():
+    first = [framework.make_cases(checks.attention_basics.NAIVE_ATTENTION_CHECK, seed=seed)[0] for seed in (0, 1)]
+    assert all(torch.equal(a, b) for a, b in zip(first[0].args, first[1].args))
 
 
 def test_naive_attention_wrong_shape_is_explained():
@@ -169,6 +197,28 @@ def softmax_minus_min(x):
     return e / e.sum(dim=-1, keepdim=True)
 
 
+def softmax_global_max(x):
+    e = torch.exp(x - x.max())  # the max of the whole tensor
+    return e / e.sum(dim=-1, keepdim=True)
+
+
+def softmax_global_max_guarded(x):
+    e = torch.exp(x - x.max())
+    total = e.sum(dim=-1, keepdim=True)
+    return e / torch.where(total > 0, total, torch.ones_like(total))
+
+
+def softmax_column_max(x):
+    e = torch.exp(x - x.amax(dim=0, keepdim=True))
+    return e / e.sum(dim=-1, keepdim=True)
+
+
+def softmax_in_place(x):
+    x -= x.amax(dim=-1, keepdim=True)  # right values, but the caller's x is changed
+    e = torch.exp(x)
+    return e / e.sum(dim=-1, keepdim=True)
+
+
 def softmax_hangs(x):
     total = 0
     while total >= 0:
@@ -180,7 +230,7 @@ def test_stable_softmax_passes_the_right_answer_and_torch_softmax(capsys):
     assert checks.check_stable_softmax(softmax_right).passed
     assert checks.check_stable_softmax(lambda x: torch.softmax(x, dim=-1)).passed
     out = capsys.readouterr().out
-    assert out == "✓ stable_softmax: correct on 4 cases (2/2 points)\n" * 2
+    assert out == "✓ stable_softmax: correct on 5 cases (2/2 points)\n" * 2
 
 
 def test_stable_softmax_blank_is_not_attempted():
@@ -191,8 +241,37 @@ def test_stable_softmax_blank_is_not_attempted():
 def test_stable_softmax_without_max_fails_on_large_values_and_says_so():
     result = checks.check_stable_softmax(softmax_without_max)
     assert not result.passed
-    assert "large values" in result.feedback and "NaN" in result.feedback
-    assert "row max is not subtracted" in result.feedback
+    assert "case 1 of 5: x (4, 6), float64, rows at very different offsets: around +800" in result.feedback
+    assert "NaN" in result.feedback and "row max is not subtracted" in result.feedback
+
+
+@pytest.mark.parametrize("seed", [None, 1, 2, 3])
+@pytest.mark.parametrize("wrong, headline, row", [
+    (softmax_global_max, "NaN or inf in the output", "row [2] sums to nan"),
+    (softmax_global_max_guarded, "wrong values", "row [2] sums to 0"),
+], ids=lambda x: getattr(x, "__name__", None))
+def test_stable_softmax_global_max_fails_in_every_run_and_is_named(wrong, headline, row, seed):
+    # random rows rarely sit far enough apart; the fixed first case has rows near +800, +300, -300, -800
+    result = checks.check_stable_softmax(wrong, seed=seed)
+    assert not result.passed and result.points == 0
+    assert f"✗ stable_softmax: {headline}" in result.feedback and "case 1 of 5" in result.feedback
+    assert f"every row must sum to 1; {row}" in result.feedback
+    assert ("likely mistake: looks like the max of the whole tensor (x.max()) is subtracted, not each row's "
+            "own max") in result.feedback
+    assert "\n  or: " not in result.feedback
+
+
+def test_stable_softmax_max_over_the_wrong_dim_is_named():
+    result = checks.check_stable_softmax(softmax_column_max)
+    assert not result.passed and "case 1 of 5" in result.feedback
+    assert "the max is taken over the wrong dimension (each column's max, not each row's)" in result.feedback
+
+
+def test_stable_softmax_that_changes_its_input_in_place_fails():
+    result = checks.check_stable_softmax(softmax_in_place)
+    assert not result.passed and result.points == 0
+    assert "right values, but your code changed its input in place (argument 1)" in result.feedback
+    assert "a function must not modify the tensors it is given" in result.feedback
 
 
 @pytest.mark.parametrize("wrong, words", [
@@ -359,11 +438,140 @@ def matmul_slow_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, strid
              mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
+# More wrong k-loops, from one jit body (the bug picked by a constexpr).
+(MM_NO_OTHER, MM_NO_OTHER_ON_B, MM_A_ADVANCED_BY_BLOCK_K, MM_B_REBUILT_WITHOUT_STRIDE_BN, MM_LOOP_TO_K_MINUS_BLOCK,
+ MM_LOOP_TO_WHOLE_BLOCKS, MM_A_STEPS_WITH_STRIDE_AM, MM_A_ASSUMED_CONTIGUOUS) = (tl.constexpr(i) for i in range(8))
+
+
+@triton.jit
+def _matmul_bug_body(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                     stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, BUG: tl.constexpr):
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_m = pid // num_pid_n
+    pid_n = pid % num_pid_n
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k_end = K
+    if BUG == MM_LOOP_TO_K_MINUS_BLOCK:
+        k_end = K - BLOCK_K
+    elif BUG == MM_LOOP_TO_WHOLE_BLOCKS:
+        k_end = K // BLOCK_K * BLOCK_K
+    for k0 in range(0, k_end, BLOCK_K):
+        a_mask = (offs_m[:, None] < M) & (offs_k[None, :] + k0 < K)
+        b_mask = (offs_k[:, None] + k0 < K) & (offs_n[None, :] < N)
+        if BUG == MM_NO_OTHER:
+            a = tl.load(a_ptrs, mask=a_mask)
+            b = tl.load(b_ptrs, mask=b_mask)
+        elif BUG == MM_NO_OTHER_ON_B:
+            a = tl.load(a_ptrs, mask=a_mask, other=0.0)
+            b = tl.load(b_ptrs, mask=b_mask)
+        elif BUG == MM_A_ASSUMED_CONTIGUOUS:
+            a = tl.load(a_ptr + offs_m[:, None] * K + (k0 + offs_k)[None, :], mask=a_mask, other=0.0)
+            b = tl.load(b_ptrs, mask=b_mask, other=0.0)
+        elif BUG == MM_B_REBUILT_WITHOUT_STRIDE_BN:
+            a = tl.load(a_ptrs, mask=a_mask, other=0.0)
+            b = tl.load(b_ptr + (k0 + offs_k)[:, None] * stride_bk + offs_n[None, :], mask=b_mask, other=0.0)
+        else:
+            a = tl.load(a_ptrs, mask=a_mask, other=0.0)
+            b = tl.load(b_ptrs, mask=b_mask, other=0.0)
+        acc += tl.dot(a, b)
+        if BUG == MM_A_ADVANCED_BY_BLOCK_K:
+            a_ptrs += BLOCK_K  # assumes stride_ak == 1
+        elif BUG == MM_A_STEPS_WITH_STRIDE_AM:
+            a_ptrs += BLOCK_K * stride_am
+        else:
+            a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.jit
+def matmul_no_other_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                           stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                           BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    _matmul_bug_body(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                     stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, MM_NO_OTHER)
+
+
+@triton.jit
+def matmul_no_other_on_b_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                                stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    _matmul_bug_body(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                     stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, MM_NO_OTHER_ON_B)
+
+
+@triton.jit
+def matmul_a_advanced_by_block_k_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
+                                        stride_bn, stride_cm, stride_cn, BLOCK_M: tl.constexpr,
+                                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    _matmul_bug_body(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                     stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, MM_A_ADVANCED_BY_BLOCK_K)
+
+
+@triton.jit
+def matmul_b_rebuilt_without_stride_bn_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
+                                              stride_bn, stride_cm, stride_cn, BLOCK_M: tl.constexpr,
+                                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                                              GROUP_M: tl.constexpr):
+    _matmul_bug_body(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                     stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, MM_B_REBUILT_WITHOUT_STRIDE_BN)
+
+
+@triton.jit
+def matmul_loop_to_k_minus_block_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
+                                        stride_bn, stride_cm, stride_cn, BLOCK_M: tl.constexpr,
+                                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    _matmul_bug_body(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                     stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, MM_LOOP_TO_K_MINUS_BLOCK)
+
+
+@triton.jit
+def matmul_loop_to_whole_blocks_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
+                                       stride_bn, stride_cm, stride_cn, BLOCK_M: tl.constexpr,
+                                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    _matmul_bug_body(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                     stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, MM_LOOP_TO_WHOLE_BLOCKS)
+
+
+@triton.jit
+def matmul_a_steps_with_stride_am_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
+                                         stride_bn, stride_cm, stride_cn, BLOCK_M: tl.constexpr,
+                                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    _matmul_bug_body(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                     stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, MM_A_STEPS_WITH_STRIDE_AM)
+
+
+@triton.jit
+def matmul_a_assumed_contiguous_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
+                                       stride_bn, stride_cm, stride_cn, BLOCK_M: tl.constexpr,
+                                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    _matmul_bug_body(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                     stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, MM_A_ASSUMED_CONTIGUOUS)
+
+
+@triton.jit
+def masked_copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr, WITH_OTHER: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    if WITH_OTHER:
+        x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    else:
+        x = tl.load(x_ptr + offs, mask=offs < n)
+    tl.store(y_ptr + offs, x)
+
+
 def test_matmul_kernel_passes_the_library_kernel(capsys):
     result = checks.check_matmul_kernel(matmul_kernel)
     assert result.passed and result.points == 3
     assert result.exercise == "02_triton_tiled_matmul.matmul_kernel"
-    assert capsys.readouterr().out == "✓ matmul_kernel: correct on 4 cases (3/3 points)\n"
+    assert capsys.readouterr().out == "✓ matmul_kernel: correct on 7 cases (3/3 points)\n"
 
 
 @pytest.mark.parametrize("blank, words", [
@@ -389,7 +597,7 @@ def test_matmul_kernel_names_the_mistake(wrong, words):
 
 def test_matmul_kernel_k_tail_failure_shows_the_case_and_the_nan():
     result = checks.check_matmul_kernel(matmul_no_k_mask_kernel)
-    assert "case 2 of 4: A (45, 50) @ B (50, 70)" in result.feedback
+    assert "case 3 of 7: A (45, 50) @ B (50, 70)" in result.feedback
     assert "NaN or inf in the output" in result.feedback and "got nan" in result.feedback
 
 
@@ -415,6 +623,85 @@ def test_matmul_kernel_slow_kernel_is_stopped_by_the_time_limit():
     assert "took longer than 0.5 s (an infinite loop? a too-large grid?)" in result.feedback
     # the interpreter was left usable
     assert checks.check_matmul_kernel(matmul_kernel).passed
+
+
+UNDEFINED_LANES_HINT = "likely mistake: a masked tl.load without other= reads undefined values in the masked lanes"
+
+
+@pytest.mark.parametrize("wrong, case, words", [
+    (matmul_no_other_kernel, 2, UNDEFINED_LANES_HINT),
+    (matmul_no_other_on_b_kernel, 2, UNDEFINED_LANES_HINT),
+    (matmul_loop_to_k_minus_block_kernel, 1, "likely mistake: the k-loop stops before the end of K"),
+    (matmul_loop_to_whole_blocks_kernel, 2, "likely mistake: the k-loop stops before the end of K"),
+    (matmul_a_advanced_by_block_k_kernel, 4, "likely mistake: A is not read through its strides"),
+    (matmul_a_steps_with_stride_am_kernel, 1, "likely mistake: A is not read through its strides"),
+    (matmul_a_assumed_contiguous_kernel, 1, "likely mistake: A is not read through its strides"),
+    (matmul_b_rebuilt_without_stride_bn_kernel, 5, "likely mistake: B is not read through its strides"),
+])
+def test_matmul_kernel_names_the_mistake_on_the_case_made_for_it(wrong, case, words):
+    result = checks.check_matmul_kernel(wrong)
+    assert not result.passed and result.points == 0
+    assert f"case {case} of 7" in result.feedback
+    assert words in result.feedback and "\n  or: " not in result.feedback, result.feedback
+
+
+def test_matmul_kernel_masked_load_without_other_is_told_to_add_other():
+    result = checks.check_matmul_kernel(matmul_no_other_kernel)
+    assert "the memory past K holds 0" in result.feedback  # a load that ignores its K mask would read 0
+    assert "Add other=0.0 to both loads" in result.feedback
+    assert "K-tail mask is missing" not in result.feedback
+
+
+def test_matmul_kernel_a_loop_that_stops_early_is_not_told_pointers_are_not_advanced():
+    for wrong in (matmul_loop_to_k_minus_block_kernel, matmul_loop_to_whole_blocks_kernel):
+        result = checks.check_matmul_kernel(wrong)
+        assert "pointers are not advanced" not in result.feedback
+        assert "range(0, K, BLOCK_K)" in result.feedback
+
+
+def test_matmul_kernel_transposed_operands_are_described_with_their_strides():
+    result = checks.check_matmul_kernel(matmul_a_advanced_by_block_k_kernel)
+    assert "A is a transposed view, strides (1, " in result.feedback
+    assert "wrong values" in result.feedback  # the memory around A holds numbers there, not NaN
+    result = checks.check_matmul_kernel(matmul_b_rebuilt_without_stride_bn_kernel)
+    assert "B is a transposed view, strides (1, " in result.feedback
+
+
+def _masked_copy(with_other: bool) -> torch.Tensor:
+    x = torch.arange(1.0, 9.0, device=runtime.DEVICE)
+    y = torch.full((16,), -1.0, device=runtime.DEVICE)
+    masked_copy_kernel[(1,)](x, y, 8, BLOCK=16, WITH_OTHER=with_other)
+    return y.cpu()
+
+
+@interpreter_only
+def test_masked_lanes_are_nan_only_inside_the_context_and_only_without_other():
+    from flashlib.course.checks.matmul import nan_in_masked_lanes
+
+    assert torch.equal(_masked_copy(False)[8:], torch.zeros(8))  # the interpreter's own fill
+    with nan_in_masked_lanes():
+        assert torch.isnan(_masked_copy(False)[8:]).all()
+        assert torch.equal(_masked_copy(False)[:8], torch.arange(1.0, 9.0))
+        assert torch.equal(_masked_copy(True)[8:], torch.zeros(8))  # other=0.0 is obeyed
+    assert torch.equal(_masked_copy(False)[8:], torch.zeros(8))
+    with pytest.raises(RuntimeError, match="inside"):
+        with nan_in_masked_lanes():
+            raise RuntimeError("inside")
+    assert torch.equal(_masked_copy(False)[8:], torch.zeros(8))  # restored after an exception too
+
+
+@interpreter_only
+def test_a_check_leaves_the_interpreter_and_the_library_kernels_as_they_were():
+    from triton.runtime import interpreter
+
+    from flashlib.matmul import triton_matmul
+
+    assert not checks.check_matmul_kernel(matmul_no_other_kernel).passed
+    assert not checks.check_matmul_kernel(matmul_slow_kernel, time_limit_s=0.2).passed  # stopped mid-launch
+    assert "create_masked_load" not in vars(interpreter.interpreter_builder)
+    assert torch.equal(_masked_copy(False)[8:], torch.zeros(8))
+    a, b = torch.randn(45, 50, device=runtime.DEVICE), torch.randn(50, 70, device=runtime.DEVICE)
+    assert torch.allclose(triton_matmul(a, b), a @ b, atol=1e-4)
 
 
 # ------------------------------------------------------------------ framework

@@ -128,7 +128,7 @@ def test_ds_a_row_vector_is_a_wrong_shape():
 # ---------------------------------------------------------------------- dK / dV
 
 (RIGHT, LOOP_STUB, P_NOT_PT, NO_DK_SCALE, DP_IN_DK, NO_DELTA, SIGN_FLIPPED, P_EXP, P_TILE_SOFTMAX,
- P_EXP2, UNSCALED_S, NO_TAIL_MASK) = (tl.constexpr(i) for i in range(12))
+ P_EXP2, UNSCALED_S, NO_TAIL_MASK, NO_OTHER, NO_OTHER_ON_D) = (tl.constexpr(i) for i in range(14))
 
 
 @triton.jit
@@ -159,6 +159,16 @@ def _dkdv_body(Q, K, V, DO, L, DELTA, DK, DV, sm_scale,
                 do = tl.load(do_ptrs)
                 lse = tl.load(L + off_h * N_Q + rows)
                 delta = tl.load(DELTA + off_h * N_Q + rows)
+            elif BUG == NO_OTHER:
+                q = tl.load(q_ptrs, mask=rows[:, None] < N_Q)
+                do = tl.load(do_ptrs, mask=rows[:, None] < N_Q)
+                lse = tl.load(L + off_h * N_Q + rows, mask=rows < N_Q)
+                delta = tl.load(DELTA + off_h * N_Q + rows, mask=rows < N_Q)
+            elif BUG == NO_OTHER_ON_D:
+                q = tl.load(q_ptrs, mask=rows[:, None] < N_Q, other=0.0)
+                do = tl.load(do_ptrs, mask=rows[:, None] < N_Q, other=0.0)
+                lse = tl.load(L + off_h * N_Q + rows, mask=rows < N_Q, other=0.0)
+                delta = tl.load(DELTA + off_h * N_Q + rows, mask=rows < N_Q)
             else:
                 q = tl.load(q_ptrs, mask=rows[:, None] < N_Q, other=0.0)
                 do = tl.load(do_ptrs, mask=rows[:, None] < N_Q, other=0.0)
@@ -318,11 +328,31 @@ def no_tail_mask_kernel(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, stri
                N_Q, N_K, HEAD_DIM, BLOCK_M, BLOCK_N, NO_TAIL_MASK)
 
 
+@triton.jit
+def no_other_kernel(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+                    stride_vh, stride_vn, stride_doh, stride_don, stride_dkh, stride_dkn, stride_dvh,
+                    stride_dvn, N_Q, N_K, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr):
+    _dkdv_body(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+               stride_vh, stride_vn, stride_doh, stride_don, stride_dkh, stride_dkn, stride_dvh, stride_dvn,
+               N_Q, N_K, HEAD_DIM, BLOCK_M, BLOCK_N, NO_OTHER)
+
+
+@triton.jit
+def no_other_on_d_kernel(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+                         stride_vh, stride_vn, stride_doh, stride_don, stride_dkh, stride_dkn, stride_dvh,
+                         stride_dvn, N_Q, N_K, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr):
+    _dkdv_body(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+               stride_vh, stride_vn, stride_doh, stride_don, stride_dkh, stride_dkn, stride_dvh, stride_dvn,
+               N_Q, N_K, HEAD_DIM, BLOCK_M, BLOCK_N, NO_OTHER_ON_D)
+
+
 def test_the_teaching_kernel_passes(capsys):
     result = checks.check_dkdv_kernel(flash_dkdv_kernel)
     assert result.passed and result.points == result.max_points == 4
     assert result.exercise == "05_flash_backward.dkdv_loop"
-    assert capsys.readouterr().out == "✓ dkdv_loop: correct on 3 cases (4/4 points)\n"
+    assert capsys.readouterr().out == "✓ dkdv_loop: correct on 5 cases (4/4 points)\n"
 
 
 def test_a_kernel_written_independently_passes_and_the_verdict_is_deterministic():
@@ -348,12 +378,39 @@ def test_the_blank_exercise_is_not_attempted():
     (p_exp2_kernel, 1, "P uses exp2 with natural-log quantities"),
     (unscaled_s_kernel, 1, "the scores are not scaled before recomputing P"),
     (no_tail_mask_kernel, 2, "NaN from reading past the last query"),
+    (no_other_kernel, 2, "a masked tl.load without other= reads undefined values in the masked lanes"),
+    (no_other_on_d_kernel, 2, "a masked tl.load without other= reads undefined values in the masked lanes"),
 ])
 def test_wrong_kernels_are_named(bug, case, words):
     result = checks.check_dkdv_kernel(bug)
     assert not result.passed and result.points == 0
-    assert f"case {case} of 3" in result.feedback
+    assert f"case {case} of 5" in result.feedback
     assert f"likely mistake: {words}" in result.feedback, result.feedback
+    assert "\n  or: " not in result.feedback, result.feedback
+
+
+def test_a_masked_load_without_other_is_told_to_add_other_not_to_mask():
+    result = checks.check_dkdv_kernel(no_other_kernel)
+    assert "the memory after the last query row of q and dO holds 0" in result.feedback
+    assert "Add other=0.0 to the loads of q, dO, L and D" in result.feedback
+    assert "NaN from reading past the last query" not in result.feedback
+    only_d = checks.check_dkdv_kernel(no_other_on_d_kernel)
+    assert "compared: dK wrong, dV right" in only_d.feedback
+
+
+def test_the_large_gap_case_names_every_wrong_p():
+    """The large-gap case (4) on its own names every way of getting P wrong."""
+    from flashlib.course.checks import backward, framework
+
+    gap = framework.make_cases(backward.DKDV_CHECK)[3:4]
+    assert "large gaps" in gap[0].description
+    for bug, words in [(p_exp_kernel, "P is not recomputed with the logsumexp"),
+                       (p_tile_softmax_kernel, "P is not recomputed with the logsumexp"),
+                       (p_exp2_kernel, "P uses exp2 with natural-log quantities"),
+                       (unscaled_s_kernel, "the scores are not scaled before recomputing P")]:
+        passed, _, details = framework.judge(backward.DKDV_CHECK, gap, framework.run_learner(
+            backward.DKDV_CHECK, bug, gap))
+        assert not passed and f"likely mistake: {words}" in details[-1], details
 
 
 def test_which_gradient_is_wrong_is_said():

@@ -18,7 +18,8 @@ from flashlib.kernels.attention_fwd_simple import flash_forward_kernel  # noqa: 
 
 # Which bug a kernel has (constexpr: globals a compiled kernel reads must be).
 (RIGHT, NO_ACC_RESCALE, NO_L_RESCALE, NO_DIVISION, SCALE_TWICE, LOG2_SCALE_WITH_EXP, NO_TAIL_MASK,
- TAIL_OFF_BY_ONE, NO_LOAD_MASK, LOG2_LSE, NO_M_UPDATE, LOOP_STUB, ALL_STUBS) = (tl.constexpr(i) for i in range(13))
+ TAIL_OFF_BY_ONE, NO_LOAD_MASK, LOG2_LSE, NO_M_UPDATE, LOOP_STUB, ALL_STUBS, BLOCK_MAX_ONLY, NO_OTHER,
+ NO_MAX, K_WITHOUT_OTHER, ALPHA_FLIPPED, P_OLD_MAX) = (tl.constexpr(i) for i in range(19))
 
 
 @triton.jit
@@ -45,6 +46,12 @@ def _forward_body(Q, K, V, O, L, sm_scale, stride_qh, stride_qn, stride_kh, stri
                 v = tl.load(v_ptrs)
                 k_ptrs += BLOCK_N * stride_kn
                 v_ptrs += BLOCK_N * stride_vn
+            elif BUG == NO_OTHER:
+                k = tl.load(k_ptrs + start_n * stride_kn, mask=cols[None, :] < N_K)
+                v = tl.load(v_ptrs + start_n * stride_vn, mask=cols[:, None] < N_K)
+            elif BUG == K_WITHOUT_OTHER:  # harmless: the scores past N_K are replaced by -inf below
+                k = tl.load(k_ptrs + start_n * stride_kn, mask=cols[None, :] < N_K)
+                v = tl.load(v_ptrs + start_n * stride_vn, mask=cols[:, None] < N_K, other=0.0)
             else:
                 k = tl.load(k_ptrs + start_n * stride_kn, mask=cols[None, :] < N_K, other=0.0)
                 v = tl.load(v_ptrs + start_n * stride_vn, mask=cols[:, None] < N_K, other=0.0)
@@ -60,10 +67,22 @@ def _forward_body(Q, K, V, O, L, sm_scale, stride_qh, stride_qn, stride_kh, stri
                 s = tl.where(cols[None, :] <= N_K, s, float("-inf"))
             elif BUG != NO_TAIL_MASK:
                 s = tl.where(cols[None, :] < N_K, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
+            if BUG == BLOCK_MAX_ONLY:
+                m_new = tl.max(s, 1)
+            else:
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+            if BUG == NO_MAX:
+                m_new = tl.zeros([BLOCK_M], dtype=tl.float32)  # exp(s - 0) = exp(s), nothing rescaled
+                m_i = m_new
             if BUG == LOG2_LSE:
                 alpha = tl.math.exp2(m_i - m_new)
                 p = tl.math.exp2(s - m_new[:, None])
+            elif BUG == ALPHA_FLIPPED:
+                alpha = tl.exp(m_new - m_i)
+                p = tl.exp(s - m_new[:, None])
+            elif BUG == P_OLD_MAX:
+                alpha = tl.exp(m_i - m_new)
+                p = tl.exp(s - m_i[:, None])
             else:
                 alpha = tl.exp(m_i - m_new)
                 p = tl.exp(s - m_new[:, None])
@@ -79,6 +98,9 @@ def _forward_body(Q, K, V, O, L, sm_scale, stride_qh, stride_qn, stride_kh, stri
                 m_i = m_new
     if BUG == ALL_STUBS:
         out, lse = acc, m_i
+    elif BUG == NO_MAX:
+        out = acc / l_i[:, None]
+        lse = tl.log(l_i)
     elif BUG == NO_DIVISION:
         out = acc
         lse = m_i + tl.log(l_i)
@@ -195,6 +217,54 @@ def all_stubs_kernel(Q, K, V, O, L, sm_scale, stride_qh, stride_qn, stride_kh, s
                   stride_vn, stride_oh, stride_on, N_Q, N_K, HEAD_DIM, BLOCK_M, BLOCK_N, ALL_STUBS)
 
 
+@triton.jit
+def block_max_only_kernel(Q, K, V, O, L, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+                          stride_vh, stride_vn, stride_oh, stride_on, N_Q, N_K,
+                          HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    _forward_body(Q, K, V, O, L, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn, stride_vh,
+                  stride_vn, stride_oh, stride_on, N_Q, N_K, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_MAX_ONLY)
+
+
+@triton.jit
+def no_other_kernel(Q, K, V, O, L, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+                    stride_vh, stride_vn, stride_oh, stride_on, N_Q, N_K,
+                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    _forward_body(Q, K, V, O, L, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn, stride_vh,
+                  stride_vn, stride_oh, stride_on, N_Q, N_K, HEAD_DIM, BLOCK_M, BLOCK_N, NO_OTHER)
+
+
+@triton.jit
+def k_without_other_kernel(Q, K, V, O, L, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+                           stride_vh, stride_vn, stride_oh, stride_on, N_Q, N_K,
+                           HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    _forward_body(Q, K, V, O, L, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn, stride_vh,
+                  stride_vn, stride_oh, stride_on, N_Q, N_K, HEAD_DIM, BLOCK_M, BLOCK_N, K_WITHOUT_OTHER)
+
+
+@triton.jit
+def no_max_kernel(Q, K, V, O, L, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+                  stride_vh, stride_vn, stride_oh, stride_on, N_Q, N_K,
+                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    _forward_body(Q, K, V, O, L, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn, stride_vh,
+                  stride_vn, stride_oh, stride_on, N_Q, N_K, HEAD_DIM, BLOCK_M, BLOCK_N, NO_MAX)
+
+
+@triton.jit
+def alpha_flipped_kernel(Q, K, V, O, L, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+                         stride_vh, stride_vn, stride_oh, stride_on, N_Q, N_K,
+                         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    _forward_body(Q, K, V, O, L, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn, stride_vh,
+                  stride_vn, stride_oh, stride_on, N_Q, N_K, HEAD_DIM, BLOCK_M, BLOCK_N, ALPHA_FLIPPED)
+
+
+@triton.jit
+def p_old_max_kernel(Q, K, V, O, L, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+                     stride_vh, stride_vn, stride_oh, stride_on, N_Q, N_K,
+                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    _forward_body(Q, K, V, O, L, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn, stride_vh,
+                  stride_vn, stride_oh, stride_on, N_Q, N_K, HEAD_DIM, BLOCK_M, BLOCK_N, P_OLD_MAX)
+
+
 class NaiveKernel(KernelInterface):
     """A 'kernel' that computes S = Q K^T with torch when launched: right values, N x N memory."""
 
@@ -208,7 +278,7 @@ def test_the_teaching_kernel_passes(capsys):
     result = checks.check_flash_forward_kernel(flash_forward_kernel)
     assert result.passed and result.points == result.max_points == 4
     assert result.exercise == "04_flash_forward.inner_loop"
-    assert capsys.readouterr().out == "✓ inner_loop: correct on 4 cases (4/4 points)\n"
+    assert capsys.readouterr().out == "✓ inner_loop: correct on 8 cases (4/4 points)\n"
 
 
 def test_a_kernel_written_independently_passes_and_the_verdict_is_deterministic():
@@ -223,7 +293,7 @@ def test_the_blank_exercise_is_not_attempted(bug):
     result = checks.check_flash_forward_kernel(bug)
     assert not result.passed and result.points == 0
     assert "not attempted yet?" in result.feedback and "still the stubs" in result.feedback
-    assert "case 1 of 4" in result.feedback
+    assert "case 1 of 8" in result.feedback
 
 
 @pytest.mark.parametrize("bug, case, words", [
@@ -236,12 +306,59 @@ def test_the_blank_exercise_is_not_attempted(bug):
     (no_m_update_kernel, 1, "m_i is never updated"),
     (no_tail_mask_kernel, 2, "keys past N_K were not masked out of the scores"),
     (tail_off_by_one_kernel, 2, "one key too many in"),
+    (no_other_kernel, 2, "a masked tl.load without other= reads undefined values in the masked lanes"),
+    (no_max_kernel, 4, "exponentiated without subtracting the running max"),
+    (block_max_only_kernel, 5, "the running max must be the max of the old m and this block's max"),
+    (alpha_flipped_kernel, 1, "alpha is flipped"),
+    (p_old_max_kernel, 1, "p is taken against the old max"),
 ])
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # some wrong kernels overflow exp in numpy
 def test_wrong_kernels_are_named(bug, case, words):
     result = checks.check_flash_forward_kernel(bug)
     assert not result.passed and result.points == 0
-    assert f"case {case} of 4" in result.feedback
+    assert f"case {case} of 8" in result.feedback
     assert "likely mistake: " in result.feedback and words in result.feedback, result.feedback
+    assert "\n  or: " not in result.feedback, result.feedback
+
+
+def test_a_masked_load_without_other_is_told_to_add_other_not_to_mask():
+    result = checks.check_flash_forward_kernel(no_other_kernel)
+    assert "the memory after the last key holds 0" in result.feedback
+    assert "Add other=0.0 to the loads of K and V" in result.feedback
+    assert "read past the last key" not in result.feedback
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # exp(+inf), 0 * inf in numpy
+def test_nan_from_the_arithmetic_is_not_blamed_on_the_loads():
+    result = checks.check_flash_forward_kernel(alpha_flipped_kernel)
+    assert "case 1 of 8" in result.feedback and "NaN or inf in the output" in result.feedback
+    assert "this case has no key tail" in result.feedback
+    assert "read past the last key" not in result.feedback and "without other=" not in result.feedback
+
+
+def test_k_loaded_without_other_passes_when_its_scores_are_masked():
+    """The lanes past N_K of K are undefined, but their scores are replaced by -inf: right on a GPU too."""
+    assert checks.check_flash_forward_kernel(k_without_other_kernel).passed
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # alpha = exp(m_i - m_new) overflows in numpy
+def test_a_running_max_from_the_block_alone_fails_whichever_block_is_larger():
+    """Key block 0 far above the later ones (case 5), or block 1 above blocks 0 and 2 (case 6)."""
+    from flashlib.course.checks import forward, framework
+
+    cases = framework.make_cases(forward.FORWARD_KERNEL_CHECK)
+    replies = framework.run_learner(forward.FORWARD_KERNEL_CHECK, block_max_only_kernel, cases)
+    for number in (5, 6):
+        alone = framework.judge(forward.FORWARD_KERNEL_CHECK, [cases[number - 1]], [replies[number - 1]])
+        assert not alone[0] and "running max must be the max of the old m" in alone[2][-1], alone
+    for number in (1, 2, 3, 4, 7, 8):  # with no large drop of the max it is right
+        assert framework.judge(forward.FORWARD_KERNEL_CHECK, [cases[number - 1]], [replies[number - 1]])[0]
+
+
+def test_the_scale_applied_twice_is_told_so():
+    result = checks.check_flash_forward_kernel(scale_twice_kernel)
+    assert "likely mistake: the softmax scale is applied twice" in result.feedback
+    assert "sm_scale already is 1/sqrt(D): apply it once" in result.feedback
 
 
 def test_which_output_is_wrong_is_said():
@@ -251,7 +368,7 @@ def test_which_output_is_wrong_is_said():
 
 def test_reading_past_the_last_key_gives_the_nan_hint():
     result = checks.check_flash_forward_kernel(no_load_mask_kernel)
-    assert not result.passed and "case 2 of 4" in result.feedback
+    assert not result.passed and "case 3 of 8" in result.feedback  # case 2 keeps 0 after the last key
     assert "NaN or inf in the output" in result.feedback
     assert "a tl.load read past the last key" in result.feedback
 
@@ -269,7 +386,7 @@ def test_a_kernel_that_materialises_the_scores_is_rejected():
     assert runtime.is_triton_kernel(fake)  # it gets past the gate ...
     result = checks.check_flash_forward_kernel(fake)
     assert not result.passed  # ... and its values are right until the memory case
-    assert "case 4 of 4" in result.feedback
+    assert "case 8 of 8" in result.feedback
     assert "right values, but the launch allocated" in result.feedback
     assert "FlashAttention never stores S = Q K^T" in result.feedback
 

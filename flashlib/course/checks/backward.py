@@ -12,14 +12,25 @@ Exercise signatures (stated in the notebook):
   launched by :func:`~flashlib.kernels.attention_bwd_simple.launch_simple_dkdv`;
   dK and dV are compared with PyTorch autograd of the float64 reference attention.
   q and dO are views inside NaN-filled buffers (a load past N_Q reads NaN, never
-  foreign memory), and dK, dV start as NaN, so rows never written show.
+  foreign memory), and dK, dV start as NaN, so rows never written show. During the
+  launch a masked ``tl.load`` without ``other=`` fills its masked-off lanes with NaN
+  (:func:`~flashlib.course.checks.matmul.nan_in_masked_lanes`); one case keeps 0
+  instead of NaN after the last query row of q and dO, so that there only such lanes
+  (or, in the last head, L and D read past their end) bring NaN in. The fixed cases
+  come first: no tails; tails with 0, then NaN, after the last query; large gaps
+  between key blocks (scores about +20 in one block, -20 in another, which block
+  depending on the query row), so that each tile of P = exp(S - L) is far from a
+  softmax of the tile. A seeded random case follows. q, k, v and dO hold multiples of
+  1/64, exact in TF32: on a GPU, float32 tl.dot rounds random inputs enough to put a
+  right kernel at the edge of the tolerance.
 
 The wrong answers they name. dS: D not subtracted, D broadcast along the keys
 instead of the queries, rowsum(dP) or a sum over the query axis in place of D, P
 twice, P missing, P applied to dP only, the sign flipped, dS transposed. dK/dV: the untouched stub,
 P instead of P^T in dV, the scale missing in dK, dP in place of dS in dK, D not
 subtracted, the sign of dS flipped, P not recomputed from L (plain exp, a softmax of
-the tile alone, exp2 with natural-log L, scores not scaled), the query tail not masked.
+the tile alone, exp2 with natural-log L, scores not scaled), the query tail not masked,
+a masked load without other=.
 """
 from __future__ import annotations
 
@@ -31,13 +42,17 @@ from ... import runtime
 from ...kernels.attention_bwd_simple import launch_simple_dkdv
 from ...reference import attention_mask, naive_attention, stable_softmax
 from ...validation import relative_error, tolerance
-from .forward import _in_nan_buffer
+from .forward import AFTER_NAN, AFTER_ZERO, _in_buffer
 from .framework import DEFAULT_TIME_LIMIT, Case, Check, Mistake, register, run_check
+from .matmul import UNDEFINED_LANES, nan_in_masked_lanes
 
 NOTEBOOK = "05_flash_backward"
 DS = register(NOTEBOOK, "ds", 2, "dS = P * (dP - D) from P, dP and D = rowsum(dO * O)")
 DKDV_LOOP = register(NOTEBOOK, "dkdv_loop", 4,
                      "The loop of the dK/dV kernel: recompute P from L, dV += P^T dO, dK += scale * dS^T Q")
+
+#: The seed of the fixed cases of the dK/dV check: the same values in every run, whatever the exercise's seed.
+FIXED_SEED = 20240505
 
 
 # ---------------------------------------------------------------------------- dS
@@ -176,16 +191,19 @@ def _simulate_dkdv(q, k, v, o, do, lse, blocks, *, p_from="lse", dv_with="P^T", 
 
 
 def _dkdv_variant(**flags):
-    return lambda *args: _simulate_dkdv(*args, **flags)
+    return lambda *args: _simulate_dkdv(*args[:7], **flags)
 
 
-def _stub(q, k, v, o, do, lse, blocks):
+def _stub(q, k, v, o, do, lse, blocks, *_):
     """The untouched stub: the loop does nothing, dK = dV = 0 are stored."""
     return torch.zeros(k.shape, dtype=torch.float64), torch.zeros(v.shape, dtype=torch.float64)
 
 
-def _no_tail_mask(q, k, v, o, do, lse, blocks):
-    """NaN read past N_Q (the buffers around q and dO, or after L and D) spreads to every key's dK and dV."""
+def _no_tail_mask(q, k, v, o, do, lse, blocks, after):
+    """NaN read past N_Q (the buffers around q and dO, or after L and D) spreads to every key's dK and dV.
+
+    Where 0 lies after q and dO, only the last head reads NaN: past the end of L and D (the other heads
+    read the next head's first rows there, which q = dO = 0 cancel)."""
     if q.shape[2] % blocks[0] == 0:
         return None
     everywhere = torch.full(k.shape, math.nan, dtype=torch.float64)
@@ -193,7 +211,21 @@ def _no_tail_mask(q, k, v, o, do, lse, blocks):
     last_head[-1, -1] = math.nan
     right = _simulate_dkdv(q, k, v, o, do, lse, blocks)
     dk_last, dv_last = (torch.where(last_head.isnan(), last_head, r) for r in right)
+    if after == AFTER_ZERO:
+        return (dk_last, dv_last)
     return [(everywhere, everywhere.clone()), (dk_last, dv_last)]
+
+
+def _nan_from_masked_lanes(q, k, v, o, do, lse, blocks, after):
+    """Masked loads without other=: the query rows past N_Q are NaN (this check's fill) in every head, and
+    P = 0 or dO = 0 does not cancel them (0 * NaN = NaN): dK and dV are NaN for every key (only dK, if
+    only D was loaded that way). Named only where 0 lies after q and dO, so that a load without a mask
+    cannot give NaN in every head."""
+    if after != AFTER_ZERO or q.shape[2] % blocks[0] == 0:
+        return None
+    everywhere = torch.full(k.shape, math.nan, dtype=torch.float64)
+    right_dv = _simulate_dkdv(q, k, v, o, do, lse, blocks)[1]
+    return [(everywhere, everywhere.clone()), (everywhere.clone(), right_dv)]
 
 
 DKDV_MISTAKES = (
@@ -224,7 +256,8 @@ DKDV_MISTAKES = (
             "P is not recomputed with the logsumexp: the forward saved L = logsumexp of each row's "
             "scores, so P = exp(S - L[:, None]) exactly, normalised over the *whole* row. exp(S) "
             "alone is unnormalised, and a softmax over this tile sees only BLOCK_N of the keys",
-            lambda *args: [_simulate_dkdv(*args, p_from="exp"), _simulate_dkdv(*args, p_from="tile softmax")]),
+            lambda *args: [_simulate_dkdv(*args[:7], p_from="exp"),
+                           _simulate_dkdv(*args[:7], p_from="tile softmax")]),
     Mistake("exp2 with natural L",
             "P uses exp2 with natural-log quantities: L is a natural logsumexp, so P = tl.exp(S - L); "
             "exp2 needs both S and L multiplied by log2(e)",
@@ -234,20 +267,38 @@ DKDV_MISTAKES = (
             "forward that produced L",
             _dkdv_variant(p_from="unscaled")),
     Mistake("no query-tail mask",
-            "NaN from reading past the last query: q and dO sit inside NaN-filled buffers here (and L and "
-            "D are followed by NaN), and the last query block hangs over N_Q. Mask the loads of q and dO "
-            "with rows[:, None] < N_Q and of L and D with rows < N_Q (other=0.0)",
+            "NaN from reading past the last query: the last query block hangs over N_Q, and this check "
+            "keeps NaN after the last row of q and dO (in some cases only after L and D). Mask the loads "
+            "of q and dO with rows[:, None] < N_Q and of L and D with rows < N_Q (other=0.0)",
             _no_tail_mask),
+    Mistake("masked load without other",
+            UNDEFINED_LANES + ": the query rows past N_Q are masked, and P = 0 or dO = 0 there does not "
+            "cancel them (0 * NaN = NaN), so every key's dK and dV is NaN. Add other=0.0 to the loads of "
+            "q, dO, L and D: tl.load(..., mask=rows[:, None] < N_Q, other=0.0)",
+            _nan_from_masked_lanes),
 )
 
 
-def _dkdv_case(gen, description, shape, n_k, blocks, *, spread=1.5) -> Case:
-    """float32 inputs, their float64 reference O and L, and dK, dV from autograd in float64."""
+def _dkdv_case(gen, description, shape, n_k, blocks, *, spread=1.5, after=AFTER_NAN, key_offsets=None) -> Case:
+    """float32 inputs, their float64 reference O and L, and dK, dV from autograd in float64.
+
+    q, k, v and dO hold multiples of 1/64: TF32 (tl.dot's float32 on a GPU) holds them exactly and
+    Q K^T and dO V^T come out exact, so that only P and dS are rounded there (random float32 inputs
+    rounded to TF32 put the teaching kernel at the edge of the float32 tolerance on a GPU).
+    With ``key_offsets`` (one per key), designed scores: q[..., 0] = +-sqrt(D) (the sign alternating
+    from row to row) and k[..., 0] = the key's offset, so that every score is +-its key's offset plus
+    a random part.
+    """
     batch, heads, n_q, head_dim = shape
     q = torch.randn(shape, generator=gen, dtype=torch.float64) * spread
     k = torch.randn(batch, heads, n_k, head_dim, generator=gen, dtype=torch.float64) * spread
     v = torch.randn(batch, heads, n_k, head_dim, generator=gen, dtype=torch.float64)
     do = torch.randn(shape, generator=gen, dtype=torch.float64)
+    q, k, v, do = (torch.round(t * 64) / 64 for t in (q, k, v, do))
+    if key_offsets is not None:
+        signs = torch.tensor([1.0, -1.0], dtype=torch.float64).repeat((n_q + 1) // 2)[:n_q]
+        q[..., 0] = math.sqrt(head_dim) * signs
+        k[..., 0] = torch.tensor(key_offsets, dtype=torch.float64)
     q, k, v, do = (t.float() for t in (q, k, v, do))  # the kernel's inputs, float32
     q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
     o, lse = naive_attention(q64, k64, v64, return_lse=True)
@@ -256,35 +307,57 @@ def _dkdv_case(gen, description, shape, n_k, blocks, *, spread=1.5) -> Case:
     description = (f"q and dO {tuple(shape)}, k and v {(batch, heads, n_k, head_dim)}, float32, "
                    f"BLOCK_M = {bm}, BLOCK_N = {bn}: {description}")
     args = tuple(t.to(runtime.DEVICE) for t in (q, k, v, o.detach().float(), do, lse.detach().float()))
-    return Case(description, args + (blocks,), (dk, dv), tolerance(torch.float32),
+    return Case(description, args + (blocks, after), (dk, dv), tolerance(torch.float32),
                 shape_words=("(B, H, N_k, D), like k",) * 2, out_dtype=(torch.float32, torch.float32),
                 output_names=("dK", "dV"))
 
 
-def _dkdv_cases(gen):
+def _fixed_dkdv_cases() -> list[Case]:
+    """The same inputs in every run, made to catch what random ones miss."""
+    gen = torch.Generator().manual_seed(FIXED_SEED)
     return [
         _dkdv_case(gen, "no tails, 2 query blocks", (1, 2, 64, 32), 64, (32, 32)),
+        _dkdv_case(gen, "N_q = 24 and N_k = 40 not multiples of the blocks (the last query block holds 8 "
+                   "rows); the memory after the last query row of q and dO holds 0", (1, 2, 24, 16), 40, (16, 32),
+                   after=AFTER_ZERO),
         _dkdv_case(gen, "N_q = 40 and N_k = 72 not multiples of the blocks (the last query block holds 8 "
-                   "rows)", (1, 1, 40, 16), 72, (16, 32)),
+                   "rows); the memory after the last query row holds NaN", (1, 1, 40, 16), 72, (16, 32)),
+        _dkdv_case(gen, "large gaps: the scores of key block 0 are about +20 and those of key block 1 about "
+                   "-20 in even query rows, the other way round in odd ones (key block 2, 16 keys: +-5); "
+                   "tails in both", (1, 1, 48, 16), 80, (32, 32),
+                   key_offsets=[20.0] * 32 + [-20.0] * 32 + [5.0] * 16),
+    ]
+
+
+def _dkdv_cases(gen):
+    return _fixed_dkdv_cases() + [
         _dkdv_case(gen, "batch 2, more queries than keys, tails in both", (2, 1, 80, 64), 48, (32, 16)),
     ]
 
 
 def _launch_dkdv(kernel, case: Case):
-    """Launch the learner's kernel on NaN-padded q and dO, into NaN-filled dK and dV."""
-    q, k, v, o, do, lse, (block_m, block_n) = case.args
-    q, do = _in_nan_buffer(q, block_m), _in_nan_buffer(do, block_m)
+    """Launch the learner's kernel on padded q and dO, into NaN-filled dK and dV."""
+    q, k, v, o, do, lse, (block_m, block_n), after = case.args
+    fill = 0.0 if after == AFTER_ZERO else math.nan
+    q, do = _in_buffer(q, block_m, fill), _in_buffer(do, block_m, fill)
     dk = torch.full_like(k, math.nan)
     dv = torch.full_like(v, math.nan)
-    launch_simple_dkdv(kernel, q, k, v, o, do, lse, block_m, block_n, out=(dk, dv))
+    with nan_in_masked_lanes():
+        launch_simple_dkdv(kernel, q, k, v, o, do, lse, block_m, block_n, out=(dk, dv))
     return dk, dv
 
 
 def _explain_dkdv(case: Case, out) -> list[str]:
-    """Which of dK and dV are right."""
+    """Which of dK and dV are right; where NaN or inf came in without a query tail, that no load brought it."""
     verdicts = [f"{name} {'right' if relative_error(got, want) <= case.tolerance else 'wrong'}"
                 for name, got, want in zip(("dK", "dV"), out, case.expected)]
-    return ["compared: " + ", ".join(verdicts)]
+    lines = ["compared: " + ", ".join(verdicts)]
+    nonfinite = any(not torch.isfinite(got.detach().cpu()).all() for got in out)
+    q, (block_m, _) = case.args[0], case.args[6]
+    if nonfinite and q.shape[2] % block_m == 0:
+        lines.append("this case has no query tail (N_Q is a multiple of BLOCK_M): no load reads past the "
+                     "last query here, so the NaN or inf comes from the arithmetic")
+    return lines
 
 
 def _accept_kernel(kernel) -> str | None:
@@ -296,9 +369,11 @@ def _accept_kernel(kernel) -> str | None:
 
 DKDV_CHECK = Check(
     DKDV_LOOP, _dkdv_cases, DKDV_MISTAKES, call=_launch_dkdv, accept=_accept_kernel, explain=_explain_dkdv,
-    nonfinite_hint=("NaN or inf in dK or dV: q and dO sit inside NaN-filled buffers here and L and D are "
-                    "followed by NaN, so a tl.load read past N_Q; mask the loads with rows < N_Q "
-                    "(other=0.0). inf: P = exp(S - L) never exceeds 1, exp(S) alone can overflow"),
+    nonfinite_hint=("NaN or inf in dK or dV. Where the last query block has a tail, either a tl.load read "
+                    "past N_Q (q and dO sit inside NaN-filled buffers here and L and D are followed by NaN: "
+                    "mask the loads with rows < N_Q), or " + UNDEFINED_LANES + ": pass other=0.0 to every "
+                    "masked load. Otherwise it comes from the arithmetic: P = exp(S - L) never exceeds 1, "
+                    "exp(S) alone can overflow"),
     # compiling takes a few seconds per case on a GPU; the interpreter is slow
     time_limit=runtime.pick(gpu=30.0, cpu=2 * DEFAULT_TIME_LIMIT),
 )

@@ -7,7 +7,21 @@ are compared with the float64 reference: O and the row logsumexp L (natural log)
 
 Out-of-bounds reads are made visible and harmless: q, k, v are views inside larger
 NaN-filled buffers, so a load past the last key reads NaN, never foreign memory; O
-and L start as NaN, so a row never written shows.
+and L start as NaN, so a row never written shows. Masked lanes are made visible too:
+during the launch a masked ``tl.load`` without ``other=`` fills its masked-off lanes
+with NaN (:func:`~flashlib.course.checks.matmul.nan_in_masked_lanes`). To tell the two
+apart, one case keeps 0 instead of NaN after the last key: there a load past N_K reads
+0 (harmless, since those scores are set to -inf), and only masked lanes without
+``other=`` bring NaN into O.
+
+The fixed cases come first (the same values in every run): no tails; tails with 0,
+then NaN, after the last key; scores all near +100 (exp(s) overflows float32 unless
+the max is subtracted); large gaps between key blocks, the first block about 100
+above the later ones, then a later block 100 above the others (a running max taken
+from the current block alone overflows alpha = exp(m_i - m_new)). Every case's q, k
+and v hold multiples of 1/64, so that the scores are exact in float32 (and in TF32 on
+a GPU) however large they are. Seeded random cases follow, the last one measuring
+memory.
 
 **No N x N matrix.** A Triton kernel cannot allocate memory; with this signature it
 has nowhere to store the scores, so the only way to materialise S = Q K^T is outside
@@ -17,9 +31,11 @@ a kernel (plain torch, or an object dressed up as a kernel). The first is refuse
 runs, on a case where the N x N scores would dwarf everything else.
 
 The wrong answers it names: the stubs left in, acc or l (or both) not rescaled by
-alpha, m never updated, no final division by l, the softmax scale missing, applied
-twice or mixed with exp2's log2(e), L in log2 units or not m + log(l), and keys past
-N_K left in the softmax (no tail mask on the scores, or one key too many).
+alpha, m never updated, the running max taken from the current block alone, the max
+not subtracted at all, alpha flipped, p taken against the old max, no final division by l, the softmax scale missing, applied
+twice or mixed with exp2's log2(e), L in log2 units or not m + log(l), keys past N_K
+left in the softmax (no tail mask on the scores, or one key too many), and a masked
+load of V without other=.
 """
 from __future__ import annotations
 
@@ -33,6 +49,7 @@ from ...kernels.attention_fwd_simple import launch_simple_forward
 from ...reference import naive_attention
 from ...validation import relative_error, tolerance
 from .framework import DEFAULT_TIME_LIMIT, Case, Check, Mistake, register, run_check
+from .matmul import UNDEFINED_LANES, nan_in_masked_lanes
 
 NOTEBOOK = "04_flash_forward"
 INNER_LOOP = register(NOTEBOOK, "inner_loop", 4,
@@ -41,27 +58,40 @@ INNER_LOOP = register(NOTEBOOK, "inner_loop", 4,
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 
+#: The seed of the fixed cases: the same values in every run, whatever the exercise's seed.
+FIXED_SEED = 20240404
+
+#: What the memory after the last row of q, k and v holds, per case (the last element of the args).
+AFTER_NAN, AFTER_ZERO = "nan", "zero"
+
 
 # ------------------------------------------------------------------ launching
 
-def _in_nan_buffer(t: torch.Tensor, pad: int) -> torch.Tensor:
-    """``t`` (B, H, N, D) as a view inside a buffer with ``pad`` NaN rows after each head's N rows."""
+def _in_buffer(t: torch.Tensor, pad: int, fill: float) -> torch.Tensor:
+    """``t`` (B, H, N, D) as a view inside a buffer with ``pad`` rows of ``fill`` after each head's N rows."""
     batch, heads, n, d = t.shape
-    buffer = torch.full((batch, heads, n + pad, d), math.nan, dtype=t.dtype, device=t.device)
+    buffer = torch.full((batch, heads, n + pad, d), fill, dtype=t.dtype, device=t.device)
     view = buffer[:, :, :n]
     view.copy_(t)
     return view
 
 
+def _in_nan_buffer(t: torch.Tensor, pad: int) -> torch.Tensor:
+    """``t`` (B, H, N, D) as a view inside a buffer with ``pad`` NaN rows after each head's N rows."""
+    return _in_buffer(t, pad, math.nan)
+
+
 def _launch(kernel, case: Case):
-    """Launch the learner's kernel on NaN-padded copies; measure memory where the case asks."""
-    q, k, v, (block_m, block_n) = case.args
-    q, k, v = _in_nan_buffer(q, block_m), _in_nan_buffer(k, block_n), _in_nan_buffer(v, block_n)
+    """Launch the learner's kernel on padded copies; measure memory where the case asks."""
+    q, k, v, (block_m, block_n), after = case.args
+    fill = 0.0 if after == AFTER_ZERO else math.nan
+    q, k, v = _in_buffer(q, block_m, fill), _in_buffer(k, block_n, fill), _in_buffer(v, block_n, fill)
     o = torch.full_like(q, math.nan, memory_format=torch.contiguous_format)
     lse = torch.full(q.shape[:3], math.nan, dtype=torch.float32, device=q.device)
 
     def launch():
-        launch_simple_forward(kernel, q, k, v, block_m, block_n, out=(o, lse))
+        with nan_in_masked_lanes():
+            launch_simple_forward(kernel, q, k, v, block_m, block_n, out=(o, lse))
 
     if "memory_budget" in case.context:
         case.context["allocated"] = peak_memory_bytes(launch)
@@ -84,48 +114,87 @@ def _no_scores_in_memory(case: Case, out) -> str | None:
 # ------------------------------------------------------------------ wrong answers
 
 def _simulate(q, k, v, blocks, *, scale_power=1, scale_factor=1.0, rescale_acc=True, rescale_l=True,
-              update_m=True, divide=True, extra_keys=0):
+              update_m=True, running_max=True, alpha_flipped=False, p_old_max=False, divide=True, extra_keys=0,
+              dtype=torch.float64):
     """The kernel's loop in float64, with one part done the way a typical bug does it: (O, L, m, l).
 
     The scores are scaled by ``scale_factor * (1/sqrt(D)) ** scale_power``;
     ``extra_keys`` zero keys (score 0, value 0) join the last key block: what an
-    unmasked tail lets into the softmax.
+    unmasked tail lets into the softmax. ``running_max=False``: m_new is this block's
+    max alone; ``alpha_flipped``: alpha = exp(m_new - m_i); ``p_old_max``: p = exp(s - m_i).
+    ``dtype=torch.float32`` computes as the kernel does, overflow included.
     """
-    q, k, v = (t.detach().double().cpu() for t in (q, k, v))
+    q, k, v = (t.detach().cpu().to(dtype) for t in (q, k, v))
     block_n = blocks[1]
     scale = scale_factor * (1 / math.sqrt(q.shape[-1])) ** scale_power
     if extra_keys:
-        zeros = torch.zeros(k.shape[:2] + (extra_keys, k.shape[3]), dtype=torch.float64)
+        zeros = torch.zeros(k.shape[:2] + (extra_keys, k.shape[3]), dtype=dtype)
         k, v = torch.cat([k, zeros], dim=2), torch.cat([v, zeros], dim=2)
-    m = torch.full(q.shape[:3], -math.inf, dtype=torch.float64)
-    l = torch.zeros(q.shape[:3], dtype=torch.float64)  # noqa: E741
-    acc = torch.zeros(q.shape, dtype=torch.float64)
+    m = torch.full(q.shape[:3], -math.inf, dtype=dtype)
+    l = torch.zeros(q.shape[:3], dtype=dtype)  # noqa: E741
+    acc = torch.zeros(q.shape, dtype=dtype)
     for start in range(0, k.shape[2], block_n):
         s = q @ k[:, :, start:start + block_n].transpose(-2, -1) * scale
-        m_new = torch.maximum(m, s.amax(dim=-1))
-        alpha = torch.exp(m - m_new)
-        p = torch.exp(s - m_new.unsqueeze(-1))
+        m_new = torch.maximum(m, s.amax(dim=-1)) if running_max else s.amax(dim=-1)
+        alpha = torch.exp(m_new - m) if alpha_flipped else torch.exp(m - m_new)
+        p = torch.exp(s - (m if p_old_max else m_new).unsqueeze(-1))
         l = (alpha * l if rescale_l else l) + p.sum(dim=-1)  # noqa: E741
         acc = (alpha.unsqueeze(-1) * acc if rescale_acc else acc) + p @ v[:, :, start:start + block_n]
         if update_m:
             m = m_new
     out = acc / l.unsqueeze(-1) if divide else acc
-    return out, m + torch.log(l), m, l
+    return tuple(t.double() for t in (out, m + torch.log(l), m, l))
 
 
 def _variant(**flags):
     """A mistake's output (O, L) from :func:`_simulate` with ``flags``."""
-    return lambda q, k, v, blocks: _simulate(q, k, v, blocks, **flags)[:2]
+    return lambda q, k, v, blocks, *_: _simulate(q, k, v, blocks, **flags)[:2]
 
 
-def _stubs(q, k, v, blocks):
+def _without_key_tail(**flags):
+    """A mistake's output (O, L), named only in cases without a key tail, where no load can bring NaN in:
+    for bugs whose NaN would otherwise look like a load's."""
+    def compute(q, k, v, blocks, *_):
+        if k.shape[2] % blocks[1]:
+            return None
+        return _simulate(q, k, v, blocks, **flags)[:2]
+    return compute
+
+
+def _max_not_subtracted(q, k, v, blocks, *_):
+    """p = exp(s), l += rowsum(p), acc += p v, L = log(l): the softmax without its max, in float32 as the
+    kernel computes it, so that exp(s) overflows (inf, then O = inf / inf = NaN) where the kernel's does."""
+    q, k, v = (t.detach().cpu().float() for t in (q, k, v))
+    scale = 1 / math.sqrt(q.shape[-1])
+    l = torch.zeros(q.shape[:3])  # noqa: E741
+    acc = torch.zeros(q.shape)
+    for start in range(0, k.shape[2], blocks[1]):
+        p = torch.exp(q @ k[:, :, start:start + blocks[1]].transpose(-2, -1) * scale)
+        l = l + p.sum(dim=-1)  # noqa: E741
+        acc = acc + p @ v[:, :, start:start + blocks[1]]
+    return (acc / l.unsqueeze(-1)).double(), torch.log(l).double()
+
+
+def _nan_from_masked_lanes(q, k, v, blocks, after):
+    """A masked load of V without other=: the lanes past N_K are NaN (this check's fill), and p = 0 there
+    does not help (0 * NaN = NaN): every row of O is NaN. L is right, or NaN too if K was loaded that way
+    and its NaN scores were not replaced by -inf. Named only where the memory after the last key holds 0,
+    so that a load without a mask reads 0 there."""
+    if after != AFTER_ZERO or k.shape[2] % blocks[1] == 0:
+        return None
+    nan_o = torch.full(q.shape, math.nan, dtype=torch.float64)
+    lse = _simulate(q, k, v, blocks)[1]
+    return [(nan_o, lse), (nan_o, torch.full_like(lse, math.nan))]
+
+
+def _stubs(q, k, v, blocks, *_):
     """What the stubs give: O = acc = 0 and L = m = -inf; or 0/0 = NaN if only the loop is a stub."""
     empty_l = torch.full(q.shape[:3], -math.inf, dtype=torch.float64)
     return [(torch.zeros(q.shape, dtype=torch.float64), empty_l),
             (torch.full(q.shape, math.nan, dtype=torch.float64), empty_l)]
 
 
-def _not_divided(q, k, v, blocks):
+def _not_divided(q, k, v, blocks, *_):
     out, lse, m, l = _simulate(q, k, v, blocks, divide=False)  # noqa: E741
     return [(out, lse), (out, m), (out, torch.log(l))]
 
@@ -139,7 +208,7 @@ def _lse_variants(q, k, v, blocks, log2_units: bool):
 
 
 def _key_tail(one_too_many: bool):
-    def compute(q, k, v, blocks):
+    def compute(q, k, v, blocks, *_):
         n_k, block_n = k.shape[2], blocks[1]
         pad = -n_k % block_n
         if pad == 0:  # no tail: the mistake changes nothing here
@@ -170,6 +239,28 @@ FORWARD_MISTAKES = (
             "m_i is never updated (m_i = m_new is missing at the end of the loop body): alpha is then "
             "exp(-inf - m_new) = 0 at every block, so only the last key block counts",
             _variant(update_m=False)),
+    Mistake("running max from this block alone",
+            "the running max must be the max of the old m and this block's max: m_new = "
+            "tl.maximum(m_i, tl.max(s, 1)). With this block's max alone, m_new drops when an earlier key "
+            "block held much larger scores (as here), and alpha = exp(m_i - m_new) overflows to inf "
+            "(then O = inf / inf = NaN)",
+            _variant(running_max=False, dtype=torch.float32)),
+    Mistake("max not subtracted",
+            "the scores are exponentiated without subtracting the running max: exp(s) overflows float32 "
+            "(inf, then O = inf / inf = NaN) once a score passes about 88, as here. Use "
+            "p = tl.exp(s - m_new[:, None]), rescale l_i and acc by alpha = tl.exp(m_i - m_new), and "
+            "L = m_i + tl.log(l_i)",
+            _max_not_subtracted),
+    Mistake("alpha flipped",
+            "alpha is flipped: the old state is rescaled by alpha = tl.exp(m_i - m_new) (old max minus new "
+            "max, at most 1). exp(m_new - m_i) is exp(+inf) = inf at the first block (m_i = -inf), and "
+            "0 * inf = NaN",
+            _without_key_tail(alpha_flipped=True)),
+    Mistake("p against the old max",
+            "p is taken against the old max: p = tl.exp(s - m_new[:, None]), with the max that includes "
+            "this block. Against m_i, the first block gives exp(s + inf) = inf (and later blocks can "
+            "overflow too)",
+            _without_key_tail(p_old_max=True)),
     Mistake("no final division",
             "O was not divided by l: acc is unnormalised. After the loop, out = acc / l_i[:, None]",
             _not_divided),
@@ -177,7 +268,9 @@ FORWARD_MISTAKES = (
             "the softmax scale is missing: multiply the scores by sm_scale, s = tl.dot(q, k) * sm_scale",
             _variant(scale_power=0)),
     Mistake("scale twice",
-            "the softmax scale is applied twice (sm_scale**2): multiply the scores by sm_scale once",
+            "the softmax scale is applied twice: the scores come out scaled by sm_scale**2 = 1/D, e.g. "
+            "from scaling q (or k) and then the scores, or multiplying by sm_scale and dividing by "
+            "sqrt(HEAD_DIM). sm_scale already is 1/sqrt(D): apply it once, s = tl.dot(q, k) * sm_scale",
             _variant(scale_power=2)),
     Mistake("log2 scale with exp",
             "the scores are scaled by sm_scale * log2(e) but exponentiated with tl.exp: that pair belongs "
@@ -191,11 +284,11 @@ FORWARD_MISTAKES = (
             "O is right but L is in log2 units: with exp2 and log2(e) folded into the scores, m_i is a "
             "log2 quantity. L must be the natural-log logsumexp, m + log(l) in natural units "
             "(here: lse = m_i + tl.log(l_i) with tl.exp throughout)",
-            lambda q, k, v, blocks: _lse_variants(q, k, v, blocks, log2_units=True)),
+            lambda q, k, v, blocks, *_: _lse_variants(q, k, v, blocks, log2_units=True)),
     Mistake("L formula",
             "O is right but L is not the row logsumexp: L = m_i + tl.log(l_i) (l_i is relative to m_i, "
             "so logsumexp = m + log(l))",
-            lambda q, k, v, blocks: _lse_variants(q, k, v, blocks, log2_units=False)),
+            lambda q, k, v, blocks, *_: _lse_variants(q, k, v, blocks, log2_units=False)),
     Mistake("no key-tail mask",
             "the keys past N_K were not masked out of the scores: in the last key block they load as 0 "
             "(score 0) and still get weight exp(0 - m). Set them to -inf: "
@@ -205,15 +298,30 @@ FORWARD_MISTAKES = (
             "the key-tail mask lets one key too many in (cols <= N_K?): keys are 0 .. N_K - 1, so mask "
             "with cols < N_K",
             _key_tail(one_too_many=True)),
+    Mistake("masked load without other",
+            UNDEFINED_LANES + ": the lanes of V past N_K are masked, and p = 0 there does not cancel them "
+            "(0 * NaN = NaN), so every row of O is NaN. Add other=0.0 to the loads of K and V: "
+            "tl.load(..., mask=cols[:, None] < N_K, other=0.0)",
+            _nan_from_masked_lanes),
 )
 
 # ------------------------------------------------------------------ cases
 
-def _case(gen, description, shape_q, n_k, dtype, blocks, *, spread=1.0, memory=False) -> Case:
+def _case(gen, description, shape_q, n_k, dtype, blocks, *, spread=1.0, memory=False, after=AFTER_NAN,
+          key_offsets=None) -> Case:
+    """Random q, k, v (``spread`` scales q and k) in multiples of 1/64: float16, float32 and TF32 (tl.dot's
+    float32 on a GPU) hold them exactly, and Q K^T comes out exact, however large the scores.
+    With ``key_offsets`` (one per key), designed scores: q[..., 0] = sqrt(D) and k[..., 0] = the key's
+    offset, so that every score is its key's offset plus a random part."""
     batch, heads, n_q, head_dim = shape_q
-    q = (torch.randn(shape_q, generator=gen, dtype=torch.float64) * spread).to(dtype)
-    k = (torch.randn(batch, heads, n_k, head_dim, generator=gen, dtype=torch.float64) * spread).to(dtype)
-    v = torch.randn(batch, heads, n_k, head_dim, generator=gen, dtype=torch.float64).to(dtype)
+    q = torch.randn(shape_q, generator=gen, dtype=torch.float64) * spread
+    k = torch.randn(batch, heads, n_k, head_dim, generator=gen, dtype=torch.float64) * spread
+    v = torch.randn(batch, heads, n_k, head_dim, generator=gen, dtype=torch.float64)
+    q, k, v = (torch.round(t * 64) / 64 for t in (q, k, v))
+    if key_offsets is not None:
+        q[..., 0] = math.sqrt(head_dim)
+        k[..., 0] = torch.tensor(key_offsets, dtype=torch.float64)
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     expected = naive_attention(q.double(), k.double(), v.double(), return_lse=True)
     bm, bn = blocks
     description = (f"q {tuple(shape_q)}, k and v {(batch, heads, n_k, head_dim)}, "
@@ -222,16 +330,33 @@ def _case(gen, description, shape_q, n_k, dtype, blocks, *, spread=1.0, memory=F
     if memory:
         scores = batch * heads * n_q * n_k * 4
         context = {"scores_bytes": scores, "memory_budget": scores // 4}
-    return Case(description, tuple(t.to(runtime.DEVICE) for t in (q, k, v)) + (blocks,), expected,
+    return Case(description, tuple(t.to(runtime.DEVICE) for t in (q, k, v)) + (blocks, after), expected,
                 tolerance(dtype), shape_words=("(B, H, N_q, D)", "(B, H, N_q)"),
                 out_dtype=(dtype, torch.float32), output_names=("O", "L"), context=context)
 
 
-def _forward_cases(gen):
+def _fixed_cases() -> list[Case]:
+    """The same inputs in every run, made to catch what random ones miss."""
+    gen = torch.Generator().manual_seed(FIXED_SEED)
+    f32, blocks = torch.float32, (16, 32)
     return [
-        _case(gen, "no tails, 2 key blocks", (1, 2, 64, 32), 64, torch.float32, (32, 32), spread=1.5),
-        _case(gen, "N_q and N_k not multiples of the blocks (the last key block holds 8 keys)",
-              (1, 1, 40, 16), 72, torch.float32, (16, 32), spread=1.5),
+        _case(gen, "no tails, 2 key blocks", (1, 2, 64, 32), 64, f32, (32, 32), spread=1.5),
+        _case(gen, "N_q and N_k not multiples of the blocks (the last key block holds 8 keys); the memory "
+              "after the last key holds 0", (1, 2, 40, 16), 72, f32, blocks, spread=1.5, after=AFTER_ZERO),
+        _case(gen, "N_q and N_k not multiples of the blocks (the last key block holds 8 keys); the memory "
+              "after the last key holds NaN", (1, 1, 40, 16), 72, f32, blocks, spread=1.5),
+        _case(gen, "every score is about +100 (no gaps between key blocks)", (1, 1, 24, 16), 80, f32, blocks,
+              key_offsets=[100.0] * 80),
+        _case(gen, "large gaps: the scores of key block 0 are about +60, those of the later key blocks "
+              "about -40", (1, 1, 24, 16), 80, f32, blocks, key_offsets=[60.0] * 32 + [-40.0] * 48),
+        _case(gen, "large gaps, a later key block larger: the scores of key block 1 are about +60, those of "
+              "key blocks 0 and 2 about -40", (1, 1, 24, 16), 80, f32, blocks,
+              key_offsets=[-40.0] * 32 + [60.0] * 32 + [-40.0] * 16),
+    ]
+
+
+def _forward_cases(gen):
+    return _fixed_cases() + [
         _case(gen, "3 key blocks, the last one 16 keys", (2, 1, 48, 64), 80, torch.float16, (32, 32)),
         _case(gen, "N = 512, where the N x N scores would take 1 MiB: the memory the launch allocates "
               "is measured", (1, 1, 512, 16), 512, torch.float32, (64, 64), memory=True),
@@ -239,13 +364,20 @@ def _forward_cases(gen):
 
 
 def _explain(case: Case, out) -> list[str]:
-    """Which of O and L are right."""
-    verdicts = []
+    """Which of O and L are right; where NaN or inf came in without a key tail, that no load brought it."""
+    verdicts, nonfinite = [], False
     for name, got, want in zip(("O", "L"), out, case.expected):
         finite = torch.isfinite(want)
-        error = relative_error(got.detach().double().cpu()[finite], want[finite])
+        got = got.detach().double().cpu()
+        error = relative_error(got[finite], want[finite])
         verdicts.append(f"{name} {'right' if error <= case.tolerance else 'wrong'}")
-    return ["compared: " + ", ".join(verdicts)]
+        nonfinite |= bool((~torch.isfinite(got) & finite).any())
+    lines = ["compared: " + ", ".join(verdicts)]
+    k, (_, block_n) = case.args[1], case.args[3]
+    if nonfinite and k.shape[2] % block_n == 0:
+        lines.append("this case has no key tail (N_K is a multiple of BLOCK_N): no load reads past the last "
+                     "key here, so the NaN or inf comes from the arithmetic")
+    return lines
 
 
 def _accept_kernel(kernel) -> str | None:
@@ -258,8 +390,11 @@ def _accept_kernel(kernel) -> str | None:
 FORWARD_KERNEL_CHECK = Check(
     INNER_LOOP, _forward_cases, FORWARD_MISTAKES, call=_launch, accept=_accept_kernel,
     inspect=_no_scores_in_memory, explain=_explain,
-    nonfinite_hint=("NaN in O or L: k and v sit inside NaN-filled buffers here, so a tl.load read past "
-                    "the last key. Mask the K and V loads with cols < N_K (and other=0.0)"),
+    nonfinite_hint=("NaN or inf in O or L. Where the last key block has a tail, either a tl.load read past "
+                    "the last key (k and v sit inside NaN-filled buffers here: mask the K and V loads with "
+                    "cols < N_K), or " + UNDEFINED_LANES + ": pass other=0.0 to every masked load. Otherwise "
+                    "it comes from the arithmetic: alpha = tl.exp(m_i - m_new) and p = tl.exp(s - "
+                    "m_new[:, None]) never exceed 1, and l_i > 0 after the loop (no 0 / 0, no log(0))"),
     # compiling takes a few seconds per case on a GPU; the first memory measurement starts a profiler
     time_limit=runtime.pick(gpu=30.0, cpu=2 * DEFAULT_TIME_LIMIT),
 )
