@@ -164,16 +164,6 @@ def test_attend_verdict_by_values_alone(answer, passes):
         assert details[0].startswith("case 1 of 5") and any(line.startswith("likely mistake") for line in details)
 
 
-@pytest.mark.parametrize("check", [in_practice.ATTEND_CHECK, in_practice.GQA_ATTENTION_CHECK],
-                         ids=lambda check: check.exercise)
-def test_cases_are_plain_data_that_load_with_weights_only(check):
-    cases = framework.make_cases(check)
-    buffer = io.BytesIO()
-    torch.save([(case.args, case.context, case.expected) for case in cases], buffer)
-    buffer.seek(0)
-    for case, (args, context, _) in zip(cases, torch.load(buffer, weights_only=True)):
-        assert context == case.context and len(args) == len(case.args)
-
 
 def test_attend_crash_is_reported_with_the_line():
     result = checks.check_attend(attend_crash, seed=0)

@@ -463,3 +463,32 @@ def test_empty_folder_is_a_usage_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
         grader.main([str(tmp_path)])
     assert info.value.code == 2 and "no *.ipynb files" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("key", sorted(registry.BY_KEY))
+def test_every_exercise_has_a_check_whose_cases_reach_the_worker_intact(key, tmp_path):
+    from flashlib.course import wire
+    from flashlib.course.checks import CHECKS
+    from flashlib.course.checks.framework import make_cases
+
+    cases = make_cases(CHECKS[key])
+    wire.save_cases(tmp_path / "cases.pt", cases)
+    loaded = wire.load_cases(tmp_path / "cases.pt")
+    assert [c.description for c in loaded] == [c.description for c in cases]
+    assert all(c.expected is None for c in loaded)  # the worker never sees the answers
+    for case, back in zip(cases, loaded):
+        flat, flat_back = _tensors(case.args), _tensors(back.args)
+        assert len(flat) == len(flat_back) and all(
+            a.equal(b) or (a.isnan() == b.isnan()).all() for a, b in zip(flat, flat_back))
+
+
+def _tensors(value):
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for item in value for t in _tensors(item)]
+    if isinstance(value, dict):
+        return [t for item in value.values() for t in _tensors(item)]
+    return []

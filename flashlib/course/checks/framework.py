@@ -163,8 +163,15 @@ class Mistake:
     stub: bool = False
 
 
-def _copy_arg(arg):
-    return arg.clone() if isinstance(arg, torch.Tensor) else arg
+def copy_tensors(value):
+    """``value`` with every tensor in it (in tuples, lists, dicts) cloned: for the learner to touch."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, (tuple, list)):
+        return type(value)(copy_tensors(item) for item in value)
+    if isinstance(value, dict):
+        return {key: copy_tensors(item) for key, item in value.items()}
+    return value
 
 
 def call_with_copies(learner, case: Case):
@@ -279,7 +286,7 @@ def _diagnose(check: Check, case: Case, out, error_from_right: float) -> list[Mi
     fits: dict[str, tuple[float, Mistake]] = {}
     for mistake in check.mistakes:
         try:
-            produced = mistake.compute(*(_copy_arg(a) for a in case.args))
+            produced = mistake.compute(*(copy_tensors(a) for a in case.args))
         except Exception:  # the bug cannot even be computed on this case: not applicable
             continue
         variants = produced if isinstance(produced, list) else [produced]
@@ -486,15 +493,7 @@ class Reply:
 
 def _fresh_copy(case: Case) -> Case:
     """The case with copies of its tensors (args and context): the learner may touch them freely."""
-    def copy(x):
-        if isinstance(x, torch.Tensor):
-            return x.clone()
-        if isinstance(x, (tuple, list)):
-            return type(x)(copy(item) for item in x)
-        if isinstance(x, dict):
-            return {key: copy(value) for key, value in x.items()}
-        return x
-    return dataclasses.replace(case, args=copy(case.args), context=copy(case.context))
+    return dataclasses.replace(case, args=copy_tensors(case.args), context=copy_tensors(case.context))
 
 
 def run_learner(check: Check, learner, cases: Sequence[Case], limit: float | None = None) -> list[Reply]:

@@ -34,7 +34,7 @@ import torch
 from ...online_softmax import safe_shift, finalize, initial_state, online_softmax_step
 from ...reference import stable_softmax
 from ...validation import tolerance
-from .framework import Case, Check, Mistake, error_from, register, run_check
+from .framework import Case, Check, Mistake, copy_tensors, error_from, register, run_check
 
 NOTEBOOK = "03_online_softmax"
 ONLINE_UPDATE = register(NOTEBOOK, "online_update", 2,
@@ -72,16 +72,6 @@ def _as_state(out, who: str, rows: int, head_dim: int, names=("m_new", "l_new", 
                              f"(M = {rows} query rows, D = {head_dim})")
         state.append(value.detach().double().cpu())
     return tuple(state)
-
-
-def _copy(value):
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, (tuple, list)):
-        return type(value)(_copy(v) for v in value)
-    if isinstance(value, dict):
-        return {key: _copy(v) for key, v in value.items()}
-    return value
 
 
 # ------------------------------------------------------------------ online update
@@ -342,7 +332,7 @@ def _call_update(learner, case: Case):
         return _as_state(out, "online_update", m.shape[0], acc.shape[1])
 
     try:
-        return _update_outcome(step, *_copy(case.args))
+        return _update_outcome(step, *copy_tensors(case.args))
     except _NoneReturned:
         return None
 
@@ -593,13 +583,13 @@ def _merge_cases(gen):
 
 def _call_merge(learner, case: Case):
     def merge(a, b):
-        out = learner(_copy(a), _copy(b))
+        out = learner(copy_tensors(a), copy_tensors(b))
         if out is None:
             raise _NoneReturned
         return _as_state(out, "merge_partials", a[0].shape[0], a[2].shape[1], names=("m", "l", "o"))
 
     try:
-        return _merge_outcome(merge, *_copy(case.args))
+        return _merge_outcome(merge, *copy_tensors(case.args))
     except _NoneReturned:
         return None
 
