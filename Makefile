@@ -33,11 +33,13 @@ $(VENV)/.installed: pyproject.toml constraints.txt $(TORCH_STAMP)
 
 install: $(VENV)/.installed  ## create .venv and install flashlib with the lab and test extras
 
+# Extra flags for jupyter lab, e.g. LAB_ARGS="--ip=0.0.0.0 --no-browser" in a container.
+LAB_ARGS ?=
 # Jupyter refuses to run as root (containers, cloud notebooks) unless told.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 lab: install  ## start JupyterLab at the course root (notebooks/, exercises/, solutions/), on notebook 00
-	$(VENV)/bin/jupyter lab $(ROOT_FLAG) --ServerApp.root_dir="$(CURDIR)" notebooks/00_setup.ipynb
+	$(VENV)/bin/jupyter lab $(ROOT_FLAG) --ServerApp.root_dir="$(CURDIR)" $(LAB_ARGS) notebooks/00_setup.ipynb
 
 test: install  ## every test: pytest for flashlib, nbval over notebooks/ and solutions/ (about 15 min on 2 CPU cores)
 	$(PY) -m pytest tests $(PYTEST_NOTEBOOKS) --nbval --nbval-current-env -p no:cacheprovider -rs

@@ -28,6 +28,12 @@ TRITON_IMPORTED_TOO_EARLY = (
     "Python (then restart the kernel)."
 )
 
+TRITON_MISSING = (
+    "flashlib needs Triton, which cannot be imported here: Triton publishes wheels for Linux only, "
+    "so on macOS or Windows run the course in a Linux container or WSL2 (README: 'Two commands'), "
+    "and on Linux install it with pip install triton"
+)
+
 
 def _choose_mode() -> bool:
     """Set ``TRITON_INTERPRET`` if the user did not, and return whether we interpret."""
@@ -45,6 +51,11 @@ def _choose_mode() -> bool:
 MODE_CHOSEN_BY = "flashlib"
 #: True when Triton kernels run in the interpreter (numpy, on the CPU).
 INTERPRET: bool = _choose_mode()
+try:
+    import triton  # noqa: E402,F401 - only now, after TRITON_INTERPRET is chosen
+except ImportError as _error:
+    raise ImportError(TRITON_MISSING) from _error
+
 #: The device on which flashlib makes tensors: the GPU, or the CPU for the interpreter.
 DEVICE: torch.device = torch.device("cpu" if INTERPRET else "cuda")
 

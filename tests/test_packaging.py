@@ -32,7 +32,7 @@ def _normalise(req: str) -> str:
 
 
 def test_environment_yml_lists_exactly_the_pyproject_packages():
-    pyproject = sorted(_normalise(r) for r in _pyproject_requirements())
+    pyproject = sorted({_normalise(r) for r in _pyproject_requirements()})
     environment, _ = _environment_pip_requirements()
     assert sorted(_normalise(r) for r in environment) == pyproject
 
@@ -98,3 +98,16 @@ def test_a_changed_torch_choice_reinstalls():
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^\$\(VENV\)/\.installed:.*\$\(TORCH_STAMP\)", makefile, re.M)
     assert "TORCH_INDEX" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_the_test_extra_holds_what_the_tests_import():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    test_extra = {re.split(r"[<>=;\s]", r)[0].lower() for r in project["optional-dependencies"]["test"]}
+    assert {"matplotlib", "ipywidgets", "pytest", "nbval", "hypothesis"} <= test_extra
+
+
+def test_the_container_sets_up_with_the_same_make_target_as_ci():
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert re.search(r"^RUN make install$", dockerfile, re.M)
+    assert re.search(r"^make install\b", (ROOT / ".ci" / "run").read_text(), re.M)
+    assert '"dockerfile": "../Dockerfile"' in (ROOT / ".devcontainer" / "devcontainer.json").read_text()

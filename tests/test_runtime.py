@@ -76,3 +76,15 @@ def test_is_triton_kernel():
     assert runtime.is_triton_kernel(kernel)
     assert not runtime.is_triton_kernel(lambda x: x)
     assert not runtime.is_triton_kernel(torch.matmul)
+
+
+def test_without_triton_import_flashlib_says_why_in_one_sentence():
+    import subprocess
+    import sys
+
+    code = "import sys; sys.modules['triton'] = None\nimport flashlib"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: flashlib needs Triton, which cannot be imported here")
+    assert "Linux container or WSL2" in last
