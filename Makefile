@@ -12,7 +12,7 @@ NB     ?= exercises
 BENCH_ARGS ?=
 PYTEST_NOTEBOOKS := notebooks solutions
 
-.PHONY: FORCE help install lab test test-lib test-notebooks test-browser advanced demo grade exercises bench bench-all report gpu-info experiment clean
+.PHONY: FORCE help install lab test test-lib test-gpu test-notebooks test-browser advanced demo grade exercises bench bench-all report gpu-info experiment clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -46,6 +46,12 @@ test: install  ## every test: pytest for flashlib, nbval over notebooks/ and sol
 
 test-lib: install  ## only the library tests, no notebooks (about 10 min on 2 CPU cores)
 	$(PY) -m pytest tests -rs
+
+# The GPU tests (marked gpu) in the files that hold them; the machine needs no Jupyter packages.
+GPU_TEST_FILES = $(shell grep -l "mark.gpu" tests/test_*.py)
+GPU_LOG ?= benchmarks/results/gpu_tests.log
+test-gpu: install  ## the GPU tests on a CUDA machine (16 pytest-xdist workers), log and durations in $(GPU_LOG)
+	FLASHLIB_TEST_TIMES=$(GPU_LOG).times $(PY) -m pytest -m gpu -n 16 --dist worksteal -rs -q --durations=15 $(GPU_TEST_FILES) 2>&1 | tee $(GPU_LOG)
 
 test-notebooks: install  ## only nbval over the notebooks
 	$(PY) -m pytest $(PYTEST_NOTEBOOKS) --nbval --nbval-current-env

@@ -1,4 +1,6 @@
 """Shared pytest set-up: GPU-only tests are skipped (with the reason) on the interpreter."""
+import os
+
 import pytest
 import torch
 
@@ -27,3 +29,13 @@ def nan_empty(monkeypatch):
 
     monkeypatch.setattr(torch, "empty", empty)
     return calls
+
+
+def pytest_runtest_logreport(report):
+    """With FLASHLIB_TEST_TIMES=FILE, append each test's duration as it ends (a log that survives a kill)."""
+    path = os.environ.get("FLASHLIB_TEST_TIMES")
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the controller writes the line once, for every worker
+        return
+    if path and (report.when == "call" or report.outcome != "passed"):
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(f"{report.duration:8.2f} {report.outcome:7} {report.nodeid}\n")
