@@ -5,9 +5,10 @@ command ends or its time is up; afterwards no process it started is left. How mu
 it can hold depends on what the machine offers; :func:`pick_mode` takes the
 strongest that works, and :data:`GUARANTEES` says what each one holds:
 
-``bwrap``  Debian's bubblewrap: new PID, network, IPC and UTS namespaces, the whole
-           file system read-only except the job's folder, a private ``/tmp``, the
-           graded folder hidden; killed with the grader. As root or not.
+``bwrap``  Debian's bubblewrap: new user, PID, network, IPC and UTS namespaces (the
+           job is user 65534 there, with no capabilities), the whole file system
+           read-only except the job's folder, a private ``/tmp``, the graded folder
+           hidden; killed with the grader. As root or not.
 ``user``   the grader runs as root, no bubblewrap: the job runs as an unprivileged
            user id of its own (no account needed), so it can write only its folder
            and world-writable places (``/tmp``), and cannot signal the grader.
@@ -37,8 +38,9 @@ from pathlib import Path
 MODES = ("bwrap", "user", "session")
 
 GUARANTEES = {
-    "bwrap": ("bubblewrap: separate PID, network and IPC namespaces; read-only file system except its "
-              "own folder; private /tmp; the graded folder hidden; resource limits; nothing survives"),
+    "bwrap": ("bubblewrap: user 65534 without capabilities in its own user, PID, network and IPC "
+              "namespaces; read-only file system except its own folder; private /tmp; the graded folder "
+              "hidden; resource limits; nothing survives"),
     "user": ("unprivileged user id (no bubblewrap): writes only its own folder and world-writable "
              "places such as /tmp; cannot signal the grader; resource limits; nothing survives"),
     "session": ("WEAK (no bubblewrap, not root): runs as your user, so it could change your files or "
@@ -236,7 +238,8 @@ def _clean_up(process: subprocess.Popen, mode: str, known_children: set[int]) ->
 
 def _bwrap_base_args() -> list[str]:
     return ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-            "--tmpfs", "/dev/shm", "--unshare-all", "--die-with-parent", "--new-session"]
+            "--tmpfs", "/dev/shm", "--unshare-all", "--unshare-user", "--uid", "65534", "--gid", "65534",
+            "--die-with-parent", "--new-session"]
 
 
 def _limits_setter(limits: Limits, uid: int | None):
