@@ -1,12 +1,15 @@
-"""Notebook 03 as a learner meets it: JupyterLab in a real (headless) Chromium.
+"""The course as a learner meets it: JupyterLab in a real (headless) Chromium.
 
-nbval checks what a notebook prints; it cannot see whether the page works: that
-JupyterLab loads the widget extension, that Run All leaves no error on screen, and
-that moving the online-softmax stepper redraws its picture. This test does what a
-learner does: start JupyterLab (on loopback, in a temporary folder, on a copy of
-the notebook with its outputs cleared), open the notebook, Run > Run All Cells,
-move the slider with the keyboard, and look. A screenshot is kept as a test
-artefact (``test-artifacts/`` or ``$FLASHLIB_ARTIFACTS``).
+nbval checks what a notebook prints; it cannot see whether the page works. These
+tests do what a learner does, in JupyterLab started (on loopback, in a temporary
+copy of the course root with outputs cleared) as ``make lab`` starts it:
+
+* notebook 03: Run > Run All Cells, no error on screen, and moving the
+  online-softmax stepper with the keyboard redraws its picture;
+* notebook 01: follow its link to the exercise notebook, type an answer into the
+  exercise cell, run the notebook and read the check's verdict on the page.
+
+Screenshots are kept as test artefacts (``test-artifacts/`` or ``$FLASHLIB_ARTIFACTS``).
 
 Needs Playwright for Python (test extra) and a Chromium binary (Debian's
 ``chromium`` at /usr/bin/chromium, or ``CHROMIUM=/path``); skipped without them.
@@ -33,6 +36,8 @@ pytestmark = pytest.mark.browser
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "03_online_softmax.ipynb"
+LESSON = ROOT / "notebooks" / "01_naive_attention.ipynb"
+EXERCISE = ROOT / "exercises" / "01_naive_attention.ipynb"
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 # Without the background-networking flags Chromium keeps trying to reach Google's
 # services, which a closed network refuses; none of them matter to the test.
@@ -76,7 +81,8 @@ def _write_lab_settings(settings_dir: pathlib.Path) -> None:
     """User settings: no "Select Kernel" dialog (as after ticking "Always start the preferred
     kernel"), and nothing fetched from the network (no news, no extension index)."""
     settings = {
-        "@jupyterlab/notebook-extension/tracker": {"autoStartDefaultKernel": True},
+        # every cell rendered at once, so that a link far down the page is in the page
+        "@jupyterlab/notebook-extension/tracker": {"autoStartDefaultKernel": True, "windowingMode": "none"},
         "@jupyterlab/apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False},
         "@jupyterlab/extensionmanager-extension/plugin": {"enabled": False},
     }
@@ -86,14 +92,16 @@ def _write_lab_settings(settings_dir: pathlib.Path) -> None:
         path.write_text(json.dumps(values))
 
 
-def _copy_notebook_without_outputs(dest: pathlib.Path) -> None:
-    """The learner's starting point: the notebook with no outputs and no widget state."""
-    nb = nbformat.read(NOTEBOOK, as_version=4)
+def _copy_notebook_without_outputs(source: pathlib.Path, course: pathlib.Path) -> None:
+    """The learner's starting point: the notebook, at its place in the course, with no outputs and no widget state."""
+    nb = nbformat.read(source, as_version=4)
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
     nb.metadata.pop("widgets", None)
-    nbformat.write(nb, dest / NOTEBOOK.name)
+    dest = course / source.relative_to(ROOT)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, dest)
 
 
 def _log_tail(log: pathlib.Path, chars: int = 3000) -> str:
@@ -102,11 +110,12 @@ def _log_tail(log: pathlib.Path, chars: int = 3000) -> str:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    """A JupyterLab server on 127.0.0.1 serving a temporary copy of notebook 03."""
+    """A JupyterLab server on 127.0.0.1 at a temporary course root: notebooks 01 and 03, exercise 01."""
     work = tmp_path_factory.mktemp("lab")
-    notebooks, home = work / "notebooks", work / "jupyter"
+    notebooks, home = work / "course", work / "jupyter"
     notebooks.mkdir()
-    _copy_notebook_without_outputs(notebooks)
+    for source in (NOTEBOOK, LESSON, EXERCISE):
+        _copy_notebook_without_outputs(source, notebooks)
     _write_lab_settings(home / "user-settings")
     port, token = _free_port(), secrets.token_hex(16)
     env = dict(os.environ,
@@ -207,7 +216,7 @@ def _run_all_cells(page) -> None:
 
 
 def test_notebook_03_runs_in_jupyterlab_and_the_stepper_redraws(lab):
-    url = f"{lab['base']}/lab/tree/{NOTEBOOK.name}?token={lab['token']}"
+    url = f"{lab['base']}/lab/tree/notebooks/{NOTEBOOK.name}?token={lab['token']}"
     screenshot = artifacts_dir() / "browser_03_online_softmax.png"
     n_code = sum(c.cell_type == "code" for c in nbformat.read(NOTEBOOK, as_version=4).cells)
     times, start = {}, time.monotonic()
@@ -275,3 +284,71 @@ def test_notebook_03_runs_in_jupyterlab_and_the_stepper_redraws(lab):
     print(f"screenshot: {screenshot}")
     print("browser test: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in times.items()))
     assert screenshot.stat().st_size > 10_000, f"the screenshot {screenshot} looks empty"
+
+
+CURRENT_PATH = """() => {
+    const panel = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+    return panel && panel.context ? panel.context.path : null;
+}"""
+ANSWER = "return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1) @ v"
+
+
+def test_a_learner_follows_notebook_01_to_its_exercise_answers_and_reads_the_verdict(lab):
+    url = f"{lab['base']}/lab/tree/notebooks/{LESSON.name}?token={lab['token']}"
+    screenshot = artifacts_dir() / "browser_01_exercise_verdict.png"
+    n_code = sum(c.cell_type == "code" for c in nbformat.read(EXERCISE, as_version=4).cells)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.set_default_timeout(WIDGET_S * 1000)
+        try:
+            page.goto(url, wait_until="domcontentloaded", timeout=PAGE_LOAD_S * 1000)
+            _wait_for(page, KERNEL_IDLE, None, PAGE_LOAD_S, "notebook 01 to open with an idle kernel", lab)
+
+            # The link at the end of notebook 01 opens the exercise inside JupyterLab.
+            link = page.locator(f'.jp-RenderedMarkdown a[href*="exercises/{EXERCISE.name}"]')
+            assert link.count() >= 1, "notebook 01 shows no link to its exercise notebook"
+            link.first.scroll_into_view_if_needed()
+            link.first.click()
+            _wait_for(page, f"() => ({CURRENT_PATH})() === 'exercises/{EXERCISE.name}'", None, PAGE_LOAD_S,
+                      "the link to open exercises/01_naive_attention.ipynb", lab)
+            _wait_for(page, KERNEL_IDLE, None, PAGE_LOAD_S, "the exercise to open with an idle kernel", lab)
+
+            # Type the answer in place of the `raise NotImplementedError` line of naive_attention.
+            cell = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell",
+                                has_text="def naive_attention(")
+            assert cell.count() == 1, f"expected one cell defining naive_attention, found {cell.count()}"
+            line = cell.locator(".cm-line", has_text="raise NotImplementedError")
+            line.scroll_into_view_if_needed()
+            line.click()
+            page.keyboard.press("End")
+            page.keyboard.press("Shift+Home")  # the line's text, its indentation kept
+            page.keyboard.insert_text(ANSWER)
+            page.keyboard.press("Escape")
+            assert ANSWER in cell.inner_text()
+
+            _run_all_cells(page)
+            _wait_for(page, RUN_ALL_OVER, n_code, RUN_ALL_S, f"Run All to go through the {n_code} code cells", lab)
+            check = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell",
+                                 has_text="checks.check_naive_attention(")
+            _poll(lambda: "naive_attention:" in check.locator(".jp-OutputArea").inner_text(), RUN_ALL_S,
+                  "the check cell to print its verdict", lab)
+            verdict = check.locator(".jp-OutputArea").inner_text().strip()
+            assert verdict.startswith("✓ naive_attention: correct on"), verdict
+            assert verdict.endswith("(2/2 points)"), verdict
+            other = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell",
+                                 has_text="checks.check_stable_softmax(")
+            assert "not attempted yet" in other.locator(".jp-OutputArea").inner_text()
+            check.scroll_into_view_if_needed()
+            page.screenshot(path=str(screenshot))
+        except (AssertionError, PlaywrightError, pytest.fail.Exception):
+            failed = artifacts_dir() / "browser_01_exercise_failure.png"
+            try:
+                page.screenshot(path=str(failed), full_page=True)
+                print(f"screenshot of the failure: {failed}")
+            except PlaywrightError:
+                pass
+            raise
+        finally:
+            browser.close()
+    print(f"screenshot: {screenshot}")
