@@ -150,12 +150,13 @@ def test_matmul_table_still_reachable(capsys):
 @pytest.mark.gpu
 def test_cli_small_gpu_grid(tmp_path):
     prefix = tmp_path / "attention_gpu"
-    bench.main(["--mode", "fwd,bwd,train", "--dtype", "fp16,bf16", "--d", "64", "--N", "512,1024",
+    # One dtype: every flashlib row autotunes its own kernels, and bf16 is covered by the kernel tests.
+    bench.main(["--mode", "fwd,bwd,train", "--dtype", "fp16", "--d", "64", "--N", "512,1024",
                 "--impl", ",".join(bench.IMPLS), "--warmup", "5", "--repeat", "20", "--out", str(prefix)])
     meta, rows = bench.load_results(f"{prefix}.json")
     assert meta["interpreter"] is False and meta["gpu"]["is_gpu"]
     assert meta["ceilings"]["hbm_gb_per_s"] > 100 and meta["ceilings"]["matmul_tflops"] > 10
-    assert len(rows) == 5 * 3 * 2 * 2 * 2
+    assert len(rows) == len(bench.IMPLS) * 3 * 1 * 2 * 2  # impls x modes x dtypes x causal x N
     for r in rows:
         if r["impl"] in ("flashlib", "sdpa_flash", "naive"):
             assert r["status"] == "ok", r
