@@ -48,7 +48,7 @@ test-lib: install  ## only the library tests, no notebooks (about 10 min on 2 CP
 	$(PY) -m pytest tests -rs
 
 # The GPU tests (marked gpu) in the files that hold them; the machine needs no Jupyter packages.
-GPU_TEST_FILES = $(shell grep -l "mark.gpu" tests/test_*.py)
+GPU_TEST_FILES = $(shell grep -rl --include="test_*.py" "mark.gpu" tests)
 GPU_LOG ?= benchmarks/results/gpu_tests.log
 test-gpu: install  ## the GPU tests on a CUDA machine (16 pytest-xdist workers), log and durations in $(GPU_LOG)
 	FLASHLIB_TEST_TIMES=$(GPU_LOG).times $(PY) -m pytest -m gpu -n 16 --dist worksteal -rs -q --durations=15 $(GPU_TEST_FILES) 2>&1 | tee $(GPU_LOG)

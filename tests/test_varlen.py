@@ -1,20 +1,17 @@
 """flash_attention_varlen: packed sequences of different lengths against the float64 reference
 applied to each sequence alone (forward, L and gradients); the same as flash_attention on a padded
 batch when lengths are equal; every output element written; pack/unpack; clear errors."""
-import functools
 
 import pytest
 import torch
 
-from flashlib import flash_attention, flash_attention_varlen, pack_sequences, runtime, unpack_sequences
+from flashlib import flash_attention, flash_attention_varlen, pack_sequences, unpack_sequences
 from flashlib import attention as attention_module
 from flashlib import varlen as varlen_module
-from flashlib.kernels import attention_bwd, attention_fwd
 from flashlib.reference import naive_attention
 from flashlib.validation import relative_error, tolerance
+from support.attention import DEVICE, DTYPES, pin_blocks
 
-DEVICE = runtime.DEVICE
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
 # ---------------------------------------------------------------- helpers
@@ -22,13 +19,8 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 def fixed_blocks_on_the_gpu(request, monkeypatch):
     """On a GPU every new shape would autotune: tests run fixed blocks there, except
     test_gpu_autotuned_varlen, which exercises the autotuners (the interpreter never autotunes)."""
-    if runtime.INTERPRET or request.node.name.startswith("test_gpu_autotuned"):
-        return
-    for module in (varlen_module, attention_module):
-        monkeypatch.setattr(module, "launch_attention_forward",
-                            functools.partial(attention_fwd.launch_attention_forward, block_m=64, block_n=32))
-        monkeypatch.setattr(module, "launch_attention_backward",
-                            functools.partial(attention_bwd.launch_attention_backward, block_m=32, block_n=32))
+    if not request.node.name.startswith("test_gpu_autotuned"):
+        pin_blocks(monkeypatch, [varlen_module, attention_module])
 
 
 def make_packed(lens_q, lens_k, heads, kv_heads, head_dim, dtype, seed=0):
@@ -214,7 +206,7 @@ def test_double_backward_is_refused():
 
 
 def test_gradcheck():
-    """As tests/test_attention_bwd.py: flash_attention_varlen takes no float64, so gradcheck sees a float64
+    """As tests/kernels/test_attention_bwd.py: flash_attention_varlen takes no float64, so gradcheck sees a float64
     function of three 3-vectors (q, k, v = base + lift @ x, rounded to float32), projected on 8 directions."""
     gen = torch.Generator().manual_seed(3)
     cu_q = torch.tensor([0, 5, 5, 12], dtype=torch.int32, device=DEVICE)

@@ -1,6 +1,5 @@
 """flash_attention forward: equal to the float64 reference for every mask, layout, dtype and
 block size; blocks outside the mask never visited; every output element written; clear errors."""
-import functools
 
 import pytest
 import torch
@@ -11,39 +10,18 @@ from flashlib import flash_attention, runtime
 from flashlib.kernels import attention_fwd
 from flashlib.reference import attention_mask, naive_attention
 from flashlib.validation import relative_error, tolerance
+from support.attention import DEVICE, DTYPES, as_bhnd, make_inputs, pin_blocks
 
-DEVICE = runtime.DEVICE
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 LAYOUTS = ["bhnd", "bnhd", "3d"]
 
 
 # ---------------------------------------------------------------- helpers
 @pytest.fixture(autouse=True)
 def fixed_blocks_on_the_gpu(request, monkeypatch):
-    """On a GPU every new shape would autotune (a dozen compiles): tests run one fixed config
-    there, except test_gpu_autotuned, which exercises the autotuner (the interpreter never autotunes)."""
-    if not runtime.INTERPRET and not request.node.name.startswith("test_gpu_autotuned"):
-        fixed = functools.partial(attention_fwd.launch_attention_forward, block_m=64, block_n=32)
-        monkeypatch.setattr(attention_module, "launch_attention_forward", fixed)
-
-
-def make_inputs(batch, heads, kv_heads, n_q, n_k, head_dim, dtype, layout="bhnd", seed=0):
-    """Fresh random q, k, v in ``layout`` ("3d": (B*H, N, D), needs heads == kv_heads)."""
-    gen = torch.Generator().manual_seed(seed)
-
-    def one(h, n):
-        t = torch.randn(batch, h, n, head_dim, generator=gen, dtype=torch.float64).to(DEVICE, dtype)
-        if layout == "bnhd":
-            return t.transpose(1, 2).contiguous()
-        return t.reshape(batch * h, n, head_dim) if layout == "3d" else t
-
-    return one(heads, n_q), one(kv_heads, n_k), one(kv_heads, n_k)
-
-
-def as_bhnd(t, layout):
-    if layout == "3d":
-        return t.unsqueeze(1)
-    return t if layout == "bhnd" else t.transpose(1, 2)
+    """On a GPU every new shape would autotune: tests run fixed blocks there, except
+    test_gpu_autotuned, which exercises the autotuner (the interpreter never autotunes)."""
+    if not request.node.name.startswith("test_gpu_autotuned"):
+        pin_blocks(monkeypatch, [attention_module], backward=False)
 
 
 def reference(q, k, v, layout="bhnd", **mask):

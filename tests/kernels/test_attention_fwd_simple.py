@@ -13,17 +13,14 @@ from flashlib.kernels.attention_fwd_simple import (flash_forward_kernel, launch_
                                                     simple_flash_attention)
 from flashlib.reference import naive_attention  # noqa: E402
 from flashlib.validation import relative_error, tolerance  # noqa: E402
+from support import attention as attention_inputs  # noqa: E402
 
 DEVICE = runtime.DEVICE
 
 
 def make_inputs(batch, heads, n_q, n_k, head_dim, dtype, seed=0, spread=1.0):
-    gen = torch.Generator().manual_seed(seed)
-
-    def one(n):
-        return (torch.randn(batch, heads, n, head_dim, generator=gen, dtype=torch.float64) * spread).to(DEVICE, dtype)
-
-    return one(n_q), one(n_k), one(n_k)
+    """q, k, v (B, H, N, D) with as many key/value heads as query heads (the teaching kernel has no GQA)."""
+    return attention_inputs.make_inputs(batch, heads, heads, n_q, n_k, head_dim, dtype, seed=seed, spread=spread)
 
 
 def assert_matches_reference(q, k, v, out, lse, **kwargs):

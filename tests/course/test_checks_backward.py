@@ -9,7 +9,6 @@ import math
 import pytest
 import torch
 
-from flashlib import runtime  # before triton: flashlib picks the interpreter on a CPU
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from flashlib.course import checks  # noqa: E402

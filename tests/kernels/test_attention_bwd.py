@@ -13,14 +13,13 @@ import triton
 import triton.language as tl
 
 from flashlib import attention as attention_module
-from flashlib import flash_attention, runtime
+from flashlib import flash_attention
 from flashlib.kernels import attention_bwd, attention_fwd
 from flashlib.kernels.attention_bwd import _key_block_range, _query_block_range
 from flashlib.reference import _window_bounds, attention_mask, naive_attention
 from flashlib.validation import relative_error, tolerance
+from support.attention import DEVICE, DTYPES, as_bhnd, make_inputs, pin_blocks
 
-DEVICE = runtime.DEVICE
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 GRADS = ("dq", "dk", "dv")
 
 
@@ -29,32 +28,10 @@ GRADS = ("dq", "dk", "dv")
 def fixed_blocks_on_the_gpu(request, monkeypatch):
     """On a GPU every new shape would autotune (a dozen compiles per kernel): tests run fixed
     blocks there, except test_gpu_autotuned_backward, which exercises the backward's autotuners."""
-    if runtime.INTERPRET:
-        return
-    fixed_fwd = functools.partial(attention_fwd.launch_attention_forward, block_m=64, block_n=32)
-    monkeypatch.setattr(attention_module, "launch_attention_forward", fixed_fwd)
-    if not request.node.name.startswith("test_gpu_autotuned"):
-        fixed_bwd = functools.partial(attention_bwd.launch_attention_backward, block_m=32, block_n=32)
-        monkeypatch.setattr(attention_module, "launch_attention_backward", fixed_bwd)
+    pin_blocks(monkeypatch, [attention_module], backward=not request.node.name.startswith("test_gpu_autotuned"))
 
 
-def make_inputs(batch, heads, kv_heads, n_q, n_k, head_dim, dtype, layout="bhnd", seed=0):
-    """Fresh random q, k, v and an output gradient do in ``layout`` ("3d": (B*H, N, D), heads == kv_heads)."""
-    gen = torch.Generator().manual_seed(seed)
-
-    def one(h, n):
-        t = torch.randn(batch, h, n, head_dim, generator=gen, dtype=torch.float64).to(DEVICE, dtype)
-        if layout == "bnhd":
-            return t.transpose(1, 2).contiguous()
-        return t.reshape(batch * h, n, head_dim) if layout == "3d" else t
-
-    return one(heads, n_q), one(kv_heads, n_k), one(kv_heads, n_k), one(heads, n_q)
-
-
-def as_bhnd(t, layout):
-    if layout == "3d":
-        return t.unsqueeze(1)
-    return t if layout == "bhnd" else t.transpose(1, 2)
+make_inputs = functools.partial(make_inputs, grad_out=True)  # q, k, v and an output gradient do
 
 
 def flash_grads(q, k, v, do, layout="bhnd", requires=GRADS, **mask):

@@ -10,7 +10,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_outp
 from flashlib.course import make_exercises as mk
 from flashlib.course.make_exercises import MarkerError, make_exercise_notebook, sync
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PLACEHOLDER = 'raise NotImplementedError("Exercise: write your code here")'
 
 
@@ -242,7 +242,7 @@ def test_real_exercise_notebooks_have_no_solutions_and_compile():
 def test_solutions_and_the_registry_must_agree(tmp_path):
     from flashlib.course import registry
 
-    nb = mk.read_solution(Path(__file__).resolve().parents[1] / "solutions" / "07_performance.ipynb")
+    nb = mk.read_solution(REPO / "solutions" / "07_performance.ipynb")
     mk.check_against_registry(make_exercise_notebook(nb), "07_performance")  # agrees
     for cell in nb.cells:
         if cell.cell_type == "code" and "def achieved_tflops" in cell.source:

@@ -20,7 +20,7 @@ import pytest
 
 from flashlib.course import answers, grader, policy, registry, sandbox
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SOLUTIONS = REPO / "solutions"
 EXERCISES = REPO / "exercises"
 FRAMEWORK = REPO / "flashlib" / "course" / "checks" / "framework.py"

@@ -1,0 +1,60 @@
+"""Inputs and GPU set-up shared by the attention tests (forward, backward, varlen).
+
+One copy of each: how a test makes fresh random q, k, v (and dO) in a layout, how a
+(B, N, H, D) or (B*H, N, D) tensor is read as (B, H, N, D), and how GPU tests pin
+the kernels' block sizes so that a new shape does not autotune a dozen configs.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from flashlib import runtime
+from flashlib.kernels import attention_bwd, attention_fwd
+
+DEVICE = runtime.DEVICE
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+#: The blocks a GPU test runs with when it does not test the autotuner.
+FIXED_FORWARD = dict(block_m=64, block_n=32)
+FIXED_BACKWARD = dict(block_m=32, block_n=32)
+
+
+def make_inputs(batch, heads, kv_heads, n_q, n_k, head_dim, dtype, layout="bhnd", seed=0, grad_out=False,
+                spread=1.0):
+    """Fresh random q, k, v (and, with ``grad_out``, an output gradient do) in ``layout``.
+
+    ``layout``: "bhnd", "bnhd", or "3d" ((B*H, N, D), needs heads == kv_heads). Values
+    are drawn in float64 from a seeded generator, times ``spread``, then rounded to ``dtype``.
+    """
+    gen = torch.Generator().manual_seed(seed)
+
+    def one(h, n):
+        t = (torch.randn(batch, h, n, head_dim, generator=gen, dtype=torch.float64) * spread).to(DEVICE, dtype)
+        if layout == "bnhd":
+            return t.transpose(1, 2).contiguous()
+        return t.reshape(batch * h, n, head_dim) if layout == "3d" else t
+
+    tensors = (one(heads, n_q), one(kv_heads, n_k), one(kv_heads, n_k))
+    return tensors + (one(heads, n_q),) if grad_out else tensors
+
+
+def as_bhnd(t, layout):
+    """``t`` in ``layout`` viewed as (B, H, N, D)."""
+    if layout == "3d":
+        return t.unsqueeze(1)
+    return t if layout == "bhnd" else t.transpose(1, 2)
+
+
+def pin_blocks(monkeypatch, modules, forward=True, backward=True):
+    """On a GPU, make ``modules``' launchers use fixed blocks (no autotuning); nothing in the interpreter."""
+    if runtime.INTERPRET:
+        return
+    for module in modules:
+        if forward:
+            monkeypatch.setattr(module, "launch_attention_forward",
+                                functools.partial(attention_fwd.launch_attention_forward, **FIXED_FORWARD))
+        if backward:
+            monkeypatch.setattr(module, "launch_attention_backward",
+                                functools.partial(attention_bwd.launch_attention_backward, **FIXED_BACKWARD))
