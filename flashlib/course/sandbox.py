@@ -242,6 +242,34 @@ def _bwrap_base_args() -> list[str]:
             "--die-with-parent", "--new-session"]
 
 
+def _needed_paths() -> list[str]:
+    """What the job must see to run Python and flashlib: the interpreter, its prefix, the package."""
+    import flashlib
+
+    return [str(Path(p).resolve()) for p in
+            (sys.prefix, sys.base_prefix, Path(sys.executable).parent, Path(flashlib.__file__).parents[1])]
+
+
+def _bwrap_views(workdir: str, hide) -> list[str]:
+    """bwrap arguments after the base ones: what must stay visible, then hidden folders, then the job's folder.
+
+    The base arguments put empty tmpfs over /tmp and /dev/shm; Python or flashlib living
+    there (a checkout in /tmp, say) is bound back read-only first, so that a hidden
+    folder inside it stays hidden. A folder to hide that holds them is left visible
+    (read-only, as everything is).
+    """
+    needed = _needed_paths()
+    views = []
+    for path in sorted(set(needed)):
+        if any(path == top or path.startswith(top + os.sep) for top in ("/tmp", "/dev/shm")):
+            views += ["--ro-bind", path, path]
+    for folder in hide:
+        folder = str(Path(folder).resolve())
+        if not any(path == folder or path.startswith(folder + os.sep) for path in needed + [workdir]):
+            views += ["--tmpfs", folder]
+    return views + ["--bind", workdir, workdir]
+
+
 def _limits_setter(limits: Limits, uid: int | None):
     """What the child runs between fork and exec: nothing that takes a lock (no /proc reading here)."""
     current_processes = len(_processes_of(os.getuid() if uid is None else uid))
@@ -277,15 +305,7 @@ def run(argv: list[str], workdir: str | os.PathLike, env: dict[str, str], limits
     command = list(argv)
     uid = None
     if mode == "bwrap":
-        hidden = []
-        import flashlib
-
-        needed = [workdir, sys.prefix, str(Path(sys.executable).resolve()), str(Path(flashlib.__file__).parent)]
-        for folder in hide:
-            folder = str(Path(folder).resolve())
-            if not any(path == folder or path.startswith(folder + os.sep) for path in needed):
-                hidden += ["--tmpfs", folder]
-        command = [shutil.which("bwrap"), *(_bwrap_base_args()), *hidden, "--bind", workdir, workdir,
+        command = [shutil.which("bwrap"), *(_bwrap_base_args()), *_bwrap_views(workdir, hide),
                    "--chdir", workdir, "--", *argv]
     elif mode == "user":
         uid = SANDBOX_UID

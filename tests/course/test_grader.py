@@ -492,3 +492,12 @@ def _tensors(value):
     if isinstance(value, dict):
         return [t for item in value.values() for t in _tensors(item)]
     return []
+
+
+def test_bubblewrap_keeps_python_and_flashlib_visible_when_they_live_in_tmp(monkeypatch):
+    """A checkout in /tmp (as CI may make one): bound back after /tmp's tmpfs, its graded folder still hidden."""
+    monkeypatch.setattr(sandbox, "_needed_paths", lambda: ["/tmp/ci/.venv", "/usr/lib/python3", "/tmp/ci"])
+    views = sandbox._bwrap_views("/tmp/flashlib-grade-x", hide=["/tmp/ci/solutions", "/tmp/ci"])
+    assert views == ["--ro-bind", "/tmp/ci", "/tmp/ci", "--ro-bind", "/tmp/ci/.venv", "/tmp/ci/.venv",
+                     "--tmpfs", "/tmp/ci/solutions",  # hidden after the bind that holds it; /tmp/ci holds Python
+                     "--bind", "/tmp/flashlib-grade-x", "/tmp/flashlib-grade-x"]
