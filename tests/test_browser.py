@@ -18,6 +18,7 @@ skipped there). Run alone with ``make test-browser``.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -209,6 +210,27 @@ RUN_ALL_OVER = f"""(nCode) => {{
 }}"""
 
 
+@contextlib.contextmanager
+def learner_page(failure_png: str):
+    """A page of headless Chromium; on a failure a full-page screenshot ``failure_png`` is kept."""
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.set_default_timeout(WIDGET_S * 1000)
+        try:
+            yield page
+        except (AssertionError, PlaywrightError, pytest.fail.Exception):
+            failed = artifacts_dir() / failure_png
+            try:
+                page.screenshot(path=str(failed), full_page=True)
+                print(f"screenshot of the failure: {failed}")
+            except PlaywrightError:
+                pass
+            raise
+        finally:
+            browser.close()
+
+
 def _run_all_cells(page) -> None:
     """Run > Run All Cells, through the menu bar as a learner would."""
     page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
@@ -220,67 +242,53 @@ def test_notebook_03_runs_in_jupyterlab_and_the_stepper_redraws(lab):
     screenshot = artifacts_dir() / "browser_03_online_softmax.png"
     n_code = sum(c.cell_type == "code" for c in nbformat.read(NOTEBOOK, as_version=4).cells)
     times, start = {}, time.monotonic()
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.set_default_timeout(WIDGET_S * 1000)
+    with learner_page("browser_03_online_softmax_failure.png") as page:
+        page.goto(url, wait_until="domcontentloaded", timeout=PAGE_LOAD_S * 1000)
+        _wait_for(page, KERNEL_IDLE, None, PAGE_LOAD_S, "the notebook to open with an idle kernel", lab)
+        times["open"] = time.monotonic() - start
+
+        _run_all_cells(page)
+        _wait_for(page, RUN_ALL_OVER, n_code, RUN_ALL_S, f"Run All to go through the {n_code} code cells", lab)
+        errors = page.evaluate(ERROR_OUTPUTS)
+        assert not errors, "cells show errors after Run All:\n" + "\n---\n".join(e[-1500:] for e in errors)
+        prompts = page.evaluate(PROMPTS)
+        assert len(prompts) == n_code and all(p[1:-2].isdigit() for p in prompts), (
+            f"Run All left code cells without an execution count: {prompts} ({n_code} code cells)")
+        _wait_for(page, KERNEL_IDLE, None, RUN_ALL_S, "the kernel to be idle after Run All", lab)
+        times["run all"] = time.monotonic() - start - times["open"]
+
+        cell = page.locator(".jp-CodeCell", has_text="online_softmax_stepper(")
+        assert cell.count() == 1, f"expected one cell building the stepper, found {cell.count()}"
+        cell.scroll_into_view_if_needed()
+        handle, readout = cell.locator(".noUi-handle"), cell.locator(".widget-readout")
+        image = cell.locator(".widget-output img")
         try:
-            page.goto(url, wait_until="domcontentloaded", timeout=PAGE_LOAD_S * 1000)
-            _wait_for(page, KERNEL_IDLE, None, PAGE_LOAD_S, "the notebook to open with an idle kernel", lab)
-            times["open"] = time.monotonic() - start
+            image.wait_for(state="visible")
+        except PlaywrightTimeout:
+            pytest.fail(f"the stepper shows no slider picture within {WIDGET_S} s; its cell reads:\n"
+                        f"{cell.inner_text()[-1500:]}")
+        first_src, first_value = image.get_attribute("src"), readout.inner_text().strip()
+        assert first_value == "1", f"the stepper should start at block 1, its readout shows {first_value!r}"
 
-            _run_all_cells(page)
-            _wait_for(page, RUN_ALL_OVER, n_code, RUN_ALL_S, f"Run All to go through the {n_code} code cells", lab)
-            errors = page.evaluate(ERROR_OUTPUTS)
-            assert not errors, "cells show errors after Run All:\n" + "\n---\n".join(e[-1500:] for e in errors)
-            prompts = page.evaluate(PROMPTS)
-            assert len(prompts) == n_code and all(p[1:-2].isdigit() for p in prompts), (
-                f"Run All left code cells without an execution count: {prompts} ({n_code} code cells)")
-            _wait_for(page, KERNEL_IDLE, None, RUN_ALL_S, "the kernel to be idle after Run All", lab)
-            times["run all"] = time.monotonic() - start - times["open"]
+        # One key press at a time, each redraw awaited: every block read gives a new picture.
+        handle.focus()
+        pictures = [first_src]
+        for value in ("2", "3", "4"):
+            page.keyboard.press("ArrowRight")
+            _poll(lambda: readout.inner_text().strip() == value, WIDGET_S,
+                  f"the slider readout to show {value} after pressing ArrowRight", lab)
+            _poll(lambda: image.count() == 1 and image.get_attribute("src") not in pictures, WIDGET_S,
+                  f"the stepper's picture to change when the slider moved to {value}", lab)
+            pictures.append(image.get_attribute("src"))
+        page.screenshot(path=str(screenshot))
 
-            cell = page.locator(".jp-CodeCell", has_text="online_softmax_stepper(")
-            assert cell.count() == 1, f"expected one cell building the stepper, found {cell.count()}"
-            cell.scroll_into_view_if_needed()
-            handle, readout = cell.locator(".noUi-handle"), cell.locator(".widget-readout")
-            image = cell.locator(".widget-output img")
-            try:
-                image.wait_for(state="visible")
-            except PlaywrightTimeout:
-                pytest.fail(f"the stepper shows no slider picture within {WIDGET_S} s; its cell reads:\n"
-                            f"{cell.inner_text()[-1500:]}")
-            first_src, first_value = image.get_attribute("src"), readout.inner_text().strip()
-            assert first_value == "1", f"the stepper should start at block 1, its readout shows {first_value!r}"
-
-            # One key press at a time, each redraw awaited: every block read gives a new picture.
-            handle.focus()
-            pictures = [first_src]
-            for value in ("2", "3", "4"):
-                page.keyboard.press("ArrowRight")
-                _poll(lambda: readout.inner_text().strip() == value, WIDGET_S,
-                      f"the slider readout to show {value} after pressing ArrowRight", lab)
-                _poll(lambda: image.count() == 1 and image.get_attribute("src") not in pictures, WIDGET_S,
-                      f"the stepper's picture to change when the slider moved to {value}", lab)
-                pictures.append(image.get_attribute("src"))
-            page.screenshot(path=str(screenshot))
-
-            for _ in range(3):
-                page.keyboard.press("ArrowLeft")
-            _poll(lambda: image.count() == 1 and image.get_attribute("src") == first_src, WIDGET_S,
-                  "the first picture to come back after moving the slider back to 1", lab)
-            errors = page.evaluate(ERROR_OUTPUTS)
-            assert not errors, "errors after moving the slider:\n" + "\n---\n".join(e[-1500:] for e in errors)
-            times["slider"] = time.monotonic() - start - times["open"] - times["run all"]
-        except (AssertionError, PlaywrightError, pytest.fail.Exception):
-            failed = artifacts_dir() / "browser_03_online_softmax_failure.png"
-            try:
-                page.screenshot(path=str(failed), full_page=True)
-                print(f"screenshot of the failure: {failed}")
-            except PlaywrightError:
-                pass
-            raise
-        finally:
-            browser.close()
+        for _ in range(3):
+            page.keyboard.press("ArrowLeft")
+        _poll(lambda: image.count() == 1 and image.get_attribute("src") == first_src, WIDGET_S,
+              "the first picture to come back after moving the slider back to 1", lab)
+        errors = page.evaluate(ERROR_OUTPUTS)
+        assert not errors, "errors after moving the slider:\n" + "\n---\n".join(e[-1500:] for e in errors)
+        times["slider"] = time.monotonic() - start - times["open"] - times["run all"]
     print(f"screenshot: {screenshot}")
     print("browser test: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in times.items()))
     assert screenshot.stat().st_size > 10_000, f"the screenshot {screenshot} looks empty"
@@ -297,58 +305,44 @@ def test_a_learner_follows_notebook_01_to_its_exercise_answers_and_reads_the_ver
     url = f"{lab['base']}/lab/tree/notebooks/{LESSON.name}?token={lab['token']}"
     screenshot = artifacts_dir() / "browser_01_exercise_verdict.png"
     n_code = sum(c.cell_type == "code" for c in nbformat.read(EXERCISE, as_version=4).cells)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.set_default_timeout(WIDGET_S * 1000)
-        try:
-            page.goto(url, wait_until="domcontentloaded", timeout=PAGE_LOAD_S * 1000)
-            _wait_for(page, KERNEL_IDLE, None, PAGE_LOAD_S, "notebook 01 to open with an idle kernel", lab)
+    with learner_page("browser_01_exercise_failure.png") as page:
+        page.goto(url, wait_until="domcontentloaded", timeout=PAGE_LOAD_S * 1000)
+        _wait_for(page, KERNEL_IDLE, None, PAGE_LOAD_S, "notebook 01 to open with an idle kernel", lab)
 
-            # The link at the end of notebook 01 opens the exercise inside JupyterLab.
-            link = page.locator(f'.jp-RenderedMarkdown a[href*="exercises/{EXERCISE.name}"]')
-            assert link.count() >= 1, "notebook 01 shows no link to its exercise notebook"
-            link.first.scroll_into_view_if_needed()
-            link.first.click()
-            _wait_for(page, f"() => ({CURRENT_PATH})() === 'exercises/{EXERCISE.name}'", None, PAGE_LOAD_S,
-                      "the link to open exercises/01_naive_attention.ipynb", lab)
-            _wait_for(page, KERNEL_IDLE, None, PAGE_LOAD_S, "the exercise to open with an idle kernel", lab)
+        # The link at the end of notebook 01 opens the exercise inside JupyterLab.
+        link = page.locator(f'.jp-RenderedMarkdown a[href*="exercises/{EXERCISE.name}"]')
+        assert link.count() >= 1, "notebook 01 shows no link to its exercise notebook"
+        link.first.scroll_into_view_if_needed()
+        link.first.click()
+        _wait_for(page, f"() => ({CURRENT_PATH})() === 'exercises/{EXERCISE.name}'", None, PAGE_LOAD_S,
+                  "the link to open exercises/01_naive_attention.ipynb", lab)
+        _wait_for(page, KERNEL_IDLE, None, PAGE_LOAD_S, "the exercise to open with an idle kernel", lab)
 
-            # Type the answer in place of the `raise NotImplementedError` line of naive_attention.
-            cell = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell",
-                                has_text="def naive_attention(")
-            assert cell.count() == 1, f"expected one cell defining naive_attention, found {cell.count()}"
-            line = cell.locator(".cm-line", has_text="raise NotImplementedError")
-            line.scroll_into_view_if_needed()
-            line.click()
-            page.keyboard.press("End")
-            page.keyboard.press("Shift+Home")  # the line's text, its indentation kept
-            page.keyboard.insert_text(ANSWER)
-            page.keyboard.press("Escape")
-            assert ANSWER in cell.inner_text()
+        # Type the answer in place of the `raise NotImplementedError` line of naive_attention.
+        cell = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell",
+                            has_text="def naive_attention(")
+        assert cell.count() == 1, f"expected one cell defining naive_attention, found {cell.count()}"
+        line = cell.locator(".cm-line", has_text="raise NotImplementedError")
+        line.scroll_into_view_if_needed()
+        line.click()
+        page.keyboard.press("End")
+        page.keyboard.press("Shift+Home")  # the line's text, its indentation kept
+        page.keyboard.insert_text(ANSWER)
+        page.keyboard.press("Escape")
+        assert ANSWER in cell.inner_text()
 
-            _run_all_cells(page)
-            _wait_for(page, RUN_ALL_OVER, n_code, RUN_ALL_S, f"Run All to go through the {n_code} code cells", lab)
-            check = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell",
-                                 has_text="checks.check_naive_attention(")
-            _poll(lambda: "naive_attention:" in check.locator(".jp-OutputArea").inner_text(), RUN_ALL_S,
-                  "the check cell to print its verdict", lab)
-            verdict = check.locator(".jp-OutputArea").inner_text().strip()
-            assert verdict.startswith("✓ naive_attention: correct on"), verdict
-            assert verdict.endswith("(2/2 points)"), verdict
-            other = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell",
-                                 has_text="checks.check_stable_softmax(")
-            assert "not attempted yet" in other.locator(".jp-OutputArea").inner_text()
-            check.scroll_into_view_if_needed()
-            page.screenshot(path=str(screenshot))
-        except (AssertionError, PlaywrightError, pytest.fail.Exception):
-            failed = artifacts_dir() / "browser_01_exercise_failure.png"
-            try:
-                page.screenshot(path=str(failed), full_page=True)
-                print(f"screenshot of the failure: {failed}")
-            except PlaywrightError:
-                pass
-            raise
-        finally:
-            browser.close()
+        _run_all_cells(page)
+        _wait_for(page, RUN_ALL_OVER, n_code, RUN_ALL_S, f"Run All to go through the {n_code} code cells", lab)
+        check = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell",
+                             has_text="checks.check_naive_attention(")
+        _poll(lambda: "naive_attention:" in check.locator(".jp-OutputArea").inner_text(), RUN_ALL_S,
+              "the check cell to print its verdict", lab)
+        verdict = check.locator(".jp-OutputArea").inner_text().strip()
+        assert verdict.startswith("✓ naive_attention: correct on"), verdict
+        assert verdict.endswith("(2/2 points)"), verdict
+        other = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell",
+                             has_text="checks.check_stable_softmax(")
+        assert "not attempted yet" in other.locator(".jp-OutputArea").inner_text()
+        check.scroll_into_view_if_needed()
+        page.screenshot(path=str(screenshot))
     print(f"screenshot: {screenshot}")
