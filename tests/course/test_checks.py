@@ -676,7 +676,7 @@ def _masked_copy(with_other: bool) -> torch.Tensor:
 
 @interpreter_only
 def test_masked_lanes_are_nan_only_inside_the_context_and_only_without_other():
-    from flashlib.course.checks.matmul import nan_in_masked_lanes
+    from flashlib.course.checks.undefined_memory import nan_in_masked_lanes
 
     assert torch.equal(_masked_copy(False)[8:], torch.zeros(8))  # the interpreter's own fill
     with nan_in_masked_lanes():

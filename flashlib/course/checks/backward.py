@@ -14,7 +14,7 @@ Exercise signatures (stated in the notebook):
   q and dO are views inside NaN-filled buffers (a load past N_Q reads NaN, never
   foreign memory), and dK, dV start as NaN, so rows never written show. During the
   launch a masked ``tl.load`` without ``other=`` fills its masked-off lanes with NaN
-  (:func:`~flashlib.course.checks.matmul.nan_in_masked_lanes`); one case keeps 0
+  (:func:`~flashlib.course.checks.undefined_memory.nan_in_masked_lanes`); one case keeps 0
   instead of NaN after the last query row of q and dO, so that there only such lanes
   (or, in the last head, L and D read past their end) bring NaN in. The fixed cases
   come first: no tails; tails with 0, then NaN, after the last query; large gaps
@@ -42,9 +42,8 @@ from ... import runtime
 from ...kernels.attention_bwd_simple import launch_simple_dkdv
 from ...reference import attention_mask, naive_attention, stable_softmax
 from ...validation import relative_error, tolerance
-from .forward import AFTER_NAN, AFTER_ZERO, _in_buffer
 from .framework import DEFAULT_TIME_LIMIT, Case, Check, Mistake, register, run_check
-from .matmul import UNDEFINED_LANES, nan_in_masked_lanes
+from .undefined_memory import AFTER_NAN, AFTER_ZERO, UNDEFINED_LANES, in_padded_rows, nan_in_masked_lanes
 
 NOTEBOOK = "05_flash_backward"
 DS = register(NOTEBOOK, "ds", 2, "dS = P * (dP - D) from P, dP and D = rowsum(dO * O)")
@@ -339,7 +338,7 @@ def _launch_dkdv(kernel, case: Case):
     """Launch the learner's kernel on padded q and dO, into NaN-filled dK and dV."""
     q, k, v, o, do, lse, (block_m, block_n), after = case.args
     fill = 0.0 if after == AFTER_ZERO else math.nan
-    q, do = _in_buffer(q, block_m, fill), _in_buffer(do, block_m, fill)
+    q, do = in_padded_rows(q, block_m, fill), in_padded_rows(do, block_m, fill)
     dk = torch.full_like(k, math.nan)
     dv = torch.full_like(v, math.nan)
     with nan_in_masked_lanes():

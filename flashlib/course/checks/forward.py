@@ -9,7 +9,7 @@ Out-of-bounds reads are made visible and harmless: q, k, v are views inside larg
 NaN-filled buffers, so a load past the last key reads NaN, never foreign memory; O
 and L start as NaN, so a row never written shows. Masked lanes are made visible too:
 during the launch a masked ``tl.load`` without ``other=`` fills its masked-off lanes
-with NaN (:func:`~flashlib.course.checks.matmul.nan_in_masked_lanes`). To tell the two
+with NaN (:func:`~flashlib.course.checks.undefined_memory.nan_in_masked_lanes`). To tell the two
 apart, one case keeps 0 instead of NaN after the last key: there a load past N_K reads
 0 (harmless, since those scores are set to -inf), and only masked lanes without
 ``other=`` bring NaN into O.
@@ -49,7 +49,7 @@ from ...kernels.attention_fwd_simple import launch_simple_forward
 from ...reference import naive_attention
 from ...validation import relative_error, tolerance
 from .framework import DEFAULT_TIME_LIMIT, Case, Check, Mistake, register, run_check
-from .matmul import UNDEFINED_LANES, nan_in_masked_lanes
+from .undefined_memory import AFTER_NAN, AFTER_ZERO, UNDEFINED_LANES, in_padded_rows, nan_in_masked_lanes
 
 NOTEBOOK = "04_flash_forward"
 INNER_LOOP = register(NOTEBOOK, "inner_loop", 4,
@@ -61,31 +61,15 @@ LN2 = math.log(2.0)
 #: The seed of the fixed cases: the same values in every run, whatever the exercise's seed.
 FIXED_SEED = 20240404
 
-#: What the memory after the last row of q, k and v holds, per case (the last element of the args).
-AFTER_NAN, AFTER_ZERO = "nan", "zero"
 
 
 # ------------------------------------------------------------------ launching
-
-def _in_buffer(t: torch.Tensor, pad: int, fill: float) -> torch.Tensor:
-    """``t`` (B, H, N, D) as a view inside a buffer with ``pad`` rows of ``fill`` after each head's N rows."""
-    batch, heads, n, d = t.shape
-    buffer = torch.full((batch, heads, n + pad, d), fill, dtype=t.dtype, device=t.device)
-    view = buffer[:, :, :n]
-    view.copy_(t)
-    return view
-
-
-def _in_nan_buffer(t: torch.Tensor, pad: int) -> torch.Tensor:
-    """``t`` (B, H, N, D) as a view inside a buffer with ``pad`` NaN rows after each head's N rows."""
-    return _in_buffer(t, pad, math.nan)
-
 
 def _launch(kernel, case: Case):
     """Launch the learner's kernel on padded copies; measure memory where the case asks."""
     q, k, v, (block_m, block_n), after = case.args
     fill = 0.0 if after == AFTER_ZERO else math.nan
-    q, k, v = _in_buffer(q, block_m, fill), _in_buffer(k, block_n, fill), _in_buffer(v, block_n, fill)
+    q, k, v = in_padded_rows(q, block_m, fill), in_padded_rows(k, block_n, fill), in_padded_rows(v, block_n, fill)
     o = torch.full_like(q, math.nan, memory_format=torch.contiguous_format)
     lse = torch.full(q.shape[:3], math.nan, dtype=torch.float32, device=q.device)
 

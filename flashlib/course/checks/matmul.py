@@ -28,7 +28,6 @@ outside C.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
@@ -37,6 +36,7 @@ from ... import runtime
 from ...kernels.matmul import launch_matmul
 from ...validation import tolerance
 from .framework import DEFAULT_TIME_LIMIT, Case, Check, Mistake, register, run_check
+from .undefined_memory import UNDEFINED_LANES, nan_in_masked_lanes
 
 NOTEBOOK = "02_triton_tiled_matmul"
 MATMUL_KERNEL = register(NOTEBOOK, "matmul_kernel", 3,
@@ -47,59 +47,6 @@ SENTINEL = -999.0
 
 #: The seed of the fixed cases: the same values in every run, whatever the exercise's seed.
 FIXED_SEED = 20240202
-
-#: The words every hint about a masked load without other= starts with.
-UNDEFINED_LANES = ("a masked tl.load without other= reads undefined values in the masked lanes "
-                   "(this check fills them with NaN; on a GPU they hold whatever the registers held)")
-
-
-# ----------------------------------------------------------- masked lanes as NaN
-
-_UNSET = object()
-
-
-@contextlib.contextmanager
-def nan_in_masked_lanes():
-    """Inside the block, a masked ``tl.load`` without ``other=`` fills its masked-off lanes with NaN.
-
-    Triton's interpreter fills them with 0, which hides the bug: on a GPU those lanes
-    are undefined. Only the interpreter is patched (on a GPU this does nothing), only
-    floating-point loads, and only inside the block: the interpreter's own method is
-    restored on the way out, whatever happens inside (an exception, a time limit).
-    A load with ``other=``, or without a mask, is left as it is.
-    """
-    if not runtime.INTERPRET:
-        yield
-        return
-    try:
-        import numpy as np
-        from triton.runtime import interpreter
-
-        builder = interpreter.interpreter_builder
-        np_dtype, handle = interpreter._get_np_dtype, interpreter.TensorHandle
-        original = builder.create_masked_load
-    except (ImportError, AttributeError):  # another Triton: leave the interpreter as it is
-        yield
-        return
-
-    def create_masked_load(ptrs, mask, other, cache_policy, is_volatile):
-        if other is None and not mask.data.all():
-            dtype_tt = ptrs.get_element_ty()
-            dtype = np_dtype(dtype_tt)
-            if np.issubdtype(dtype, np.floating):
-                other = handle(np.full(ptrs.data.shape, np.nan, dtype=dtype), dtype_tt)
-        return original(ptrs, mask, other, cache_policy, is_volatile)
-
-    own = vars(builder).get("create_masked_load", _UNSET)
-    builder.create_masked_load = create_masked_load
-    try:
-        yield
-    finally:
-        if own is _UNSET:
-            del builder.create_masked_load
-        else:
-            builder.create_masked_load = own
-
 
 # ------------------------------------------------------------------ launching
 

@@ -1,0 +1,78 @@
+"""What lies around and under a learner's kernel in a check: memory it must not rely on.
+
+On a GPU, the lanes a masked ``tl.load`` leaves out (without ``other=``) are
+undefined, and the memory past a tensor's last row is whatever was there. Triton's
+interpreter gives 0 for the first and the check decides the second, so the kernel
+checks make both visible: :func:`nan_in_masked_lanes` fills masked-off lanes with
+NaN while a check launches, and :func:`in_padded_rows` puts a tensor in a buffer
+whose extra rows hold NaN (or 0, to tell the two causes apart).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from ... import runtime
+
+#: What the memory after the last row of q, k and v holds, per case (the last element of the args).
+AFTER_NAN, AFTER_ZERO = "nan", "zero"
+
+#: The words every hint about a masked load without other= starts with.
+UNDEFINED_LANES = ("a masked tl.load without other= reads undefined values in the masked lanes "
+                   "(this check fills them with NaN; on a GPU they hold whatever the registers held)")
+
+
+_UNSET = object()
+
+
+@contextlib.contextmanager
+def nan_in_masked_lanes():
+    """Inside the block, a masked ``tl.load`` without ``other=`` fills its masked-off lanes with NaN.
+
+    Triton's interpreter fills them with 0, which hides the bug: on a GPU those lanes
+    are undefined. Only the interpreter is patched (on a GPU this does nothing), only
+    floating-point loads, and only inside the block: the interpreter's own method is
+    restored on the way out, whatever happens inside (an exception, a time limit).
+    A load with ``other=``, or without a mask, is left as it is.
+    """
+    if not runtime.INTERPRET:
+        yield
+        return
+    try:
+        import numpy as np
+        from triton.runtime import interpreter
+
+        builder = interpreter.interpreter_builder
+        np_dtype, handle = interpreter._get_np_dtype, interpreter.TensorHandle
+        original = builder.create_masked_load
+    except (ImportError, AttributeError):  # another Triton: leave the interpreter as it is
+        yield
+        return
+
+    def create_masked_load(ptrs, mask, other, cache_policy, is_volatile):
+        if other is None and not mask.data.all():
+            dtype_tt = ptrs.get_element_ty()
+            dtype = np_dtype(dtype_tt)
+            if np.issubdtype(dtype, np.floating):
+                other = handle(np.full(ptrs.data.shape, np.nan, dtype=dtype), dtype_tt)
+        return original(ptrs, mask, other, cache_policy, is_volatile)
+
+    own = vars(builder).get("create_masked_load", _UNSET)
+    builder.create_masked_load = create_masked_load
+    try:
+        yield
+    finally:
+        if own is _UNSET:
+            del builder.create_masked_load
+        else:
+            builder.create_masked_load = own
+
+
+def in_padded_rows(t: torch.Tensor, pad: int, fill: float) -> torch.Tensor:
+    """``t`` (B, H, N, D) as a view inside a buffer with ``pad`` rows of ``fill`` after each head's N rows."""
+    batch, heads, n, d = t.shape
+    buffer = torch.full((batch, heads, n + pad, d), fill, dtype=t.dtype, device=t.device)
+    view = buffer[:, :, :n]
+    view.copy_(t)
+    return view
