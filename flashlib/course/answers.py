@@ -121,7 +121,7 @@ def _canonical_cells(canonical: nbformat.NotebookNode, notebook: str) -> list[Ce
     return cells
 
 
-def _find_learner_cell(canonical_cell, canonical_cell_id, learner_by_id, learner_code, answer_name):
+def _find_learner_cell(canonical_cell_id, learner_by_id, learner_code, answer_name):
     """The learner's version of a canonical exercise cell: same id, else the cell that defines the answer."""
     cell = learner_by_id.get(canonical_cell_id)
     if cell is not None and cell.cell_type == "code":
@@ -180,7 +180,7 @@ def take_answers(learner: nbformat.NotebookNode, canonical: nbformat.NotebookNod
         answer_name = registry.exercise(cell.exercise).answer
         canonical_lines = cell.source.split("\n")
         canonical_pairs = marker_pairs(canonical_lines)
-        mine = _find_learner_cell(cell, cell_id, learner_by_id, learner_code, answer_name)
+        mine = _find_learner_cell(cell_id, learner_by_id, learner_code, answer_name)
         placeholder_regions = [canonical_lines[b + 1:e] for b, e in canonical_pairs]
         if mine is None:
             problems[cell.exercise] = (f"no cell defines {answer_name!r}: the exercise cell was deleted "

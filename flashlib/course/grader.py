@@ -187,6 +187,32 @@ def _judge_all(notebook: str, submission: answers.Submission, refused: dict[str,
     return scores
 
 
+def _cells_to_run(submission: answers.Submission, canonical: nbformat.NotebookNode,
+                  enforce_policy: bool) -> tuple[list[dict], dict[str, str]]:
+    """The cells the worker runs (no check cells), and why each refused answer was refused.
+
+    A refused answer never runs: its cell goes back to the canonical one, placeholder and all.
+    """
+    given = policy.flashlib_names([cell.source for cell in submission.cells if cell.kind != answers.ANSWER])
+    refused: dict[str, str] = {}
+    run_cells = []
+    for cell in submission.cells:
+        if cell.kind == answers.CHECK:
+            continue
+        source = cell.source
+        if cell.kind == answers.ANSWER:
+            lines = cell.source.split("\n")
+            regions = [(first, last) for first, last in cell.regions
+                       if not answers.is_unattempted("\n".join(lines[first - 1:last]))]
+            problems = policy.check_answer(registry.exercise(cell.exercise), cell.source, regions, given)
+            if regions and problems and enforce_policy:
+                refused[cell.exercise] = ("answer refused: " + "; ".join(str(p) for p in problems[:3])
+                                          + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""))
+                source = canonical.cells[cell.index].source
+        run_cells.append({"index": cell.index, "kind": cell.kind, "source": source})
+    return run_cells, refused
+
+
 def grade_notebook(path: str | Path, timeout: float = DEFAULT_TIMEOUT, mode: str | None = None,
                    exercises_dir: str | Path | None = None, hide: list[str | Path] = (),
                    enforce_policy: bool = True) -> NotebookReport:
@@ -218,31 +244,13 @@ def grade_notebook(path: str | Path, timeout: float = DEFAULT_TIMEOUT, mode: str
     submission = answers.take_answers(nb, canonical, key)
     warnings += submission.warnings
 
-    given = policy.flashlib_names([cell.source for cell in submission.cells if cell.kind != answers.ANSWER])
-    refused: dict[str, str] = {}
-    run_cells = []
-    for cell in submission.cells:
-        if cell.kind == answers.CHECK:
-            continue
-        if cell.kind == answers.ANSWER:
-            exercise = registry.exercise(cell.exercise)
-            regions = [r for r in cell.regions if not answers.is_unattempted(
-                "\n".join(cell.source.split("\n")[r[0] - 1:r[1]]))]
-            problems = policy.check_answer(exercise, cell.source, regions, given) if regions else []
-            if problems and enforce_policy:
-                refused[cell.exercise] = ("answer refused: " + "; ".join(str(p) for p in problems[:3])
-                                          + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""))
-                # A refused answer never runs: its regions go back to the placeholder.
-                blank = answers.take_answers(canonical, canonical, key)
-                cell = next(c for c in blank.cells if c.index == cell.index)
-        run_cells.append({"index": cell.index, "kind": cell.kind, "source": cell.source})
-
+    run_cells, refused = _cells_to_run(submission, canonical, enforce_policy)
     from . import wire
     from .checks import CHECKS
     from .checks.framework import make_cases
 
     to_run = [e for e in registry.exercises_of(key) if e.key not in refused and e.key not in submission.problems]
-    cases = {e.key: make_cases(CHECKS[e.key]) for e in registry.exercises_of(key)}
+    cases = {e.key: make_cases(CHECKS[e.key]) for e in to_run}
     workdir = tempfile.mkdtemp(prefix="flashlib-grade-")
     try:
         os.chmod(workdir, 0o700)

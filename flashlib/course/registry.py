@@ -16,6 +16,7 @@ applied by :mod:`flashlib.course.policy`.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 
 FUNCTION, KERNEL, CLASS = "function", "kernel", "class"
@@ -146,6 +147,4 @@ def clamp_points(points, maximum: float) -> float:
 
 def seed_of(key: str) -> int:
     """The seed of an exercise's random cases: the same in the notebook and in the grader."""
-    import hashlib
-
     return int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:7], "big")

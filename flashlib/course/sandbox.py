@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import functools
 import os
 import resource
 import shutil
@@ -77,21 +78,17 @@ class Outcome:
 
 # ------------------------------------------------------------------ which mode
 
-_PROBED: dict[str, bool] = {}
-
-
+@functools.lru_cache(maxsize=None)
 def _bwrap_works() -> bool:
-    if "bwrap" not in _PROBED:
-        exe = shutil.which("bwrap")
-        ok = False
-        if exe:
-            try:
-                ok = subprocess.run([exe, *(_bwrap_base_args()), "true"], capture_output=True,
-                                    timeout=20).returncode == 0
-            except (OSError, subprocess.SubprocessError):
-                ok = False
-        _PROBED["bwrap"] = ok
-    return _PROBED["bwrap"]
+    """Whether bubblewrap is installed and can make its namespaces here (asked once per process)."""
+    exe = shutil.which("bwrap")
+    if not exe:
+        return False
+    try:
+        return subprocess.run([exe, *(_bwrap_base_args()), "true"], capture_output=True,
+                              timeout=20).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
 
 
 def _world_readable(path: Path) -> bool:

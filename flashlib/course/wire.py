@@ -31,10 +31,9 @@ def to_wire(value, depth: int = 0):
         return value.detach().to("cpu").as_subclass(torch.Tensor).clone()
     if value is None or isinstance(value, (bool, int, float, str, torch.dtype)):
         return value
-    if isinstance(value, (tuple, list)):
-        return type(value)(to_wire(item, depth + 1) for item in value) if type(value) in (tuple, list) \
-            else {UNPORTABLE: type(value).__name__}
-    if isinstance(value, dict) and type(value) is dict and all(isinstance(k, str) for k in value):
+    if type(value) in (tuple, list):  # exactly: a namedtuple or a list subclass travels as its type's name
+        return type(value)(to_wire(item, depth + 1) for item in value)
+    if type(value) is dict and all(isinstance(k, str) for k in value):
         return {key: to_wire(item, depth + 1) for key, item in value.items()}
     return {UNPORTABLE: type(value).__name__}
 

@@ -595,7 +595,6 @@ def run_check(check: Check, learner, *, seed: int | None = None,
     The grader does not read this verdict: it computes its own (see
     :mod:`flashlib.course.grader`).
     """
-    name, max_points, _ = exercise_info(check.exercise)
     cases = make_cases(check, seed)
     passed, headline, details = judge(check, cases, run_learner(check, learner, cases, time_limit_s))
     return verdict(check.exercise, passed, headline, details, echo=True)
