@@ -23,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from .reference import _window_bounds
+from .spec import window_bounds
 from .tiles import TILE_COMPUTED, TILE_MASKED, TILE_SKIPPED
 
 
@@ -96,7 +96,7 @@ def block_range(start_m: int, block_m: int, block_n: int, n_q: int, n_k: int, *,
     _check_block(start_m, block_m, block_n, n_q, n_k)
     if seq_len is not None:
         _check_ints(non_negative=("seq_len",), seq_len=seq_len)
-    left, right = _window_bounds(causal, window)
+    left, right = window_bounds(causal, window)
     q_len = n_q if seq_len is None else min(seq_len, n_q)
     k_len = n_k if seq_len is None else min(seq_len, n_k)
     offset = n_k - n_q

@@ -22,6 +22,12 @@ exactly what FlashAttention avoids, and they spell out the mask semantics once:
 * a query row with no visible key gets output 0 (never NaN) and logsumexp -inf.
 * GQA/MQA: k and v may have fewer heads than q when q's head count is a multiple;
   query head h reads key/value head ``h // (H_q // H_kv)``.
+* score modifiers, in this order: ``s = scale * q.k``; ``softcap > 0`` makes it
+  ``softcap * tanh(s / softcap)``; ``alibi_slopes`` (H,) or (B, H) subtract
+  ``slope * |i + n_k - n_q - j|`` (flash-attn's ALiBi). The logsumexp is of these scores.
+* dropout: ``dropout_mask`` (B, H, n_q, n_k) bool, True where a weight is kept, scales
+  the kept softmax weights by ``1 / (1 - dropout_p)`` before they multiply V (the
+  logsumexp is before dropout).
 
 Shapes are (B, H, N, D) ("bhnd"), the layout of ``torch.nn.functional.scaled_dot_product_attention``.
 """
@@ -31,6 +37,8 @@ import math
 
 import torch
 import torch.nn.functional as F
+
+from .spec import window_bounds
 
 
 def softmax_scale_for(head_dim: int, softmax_scale: float | None = None) -> float:
@@ -57,7 +65,7 @@ def attention_mask(n_q: int, n_k: int, *, causal: bool = False, window=None,
     rows = torch.arange(n_q, device=device).view(-1, 1) + (n_k - n_q)
     cols = torch.arange(n_k, device=device).view(1, -1)
     allowed = torch.ones(n_q, n_k, dtype=torch.bool, device=device)
-    left, right = _window_bounds(causal, window)
+    left, right = window_bounds(causal, window)
     if left is not None:
         allowed &= cols >= rows - left
     if right is not None:
@@ -69,18 +77,6 @@ def attention_mask(n_q: int, n_k: int, *, causal: bool = False, window=None,
     return allowed
 
 
-def _window_bounds(causal: bool, window):
-    """(left, right) reach of the mask; None where unbounded."""
-    left = right = None
-    if window is not None:
-        w_left, w_right = window
-        left = None if w_left is None or w_left < 0 else int(w_left)
-        right = None if w_right is None or w_right < 0 else int(w_right)
-    if causal:
-        right = 0 if right is None else min(right, 0)
-    return left, right
-
-
 def expand_kv_heads(k: torch.Tensor, n_q_heads: int) -> torch.Tensor:
     """Repeat key/value heads so that each query head has its own (GQA → MHA)."""
     n_kv_heads = k.shape[1]
@@ -90,25 +86,39 @@ def expand_kv_heads(k: torch.Tensor, n_q_heads: int) -> torch.Tensor:
 
 
 def naive_attention(q, k, v, *, causal=False, softmax_scale=None, window=None,
-                    seq_lens=None, return_lse=False):
+                    seq_lens=None, return_lse=False, softcap=0.0, alibi_slopes=None,
+                    dropout_p=0.0, dropout_mask=None):
     """softmax(Q K^T * scale + mask) V with the full N x N matrix in memory.
 
     q: (B, H, N_q, D); k, v: (B, H_kv, N_k, D). Computed in the inputs' dtype
     (pass float64 tensors for ground truth). Returns O (B, H, N_q, D) and, with
-    ``return_lse``, the row logsumexp (B, H, N_q) of the scaled, masked scores.
+    ``return_lse``, the row logsumexp (B, H, N_q) of the scaled, modified, masked scores.
+    ``dropout_mask`` is required when ``dropout_p > 0``: the reference draws no random numbers.
     """
+    if dropout_p > 0 and dropout_mask is None:
+        raise ValueError("naive_attention needs the dropout_mask (B, H, N_q, N_k) to apply dropout_p > 0")
     batch, n_heads, n_q, head_dim = q.shape
     n_k = k.shape[2]
     k = expand_kv_heads(k, n_heads)
     v = expand_kv_heads(v, n_heads)
     scale = softmax_scale_for(head_dim, softmax_scale)
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
+    if alibi_slopes is not None:
+        distance = (torch.arange(n_q, device=q.device).view(-1, 1) + (n_k - n_q)
+                    - torch.arange(n_k, device=q.device).view(1, -1)).abs()
+        slopes = alibi_slopes.to(device=q.device, dtype=scores.dtype)
+        slopes = slopes.view(1, n_heads, 1, 1) if slopes.dim() == 1 else slopes.view(batch, n_heads, 1, 1)
+        scores = scores - slopes * distance.to(scores.dtype)
     masked = causal or window is not None or seq_lens is not None
     if masked:
         allowed = attention_mask(n_q, n_k, causal=causal, window=window,
                                  seq_lens=seq_lens, batch=batch, device=q.device)
         scores = scores.masked_fill(~allowed, float("-inf"))
     probs = stable_softmax(scores, dim=-1)
+    if dropout_p > 0:
+        probs = probs * dropout_mask.to(probs.dtype) / (1.0 - dropout_p)
     out = torch.matmul(probs, v)
     if seq_lens is not None:
         q_valid = torch.arange(n_q, device=q.device).view(1, 1, -1, 1) < seq_lens.to(q.device).view(-1, 1, 1, 1)

@@ -380,6 +380,7 @@ def record_attention_tiles(n_q: int, n_k: int, *, block_m: int, block_n: int, ca
     from . import runtime
     from .kernels.attention_fwd import launch_attention_forward
     from .reference import attention_mask
+    from .spec import AttentionSpec
 
     _check_positive(n_q=n_q, n_k=n_k, block_m=block_m, block_n=block_n, head_dim=head_dim)
     gen = torch.Generator().manual_seed(0)
@@ -389,7 +390,8 @@ def record_attention_tiles(n_q: int, n_k: int, *, block_m: int, block_n: int, ca
     lse = torch.empty(1, 1, n_q, device=runtime.DEVICE)
     tiles = torch.zeros(1, _cdiv(n_q, block_m), _cdiv(n_k, block_n), dtype=torch.int8, device=runtime.DEVICE)
     lens = None if seq_len is None else torch.tensor([seq_len], dtype=torch.int32)
-    launch_attention_forward(q, k, v, out, lse, causal=causal, window=window, block_m=block_m, block_n=block_n,
+    launch_attention_forward(q, k, v, out, lse, AttentionSpec(causal=causal, window=window),
+                             block_m=block_m, block_n=block_n,
                              seq_lens=None if lens is None else lens.to(runtime.DEVICE), tiles=tiles)
     visible = attention_mask(n_q, n_k, causal=causal, window=window, seq_lens=lens)[0, 0].numpy()
     if seq_len is not None:  # padding queries see nothing

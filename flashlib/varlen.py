@@ -9,24 +9,26 @@ flash-attn's ``flash_attn_varlen_func``; it wastes no work and no memory on padd
 The kernels are :func:`flashlib.flash_attention`'s own, launched with ``IS_VARLEN``: the
 program of (query block, sequence, head) reads its sequence's start and length from
 ``cu_seqlens``, and the grid covers ``max_seqlen_q`` rows per sequence (blocks past a
-shorter sequence's end return at once). Nothing is copied or padded.
+shorter sequence's end return at once). Nothing is copied or padded. Only the checks
+of the offsets are this module's own; the rest is :mod:`flashlib.ops`, as for
+``flash_attention``.
 """
 from __future__ import annotations
 
-import math
 import numbers
 
 import torch
 
-from . import runtime
-from .attention import _check_window, _RefuseDoubleBackward, check_dtypes_and_device
-from .kernels.attention_bwd import launch_attention_backward
-from .kernels.attention_fwd import MAX_HEAD_DIM, MIN_HEAD_DIM, launch_attention_forward
+from . import ops
+from .arguments import check_alibi_slopes, check_dtypes_and_device, check_heads, check_tensors, make_spec, \
+    values_checked
 
 
 # ---------------------------------------------------------------- argument checks
-def _check_cu_seqlens(name: str, cu: torch.Tensor, total: int, total_name: str, device: torch.device) -> list[int]:
-    """The sequence lengths that ``cu`` describes; a ValueError/TypeError naming ``name`` if it is not valid."""
+def _check_cu_seqlens(name: str, cu: torch.Tensor, total: int, total_name: str,
+                      device: torch.device) -> list[int] | None:
+    """The sequence lengths that ``cu`` describes (None under torch.compile, which reads no values);
+    a ValueError/TypeError naming ``name`` if it is not valid."""
     if not isinstance(cu, torch.Tensor):
         raise TypeError(f"{name} must be a (B + 1,) torch.int32 tensor of cumulative lengths; "
                         f"got a {type(cu).__name__}")
@@ -36,6 +38,8 @@ def _check_cu_seqlens(name: str, cu: torch.Tensor, total: int, total_name: str, 
         raise ValueError(f"{name} must have shape (B + 1,) with B >= 1 sequences; got {tuple(cu.shape)}")
     if cu.device != device:
         raise ValueError(f"{name} must be on the same device as the packed tensors ({device}); got {cu.device}")
+    if not values_checked():  # torch.compile: the kernels trust the offsets (no sync, no graph break)
+        return None
     offsets = cu.tolist()  # one sync on a GPU
     if offsets[0] != 0:
         raise ValueError(f"{name} must start at 0; got {name}[0] = {offsets[0]}")
@@ -49,115 +53,41 @@ def _check_cu_seqlens(name: str, cu: torch.Tensor, total: int, total_name: str, 
     return lengths
 
 
-def _check_max_seqlen(name: str, value, lengths: list[int], cu_name: str) -> None:
+def _check_max_seqlen(name: str, value, lengths: list[int] | None, cu_name: str) -> None:
     if not isinstance(value, numbers.Integral) or isinstance(value, bool):
         raise TypeError(f"{name} must be an int; got {value!r}")
-    if value < max(lengths):
+    if lengths is not None and value < max(lengths):
         raise ValueError(f"{name} must be >= every sequence length in {cu_name}; got {name} = {value}, "
                          f"longest sequence {max(lengths)}")
 
 
-def check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                      causal=False, window=None, softmax_scale=None) -> None:
-    """Raise a ValueError/TypeError naming the argument that is wrong, and what came in."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"Expected 3D packed tensors: {name} is a {type(t).__name__}, not a torch.Tensor")
-    shapes = f"q.shape={tuple(q.shape)}, k.shape={tuple(k.shape)}, v.shape={tuple(v.shape)}"
-    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
-        raise ValueError(f"Expected 3D packed tensors, q (total_q, H, D) and k, v (total_k, H_kv, D); got {shapes}")
+def check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False, window=None,
+                      softmax_scale=None, softcap=0.0, alibi_slopes=None, dropout_p=0.0):
+    """The :class:`~flashlib.spec.AttentionSpec` of a valid call; else a ValueError/TypeError naming the
+    argument that is wrong, and what came in."""
+    shapes = check_tensors(q, k, v, (3,), "3D packed tensors, q (total_q, H, D) and k, v (total_k, H_kv, D)")
     if k.shape != v.shape or q.shape[2] != k.shape[2]:
         raise ValueError(f"Q, K, V shapes must match (same head_dim for q, k, v; k and v identical); got {shapes}")
-    heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
-    if kv_heads == 0 or heads % kv_heads:
-        raise ValueError(f"GQA needs q heads ({heads}) to be a multiple of k/v heads ({kv_heads}); got {shapes}")
-    if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
-        raise ValueError(f"Unsupported head_dim {head_dim}: flash_attention_varlen supports {MIN_HEAD_DIM} to "
-                         f"{MAX_HEAD_DIM}; got {shapes}")
+    check_heads(q.shape[1], k.shape[1], q.shape[2], shapes)
+    spec = make_spec(causal, window, softmax_scale, softcap, alibi_slopes, dropout_p)
     check_dtypes_and_device(q, k, v)
     lengths_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], "total_q (q.shape[0])", q.device)
     lengths_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], "total_k (k.shape[0])", q.device)
-    if len(lengths_q) != len(lengths_k):
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must describe the same number of sequences; got "
-                         f"{len(lengths_q)} and {len(lengths_k)} (shapes {tuple(cu_seqlens_q.shape)} and "
-                         f"{tuple(cu_seqlens_k.shape)})")
+                         f"{cu_seqlens_q.shape[0] - 1} and {cu_seqlens_k.shape[0] - 1} (shapes "
+                         f"{tuple(cu_seqlens_q.shape)} and {tuple(cu_seqlens_k.shape)})")
     _check_max_seqlen("max_seqlen_q", max_seqlen_q, lengths_q, "cu_seqlens_q")
     _check_max_seqlen("max_seqlen_k", max_seqlen_k, lengths_k, "cu_seqlens_k")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool; got {causal!r}")
-    _check_window(window)
-    if softmax_scale is not None:
-        if not isinstance(softmax_scale, numbers.Real) or isinstance(softmax_scale, bool):
-            raise TypeError(f"softmax_scale must be a float or None; got {softmax_scale!r}")
-        if not math.isfinite(softmax_scale):
-            raise ValueError(f"softmax_scale must be finite; got {softmax_scale}")
-
-
-# ---------------------------------------------------------------- autograd
-def _forward(q, k, v, cu_q, cu_k, max_q, max_k, mask_args):
-    """O (total_q, H, D) in q's dtype and L (H, total_q) float32."""
-    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
-    if o.numel() == 0:
-        return o, lse
-    if k.shape[0] == 0:  # no key in any sequence: every row is fully masked
-        return o.zero_(), lse.fill_(float("-inf"))
-    q_run, k_run, v_run = runtime.upcast_for_interpreter(q, k, v)  # bf16 → fp32 in the interpreter
-    o_run = o if q_run.dtype == o.dtype else torch.empty(q.shape, dtype=q_run.dtype, device=q.device)
-    launch_attention_forward(q_run, k_run, v_run, o_run, lse, **mask_args, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
-                             max_seqlen_q=max_q, max_seqlen_k=max_k)
-    if o_run is not o:
-        o.copy_(o_run)
-    return o, lse
-
-
-class FlashAttentionVarlenFunction(torch.autograd.Function):
-    """Autograd node of flash_attention_varlen: saves q, k, v, O, L and the offsets (never P);
-    backward runs flash_attention's backward kernels on the packed tensors. Double backward raises."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, causal, window, softmax_scale):
-        ctx.mask_args = dict(causal=causal, window=window, softmax_scale=softmax_scale)
-        ctx.max_seqlens = (max_q, max_k)
-        o, lse = _forward(q, k, v, cu_q, cu_k, max_q, max_k, ctx.mask_args)
-        ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
-        ctx.mark_non_differentiable(lse)
-        return o, lse
-
-    @staticmethod
-    def backward(ctx, grad_o, grad_lse):
-        q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
-        need_q, need_k, need_v = ctx.needs_input_grad[:3]
-        with torch.no_grad():
-            dq = torch.empty(q.shape, dtype=q.dtype, device=q.device) if need_q else None
-            dk, dv = ((torch.empty(k.shape, dtype=k.dtype, device=k.device),
-                       torch.empty(v.shape, dtype=v.dtype, device=v.device)) if need_k or need_v else (None, None))
-            if q.shape[0] == 0 or k.shape[0] == 0:  # no query or no key: no gradient flows
-                grads = [g.zero_() if g is not None else None for g in (dq, dk, dv)]
-            else:
-                run = runtime.upcast_for_interpreter(q, k, v, o, grad_o)  # bf16 → fp32 in the interpreter
-                outs = [g if g is None or g.dtype == run[0].dtype else torch.empty(g.shape, dtype=run[0].dtype,
-                                                                                    device=g.device)
-                        for g in (dq, dk, dv)]
-                launch_attention_backward(*run[:4], lse, run[4], *outs, **ctx.mask_args,
-                                          cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
-                                          max_seqlen_q=ctx.max_seqlens[0], max_seqlen_k=ctx.max_seqlens[1])
-                grads = [g if g is None or g is out else g.copy_(out) for g, out in zip((dq, dk, dv), outs)]
-        grads = [grads[0], grads[1] if need_k else None, grads[2] if need_v else None]
-        # create_graph=True: chain the gradients to a node that refuses to be differentiated.
-        inputs_need_grad = grad_o.requires_grad or any(t.requires_grad for t in (q, k, v))
-        if torch.is_grad_enabled() and inputs_need_grad:
-            present = [i for i, g in enumerate(grads) if g is not None]
-            chained = _RefuseDoubleBackward.apply(*(grads[i].detach().requires_grad_() for i in present))
-            for i, g in zip(present, chained):
-                grads[i] = g
-        return (*grads, None, None, None, None, None, None, None)
+    check_alibi_slopes(alibi_slopes, cu_seqlens_q.shape[0] - 1, q.shape[1], q.device)
+    return spec
 
 
 def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
                            max_seqlen_q: int, max_seqlen_k: int, *, causal: bool = False, window=None,
-                           softmax_scale: float | None = None, return_lse: bool = False):
+                           softmax_scale: float | None = None, return_lse: bool = False, softcap: float = 0.0,
+                           alibi_slopes: torch.Tensor | None = None, dropout_p: float = 0.0):
     """Attention over packed sequences of different lengths, as flash-attn's ``flash_attn_varlen_func``.
 
     q (total_q, H, D); k and v (total_k, H_kv, D), H a multiple of H_kv (GQA); the
@@ -168,20 +98,22 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     ``max_seqlen_k`` ints at least the longest lengths (they size the grid). See
     :func:`pack_sequences`.
 
-    Masks per sequence, with :func:`flashlib.flash_attention`'s semantics: ``causal``
-    aligned to the bottom right of each sequence (query i of a sequence with n_q queries
-    and n_k keys sees keys ``j <= i + n_k - n_q``), ``window=(left, right)`` likewise;
-    ``softmax_scale`` defaults to 1/sqrt(D). A query that sees no key gets O = 0, L = -inf.
+    Masks and scores per sequence, with :func:`flashlib.flash_attention`'s semantics:
+    ``causal`` aligned to the bottom right of each sequence (query i of a sequence with
+    n_q queries and n_k keys sees keys ``j <= i + n_k - n_q``), ``window=(left, right)``
+    likewise; ``softmax_scale`` defaults to 1/sqrt(D); ``softcap``, ``alibi_slopes``
+    ((H,) or (B, H), distances within each sequence) and ``dropout_p`` as there. A query
+    that sees no key gets O = 0, L = -inf.
 
     Returns O (total_q, H, D) in q's dtype, and with ``return_lse`` also L (H, total_q)
     float32, the row logsumexp (natural log). Differentiable in q, k and v (gradients in
-    the packed layout); L carries no gradient; double backward raises.
+    the packed layout); L carries no gradient; double backward raises. Under torch.compile
+    the offsets are not read on the host (no sync): they must be valid.
     """
-    check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window,
-                      softmax_scale)
-    window = None if window is None else tuple(window)
-    o, lse = FlashAttentionVarlenFunction.apply(q, k, v, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(),
-                                                int(max_seqlen_q), int(max_seqlen_k), causal, window, softmax_scale)
+    spec = check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window,
+                             softmax_scale, softcap, alibi_slopes, dropout_p)
+    o, lse, _ = ops.attention(q, k, v, None, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), alibi_slopes,
+                              int(max_seqlen_q), int(max_seqlen_k), "packed", spec)
     return (o, lse) if return_lse else o
 
 

@@ -54,7 +54,7 @@ the query blocks in it, in three stages like the forward's::
                                                               block cut by k_len)
 
 The dQ program uses the forward's key interval for its query block (the same
-arithmetic, in ``_key_block_range``). Rows that see no key, and padding rows
+arithmetic, in ``key_block_range``). Rows that see no key, and padding rows
 past ``seq_len``, have ``L = -inf``; the kernels read them as ``L = +inf`` so
 that ``P = exp2(S - inf) = 0`` without ever computing ``-inf - (-inf)`` (NaN):
 their gradients are exactly 0, and keys past ``seq_len`` get exactly 0 too.
@@ -72,17 +72,26 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from .. import runtime
-from ..reference import _window_bounds, softmax_scale_for
-from .attention_fwd import (_key_block_range, _row_stats_offset, _sample_bounds, full_float32_config, packed_as_bhnd,
-                            smem_budget)
+from ..spec import AttentionSpec
+from .attention_fwd import (dropout_keep, full_float32_config, key_block_range, modifier_args, packed_as_bhnd,
+                            row_stats_offset, sample_bounds, scores_log2, smem_budget)
 from .tuned import launch_tuned
 
 LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) == exp2(x * LOG2E)
 
 
+@triton.jit
+def _score_constants(sm_scale, SOFTCAP, HAS_SOFTCAP: tl.constexpr):
+    """``score_scale`` and ``softcap_scale`` of :func:`scores_log2` (the forward folds a sign in too)."""
+    if HAS_SOFTCAP:
+        return SOFTCAP * LOG2E, sm_scale / SOFTCAP
+    else:
+        return sm_scale * LOG2E, 1.0
+
+
 # ---------------------------------------------------------------- band bounds
 @triton.jit
-def _query_block_range(n0, q_len, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
+def query_block_range(n0, q_len, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
                        HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Query blocks [lo, hi) whose rows see some key of key block ``n0``; [full_lo, full_hi) see it whole.
@@ -145,15 +154,20 @@ def attention_bwd_preprocess_kernel(
 @triton.jit
 def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, start, end,
                          stride_qn, stride_qd, stride_don, stride_dod,
-                         offs_n, offs_d, k_len, N_CTX_Q, offset, window_left, window_right, qk_scale,
+                         offs_n, offs_d, k_len, q_len, offset, window_left, window_right,
+                         score_scale, softcap_scale, slope_log2, dropout_seed, dropout_p, stream,
                          MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                         HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                          EVEN_D: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr,
                          BLOCK_M: tl.constexpr):
     """Add to (dk, dv) the terms of the query blocks [start, end) of one query head.
 
     Works on transposed tiles (keys along rows): ``P^T = exp2(K Q^T - L)`` (BLOCK_N, BLOCK_M),
     ``dV += P^T dO``, ``dP^T = V dO^T``, ``dS^T = P^T * (dP^T - D)``, ``dK += dS^T Q``
-    (the scale is applied once at the end).
+    (the scale is applied once at the end). Rows are loaded only below ``q_len``: padding
+    past a sample's length never enters, whatever it holds (NaN included). Dropout: the
+    forward's mask Z, ``dV += (P Z / (1 - p))^T dO`` and ``dP`` becomes ``dP Z / (1 - p)``;
+    softcap: ``dS`` times ``1 - tanh^2``.
     """
     offs_m = tl.arange(0, BLOCK_M)
     # Q^T tile (BLOCK_D, BLOCK_M) and dO tile (BLOCK_M, BLOCK_D) of the first block, through strides.
@@ -162,10 +176,10 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, star
     for start_m in range(start, end, BLOCK_M):
         rows = start_m + offs_m
         if MASKED:
-            qT = tl.load(qT_ptrs, mask=(rows[None, :] < N_CTX_Q) & (offs_d[:, None] < HEAD_DIM), other=0.0)
-            do = tl.load(do_ptrs, mask=(rows[:, None] < N_CTX_Q) & (offs_d[None, :] < HEAD_DIM), other=0.0)
-            lse = tl.load(lse_ptr + rows, mask=rows < N_CTX_Q, other=float("inf"))
-            delta = tl.load(delta_ptr + rows, mask=rows < N_CTX_Q, other=0.0)
+            qT = tl.load(qT_ptrs, mask=(rows[None, :] < q_len) & (offs_d[:, None] < HEAD_DIM), other=0.0)
+            do = tl.load(do_ptrs, mask=(rows[:, None] < q_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+            lse = tl.load(lse_ptr + rows, mask=rows < q_len, other=float("inf"))
+            delta = tl.load(delta_ptr + rows, mask=rows < q_len, other=0.0)
         else:
             if EVEN_D:
                 qT = tl.load(qT_ptrs)
@@ -177,10 +191,12 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, star
             delta = tl.load(delta_ptr + rows)
         # L = -inf (a row that sees no key, or padding) read as +inf: P = exp2(S - inf) = 0, never NaN.
         lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
-        qkT = tl.dot(k, qT, input_precision=DOT_PRECISION) * qk_scale  # scores in log2 units, keys along rows
+        cols = offs_n[:, None]
+        query_pos = rows[None, :] + offset  # i' = i + N_k - N_q (bottom-right alignment)
+        # scores in log2 units, keys along rows
+        qkT, tT = scores_log2(tl.dot(k, qT, input_precision=DOT_PRECISION), query_pos, cols,
+                              score_scale, softcap_scale, slope_log2, HAS_SOFTCAP, HAS_ALIBI)
         if MASKED:
-            cols = offs_n[:, None]
-            query_pos = rows[None, :] + offset  # i' = i + N_k - N_q (bottom-right alignment)
             visible = cols < k_len
             if HAS_LEFT:
                 visible = visible & (cols >= query_pos - window_left)
@@ -188,28 +204,39 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, star
                 visible = visible & (cols <= query_pos + window_right)
             qkT = tl.where(visible, qkT, float("-inf"))
         pT = tl.math.exp2(qkT - lse2[None, :])
-        dv += tl.dot(pT.to(do.dtype), do, input_precision=DOT_PRECISION)
         dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+        if HAS_DROPOUT:
+            keepT = dropout_keep(dropout_seed, stream, rows[None, :], cols, dropout_p)
+            dv += tl.dot(tl.where(keepT, pT / (1.0 - dropout_p), 0.0).to(do.dtype), do,
+                         input_precision=DOT_PRECISION)
+            dpT = tl.where(keepT, dpT / (1.0 - dropout_p), 0.0)
+        else:
+            dv += tl.dot(pT.to(do.dtype), do, input_precision=DOT_PRECISION)
         dsT = pT * (dpT - delta[None, :])
+        if HAS_SOFTCAP:
+            dsT = dsT * (1.0 - tT * tT)
         dk += tl.dot(dsT.to(qT.dtype), tl.trans(qT), input_precision=DOT_PRECISION)
         qT_ptrs += BLOCK_M * stride_qn
         do_ptrs += BLOCK_M * stride_don
     return dk, dv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["DROPOUT_SEED"])
 def attention_bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV, SEQ_LENS, CU_SEQLENS_Q, CU_SEQLENS_K, sm_scale,
+    Q, K, V, DO, LSE, DELTA, DK, DV, SEQ_LENS, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI, sm_scale, SOFTCAP,
+    DROPOUT_P, DROPOUT_SEED,
     stride_qb, stride_qh, stride_qn, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_dob, stride_doh, stride_don, stride_dod,
     stride_dkb, stride_dkh, stride_dkn, stride_dkd,
     stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    stride_ab, stride_ah,
     H, KV_GROUP, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT,
     Q_BUCKET, K_BUCKET,  # only keys for the autotuner (N rounded up to a power of two)
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_SEQ_LENS: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """dK, dV for key block ``program_id(0)`` of (batch, kv head) ``program_id(1)``.
@@ -225,7 +252,7 @@ def attention_bwd_dkdv_kernel(
     kv_heads = H // KV_GROUP
     off_b = off_hkv // kv_heads
     off_kvh = off_hkv % kv_heads
-    q_start, n_q, q_len, k_start, n_k, k_len = _sample_bounds(
+    q_start, n_q, q_len, k_start, n_k, k_len = sample_bounds(
         off_b, SEQ_LENS, CU_SEQLENS_Q, CU_SEQLENS_K, N_CTX_Q, N_CTX_K, HAS_SEQ_LENS, IS_VARLEN)
     offset = n_k - n_q
     if IS_VARLEN:
@@ -233,7 +260,7 @@ def attention_bwd_dkdv_kernel(
             return
 
     n0 = start_n * BLOCK_N
-    lo, full_lo, full_hi, hi = _query_block_range(n0, q_len, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
+    lo, full_lo, full_hi, hi = query_block_range(n0, q_len, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
                                                   HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
     offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -242,36 +269,45 @@ def attention_bwd_dkdv_kernel(
     # 64-bit offsets (sample, head, and the sequence's first row when packed).
     k_base = K + off_b.to(tl.int64) * stride_kb + off_kvh.to(tl.int64) * stride_kh + k_start * stride_kn
     v_base = V + off_b.to(tl.int64) * stride_vb + off_kvh.to(tl.int64) * stride_vh + k_start * stride_vn
-    k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
-    v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
+    # Keys past k_len (padding) are read as 0 whatever they hold; their dK, dV are stored as 0.
+    load_mask = (offs_n[:, None] < k_len) & (offs_d[None, :] < HEAD_DIM)
+    k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=load_mask, other=0.0)
+    v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=load_mask, other=0.0)
 
     dk = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
-    qk_scale = sm_scale * LOG2E
+    score_scale, softcap_scale = _score_constants(sm_scale, SOFTCAP, HAS_SOFTCAP)
     for g in range(0, KV_GROUP):  # GQA: the query heads that read this kv head
         off_h = off_kvh * KV_GROUP + g
+        slope_log2 = 0.0
+        if HAS_ALIBI:
+            slope_log2 = tl.load(ALIBI + off_b * stride_ab + off_h * stride_ah).to(tl.float32) * LOG2E
+        stream = off_b * H + off_h
         q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh + q_start * stride_qn
         do_base = DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh + q_start * stride_don
-        row_base = _row_stats_offset(off_b, off_h, H, N_CTX_Q, q_start, IS_VARLEN)
+        row_base = row_stats_offset(off_b, off_h, H, N_CTX_Q, q_start, IS_VARLEN)
         lse_ptr = LSE + row_base
         delta_ptr = DELTA + row_base
         if HAS_RIGHT:  # stage 1: the diagonal / the window's right edge
             dk, dv = _attn_bwd_dkdv_inner(
                 dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, lo, full_lo,
-                stride_qn, stride_qd, stride_don, stride_dod, offs_n, offs_d, k_len, n_q, offset,
-                WINDOW_LEFT, WINDOW_RIGHT, qk_scale, True, HAS_LEFT, HAS_RIGHT, EVEN_D, HEAD_DIM,
+                stride_qn, stride_qd, stride_don, stride_dod, offs_n, offs_d, k_len, q_len, offset,
+                WINDOW_LEFT, WINDOW_RIGHT, score_scale, softcap_scale, slope_log2, DROPOUT_SEED, DROPOUT_P, stream,
+                True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, HEAD_DIM,
                 DOT_PRECISION, BLOCK_M)
         # stage 2: query blocks that see the whole key block, no mask
         dk, dv = _attn_bwd_dkdv_inner(
             dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, full_lo, full_hi,
-            stride_qn, stride_qd, stride_don, stride_dod, offs_n, offs_d, k_len, n_q, offset,
-            WINDOW_LEFT, WINDOW_RIGHT, qk_scale, False, HAS_LEFT, HAS_RIGHT, EVEN_D, HEAD_DIM,
+            stride_qn, stride_qd, stride_don, stride_dod, offs_n, offs_d, k_len, q_len, offset,
+            WINDOW_LEFT, WINDOW_RIGHT, score_scale, softcap_scale, slope_log2, DROPOUT_SEED, DROPOUT_P, stream,
+            False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, HEAD_DIM,
             DOT_PRECISION, BLOCK_M)
         # stage 3: the window's left edge, the q_len tail, a key block cut by k_len
         dk, dv = _attn_bwd_dkdv_inner(
             dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, full_hi, hi,
-            stride_qn, stride_qd, stride_don, stride_dod, offs_n, offs_d, k_len, n_q, offset,
-            WINDOW_LEFT, WINDOW_RIGHT, qk_scale, True, HAS_LEFT, HAS_RIGHT, EVEN_D, HEAD_DIM,
+            stride_qn, stride_qd, stride_don, stride_dod, offs_n, offs_d, k_len, q_len, offset,
+            WINDOW_LEFT, WINDOW_RIGHT, score_scale, softcap_scale, slope_log2, DROPOUT_SEED, DROPOUT_P, stream,
+            True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, HEAD_DIM,
             DOT_PRECISION, BLOCK_M)
 
     dk *= sm_scale
@@ -287,8 +323,10 @@ def attention_bwd_dkdv_kernel(
 @triton.jit
 def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, start, end,
                        stride_kn, stride_kd, stride_vn, stride_vd,
-                       offs_m, offs_d, k_len, offset, window_left, window_right, qk_scale,
+                       offs_m, offs_d, k_len, offset, window_left, window_right,
+                       score_scale, softcap_scale, slope_log2, dropout_seed, dropout_p, stream,
                        MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                       HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                        EVEN_D: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr,
                        BLOCK_N: tl.constexpr):
     """Add to dq the terms of the key blocks [start, end): ``P = exp2(Q K^T - L)``,
@@ -309,9 +347,10 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, start, end,
         else:
             kT = tl.load(kT_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
             vT = tl.load(vT_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
-        qk = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale  # scores in log2 units
+        query_pos = offs_m[:, None] + offset  # i' = i + N_k - N_q
+        qk, t = scores_log2(tl.dot(q, kT, input_precision=DOT_PRECISION), query_pos, cols[None, :],
+                            score_scale, softcap_scale, slope_log2, HAS_SOFTCAP, HAS_ALIBI)  # log2 units
         if MASKED:
-            query_pos = offs_m[:, None] + offset  # i' = i + N_k - N_q
             visible = cols[None, :] < k_len
             if HAS_LEFT:
                 visible = visible & (cols[None, :] >= query_pos - window_left)
@@ -320,25 +359,33 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, start, end,
             qk = tl.where(visible, qk, float("-inf"))
         p = tl.math.exp2(qk - lse2[:, None])
         dp = tl.dot(do, vT, input_precision=DOT_PRECISION)
+        if HAS_DROPOUT:
+            keep = dropout_keep(dropout_seed, stream, offs_m[:, None], cols[None, :], dropout_p)
+            dp = tl.where(keep, dp / (1.0 - dropout_p), 0.0)
         ds = p * (dp - delta[:, None])
+        if HAS_SOFTCAP:
+            ds = ds * (1.0 - t * t)
         dq += tl.dot(ds.to(kT.dtype), tl.trans(kT), input_precision=DOT_PRECISION)
         kT_ptrs += BLOCK_N * stride_kn
         vT_ptrs += BLOCK_N * stride_vn
     return dq
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["DROPOUT_SEED"])
 def attention_bwd_dq_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ, SEQ_LENS, CU_SEQLENS_Q, CU_SEQLENS_K, sm_scale,
+    Q, K, V, DO, LSE, DELTA, DQ, SEQ_LENS, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI, sm_scale, SOFTCAP,
+    DROPOUT_P, DROPOUT_SEED,
     stride_qb, stride_qh, stride_qn, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_dob, stride_doh, stride_don, stride_dod,
     stride_dqb, stride_dqh, stride_dqn, stride_dqd,
+    stride_ab, stride_ah,
     H, KV_GROUP, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT,
     Q_BUCKET, K_BUCKET,  # only keys for the autotuner
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_SEQ_LENS: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """dQ for query block ``program_id(0)`` of (batch, head) ``program_id(1)``: the forward's
@@ -348,7 +395,7 @@ def attention_bwd_dq_kernel(
     off_b = off_hz // H
     off_h = off_hz % H
     off_kvh = off_h // KV_GROUP
-    q_start, n_q, q_len, k_start, n_k, k_len = _sample_bounds(
+    q_start, n_q, q_len, k_start, n_k, k_len = sample_bounds(
         off_b, SEQ_LENS, CU_SEQLENS_Q, CU_SEQLENS_K, N_CTX_Q, N_CTX_K, HAS_SEQ_LENS, IS_VARLEN)
     offset = n_k - n_q
     if IS_VARLEN:
@@ -356,12 +403,12 @@ def attention_bwd_dq_kernel(
             return
 
     m0 = start_m * BLOCK_M
-    lo, full_lo, full_hi, hi = _key_block_range(m0, q_len, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
+    lo, full_lo, full_hi, hi = key_block_range(m0, q_len, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
                                                 HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
-    row_mask = offs_m < n_q
+    row_mask = offs_m < q_len  # rows past the sample's length are never read (whatever they hold)
     tile_mask = row_mask[:, None] & (offs_d[None, :] < HEAD_DIM)
     # 64-bit offsets (sample, head, and the sequence's first row when packed).
     q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh + q_start * stride_qn
@@ -370,34 +417,41 @@ def attention_bwd_dq_kernel(
     v_base = V + off_b.to(tl.int64) * stride_vb + off_kvh.to(tl.int64) * stride_vh + k_start * stride_vn
     q = tl.load(q_base + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd, mask=tile_mask, other=0.0)
     do = tl.load(do_base + offs_m[:, None] * stride_don + offs_d[None, :] * stride_dod, mask=tile_mask, other=0.0)
-    row_base = _row_stats_offset(off_b, off_h, H, N_CTX_Q, q_start, IS_VARLEN)
+    row_base = row_stats_offset(off_b, off_h, H, N_CTX_Q, q_start, IS_VARLEN)
     lse = tl.load(LSE + row_base + offs_m, mask=row_mask, other=float("inf"))
     delta = tl.load(DELTA + row_base + offs_m, mask=row_mask, other=0.0)
     # L = -inf (no key, or padding row) read as +inf: P = 0 on the whole row, never NaN.
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
 
     dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-    qk_scale = sm_scale * LOG2E
+    score_scale, softcap_scale = _score_constants(sm_scale, SOFTCAP, HAS_SOFTCAP)
+    slope_log2 = 0.0
+    if HAS_ALIBI:
+        slope_log2 = tl.load(ALIBI + off_b * stride_ab + off_h * stride_ah).to(tl.float32) * LOG2E
+    stream = off_b * H + off_h
     if HAS_LEFT:  # stage 1: blocks cut by the window's left edge
         dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, lo, full_lo,
                                 stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d, k_len, offset,
-                                WINDOW_LEFT, WINDOW_RIGHT, qk_scale, True, HAS_LEFT, HAS_RIGHT, EVEN_D,
-                                HEAD_DIM, DOT_PRECISION, BLOCK_N)
+                                WINDOW_LEFT, WINDOW_RIGHT, score_scale, softcap_scale, slope_log2, DROPOUT_SEED,
+                                DROPOUT_P, stream, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
+                                EVEN_D, HEAD_DIM, DOT_PRECISION, BLOCK_N)
     # stage 2: blocks every row sees whole, no mask
     dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, full_lo, full_hi,
                             stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d, k_len, offset,
-                            WINDOW_LEFT, WINDOW_RIGHT, qk_scale, False, HAS_LEFT, HAS_RIGHT, EVEN_D,
-                            HEAD_DIM, DOT_PRECISION, BLOCK_N)
+                            WINDOW_LEFT, WINDOW_RIGHT, score_scale, softcap_scale, slope_log2, DROPOUT_SEED,
+                            DROPOUT_P, stream, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
+                            EVEN_D, HEAD_DIM, DOT_PRECISION, BLOCK_N)
     # stage 3: the diagonal / window's right edge, and the key tail (N_k or seq_len)
     dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, full_hi, hi,
                             stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d, k_len, offset,
-                            WINDOW_LEFT, WINDOW_RIGHT, qk_scale, True, HAS_LEFT, HAS_RIGHT, EVEN_D,
-                            HEAD_DIM, DOT_PRECISION, BLOCK_N)
+                            WINDOW_LEFT, WINDOW_RIGHT, score_scale, softcap_scale, slope_log2, DROPOUT_SEED,
+                            DROPOUT_P, stream, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
+                            EVEN_D, HEAD_DIM, DOT_PRECISION, BLOCK_N)
 
     dq = tl.where((offs_m < q_len)[:, None], dq * sm_scale, 0.0)  # padding rows: exactly 0
     dq_base = DQ + off_b.to(tl.int64) * stride_dqb + off_h.to(tl.int64) * stride_dqh + q_start * stride_dqn
     tl.store(dq_base + offs_m[:, None] * stride_dqn + offs_d[None, :] * stride_dqd,
-             dq.to(DQ.dtype.element_ty), mask=tile_mask)
+             dq.to(DQ.dtype.element_ty), mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM))
 
 
 # ---------------------------------------------------------------- launch configuration
@@ -460,7 +514,7 @@ def _autotuned(kernel, name, configs):
         configs=[triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=s, num_warps=w)
                  for bm, bn, s, w in configs],
         key=["Q_BUCKET", "K_BUCKET", "HEAD_DIM", "HAS_SEQ_LENS", "IS_VARLEN", "HAS_LEFT", "HAS_RIGHT", "KV_GROUP",
-             "DOT_PRECISION"],
+             "HAS_SOFTCAP", "HAS_ALIBI", "HAS_DROPOUT", "DOT_PRECISION"],
         prune_configs_by={"early_config_prune": _pruner(name)},
     )(kernel)
 
@@ -491,15 +545,17 @@ def _launch_fixed(kernel, grid, positional, args, block_m, block_n, block_d, ele
                 raise
 
 
-def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, *, causal: bool = False, window=None,
-                              seq_lens: torch.Tensor | None = None, softmax_scale: float | None = None,
+def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec: AttentionSpec = AttentionSpec(), *,
+                              seq_lens: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None,
                               block_m: int | None = None, block_n: int | None = None,
                               cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
                               max_seqlen_q: int | None = None, max_seqlen_k: int | None = None):
     """Fill dq (if not None) and dk, dv (if not None) for checked (B, H, N, D) tensors, any strides.
 
     q, o, do, dq: (B, H, N_q, D); k, v, dk, dv: (B, H_kv, N_k, D); lse: (B, H, N_q) contiguous
-    float32 from the forward. Arguments are *not* checked here (``flashlib.attention`` does it).
+    float32 from the forward; ``spec`` and ``alibi_slopes`` those of the forward (the same
+    ``spec.dropout_seed`` recomputes the forward's dropout mask). Arguments are *not* checked
+    here (:mod:`flashlib.attention` does it).
     Block sizes: given ones (for both kernels), else the interpreter's fixed ones, else
     autotuned on the GPU (each kernel its own). Returns D = rowsum(dO * O) (B, H, N_q) float32.
 
@@ -516,8 +572,8 @@ def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, *, causal: bool =
     batch, heads, n_q, head_dim = q.shape
     kv_heads, n_k = k.shape[1], k.shape[2]
     rows_q, rows_k = (max_seqlen_q, max_seqlen_k) if varlen else (n_q, n_k)  # per (batch, head)
-    left, right = _window_bounds(causal, window)
-    sm_scale = softmax_scale_for(head_dim, softmax_scale)
+    left, right = spec.bounds()
+    modifier_tensors, scalars, alibi_strides, flags = modifier_args(spec, alibi_slopes, head_dim, lse)
     block_d = max(16, triton.next_power_of_2(head_dim))
 
     delta = torch.empty((o_rows.shape[0], heads, n_q), dtype=torch.float32, device=q.device)
@@ -533,19 +589,23 @@ def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, *, causal: bool =
         Q_BUCKET=triton.next_power_of_2(rows_q), K_BUCKET=triton.next_power_of_2(rows_k),
         HEAD_DIM=head_dim, BLOCK_D=block_d,
         HAS_SEQ_LENS=seq_lens is not None, IS_VARLEN=varlen,
-        HAS_LEFT=left is not None, HAS_RIGHT=right is not None, DOT_PRECISION=runtime.dot_precision(q.dtype),
+        HAS_LEFT=left is not None, HAS_RIGHT=right is not None, **flags,
+        DOT_PRECISION=runtime.dot_precision(q.dtype),
     )
     common = (q, k, v, do, lse, delta)
+    modifiers = (modifier_tensors["ALIBI"], scalars["sm_scale"], scalars["SOFTCAP"], scalars["DROPOUT_P"],
+                 scalars["DROPOUT_SEED"])
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
     if block_m is None and runtime.INTERPRET:
         block_m, block_n = INTERPRETER_BLOCKS["BLOCK_M"], INTERPRETER_BLOCKS["BLOCK_N"]
     jobs = []
     if dk is not None:
-        jobs.append(("dkdv", (*common, dk, dv, seq_lens, cu_seqlens_q, cu_seqlens_k, sm_scale, *strides,
-                              *dk.stride(), *dv.stride()),
+        jobs.append(("dkdv", (*common, dk, dv, seq_lens, cu_seqlens_q, cu_seqlens_k, *modifiers, *strides,
+                              *dk.stride(), *dv.stride(), *alibi_strides),
                      lambda bn: (triton.cdiv(rows_k, bn), batch * kv_heads)))
     if dq is not None:
-        jobs.append(("dq", (*common, dq, seq_lens, cu_seqlens_q, cu_seqlens_k, sm_scale, *strides, *dq.stride()),
+        jobs.append(("dq", (*common, dq, seq_lens, cu_seqlens_q, cu_seqlens_k, *modifiers, *strides, *dq.stride(),
+                            *alibi_strides),
                      lambda bm: (triton.cdiv(rows_q, bm), batch * heads)))
     for kernel, positional, grid_of in jobs:
         program_block = "BLOCK_N" if kernel == "dkdv" else "BLOCK_M"

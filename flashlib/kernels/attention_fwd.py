@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from .. import runtime
-from ..reference import _window_bounds, softmax_scale_for
+from ..spec import AttentionSpec
 from .tuned import launch_tuned
 
 LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) == exp2(x * LOG2E)
@@ -44,22 +44,70 @@ LN2 = tl.constexpr(0.6931471805599453)  # ln(2): ln(x) == log2(x) * LN2
 
 
 @triton.jit
+def tanh(x):
+    """tanh through exp2 (the interpreter has no tanh): 1 - 2 / (e^(2x) + 1), exact at +-inf."""
+    return 1.0 - 2.0 / (tl.math.exp2(x * (2.0 * LOG2E)) + 1.0)
+
+
+@triton.jit
+def scores_log2(qk, q_pos, k_pos, score_scale, softcap_scale, slope_log2,
+                HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
+    """Scores in log2 units from the raw products ``qk``, and tanh of the softcap (for the backward).
+
+    ``s = scale * qk``; with a softcap ``s = softcap * tanh(s / softcap)``; with ALiBi
+    ``s -= slope * |q_pos - k_pos|``, where ``q_pos`` is the query's key position
+    ``i + N_k - N_q``. The launcher folds the constants: ``score_scale`` is
+    ``softcap * log2(e)`` with a softcap, else ``scale * log2(e)``; ``softcap_scale`` is
+    ``scale / softcap``; ``slope_log2`` is ``slope * log2(e)``. ``q_pos`` and ``k_pos``
+    broadcast to ``qk``'s shape, so the backward's transposed tiles use it too.
+    """
+    if HAS_SOFTCAP:
+        t = tanh(qk * softcap_scale)
+        s = t * score_scale
+    else:
+        t = qk
+        s = qk * score_scale
+    if HAS_ALIBI:
+        s = s - slope_log2 * tl.abs(q_pos - k_pos).to(tl.float32)
+    return s, t
+
+
+@triton.jit
+def dropout_keep(seed, stream, q_pos, k_pos, dropout_p):
+    """Which attention weights dropout keeps: Philox on the counter (key, query, stream), uniform >= p.
+
+    ``stream`` is ``batch * H + head``; positions are the row and column within the
+    sample. A pure function of (seed, position), so the backward, and the kernel that
+    returns the mask for tests, recompute exactly the forward's mask wherever they are.
+    """
+    k_pos, q_pos = tl.broadcast(k_pos, q_pos)
+    zero = (k_pos * 0).to(tl.uint32)
+    r, _, _, _ = tl.philox(seed, k_pos.to(tl.uint32), q_pos.to(tl.uint32), zero + stream.to(tl.uint32), zero)
+    return tl.uint_to_uniform_float(r) >= dropout_p
+
+
+@triton.jit
 def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, start, end,
                     stride_kn, stride_kd, stride_vn, stride_vd,
-                    offs_m, offs_d, k_len, offset, window_left, window_right, qk_scale,
+                    offs_m, offs_d, k_len, offset, window_left, window_right,
+                    score_scale, softcap_scale, slope_log2, dropout_seed, dropout_p, stream,
                     tile_ptr,
                     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                     EVEN_D: tl.constexpr, HEAD_DIM: tl.constexpr, RECORD_TILES: tl.constexpr,
                     DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
     """Online-softmax update of (acc, l_i, m_i) over the key blocks [start, end).
 
     ``MASKED`` blocks get an element mask (band edges, key tail) and loads masked
-    on ``j < k_len``; unmasked blocks are read and used as they are.
+    on ``j < k_len``; unmasked blocks are read and used as they are. ``l_i`` sums the
+    weights before dropout (the softmax's denominator); ``acc`` sums only the kept ones.
     """
     offs_n = tl.arange(0, BLOCK_N)
+    PLAIN: tl.constexpr = not (HAS_SOFTCAP or HAS_ALIBI)
     # K^T tile (BLOCK_D, BLOCK_N) and V tile (BLOCK_N, BLOCK_D) of the first block, through strides.
     k_ptrs = k_base + (start + offs_n)[None, :] * stride_kn + offs_d[:, None] * stride_kd
     v_ptrs = v_base + (start + offs_n)[:, None] * stride_vn + offs_d[None, :] * stride_vd
+    rows = offs_m[:, None] + offset  # i' = i + N_k - N_q (bottom-right alignment)
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n
         if MASKED:
@@ -73,30 +121,33 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, start, end,
             v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
 
         qk = tl.dot(q, k, input_precision=DOT_PRECISION)
-        if MASKED:
-            qk = qk * qk_scale  # scores in log2 units, scaled before the mask (a zero scale meets no -inf)
-            rows = offs_m[:, None] + offset  # i' = i + N_k - N_q (bottom-right alignment)
-            visible = cols[None, :] < k_len
-            if HAS_LEFT:
-                visible = visible & (cols[None, :] >= rows - window_left)
-            if HAS_RIGHT:
-                visible = visible & (cols[None, :] <= rows + window_right)
-            qk = tl.where(visible, qk, float("-inf"))
+        if MASKED or not PLAIN:
+            # scores in log2 units, formed before the mask (a zero scale meets no -inf)
+            qk, _ = scores_log2(qk, rows, cols[None, :], score_scale, softcap_scale, slope_log2,
+                                HAS_SOFTCAP, HAS_ALIBI)
+            if MASKED:
+                visible = cols[None, :] < k_len
+                if HAS_LEFT:
+                    visible = visible & (cols[None, :] >= rows - window_left)
+                if HAS_RIGHT:
+                    visible = visible & (cols[None, :] <= rows + window_right)
+                qk = tl.where(visible, qk, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, 1))
             # A row with no visible key so far keeps m = -inf; subtract 0 instead so that
             # exp2(-inf - (-inf)) = NaN never happens: its p and alpha are then exactly 0.
             m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+            qk = qk - m_sub[:, None]
         else:
             # Every score is finite here. The max is taken on the raw scores and the scale
-            # folded into one FMA per score (valid for qk_scale >= 0: the launcher makes it so).
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            # folded into one FMA per score (valid for a scale >= 0: the kernel makes it so).
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * score_scale)
             m_sub = m_new
-            qk = qk * qk_scale - m_sub[:, None]
-        if MASKED:
-            qk = qk - m_sub[:, None]
+            qk = qk * score_scale - m_sub[:, None]
         p = tl.math.exp2(qk)
         alpha = tl.math.exp2(m_i - m_sub)  # rescale of what was accumulated so far
         l_i = l_i * alpha + tl.sum(p, 1)
+        if HAS_DROPOUT:
+            p = tl.where(dropout_keep(dropout_seed, stream, offs_m[:, None], cols[None, :], dropout_p), p, 0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
         if RECORD_TILES:
@@ -107,7 +158,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, start, end,
 
 
 @triton.jit
-def _key_block_range(m0, q_len, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
+def key_block_range(m0, q_len, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
                      HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Key blocks [lo, hi) that the valid rows of query block ``m0`` see; [full_lo, full_hi) seen whole.
@@ -148,7 +199,7 @@ def packed_as_bhnd(t: torch.Tensor, batch: int) -> torch.Tensor:
 
 
 @triton.jit
-def _sample_bounds(off_b, SEQ_LENS, CU_SEQLENS_Q, CU_SEQLENS_K, N_CTX_Q, N_CTX_K,
+def sample_bounds(off_b, SEQ_LENS, CU_SEQLENS_Q, CU_SEQLENS_K, N_CTX_Q, N_CTX_K,
                    HAS_SEQ_LENS: tl.constexpr, IS_VARLEN: tl.constexpr):
     """Where sample ``off_b`` lies along N: ``(q_start, n_q, q_len, k_start, n_k, k_len)``.
 
@@ -177,7 +228,7 @@ def _sample_bounds(off_b, SEQ_LENS, CU_SEQLENS_Q, CU_SEQLENS_K, N_CTX_Q, N_CTX_K
 
 
 @triton.jit
-def _row_stats_offset(off_b, off_h, H, N_CTX_Q, q_start, IS_VARLEN: tl.constexpr):
+def row_stats_offset(off_b, off_h, H, N_CTX_Q, q_start, IS_VARLEN: tl.constexpr):
     """Index of the sample's first row in the float32 row statistics (L, and D in the backward):
     contiguous (B, H, N_q) for a padded batch, (H, total_q) for a packed one."""
     if IS_VARLEN:
@@ -186,17 +237,20 @@ def _row_stats_offset(off_b, off_h, H, N_CTX_Q, q_start, IS_VARLEN: tl.constexpr
         return (off_b * H + off_h).to(tl.int64) * N_CTX_Q
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["DROPOUT_SEED"])
 def attention_fwd_kernel(
-    Q, K, V, O, LSE, SEQ_LENS, CU_SEQLENS_Q, CU_SEQLENS_K, TILES, sm_scale,
+    Q, K, V, O, LSE, SEQ_LENS, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI, TILES, sm_scale, SOFTCAP,
+    DROPOUT_P, DROPOUT_SEED,
     stride_qb, stride_qh, stride_qn, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_on, stride_od,
+    stride_ab, stride_ah,
     H, KV_GROUP, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT,
     Q_BUCKET, K_BUCKET,  # only keys for the autotuner (N rounded up to a power of two)
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_SEQ_LENS: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     RECORD_TILES: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -210,6 +264,9 @@ def attention_fwd_kernel(
     CU_SEQLENS_K, (B + 1,) int32); N_CTX_Q = total_q; LSE is (H, total_q).
     TILES (B*H, cdiv(N_q, BLOCK_M), cdiv(N_k, BLOCK_N)) int8 when RECORD_TILES:
     1 for a block visited without mask, 2 with mask (skipped blocks untouched).
+    Score modifiers (:class:`flashlib.spec.AttentionSpec`): SOFTCAP > 0 when HAS_SOFTCAP;
+    ALIBI slopes float32 at ``b * stride_ab + h * stride_ah`` when HAS_ALIBI; dropout of
+    probability DROPOUT_P with Philox seed DROPOUT_SEED when HAS_DROPOUT.
     """
     start_m = tl.program_id(0)
     off_hz = tl.program_id(1)
@@ -222,7 +279,7 @@ def attention_fwd_kernel(
     v_base = V + off_b.to(tl.int64) * stride_vb + off_kvh.to(tl.int64) * stride_vh
     o_base = O + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
 
-    q_start, n_q, q_len, k_start, n_k, k_len = _sample_bounds(
+    q_start, n_q, q_len, k_start, n_k, k_len = sample_bounds(
         off_b, SEQ_LENS, CU_SEQLENS_Q, CU_SEQLENS_K, N_CTX_Q, N_CTX_K, HAS_SEQ_LENS, IS_VARLEN)
     offset = n_k - n_q
     if IS_VARLEN:
@@ -236,7 +293,7 @@ def attention_fwd_kernel(
     # The key interval [lo, hi) seen by the valid rows of this block, and the part
     # [full_lo, full_hi) of it that every valid row sees whole.
     m0 = start_m * BLOCK_M
-    lo, full_lo, full_hi, hi = _key_block_range(m0, q_len, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
+    lo, full_lo, full_hi, hi = key_block_range(m0, q_len, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
                                                 HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
 
     offs_m = m0 + tl.arange(0, BLOCK_M)
@@ -248,11 +305,20 @@ def attention_fwd_kernel(
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-    # Unmasked blocks take the row max on raw scores, which needs a non-negative scale:
-    # for a negative one, flip the signs of Q and of the scale (exact, same scores).
-    sign = tl.where(sm_scale < 0, -1.0, 1.0)
-    q = (q * sign).to(q.dtype)
-    qk_scale = sm_scale * sign * LOG2E
+    if HAS_SOFTCAP:
+        score_scale = SOFTCAP * LOG2E
+        softcap_scale = sm_scale / SOFTCAP
+    else:
+        # Unmasked blocks take the row max on raw scores, which needs a non-negative scale:
+        # for a negative one, flip the signs of Q and of the scale (exact, same scores).
+        sign = tl.where(sm_scale < 0, -1.0, 1.0)
+        q = (q * sign).to(q.dtype)
+        score_scale = sm_scale * sign * LOG2E
+        softcap_scale = 1.0
+    slope_log2 = 0.0
+    if HAS_ALIBI:
+        slope_log2 = tl.load(ALIBI + off_b * stride_ab + off_h * stride_ah).to(tl.float32) * LOG2E
+    stream = off_b * H + off_h  # dropout's Philox stream: one per (sample, head)
     tile_ptr = TILES
     if RECORD_TILES:
         tile_ptr = TILES + (off_hz * tl.cdiv(N_CTX_Q, BLOCK_M) + start_m) * tl.cdiv(N_CTX_K, BLOCK_N)
@@ -260,27 +326,36 @@ def attention_fwd_kernel(
     if HAS_LEFT:  # stage 1: blocks cut by the window's left edge
         acc, l_i, m_i = _attn_fwd_inner(
             acc, l_i, m_i, q, k_base, v_base, lo, full_lo, stride_kn, stride_kd, stride_vn, stride_vd,
-            offs_m, offs_d, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT, qk_scale, tile_ptr,
-            True, HAS_LEFT, HAS_RIGHT, EVEN_D, HEAD_DIM, RECORD_TILES, DOT_PRECISION, BLOCK_N)
+            offs_m, offs_d, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
+            score_scale, softcap_scale, slope_log2, DROPOUT_SEED, DROPOUT_P, stream, tile_ptr,
+            True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, HEAD_DIM, RECORD_TILES,
+            DOT_PRECISION, BLOCK_N)
     # stage 2: blocks every row sees whole, no mask
     acc, l_i, m_i = _attn_fwd_inner(
         acc, l_i, m_i, q, k_base, v_base, full_lo, full_hi, stride_kn, stride_kd, stride_vn, stride_vd,
-        offs_m, offs_d, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT, qk_scale, tile_ptr,
-        False, HAS_LEFT, HAS_RIGHT, EVEN_D, HEAD_DIM, RECORD_TILES, DOT_PRECISION, BLOCK_N)
+        offs_m, offs_d, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
+        score_scale, softcap_scale, slope_log2, DROPOUT_SEED, DROPOUT_P, stream, tile_ptr,
+        False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, HEAD_DIM, RECORD_TILES,
+        DOT_PRECISION, BLOCK_N)
     # stage 3: the diagonal / window's right edge, and the key tail (N_k or seq_len)
     acc, l_i, m_i = _attn_fwd_inner(
         acc, l_i, m_i, q, k_base, v_base, full_hi, hi, stride_kn, stride_kd, stride_vn, stride_vd,
-        offs_m, offs_d, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT, qk_scale, tile_ptr,
-        True, HAS_LEFT, HAS_RIGHT, EVEN_D, HEAD_DIM, RECORD_TILES, DOT_PRECISION, BLOCK_N)
+        offs_m, offs_d, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
+        score_scale, softcap_scale, slope_log2, DROPOUT_SEED, DROPOUT_P, stream, tile_ptr,
+        True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, HEAD_DIM, RECORD_TILES,
+        DOT_PRECISION, BLOCK_N)
 
     # Rows with no visible key (l = 0) and rows past the sample's length: O = 0, L = -inf.
-    valid = (offs_m < q_len) & (l_i > 0.0)
+    # A NaN score makes l NaN, and NaN != 0: it reaches O and L, as in PyTorch.
+    valid = (offs_m < q_len) & (l_i != 0.0)
     l_safe = tl.where(valid, l_i, 1.0)
+    if HAS_DROPOUT:
+        l_safe = l_safe * (1.0 - DROPOUT_P)  # kept weights are scaled by 1 / (1 - p)
     out = tl.where(valid[:, None], acc / l_safe[:, None], 0.0)
-    lse = tl.where(valid, (m_i + tl.math.log2(l_safe)) * LN2, float("-inf"))
+    lse = tl.where(valid, (m_i + tl.math.log2(tl.where(valid, l_i, 1.0))) * LN2, float("-inf"))
     o_ptrs = o_base + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM))
-    lse_base = LSE + _row_stats_offset(off_b, off_h, H, N_CTX_Q, q_start, IS_VARLEN)
+    lse_base = LSE + row_stats_offset(off_b, off_h, H, N_CTX_Q, q_start, IS_VARLEN)
     tl.store(lse_base + offs_m, lse, mask=offs_m < n_q)
 
 
@@ -366,7 +441,8 @@ def _prune_configs(configs, named_args, **kwargs):
 #: once per (N_q and N_k rounded to powers of two, head_dim, mask kind, float32 precision, dtype).
 attention_fwd_kernel_autotuned = triton.autotune(
     configs=_gpu_configs(),
-    key=["Q_BUCKET", "K_BUCKET", "HEAD_DIM", "HAS_SEQ_LENS", "IS_VARLEN", "HAS_LEFT", "HAS_RIGHT", "DOT_PRECISION"],
+    key=["Q_BUCKET", "K_BUCKET", "HEAD_DIM", "HAS_SEQ_LENS", "IS_VARLEN", "HAS_LEFT", "HAS_RIGHT", "HAS_SOFTCAP",
+         "HAS_ALIBI", "HAS_DROPOUT", "DOT_PRECISION"],
     prune_configs_by={"early_config_prune": _prune_configs},
 )(attention_fwd_kernel)
 
@@ -376,10 +452,23 @@ INTERPRETER_BLOCKS = dict(BLOCK_M=32, BLOCK_N=32)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 
 
+def modifier_args(spec: AttentionSpec, alibi_slopes: torch.Tensor | None, head_dim: int, dummy: torch.Tensor):
+    """The kernel arguments of the score modifiers and dropout (shared by the forward and backward launchers)."""
+    if alibi_slopes is None:
+        alibi, alibi_strides = dummy, (0, 0)
+    else:  # (H,) or (B, H) float32: a batch stride of 0 for (H,)
+        alibi = alibi_slopes
+        alibi_strides = (0, alibi.stride(0)) if alibi.dim() == 1 else tuple(alibi.stride())
+    tensors = dict(ALIBI=alibi)
+    scalars = dict(sm_scale=spec.scale(head_dim), SOFTCAP=float(spec.softcap),
+                   DROPOUT_P=float(spec.dropout_p), DROPOUT_SEED=int(spec.dropout_seed))
+    flags = dict(HAS_SOFTCAP=spec.softcap > 0, HAS_ALIBI=alibi_slopes is not None, HAS_DROPOUT=spec.dropout_p > 0)
+    return tensors, scalars, alibi_strides, flags
+
+
 def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                             o: torch.Tensor, lse: torch.Tensor, *, causal: bool = False,
-                             window=None, seq_lens: torch.Tensor | None = None,
-                             softmax_scale: float | None = None,
+                             o: torch.Tensor, lse: torch.Tensor, spec: AttentionSpec = AttentionSpec(), *,
+                             seq_lens: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None,
                              block_m: int | None = None, block_n: int | None = None,
                              tiles: torch.Tensor | None = None,
                              cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
@@ -387,10 +476,12 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """Run the forward kernel on checked (B, H, N, D) tensors (any strides); fill o and lse.
 
     q, o: (B, H, N_q, D); k, v: (B, H_kv, N_k, D); lse: (B, H, N_q) contiguous float32.
-    Arguments are *not* checked here (``flashlib.attention`` does it). Block sizes:
-    given ones, else the interpreter's fixed ones, else autotuned on the GPU.
-    ``tiles`` (int8, zeros, (B*H, cdiv(N_q, block_m), cdiv(N_k, block_n))) records
-    which key blocks each program visited: 1 unmasked, 2 masked, 0 skipped.
+    ``spec`` says what each query sees and how scores are formed (``alibi_slopes``, (H,)
+    or (B, H) float32, comes with ``spec.has_alibi``). Arguments are *not* checked here
+    (:mod:`flashlib.attention` does it). Block sizes: given ones, else the interpreter's
+    fixed ones, else autotuned on the GPU. ``tiles`` (int8, zeros, (B*H, cdiv(N_q,
+    block_m), cdiv(N_k, block_n))) records which key blocks each program visited:
+    1 unmasked, 2 masked, 0 skipped.
 
     Packed sequences (``cu_seqlens_q`` given, :mod:`flashlib.varlen` checks them): q, o are
     (total_q, H, D), k, v (total_k, H_kv, D), any strides; lse (H, total_q); cu_seqlens_q/k
@@ -405,19 +496,21 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     batch, heads, n_q, head_dim = q.shape
     n_k = k.shape[2]
     rows_q, rows_k = (max_seqlen_q, max_seqlen_k) if varlen else (n_q, n_k)  # per (batch, head)
-    left, right = _window_bounds(causal, window)
-    sm_scale = softmax_scale_for(head_dim, softmax_scale)
+    left, right = spec.bounds()
+    modifier_tensors, scalars, alibi_strides, flags = modifier_args(spec, alibi_slopes, head_dim, lse)
     args = dict(
         H=heads, KV_GROUP=heads // k.shape[1], N_CTX_Q=n_q, N_CTX_K=n_k,
         WINDOW_LEFT=left or 0, WINDOW_RIGHT=right or 0,
         Q_BUCKET=triton.next_power_of_2(rows_q), K_BUCKET=triton.next_power_of_2(rows_k),
         HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         HAS_SEQ_LENS=seq_lens is not None, IS_VARLEN=varlen,
-        HAS_LEFT=left is not None, HAS_RIGHT=right is not None,
+        HAS_LEFT=left is not None, HAS_RIGHT=right is not None, **flags,
         RECORD_TILES=tiles is not None, DOT_PRECISION=runtime.dot_precision(q.dtype),
     )
-    tensors = (q, k, v, o, lse, seq_lens, cu_seqlens_q, cu_seqlens_k, tiles)
-    strides = (*q.stride(), *k.stride(), *v.stride(), *o.stride())
+    tensors = (q, k, v, o, lse, seq_lens, cu_seqlens_q, cu_seqlens_k, modifier_tensors["ALIBI"], tiles)
+    strides = (*q.stride(), *k.stride(), *v.stride(), *o.stride(), *alibi_strides)
+    positional = (*tensors, scalars["sm_scale"], scalars["SOFTCAP"], scalars["DROPOUT_P"], scalars["DROPOUT_SEED"],
+                  *strides)
     if block_m is None and runtime.INTERPRET:
         block_m, block_n = INTERPRETER_BLOCKS["BLOCK_M"], INTERPRETER_BLOCKS["BLOCK_N"]
     if block_m is not None:
@@ -425,7 +518,7 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         block_d, budget = args["BLOCK_D"], smem_budget()
         stages = next((s for s in (3, 2) if smem_bytes(block_m, block_n, block_d, s, q.element_size()) <= budget), 1)
         grid = (triton.cdiv(rows_q, block_m), batch * heads)
-        attention_fwd_kernel[grid](*tensors, sm_scale, *strides, **args, BLOCK_M=block_m, BLOCK_N=block_n,
+        attention_fwd_kernel[grid](*positional, **args, BLOCK_M=block_m, BLOCK_N=block_n,
                                    num_stages=stages, num_warps=4 if block_m * block_d <= 4096 * 4 else 8)
     else:
         if tiles is not None:
@@ -434,5 +527,5 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         def grid(meta):
             return (triton.cdiv(rows_q, meta["BLOCK_M"]), batch * heads)
 
-        launch_tuned(attention_fwd_kernel_autotuned, grid, *tensors, sm_scale, *strides, **args)
+        launch_tuned(attention_fwd_kernel_autotuned, grid, *positional, **args)
     return filled

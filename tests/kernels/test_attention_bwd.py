@@ -15,8 +15,9 @@ import triton.language as tl
 from flashlib import attention as attention_module
 from flashlib import flash_attention
 from flashlib.kernels import attention_bwd, attention_fwd
-from flashlib.kernels.attention_bwd import _key_block_range, _query_block_range
-from flashlib.reference import _window_bounds, attention_mask, naive_attention
+from flashlib.kernels.attention_bwd import key_block_range, query_block_range
+from flashlib.reference import attention_mask, naive_attention
+from flashlib.spec import window_bounds
 from flashlib.validation import relative_error, tolerance
 from support.attention import DEVICE, DTYPES, as_bhnd, make_inputs, pin_blocks
 
@@ -161,10 +162,10 @@ def band_probe_kernel(OUT, SEQ_LENS, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT
         k_len = tl.minimum(seq_len, N_CTX_K)
     offset = N_CTX_K - N_CTX_Q
     if PER_QUERY_BLOCK:
-        lo, full_lo, full_hi, hi = _key_block_range(block * BLOCK_M, q_len, k_len, offset, WINDOW_LEFT,
+        lo, full_lo, full_hi, hi = key_block_range(block * BLOCK_M, q_len, k_len, offset, WINDOW_LEFT,
                                                     WINDOW_RIGHT, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
     else:
-        lo, full_lo, full_hi, hi = _query_block_range(block * BLOCK_N, q_len, k_len, offset, WINDOW_LEFT,
+        lo, full_lo, full_hi, hi = query_block_range(block * BLOCK_N, q_len, k_len, offset, WINDOW_LEFT,
                                                       WINDOW_RIGHT, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
     out = OUT + (b * N_BLOCKS + block) * 4
     tl.store(out, lo)
@@ -176,7 +177,7 @@ def band_probe_kernel(OUT, SEQ_LENS, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT
 def visited_blocks(n_q, n_k, block_m, block_n, per_query_block, causal, window, seq_lens, batch):
     """(B, query blocks, key blocks) int8: 1 visited without mask, 2 with mask, 0 skipped, as the
     kernels' three loops over [lo, full_lo), [full_lo, full_hi), [full_hi, hi) visit them."""
-    left, right = _window_bounds(causal, window)
+    left, right = window_bounds(causal, window)
     n_mb, n_nb = -(-n_q // block_m), -(-n_k // block_n)
     n_blocks, step = (n_mb, block_n) if per_query_block else (n_nb, block_m)
     bounds = torch.zeros(batch, n_blocks, 4, dtype=torch.int32, device=DEVICE)

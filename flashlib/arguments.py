@@ -1,0 +1,83 @@
+"""Argument checks shared by every attention entry point (padded, (B, N, H, D), packed).
+
+Each check raises a TypeError or ValueError that names the argument, says what was
+expected and shows what came in. Checks that read tensor *values* (the range of
+``seq_lens``, the offsets in ``cu_seqlens``) cost a device sync and would break a
+``torch.compile`` graph; they run in eager mode only (``values_checked()``).
+"""
+from __future__ import annotations
+
+import torch
+
+from . import runtime
+from .kernels.attention_fwd import MAX_HEAD_DIM, MIN_HEAD_DIM
+from .spec import AttentionSpec
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def values_checked() -> bool:
+    """Whether checks may read tensor values: not while torch.compile traces (no sync, no graph break)."""
+    return not torch.compiler.is_compiling()
+
+
+def check_tensors(q, k, v, dims: tuple[int, ...], expected: str) -> str:
+    """q, k, v are tensors with a number of dimensions in ``dims``, all alike; returns their shapes for messages."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"Expected {expected}: {name} is a {type(t).__name__}, not a torch.Tensor")
+    shapes = f"q.shape={tuple(q.shape)}, k.shape={tuple(k.shape)}, v.shape={tuple(v.shape)}"
+    if q.dim() not in dims or k.dim() != q.dim() or v.dim() != q.dim():
+        raise ValueError(f"Expected {expected}, all alike; got {shapes}")
+    return shapes
+
+
+def check_dtypes_and_device(q, k, v) -> None:
+    """q, k, v share one supported dtype and sit on the device the kernels run on."""
+    if q.dtype != k.dtype or q.dtype != v.dtype:
+        raise TypeError(f"q, k, v must have the same dtype; got q.dtype={q.dtype}, k.dtype={k.dtype}, "
+                        f"v.dtype={v.dtype}")
+    if q.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"Unsupported dtype {q.dtype} for q, k, v: expected float16, bfloat16 or float32")
+    if q.device != k.device or q.device != v.device:
+        raise ValueError(f"q, k, v must be on the same device; got q on {q.device}, k on {k.device}, "
+                         f"v on {v.device}")
+    if q.device.type != runtime.DEVICE.type:
+        raise ValueError(f"q, k, v must be on {runtime.DEVICE.type} ({runtime.mode_description()}); "
+                         f"got {q.device}")
+
+
+def check_heads(heads: int, kv_heads: int, head_dim: int, shapes: str, where: str = "") -> None:
+    """H a multiple of H_kv (GQA/MQA) and a head_dim the kernels support."""
+    if kv_heads == 0 or heads % kv_heads:
+        raise ValueError(f"GQA needs q heads ({heads}) to be a multiple of k/v heads ({kv_heads}){where}; "
+                         f"got {shapes}")
+    if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(f"Unsupported head_dim {head_dim}: flashlib's attention supports {MIN_HEAD_DIM} to "
+                         f"{MAX_HEAD_DIM} (non-powers of two are padded in registers); got {shapes}")
+
+
+def check_alibi_slopes(alibi_slopes, batch: int, heads: int, device: torch.device) -> None:
+    """None, or float32 slopes of shape (H,) or (B, H) on q's device (flash-attn's convention)."""
+    if alibi_slopes is None:
+        return
+    if not isinstance(alibi_slopes, torch.Tensor):
+        raise TypeError(f"alibi_slopes must be a float32 tensor of shape (H,) or (B, H); "
+                        f"got a {type(alibi_slopes).__name__}")
+    if alibi_slopes.dtype != torch.float32:
+        raise TypeError(f"alibi_slopes must be torch.float32; got {alibi_slopes.dtype} (use alibi_slopes.float())")
+    if tuple(alibi_slopes.shape) not in ((heads,), (batch, heads)):
+        raise ValueError(f"alibi_slopes must have shape (H,) = ({heads},) or (B, H) = ({batch}, {heads}); "
+                         f"got {tuple(alibi_slopes.shape)}")
+    if alibi_slopes.device != device:
+        raise ValueError(f"alibi_slopes must be on the same device as q ({device}); got {alibi_slopes.device}")
+
+
+def make_spec(causal, window, softmax_scale, softcap, alibi_slopes, dropout_p) -> AttentionSpec:
+    """The checked :class:`~flashlib.spec.AttentionSpec` of a call (its constructor names what is wrong).
+
+    ``softcap`` and ``dropout_p`` of None mean 0 (Hugging Face passes None for "off").
+    """
+    return AttentionSpec(causal=causal, window=window,
+                         softmax_scale=softmax_scale, softcap=0.0 if softcap is None else softcap,
+                         has_alibi=alibi_slopes is not None, dropout_p=0.0 if dropout_p is None else dropout_p)

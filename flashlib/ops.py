@@ -1,0 +1,294 @@
+"""The attention op: one forward and one backward, seen by eager autograd, torch.compile and torch.func.
+
+:func:`flashlib.flash_attention` and :func:`flashlib.flash_attention_varlen` check their
+arguments and come here. Everything after the checks lives in this module, once:
+
+* ``forward_impl`` / ``backward_impl``: allocate the outputs in the caller's layout,
+  view them as (B, H, N, D) (or keep them packed), upcast bfloat16 in the interpreter,
+  launch the kernels of :mod:`flashlib.kernels` and copy back;
+* ``flashlib::attention_forward`` / ``flashlib::attention_backward``: the same two
+  functions registered with ``torch.library.custom_op``, with fake (meta) versions, so
+  that ``torch.compile(fullgraph=True)`` traces a model through them without a graph
+  break and never looks inside Triton (nor inside its interpreter on CPU);
+* ``FlashAttentionFunction``: the same two functions as a ``torch.autograd.Function``
+  for eager calls. A custom op costs 20-60 us of Python dispatch per call on a CPU
+  (measured: a do-nothing ``custom_op`` with ``register_autograd`` against a plain
+  function), more than a small attention kernel takes on a GPU; eager calls skip it.
+
+Both routes share ``setup_context``, ``backward`` and ``vmap``, so they cannot drift:
+
+* backward recomputes P from the saved logsumexp (and the dropout mask from the saved
+  seed). When autograd records it (``create_graph=True``, ``torch.autograd.grad`` of a
+  gradient, ``hessian``) it runs as ``flashlib::attention_backward``, whose own backward
+  raises :data:`DOUBLE_BACKWARD_MESSAGE`: the gradients stay connected to q, k, v, so every
+  path to a second derivative fails loudly instead of treating them as constants;
+* vmap folds the mapped dimension into the batch (one launch, no loop);
+* forward-mode AD (jvp) raises a clear error.
+
+Dropout draws its Philox seed from torch's default CPU generator (``torch.manual_seed``
+makes it reproducible) inside the forward and returns it as a third output, which the
+backward reads: the mask is never stored.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import runtime
+from .kernels.attention_bwd import launch_attention_backward
+from .kernels.attention_fwd import launch_attention_forward
+from .spec import AttentionSpec
+
+#: Layouts the op accepts: (B, H, N, D), (B, N, H, D), (B*H, N, D) as "bhnd" with 3 dims, packed (total, H, D).
+OP_LAYOUTS = ("bhnd", "bnhd", "packed")
+
+DOUBLE_BACKWARD_MESSAGE = (
+    "flash_attention has no double backward (its backward kernels are not differentiable): "
+    "gradients of gradients through it are not supported; use flashlib.reference.naive_attention "
+    "for higher-order derivatives")
+
+FORWARD_AD_MESSAGE = (
+    "flash_attention has no forward-mode AD (jvp, torch.func.jvp, torch.autograd.forward_ad): "
+    "use reverse mode (loss.backward(), torch.func.grad, torch.func.vjp), or "
+    "flashlib.reference.naive_attention for forward-mode derivatives")
+
+
+# ---------------------------------------------------------------- the two computations
+def as_bhnd(t: torch.Tensor, layout: str) -> torch.Tensor:
+    """A (B, H, N, D) view of a 3D (B*H, N, D) or 4D tensor in ``layout``: no copy."""
+    if t.dim() == 3:
+        return t.unsqueeze(1)
+    return t if layout == "bhnd" else t.transpose(1, 2)
+
+
+def lse_shape(q: torch.Tensor, layout: str) -> tuple[int, ...]:
+    """Shape of the logsumexp: (B, H, N_q); (B*H, N_q) for 3D inputs; (H, total_q) packed."""
+    if layout == "packed":
+        return (q.shape[1], q.shape[0])
+    if q.dim() == 3:
+        return tuple(q.shape[:2])
+    return tuple(q.shape[:3]) if layout == "bhnd" else (q.shape[0], q.shape[2], q.shape[1])
+
+
+def draw_dropout_seed() -> int:
+    """A Philox seed from torch's default CPU generator (reproducible under ``torch.manual_seed``)."""
+    return int(torch.randint(0, 2**62, (1,), dtype=torch.int64).item())
+
+
+def _spec(causal, window_left, window_right, softmax_scale, softcap, alibi, dropout_p, seed) -> AttentionSpec:
+    return AttentionSpec(causal=causal, window=(window_left, window_right), softmax_scale=softmax_scale,
+                         softcap=softcap, has_alibi=alibi is not None, dropout_p=dropout_p, dropout_seed=seed)
+
+
+def _kernel_views(layout, *tensors):
+    """The tensors as the launchers read them: (B, H, N, D) views, or packed as they are."""
+    return tuple(t if t is None or layout == "packed" else as_bhnd(t, layout) for t in tensors)
+
+
+def forward_impl(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, max_seqlen_q, max_seqlen_k,
+                 layout, causal, window_left, window_right, softmax_scale, softcap, dropout_p):
+    """O in q's shape, dtype and layout (contiguous), L float32 (see ``lse_shape``) and the dropout seed (int64 (1,), CPU)."""
+    seed = draw_dropout_seed() if dropout_p > 0 else 0
+    spec = _spec(causal, window_left, window_right, softmax_scale, softcap, alibi_slopes, dropout_p, seed)
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(lse_shape(q, layout), dtype=torch.float32, device=q.device)
+    rng = torch.tensor([seed], dtype=torch.int64)
+    n_keys = k.shape[0] if layout == "packed" else as_bhnd(k, layout).shape[2]
+    if o.numel() == 0:
+        return o, lse, rng
+    if n_keys == 0:  # no key at all: every row is fully masked
+        return o.zero_(), lse.fill_(float("-inf")), rng
+    q_run, k_run, v_run = runtime.upcast_for_interpreter(q, k, v)  # bf16 → fp32 in the interpreter
+    o_run = o if q_run.dtype == o.dtype else torch.empty(q.shape, dtype=q_run.dtype, device=q.device)
+    views = _kernel_views(layout, q_run, k_run, v_run, o_run)
+    launch_attention_forward(*views, lse, spec, seq_lens=seq_lens, alibi_slopes=alibi_slopes,
+                             cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    if o_run is not o:
+        o.copy_(o_run)
+    return o, lse, rng
+
+
+def backward_impl(grad_o, q, k, v, o, lse, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng,
+                  max_seqlen_q, max_seqlen_k, layout, causal, window_left, window_right, softmax_scale, softcap,
+                  dropout_p, need_dq, need_dkdv):
+    """(dq, dk, dv) in the inputs' shapes, dtypes and layouts; an empty tensor for each one not needed."""
+    spec = _spec(causal, window_left, window_right, softmax_scale, softcap, alibi_slopes, dropout_p,
+                 int(rng[0]) if dropout_p > 0 else 0)
+    nothing = q.new_empty(0)
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device) if need_dq else nothing
+    dk, dv = ((torch.empty(k.shape, dtype=k.dtype, device=k.device),
+               torch.empty(v.shape, dtype=v.dtype, device=v.device)) if need_dkdv else (nothing, nothing))
+    wanted = [g for g, need in ((dq, need_dq), (dk, need_dkdv), (dv, need_dkdv)) if need]
+    if not wanted or wanted[0].numel() == 0 and all(g.numel() == 0 for g in wanted):
+        return dq, dk, dv
+    n_queries = q.shape[0] if layout == "packed" else as_bhnd(q, layout).shape[2]
+    n_keys = k.shape[0] if layout == "packed" else as_bhnd(k, layout).shape[2]
+    if n_queries == 0 or n_keys == 0:  # no query or no key: no gradient flows
+        for g in wanted:
+            g.zero_()
+        return dq, dk, dv
+    run = runtime.upcast_for_interpreter(q, k, v, o, grad_o)  # bf16 → fp32 in the interpreter
+    outs = [None if not need else g if g.dtype == run[0].dtype else torch.empty(g.shape, dtype=run[0].dtype,
+                                                                                 device=g.device)
+            for g, need in ((dq, need_dq), (dk, need_dkdv), (dv, need_dkdv))]
+    q_v, k_v, v_v, o_v, do_v = _kernel_views(layout, *run)
+    launch_attention_backward(q_v, k_v, v_v, o_v, lse, do_v, *_kernel_views(layout, *outs), spec,
+                              seq_lens=seq_lens, alibi_slopes=alibi_slopes,
+                              cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                              max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    for g, out in zip((dq, dk, dv), outs):
+        if out is not None and out is not g:
+            g.copy_(out)
+    return dq, dk, dv
+
+
+# ---------------------------------------------------------------- torch.library registration
+@torch.library.custom_op("flashlib::attention_forward", mutates_args=(),
+                         tags=(torch.Tag.nondeterministic_seeded,))
+def attention_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor | None,
+                         cu_seqlens_q: torch.Tensor | None, cu_seqlens_k: torch.Tensor | None,
+                         alibi_slopes: torch.Tensor | None, max_seqlen_q: int, max_seqlen_k: int, layout: str,
+                         causal: bool, window_left: int, window_right: int, softmax_scale: float, softcap: float,
+                         dropout_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """flash_attention's forward as an op: (O, logsumexp, dropout seed)."""
+    return forward_impl(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, max_seqlen_q, max_seqlen_k,
+                        layout, causal, window_left, window_right, softmax_scale, softcap, dropout_p)
+
+
+@attention_forward_op.register_fake
+def _forward_fake(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, max_seqlen_q, max_seqlen_k,
+                  layout, causal, window_left, window_right, softmax_scale, softcap, dropout_p):
+    return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
+            q.new_empty(lse_shape(q, layout), dtype=torch.float32),
+            torch.empty(1, dtype=torch.int64, device="cpu"))
+
+
+@torch.library.custom_op("flashlib::attention_backward", mutates_args=())
+def attention_backward_op(grad_o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                          lse: torch.Tensor, seq_lens: torch.Tensor | None, cu_seqlens_q: torch.Tensor | None,
+                          cu_seqlens_k: torch.Tensor | None, alibi_slopes: torch.Tensor | None, rng: torch.Tensor,
+                          max_seqlen_q: int, max_seqlen_k: int, layout: str, causal: bool, window_left: int,
+                          window_right: int, softmax_scale: float, softcap: float, dropout_p: float,
+                          need_dq: bool, need_dkdv: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """flash_attention's backward as an op: (dq, dk, dv), empty where not needed."""
+    return backward_impl(grad_o, q, k, v, o, lse, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng,
+                         max_seqlen_q, max_seqlen_k, layout, causal, window_left, window_right, softmax_scale,
+                         softcap, dropout_p, need_dq, need_dkdv)
+
+
+@attention_backward_op.register_fake
+def _backward_fake(grad_o, q, k, v, o, lse, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng,
+                   max_seqlen_q, max_seqlen_k, layout, causal, window_left, window_right, softmax_scale, softcap,
+                   dropout_p, need_dq, need_dkdv):
+    nothing = q.new_empty(0)
+    return (torch.empty(q.shape, dtype=q.dtype, device=q.device) if need_dq else nothing,
+            torch.empty(k.shape, dtype=k.dtype, device=k.device) if need_dkdv else nothing,
+            torch.empty(v.shape, dtype=v.dtype, device=v.device) if need_dkdv else nothing)
+
+
+def _refuse_double_backward(ctx, *grads):
+    raise RuntimeError(DOUBLE_BACKWARD_MESSAGE)
+
+
+attention_backward_op.register_autograd(_refuse_double_backward)
+
+#: Positions of the op's arguments after the tensors (what backward and vmap pass on).
+_N_TENSOR_ARGS = 7  # q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes
+
+
+def setup_context(ctx, inputs, output):
+    """Save what the backward needs: q, k, v, O, L, the masks' tensors and the dropout seed (never P)."""
+    q, k, v, seq_lens, cu_q, cu_k, alibi = inputs[:_N_TENSOR_ARGS]
+    o, lse, rng = output
+    ctx.save_for_backward(q, k, v, o, lse, seq_lens, cu_q, cu_k, alibi, rng)
+    ctx.settings = inputs[_N_TENSOR_ARGS:]
+    if hasattr(ctx, "mark_non_differentiable"):
+        ctx.mark_non_differentiable(lse, rng)
+
+
+def _recorded(*tensors) -> bool:
+    """Whether this backward is itself being recorded or traced: then it must run as the op."""
+    return (torch.is_grad_enabled() or torch.compiler.is_compiling()
+            or any(type(t) is not torch.Tensor for t in tensors if t is not None))
+
+
+def backward(ctx, grad_o, grad_lse=None, grad_rng=None):
+    """dq, dk, dv from the saved tensors; None for the other inputs. L and the seed carry no gradient."""
+    q, k, v, o, lse, seq_lens, cu_q, cu_k, alibi, rng = ctx.saved_tensors
+    need_q, need_k, need_v = ctx.needs_input_grad[:3]
+    if grad_o is None:
+        grad_o = torch.zeros_like(o)
+    args = (grad_o, q, k, v, o, lse, seq_lens, cu_q, cu_k, alibi, rng, *ctx.settings, need_q, need_k or need_v)
+    run = attention_backward_op if _recorded(grad_o, q, k, v) else backward_impl
+    dq, dk, dv = run(*args)
+    return (dq if need_q else None, dk if need_k else None, dv if need_v else None,
+            *([None] * (_N_TENSOR_ARGS - 3 + len(ctx.settings))))
+
+
+def _fold(t, dim, size):
+    """``t`` with its vmapped ``dim`` (None: not mapped, expanded) moved to the front, ``size`` long."""
+    if dim is None:
+        return t.unsqueeze(0).expand(size, *t.shape)
+    return t.movedim(dim, 0)
+
+
+def vmap(info, in_dims, q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *settings):
+    """vmap over the batch: the mapped dimension is folded into B (or into B*H for 3D inputs), one launch."""
+    layout = settings[2]
+    if layout == "packed" or any(d is not None for d in in_dims[4:6]):
+        raise NotImplementedError("vmap over flash_attention_varlen is not supported: pack the mapped "
+                                  "sequences into one call (cu_seqlens) instead")
+    size = info.batch_size
+    q, k, v = (_fold(t, d, size) for t, d in zip((q, k, v), in_dims[:3]))
+    batch = q.shape[1]
+    q, k, v = (t.reshape(size * batch, *t.shape[2:]) for t in (q, k, v))
+    if seq_lens is not None:
+        seq_lens = _fold(seq_lens, in_dims[3], size).reshape(size * batch)
+    if alibi_slopes is not None:
+        d = in_dims[6]
+        if d is None and alibi_slopes.dim() == 1:
+            pass  # (H,) slopes, the same for every sample
+        else:
+            slopes = _fold(alibi_slopes, d, size)
+            if slopes.dim() == 2:  # a mapped (H,): (size, H) → (size, B, H)
+                slopes = slopes.unsqueeze(1).expand(size, batch, slopes.shape[-1])
+            alibi_slopes = slopes.reshape(size * batch, slopes.shape[-1])
+    o, lse, rng = FlashAttentionFunction.apply(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
+                                               *settings)
+    o = o.reshape(size, batch, *o.shape[1:])
+    lse = lse.reshape(size, batch, *lse.shape[1:])
+    return (o, lse, rng), (0, 0, None)
+
+
+attention_forward_op.register_autograd(backward, setup_context=setup_context)
+attention_forward_op.register_vmap(vmap)
+
+
+class FlashAttentionFunction(torch.autograd.Function):
+    """The op for eager calls: ``forward_impl``, and the op's own setup_context, backward and vmap."""
+
+    @staticmethod
+    def forward(*args):
+        return forward_impl(*args)
+
+    setup_context = staticmethod(setup_context)
+    backward = staticmethod(backward)
+    vmap = staticmethod(vmap)
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        raise NotImplementedError(FORWARD_AD_MESSAGE)
+
+
+def attention(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, max_seqlen_q, max_seqlen_k, layout,
+              spec: AttentionSpec):
+    """(O, L, dropout seed) of checked arguments: the custom op while torch.compile traces, else the
+    autograd.Function."""
+    left, right = spec.bounds()
+    head_dim = q.shape[-1]
+    settings = (max_seqlen_q, max_seqlen_k, layout, spec.causal, -1 if left is None else left,
+                -1 if right is None else right, spec.scale(head_dim), float(spec.softcap), float(spec.dropout_p))
+    tensors = (q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
+    if torch.compiler.is_compiling():
+        return attention_forward_op(*tensors, *settings)
+    return FlashAttentionFunction.apply(*tensors, *settings)

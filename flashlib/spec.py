@@ -1,0 +1,102 @@
+"""``AttentionSpec``: what each query sees and how its scores are formed, in one frozen value.
+
+Everything the attention kernels need beyond the tensors they read and write:
+
+* which keys a query may see: ``causal`` and ``window`` (the band of
+  :func:`flashlib.reference.attention_mask`);
+* how a score is formed from ``q . k``: ``softmax_scale``, then ``softcap``
+  (``softcap * tanh(s / softcap)``, as Gemma 2 and Grok), then the ALiBi bias
+  ``-slope * |i + N_k - N_q - j|`` (flash-attn's definition; the slopes are a
+  tensor, passed beside the spec);
+* ``dropout_p``, and the Philox ``dropout_seed`` the forward drew, so that the
+  backward recomputes the very same mask.
+
+The front door (:mod:`flashlib.attention`, :mod:`flashlib.varlen`) checks the
+arguments and builds one spec; the launchers of :mod:`flashlib.kernels` take it
+instead of a dozen loose keywords, so a new score modifier is one more field
+here, not one more keyword threaded through every function.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+
+def window_bounds(causal: bool, window) -> tuple[int | None, int | None]:
+    """(left, right) reach of the mask; None where unbounded. ``causal`` caps the right at 0."""
+    left = right = None
+    if window is not None:
+        w_left, w_right = window
+        left = None if w_left is None or w_left < 0 else int(w_left)
+        right = None if w_right is None or w_right < 0 else int(w_right)
+    if causal:
+        right = 0 if right is None else min(right, 0)
+    return left, right
+
+
+def check_window(window) -> None:
+    """A ValueError/TypeError naming ``window`` unless it is None or a pair of ints >= -1 (or None)."""
+    if window is None:
+        return
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(f"window must be a pair (left, right) of ints (-1 or None: unbounded); got {window!r}")
+    for side, value in zip(("left", "right"), window):
+        if value is None:
+            continue
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+            raise TypeError(f"window {side} bound must be an int (-1 or None: unbounded); got {value!r}")
+        if value < -1:
+            raise ValueError(f"window {side} bound must be >= 0, or -1 for unbounded; got window={tuple(window)}")
+
+
+def _check_float(name: str, value, *, low: float, high: float | None = None, closed_high: bool = False,
+                 meaning: str) -> None:
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise TypeError(f"{name} must be a float ({meaning}); got {value!r}")
+    if not math.isfinite(value) or value < low or (high is not None and (value > high if closed_high
+                                                                          else value >= high)):
+        bound = "" if high is None else (f" and <= {high}" if closed_high else f" and < {high}")
+        raise ValueError(f"{name} must be finite, >= {low}{bound} ({meaning}); got {value}")
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """The mask and score modifiers of one attention call (checked on construction).
+
+    ``window`` is stored as ``(left, right)`` with None for an unbounded side;
+    ``softcap`` 0 and ``dropout_p`` 0 mean off. ``has_alibi`` says that an
+    ``alibi_slopes`` tensor comes with the call.
+    """
+
+    causal: bool = False
+    window: tuple[int | None, int | None] | None = None
+    softmax_scale: float | None = None
+    softcap: float = 0.0
+    has_alibi: bool = False
+    dropout_p: float = 0.0
+    dropout_seed: int = 0
+
+    def __post_init__(self):
+        if not isinstance(self.causal, bool):
+            raise TypeError(f"causal must be a bool; got {self.causal!r}")
+        check_window(self.window)
+        if self.window is not None:
+            object.__setattr__(self, "window", tuple(None if w is None or w < 0 else int(w) for w in self.window))
+        if self.softmax_scale is not None:
+            if not isinstance(self.softmax_scale, numbers.Real) or isinstance(self.softmax_scale, bool):
+                raise TypeError(f"softmax_scale must be a float or None; got {self.softmax_scale!r}")
+            if not math.isfinite(self.softmax_scale):
+                raise ValueError(f"softmax_scale must be finite; got {self.softmax_scale}")
+        _check_float("softcap", self.softcap, low=0.0, meaning="0 for none, else scores become "
+                     "softcap * tanh(scores / softcap)")
+        _check_float("dropout_p", self.dropout_p, low=0.0, high=1.0, meaning="the probability of dropping "
+                     "an attention weight")
+
+    def bounds(self) -> tuple[int | None, int | None]:
+        """(left, right) reach of the band, None where unbounded (causal caps the right at 0)."""
+        return window_bounds(self.causal, self.window)
+
+    def scale(self, head_dim: int) -> float:
+        """The softmax scale: the one given, else 1/sqrt(head_dim)."""
+        return 1.0 / math.sqrt(head_dim) if self.softmax_scale is None else float(self.softmax_scale)
