@@ -18,18 +18,19 @@ from concurrent.futures import ThreadPoolExecutor
 CHILD = r'''
 import sys, time, json, torch, flashlib, triton.testing
 from flashlib.kernels import attention_fwd as F, attention_bwd as B
+from flashlib.spec import AttentionSpec
 D, bm, bn, which = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 torch.manual_seed(0)
 b, h, n = (32, 8, 256) if D == 32 else (2, 4, 1024)   # D = 32: notebook 08's GPU model
 q, k, v, do = (torch.randn(b, h, n, D, device="cuda") for _ in range(4))
 o, lse = torch.empty_like(q), torch.empty(b, h, n, device="cuda")
 def fwd():
-    F.launch_attention_forward(q, k, v, o, lse, causal=True, block_m=bm, block_n=bn)
+    F.launch_attention_forward(q, k, v, o, lse, spec=AttentionSpec(causal=True), block_m=bm, block_n=bn)
 def bwd():
     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
     B.launch_attention_backward(q, k, v, o, lse, do, dq if which == "dq" else None,
                                 dk if which == "dkdv" else None, dv if which == "dkdv" else None,
-                                causal=True, block_m=bm, block_n=bn)
+                                spec=AttentionSpec(causal=True), block_m=bm, block_n=bn)
 t0 = time.perf_counter(); fwd(); torch.cuda.synchronize(); first = time.perf_counter() - t0
 fn = fwd if which == "fwd" else bwd
 if which != "fwd":

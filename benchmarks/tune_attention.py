@@ -38,6 +38,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import flashlib  # noqa: F401  (decides the Triton mode first)
 from flashlib.gpu import detect_gpu
 from flashlib.kernels import attention_bwd, attention_fwd
+from flashlib.spec import AttentionSpec
 from flashlib.validation import relative_error
 
 #: One small change each, as (old text, new text) replacements in the kernel module.
@@ -171,7 +172,7 @@ def run_fwd(args, deadline, rows):
                     return
                 module.attention_fwd_kernel_autotuned = one_config(module.attention_fwd_kernel, FWD_KEY, cfg)
                 try:
-                    run = lambda: module.launch_attention_forward(q, k, v, o, lse, causal=causal)  # noqa: E731
+                    run = lambda: module.launch_attention_forward(q, k, v, o, lse, spec=AttentionSpec(causal=causal))  # noqa: E731
                     o.fill_(float("nan"))
                     run()
                     err = relative_error(o.float(), ref)
@@ -196,7 +197,7 @@ def run_bwd(args, deadline, rows):
                              tflops=fl / ms / 1e9 if ms else None))
         o = torch.empty_like(q)
         lse = torch.empty(q.shape[:3], device="cuda", dtype=torch.float32)
-        attention_fwd.launch_attention_forward(q, k, v, o, lse, causal=causal)
+        attention_fwd.launch_attention_forward(q, k, v, o, lse, spec=AttentionSpec(causal=causal))
         qg, kg, vg = (t.detach().float().requires_grad_() for t in (q, k, v))
         F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal).backward(do.float())
         refs = (qg.grad, kg.grad, vg.grad)
@@ -226,7 +227,7 @@ def run_bwd(args, deadline, rows):
                             module.attention_bwd_dkdv_kernel_autotuned = one_config(
                                 module.attention_bwd_dkdv_kernel, BWD_KEY, other)
                     run = lambda: module.launch_attention_backward(  # noqa: E731
-                        q, k, v, o, lse, do, dq, dk, dv, causal=causal)
+                        q, k, v, o, lse, do, dq, dk, dv, spec=AttentionSpec(causal=causal))
                     try:
                         for t in (dq, dk, dv):
                             t.fill_(float("nan"))

@@ -21,14 +21,17 @@ def values_checked() -> bool:
     return not torch.compiler.is_compiling()
 
 
-def check_tensors(q, k, v, dims: tuple[int, ...], expected: str) -> str:
-    """q, k, v are tensors with a number of dimensions in ``dims``, all alike; returns their shapes for messages."""
+def check_tensors(q, k, v, dims: tuple[int, ...], kind: str, shapes_expected: str) -> str:
+    """q, k, v are tensors with a number of dimensions in ``dims``, all alike; returns their shapes for messages.
+
+    ``kind`` names what is expected ("3D or 4D tensors"), ``shapes_expected`` spells the shapes out.
+    """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"Expected {expected}: {name} is a {type(t).__name__}, not a torch.Tensor")
+            raise TypeError(f"Expected {kind}: {name} is a {type(t).__name__}, not a torch.Tensor")
     shapes = f"q.shape={tuple(q.shape)}, k.shape={tuple(k.shape)}, v.shape={tuple(v.shape)}"
     if q.dim() not in dims or k.dim() != q.dim() or v.dim() != q.dim():
-        raise ValueError(f"Expected {expected}, all alike; got {shapes}")
+        raise ValueError(f"Expected {kind}{shapes_expected}; got {shapes}")
     return shapes
 
 

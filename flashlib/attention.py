@@ -43,7 +43,7 @@ def check_attention_args(q, k, v, causal=False, seq_lens=None, window=None, soft
                          softcap=0.0, alibi_slopes=None, dropout_p=0.0):
     """The :class:`~flashlib.spec.AttentionSpec` of a valid call; else a ValueError/TypeError naming the
     argument that is wrong, and what came in."""
-    shapes = check_tensors(q, k, v, (3, 4), "3D or 4D tensors ((B*H, N, D) or (B, H, N, D))")
+    shapes = check_tensors(q, k, v, (3, 4), "3D or 4D tensors", " ((B*H, N, D) or (B, H, N, D)), all alike")
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}; got {layout!r}")
     if q.dim() == 3 and layout != "bhnd":

@@ -100,7 +100,7 @@ def forward_impl(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, ma
     q_run, k_run, v_run = runtime.upcast_for_interpreter(q, k, v)  # bf16 → fp32 in the interpreter
     o_run = o if q_run.dtype == o.dtype else torch.empty(q.shape, dtype=q_run.dtype, device=q.device)
     views = _kernel_views(layout, q_run, k_run, v_run, o_run)
-    launch_attention_forward(*views, lse, spec, seq_lens=seq_lens, alibi_slopes=alibi_slopes,
+    launch_attention_forward(*views, lse, spec=spec, seq_lens=seq_lens, alibi_slopes=alibi_slopes,
                              cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                              max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
     if o_run is not o:
@@ -132,7 +132,7 @@ def backward_impl(grad_o, q, k, v, o, lse, seq_lens, cu_seqlens_q, cu_seqlens_k,
                                                                                  device=g.device)
             for g, need in ((dq, need_dq), (dk, need_dkdv), (dv, need_dkdv))]
     q_v, k_v, v_v, o_v, do_v = _kernel_views(layout, *run)
-    launch_attention_backward(q_v, k_v, v_v, o_v, lse, do_v, *_kernel_views(layout, *outs), spec,
+    launch_attention_backward(q_v, k_v, v_v, o_v, lse, do_v, *_kernel_views(layout, *outs), spec=spec,
                               seq_lens=seq_lens, alibi_slopes=alibi_slopes,
                               cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                               max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
@@ -190,7 +190,11 @@ def _refuse_double_backward(ctx, *grads):
     raise RuntimeError(DOUBLE_BACKWARD_MESSAGE)
 
 
-attention_backward_op.register_autograd(_refuse_double_backward)
+def _nothing_to_save(ctx, inputs, output):
+    """The backward op's backward only raises: nothing to save (a setup_context lets torch.func use the op)."""
+
+
+attention_backward_op.register_autograd(_refuse_double_backward, setup_context=_nothing_to_save)
 
 #: Positions of the op's arguments after the tensors (what backward and vmap pass on).
 _N_TENSOR_ARGS = 7  # q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes
@@ -206,21 +210,46 @@ def setup_context(ctx, inputs, output):
         ctx.mark_non_differentiable(lse, rng)
 
 
-def _recorded(*tensors) -> bool:
-    """Whether this backward is itself being recorded or traced: then it must run as the op."""
-    return (torch.is_grad_enabled() or torch.compiler.is_compiling()
-            or any(type(t) is not torch.Tensor for t in tensors if t is not None))
+class AttentionBackwardFunction(torch.autograd.Function):
+    """``backward_impl`` as a node of its own, for a backward that autograd records (``create_graph=True``,
+    ``torch.autograd.grad`` of a gradient, ``torch.func.grad``): its gradients stay connected to q, k,
+    v and dO, and differentiating them again raises :data:`DOUBLE_BACKWARD_MESSAGE`."""
+
+    @staticmethod
+    def forward(*args):
+        return backward_impl(*args)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(DOUBLE_BACKWARD_MESSAGE)
+
+    @staticmethod
+    def vmap(info, in_dims, *args):
+        raise NotImplementedError("vmap of flash_attention's backward (per-sample gradients through "
+                                  "torch.func.vmap(torch.func.grad(...))) is not supported: " + DOUBLE_BACKWARD_MESSAGE)
 
 
 def backward(ctx, grad_o, grad_lse=None, grad_rng=None):
-    """dq, dk, dv from the saved tensors; None for the other inputs. L and the seed carry no gradient."""
+    """dq, dk, dv from the saved tensors; None for the other inputs. L and the seed carry no gradient.
+
+    Plain eager backward runs the kernels directly; under torch.compile it is the op
+    ``flashlib::attention_backward``; when autograd records it, ``AttentionBackwardFunction``.
+    """
     q, k, v, o, lse, seq_lens, cu_q, cu_k, alibi, rng = ctx.saved_tensors
     need_q, need_k, need_v = ctx.needs_input_grad[:3]
     if grad_o is None:
         grad_o = torch.zeros_like(o)
     args = (grad_o, q, k, v, o, lse, seq_lens, cu_q, cu_k, alibi, rng, *ctx.settings, need_q, need_k or need_v)
-    run = attention_backward_op if _recorded(grad_o, q, k, v) else backward_impl
-    dq, dk, dv = run(*args)
+    if torch.compiler.is_compiling() or any(type(t) is not torch.Tensor for t in (grad_o, q, k, v)):
+        dq, dk, dv = attention_backward_op(*args)
+    elif torch.is_grad_enabled():
+        dq, dk, dv = AttentionBackwardFunction.apply(*args)
+    else:
+        dq, dk, dv = backward_impl(*args)
     return (dq if need_q else None, dk if need_k else None, dv if need_v else None,
             *([None] * (_N_TENSOR_ARGS - 3 + len(ctx.settings))))
 

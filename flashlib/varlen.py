@@ -65,7 +65,7 @@ def check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
                       softmax_scale=None, softcap=0.0, alibi_slopes=None, dropout_p=0.0):
     """The :class:`~flashlib.spec.AttentionSpec` of a valid call; else a ValueError/TypeError naming the
     argument that is wrong, and what came in."""
-    shapes = check_tensors(q, k, v, (3,), "3D packed tensors, q (total_q, H, D) and k, v (total_k, H_kv, D)")
+    shapes = check_tensors(q, k, v, (3,), "3D packed tensors", ", q (total_q, H, D) and k, v (total_k, H_kv, D)")
     if k.shape != v.shape or q.shape[2] != k.shape[2]:
         raise ValueError(f"Q, K, V shapes must match (same head_dim for q, k, v; k and v identical); got {shapes}")
     check_heads(q.shape[1], k.shape[1], q.shape[2], shapes)

@@ -5,6 +5,7 @@ import torch
 
 from flashlib import io_model, runtime
 from flashlib.kernels.attention_fwd import launch_attention_forward
+from flashlib.spec import AttentionSpec
 
 DEVICE = runtime.DEVICE
 H100 = io_model.SRAM_PER_SM["H100"]
@@ -88,7 +89,8 @@ def record(n_q, n_k, block_m, block_n, batch=1, heads=1, kv_heads=None, seq_lens
     tiles = torch.zeros(batch * heads, -(-n_q // block_m), -(-n_k // block_n), dtype=torch.int8, device=DEVICE)
     lens = None if seq_lens is None else torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
     launch_attention_forward(q, k, v, torch.empty_like(q), torch.empty(batch, heads, n_q, device=DEVICE),
-                             block_m=block_m, block_n=block_n, tiles=tiles, seq_lens=lens, **mask)
+                             spec=AttentionSpec(**mask), block_m=block_m, block_n=block_n, tiles=tiles,
+                             seq_lens=lens)
     return tiles
 
 

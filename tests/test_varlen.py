@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from flashlib import flash_attention, flash_attention_varlen, pack_sequences, unpack_sequences
-from flashlib import attention as attention_module
-from flashlib import varlen as varlen_module
+from flashlib import ops as ops_module
 from flashlib.reference import naive_attention
 from flashlib.validation import relative_error, tolerance
 from support.attention import DEVICE, DTYPES, pin_blocks
@@ -20,7 +19,7 @@ def fixed_blocks_on_the_gpu(request, monkeypatch):
     """On a GPU every new shape would autotune: tests run fixed blocks there, except
     test_gpu_autotuned_varlen, which exercises the autotuners (the interpreter never autotunes)."""
     if not request.node.name.startswith("test_gpu_autotuned"):
-        pin_blocks(monkeypatch, [varlen_module, attention_module])
+        pin_blocks(monkeypatch, [ops_module])
 
 
 def make_packed(lens_q, lens_k, heads, kv_heads, head_dim, dtype, seed=0):
@@ -164,13 +163,13 @@ def test_every_output_and_gradient_element_is_written(nan_empty, dtype):
 def test_strided_inputs_reach_the_kernel_without_copies(monkeypatch):
     """q, k, v sliced out of one packed (total, 3, H, D) projection are read in place."""
     seen = []
-    real = varlen_module.launch_attention_forward
+    real = ops_module.launch_attention_forward
 
     def spy(q, k, v, o, lse, **kwargs):
         seen.append((q, k, v))
         return real(q, k, v, o, lse, **kwargs)
 
-    monkeypatch.setattr(varlen_module, "launch_attention_forward", spy)
+    monkeypatch.setattr(ops_module, "launch_attention_forward", spy)
     qkv = torch.randn(50, 3, 2, 16, device=DEVICE)
     q, k, v = qkv.unbind(1)
     cu = torch.tensor([0, 20, 50], dtype=torch.int32, device=DEVICE)

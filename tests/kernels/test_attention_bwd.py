@@ -12,7 +12,7 @@ import flashlib  # noqa: F401  (chooses the interpreter before triton is importe
 import triton
 import triton.language as tl
 
-from flashlib import attention as attention_module
+from flashlib import ops as attention_module
 from flashlib import flash_attention
 from flashlib.kernels import attention_bwd, attention_fwd
 from flashlib.kernels.attention_bwd import key_block_range, query_block_range

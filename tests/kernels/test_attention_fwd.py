@@ -5,7 +5,8 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from flashlib import attention as attention_module
+from flashlib import ops as attention_module
+from flashlib.spec import AttentionSpec
 from flashlib import flash_attention, runtime
 from flashlib.kernels import attention_fwd
 from flashlib.reference import attention_mask, naive_attention
@@ -159,8 +160,9 @@ def launch_with_tiles(q, k, v, block_m, block_n, **mask):
                         device=DEVICE)
     out = torch.full_like(q, float("nan"))
     lse = torch.full((batch, heads, n_q), float("nan"), device=DEVICE)
-    attention_fwd.launch_attention_forward(q, k, v, out, lse, block_m=block_m, block_n=block_n,
-                                           tiles=tiles, **mask)
+    seq_lens = mask.pop("seq_lens", None)
+    attention_fwd.launch_attention_forward(q, k, v, out, lse, spec=AttentionSpec(**mask), seq_lens=seq_lens,
+                                           block_m=block_m, block_n=block_n, tiles=tiles)
     return out, lse, tiles.cpu()
 
 
