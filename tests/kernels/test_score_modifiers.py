@@ -1,0 +1,229 @@
+"""Softcap, ALiBi and dropout in the attention kernels, forward and backward, against the float64 reference.
+
+Every mask (none, causal, window, causal + window, seq_lens), both 4D layouts and 3D,
+N_q != N_k, GQA, and packed sequences. Dropout is checked against a reference that
+applies the kernel's own mask (returned by ``return_dropout_mask``), for its gradient
+also by finite differences, for its statistics (kept fraction), its reproducibility
+under ``torch.manual_seed`` and for p = 0 being exactly the dropout-free kernel.
+"""
+import pytest
+import torch
+
+from flashlib import flash_attention, flash_attention_varlen, ops
+from flashlib.reference import naive_attention
+from flashlib.validation import relative_error, tolerance
+from support.attention import DEVICE, as_bhnd, make_inputs, pin_blocks
+
+MASKS = {
+    "none": dict(),
+    "causal": dict(causal=True),
+    "window": dict(window=(6, 3)),
+    "causal+window": dict(causal=True, window=(5, -1)),
+    "seq_lens": dict(seq_lens=[30, 17]),
+}
+
+
+@pytest.fixture(autouse=True)
+def fixed_blocks_on_the_gpu(monkeypatch):
+    pin_blocks(monkeypatch, [ops])
+
+
+def slopes(kind, batch, heads):
+    """ALiBi slopes as models use them (2^(-8 h / H)), per head or per sample and head; None for 'off'."""
+    if kind is None:
+        return None
+    per_head = torch.tensor([2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)])
+    per_sample = per_head[None].repeat(batch, 1) * torch.tensor([[1.0], [0.5]])[:batch]
+    return (per_head if kind == "(H,)" else per_sample).to(DEVICE)
+
+
+def run(q, k, v, do, layout, mask, **modifiers):
+    """O, L and the gradients of flash_attention, and the float64 reference's, both (B, H, N, D)."""
+    mask = dict(mask)
+    if "seq_lens" in mask:
+        mask["seq_lens"] = torch.tensor(mask["seq_lens"], dtype=torch.int32, device=DEVICE)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = flash_attention(*leaves, layout="bhnd" if layout == "3d" else layout, return_lse=True,
+                          return_dropout_mask=modifiers.get("dropout_p", 0) > 0, **mask, **modifiers)
+    o, lse = out[0], out[1]
+    dropout_mask = out[2] if len(out) == 3 else None
+    o.backward(do)
+    ref_leaves = [as_bhnd(t, layout).detach().double().cpu().requires_grad_() for t in (q, k, v)]
+    ref_mods = {name: (value.double().cpu() if isinstance(value, torch.Tensor) else value)
+                for name, value in modifiers.items()}
+    if dropout_mask is not None:
+        ref_mods["dropout_mask"] = dropout_mask.cpu()
+    ref_mask = {name: (value.cpu() if isinstance(value, torch.Tensor) else value) for name, value in mask.items()}
+    ref_o, ref_lse = naive_attention(*ref_leaves, return_lse=True, **ref_mask, **ref_mods)
+    ref_o.backward(as_bhnd(do, layout).double().cpu())
+    ours = [as_bhnd(o, layout), lse if layout != "3d" else lse.unsqueeze(1)] + [as_bhnd(t.grad, layout)
+                                                                               for t in leaves]
+    theirs = [ref_o, ref_lse] + [t.grad for t in ref_leaves]
+    return ours, theirs
+
+
+def assert_close(ours, theirs, dtype):
+    for name, a, b in zip(("O", "L", "dq", "dk", "dv"), ours, theirs):
+        if name == "L":
+            finite = torch.isfinite(b)
+            assert torch.equal(torch.isfinite(a.cpu()), finite), "L is -inf exactly where no key is seen"
+            a, b = a.cpu()[finite], b[finite]
+        err = relative_error(a, b)
+        assert err <= tolerance(dtype), f"{name}: relative error {err:.2e} > {tolerance(dtype):.0e}"
+
+
+@pytest.mark.parametrize("mask", MASKS, ids=str)
+@pytest.mark.parametrize("modifiers", ["softcap", "alibi (H,)", "alibi (B, H)", "softcap+alibi"])
+def test_softcap_and_alibi_match_the_reference_for_every_mask(mask, modifiers):
+    q, k, v, do = make_inputs(2, 4, 2, 30, 30, 16, torch.float32, grad_out=True, spread=2.0)
+    mods = {}
+    if "softcap" in modifiers:
+        mods["softcap"] = 1.5  # scores of spread 2 reach |s| ~ 8: tanh saturates, the gradient's factor matters
+    if "alibi" in modifiers:
+        mods["alibi_slopes"] = slopes("(B, H)" if "(B, H)" in modifiers else "(H,)", 2, 4)
+    assert_close(*run(q, k, v, do, "bhnd", MASKS[mask], **mods), torch.float32)
+
+
+@pytest.mark.parametrize("layout", ["bnhd", "3d"])
+@pytest.mark.parametrize("n_q, n_k", [(20, 45), (45, 20)])
+def test_modifiers_in_other_layouts_and_lengths(layout, n_q, n_k):
+    """Bottom-right alignment of the ALiBi distance with N_q != N_k, read through strides."""
+    heads, kv_heads = (2, 2) if layout == "3d" else (4, 1)
+    q, k, v, do = make_inputs(2, heads, kv_heads, n_q, n_k, 32, torch.float32, layout=layout, grad_out=True)
+    mods = dict(softcap=4.0, alibi_slopes=slopes("(H,)", 2, heads if layout != "3d" else 1))
+    assert_close(*run(q, k, v, do, layout, dict(causal=True), **mods), torch.float32)
+
+
+def test_alibi_slopes_are_not_a_constant_shift():
+    """A test that could pass with the bias applied per row only (softmax ignores row constants) is no test:
+    the outputs with and without ALiBi must differ."""
+    q, k, v = make_inputs(1, 2, 2, 24, 24, 16, torch.float32)
+    plain = flash_attention(q, k, v)
+    biased = flash_attention(q, k, v, alibi_slopes=torch.tensor([0.5, 0.25], device=DEVICE))
+    assert relative_error(biased, plain) > 1e-2
+
+
+# ---------------------------------------------------------------- dropout
+@pytest.mark.parametrize("mask", ["none", "causal", "window", "seq_lens"])
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
+def test_dropout_matches_the_reference_with_the_kernels_own_mask(mask, layout):
+    q, k, v, do = make_inputs(2, 2, 1, 30, 30, 16, torch.float32, layout=layout, grad_out=True)
+    torch.manual_seed(1)
+    assert_close(*run(q, k, v, do, layout, MASKS[mask], dropout_p=0.3, softcap=3.0), torch.float32)
+
+
+def test_dropout_zero_is_exactly_the_dropout_free_kernel():
+    q, k, v = make_inputs(2, 2, 2, 40, 40, 16, torch.float32)
+    assert torch.equal(flash_attention(q, k, v, causal=True, dropout_p=0.0), flash_attention(q, k, v, causal=True))
+
+
+def test_dropout_is_seeded_by_torch_and_differs_between_calls():
+    q, k, v = make_inputs(1, 2, 2, 32, 32, 16, torch.float32)
+    torch.manual_seed(7)
+    first = flash_attention(q, k, v, dropout_p=0.5)
+    second = flash_attention(q, k, v, dropout_p=0.5)
+    torch.manual_seed(7)
+    again = flash_attention(q, k, v, dropout_p=0.5)
+    assert torch.equal(first, again), "the same torch seed gives the same dropout mask"
+    assert not torch.equal(first, second), "the next call draws a new mask"
+
+
+def test_dropout_mask_statistics_and_independence_from_the_layout():
+    q, k, v = make_inputs(2, 4, 4, 64, 64, 16, torch.float32)
+    torch.manual_seed(3)
+    out, mask = flash_attention(q, k, v, dropout_p=0.25, return_dropout_mask=True)
+    kept = mask.float().mean().item()
+    # 32768 Bernoulli(0.75) draws: the standard deviation of the mean is 0.0024
+    assert abs(kept - 0.75) < 0.01, f"kept fraction {kept:.4f}, expected 0.75"
+    assert mask.float().mean(dim=(0, 1, 2)).std() < 0.1 and mask[0, 0].float().mean() != mask[0, 1].float().mean()
+    torch.manual_seed(3)
+    other = flash_attention(*(t.transpose(1, 2).contiguous() for t in (q, k, v)), dropout_p=0.25, layout="bnhd")
+    assert torch.equal(other.transpose(1, 2), out)
+
+
+def test_dropout_gradient_by_finite_differences():
+    """d/de loss(q + e u, k + e w, v + e z) at e = 0, by central differences with the same mask (same seed)."""
+    q, k, v, do = (t.double().float() for t in make_inputs(1, 2, 2, 24, 24, 16, torch.float32, grad_out=True))
+    directions = [torch.randn_like(t) for t in (q, k, v)]
+
+    def loss(eps):
+        torch.manual_seed(11)
+        moved = [t + eps * d for t, d in zip((q, k, v), directions)]
+        return (flash_attention(*moved, causal=True, dropout_p=0.4) * do).sum().double()
+
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    torch.manual_seed(11)
+    (flash_attention(*leaves, causal=True, dropout_p=0.4) * do).sum().backward()
+    analytic = sum((t.grad * d).sum().double() for t, d in zip(leaves, directions)).item()
+    eps = 1e-2
+    numeric = ((loss(eps) - loss(-eps)) / (2 * eps)).item()
+    assert abs(analytic - numeric) <= 2e-3 * max(1.0, abs(numeric)), (analytic, numeric)
+
+
+def test_varlen_with_every_modifier_matches_each_sequence_alone():
+    """Packed sequences: ALiBi distances and dropout positions are those within each sequence."""
+    lens = [9, 0, 23, 1]
+    gen = torch.Generator().manual_seed(0)
+    seqs = [torch.randn(n, 3, 2, 16, generator=gen).to(DEVICE) for n in lens]
+    packed = torch.cat(seqs)
+    q, k, v = (packed[:, i].clone().requires_grad_() for i in range(3))
+    cu = torch.tensor([0, 9, 9, 32, 33], dtype=torch.int32, device=DEVICE)
+    alibi = slopes("(B, H)", 2, 2).repeat(2, 1)
+    out = flash_attention_varlen(q, k, v, cu, cu, 23, 23, causal=True, softcap=2.0, alibi_slopes=alibi)
+    do = torch.randn_like(out)
+    out.backward(do)
+    for b, (start, end) in enumerate(zip(cu.tolist(), cu.tolist()[1:])):
+        if end == start:
+            continue
+        one = [t.detach()[start:end].transpose(0, 1)[None].double().cpu().requires_grad_() for t in (q, k, v)]
+        ref = naive_attention(*one, causal=True, softcap=2.0, alibi_slopes=alibi[b:b + 1].double().cpu())
+        ref.backward(do[start:end].transpose(0, 1)[None].double().cpu())
+        assert relative_error(out[start:end].transpose(0, 1)[None], ref) <= tolerance(torch.float32)
+        for t, r in zip((q, k, v), one):
+            grad = t.grad[start:end].transpose(0, 1)[None]
+            if (r.grad == 0).all():  # one key: softmax is constant, dq = dk = 0 by exact cancellation
+                assert grad.abs().max() <= tolerance(torch.float32) * do.abs().max()
+            else:
+                assert relative_error(grad, r.grad) <= tolerance(torch.float32)
+
+
+def test_varlen_dropout_equals_the_padded_kernel_on_equal_lengths():
+    """Same seed, same positions: packed sequences of equal length drop exactly what the padded batch drops."""
+    q, k, v = make_inputs(2, 2, 2, 20, 20, 16, torch.float32, layout="bnhd")
+    cu = torch.tensor([0, 20, 40], dtype=torch.int32, device=DEVICE)
+    torch.manual_seed(5)
+    padded = flash_attention(q, k, v, layout="bnhd", dropout_p=0.3, causal=True)
+    torch.manual_seed(5)
+    packed = flash_attention_varlen(*(t.reshape(40, 2, 16) for t in (q, k, v)), cu, cu, 20, 20, dropout_p=0.3,
+                                    causal=True)
+    assert relative_error(packed.reshape(2, 20, 2, 16), padded) <= tolerance(torch.float32)
+
+
+# ---------------------------------------------------------------- bad input
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(softcap=-1.0), ValueError, r"softcap must be finite, >= 0"),
+    (dict(softcap="big"), TypeError, r"softcap must be a float"),
+    (dict(dropout_p=1.0), ValueError, r"dropout_p must be finite, >= 0.0 and < 1.0.*got 1.0"),
+    (dict(dropout_p=-0.1), ValueError, r"dropout_p must be finite"),
+    (dict(alibi_slopes=[0.5, 0.5]), TypeError, r"alibi_slopes must be a float32 tensor .* got a list"),
+    (dict(alibi_slopes=torch.ones(2, dtype=torch.float64)), TypeError, r"alibi_slopes must be torch.float32"),
+    (dict(alibi_slopes=torch.ones(3)), ValueError, r"alibi_slopes must have shape \(H,\) = \(2,\) or \(B, H\) = "
+                                                  r"\(1, 2\); got \(3,\)"),
+    (dict(return_dropout_mask=1), TypeError, r"return_dropout_mask must be a bool"),
+])
+def test_bad_modifiers_get_clear_errors(kwargs, error, message):
+    q, k, v = make_inputs(1, 2, 2, 8, 8, 16, torch.float32)
+    if isinstance(kwargs.get("alibi_slopes"), torch.Tensor):
+        kwargs = {**kwargs, "alibi_slopes": kwargs["alibi_slopes"].to(DEVICE)}
+    with pytest.raises(error, match=message):
+        flash_attention(q, k, v, **kwargs)
+
+
+# ---------------------------------------------------------------- GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_modifiers_in_16_bit(dtype):
+    q, k, v, do = make_inputs(2, 8, 2, 300, 300, 64, dtype, layout="bnhd", grad_out=True)
+    torch.manual_seed(0)
+    mods = dict(softcap=20.0, alibi_slopes=slopes("(H,)", 2, 8), dropout_p=0.1)
+    assert_close(*run(q, k, v, do, "bnhd", dict(causal=True, seq_lens=[300, 211]), **mods), dtype)
