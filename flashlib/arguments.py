@@ -3,7 +3,8 @@
 Each check raises a TypeError or ValueError that names the argument, says what was
 expected and shows what came in. Checks that read tensor *values* (the range of
 ``seq_lens``, the offsets in ``cu_seqlens``) cost a device sync and would break a
-``torch.compile`` graph; they run in eager mode only (``values_checked()``).
+``torch.compile`` graph; they run in eager mode only (``values_checked()``), where the
+kernels then trust the values.
 """
 from __future__ import annotations
 
@@ -16,9 +17,12 @@ from .spec import AttentionSpec
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def values_checked() -> bool:
-    """Whether checks may read tensor values: not while torch.compile traces (no sync, no graph break)."""
-    return not torch.compiler.is_compiling()
+def values_checked(*tensors: torch.Tensor) -> bool:
+    """Whether checks may read these tensors' values: not while torch.compile traces (no sync, no graph
+    break), nor under torch.func.vmap, whose batched tensors have no single value to read."""
+    if torch.compiler.is_compiling():
+        return False
+    return not any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors)
 
 
 def check_tensors(q, k, v, dims: tuple[int, ...], kind: str, shapes_expected: str) -> str:

@@ -32,7 +32,7 @@ def _check_seq_lens(seq_lens, batch: int, n_q: int, n_k: int, device: torch.devi
                          f"got {tuple(seq_lens.shape)}")
     if seq_lens.device != device:
         raise ValueError(f"seq_lens must be on the same device as q ({device}); got {seq_lens.device}")
-    if batch and values_checked():
+    if batch and values_checked(seq_lens):
         low, high = int(seq_lens.min()), int(seq_lens.max())  # one sync on a GPU
         if low < 0 or high > max(n_q, n_k):
             raise ValueError(f"seq_lens must lie in [0, max(N_q, N_k)] = [0, {max(n_q, n_k)}]; "

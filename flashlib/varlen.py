@@ -38,7 +38,7 @@ def _check_cu_seqlens(name: str, cu: torch.Tensor, total: int, total_name: str,
         raise ValueError(f"{name} must have shape (B + 1,) with B >= 1 sequences; got {tuple(cu.shape)}")
     if cu.device != device:
         raise ValueError(f"{name} must be on the same device as the packed tensors ({device}); got {cu.device}")
-    if not values_checked():  # torch.compile: the kernels trust the offsets (no sync, no graph break)
+    if not values_checked(cu):  # torch.compile: the kernels trust the offsets (no sync, no graph break)
         return None
     offsets = cu.tolist()  # one sync on a GPU
     if offsets[0] != 0:

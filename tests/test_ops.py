@@ -1,0 +1,260 @@
+"""The attention op in real use: torch.compile (fullgraph, forward and backward), the custom ops'
+registration (opcheck), torch.func, double backward refused on every path, NaN semantics and
+padding that is never read, and ``flash_attention_v2``."""
+import pytest
+import torch
+
+from flashlib import flash_attention, flash_attention_v2, flash_attention_varlen, naive_attention, ops, runtime
+from flashlib.validation import relative_error, tolerance
+from support.attention import DEVICE, make_inputs, pin_blocks
+
+
+@pytest.fixture(autouse=True)
+def fixed_blocks_on_the_gpu(monkeypatch):
+    pin_blocks(monkeypatch, [ops])
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+class TinyAttentionBlock(torch.nn.Module):
+    """Projections, flashlib attention in (B, N, H, D) with GQA and every score modifier, output projection."""
+
+    def __init__(self, dim=64, heads=4, kv_heads=2):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        self.q = torch.nn.Linear(dim, dim)
+        self.kv = torch.nn.Linear(dim, 2 * kv_heads * self.head_dim)
+        self.out = torch.nn.Linear(dim, dim)
+        self.register_buffer("slopes", torch.tensor([2.0 ** -(h + 1) for h in range(heads)]))
+
+    def forward(self, x, seq_lens=None):
+        batch, n, dim = x.shape
+        q = self.q(x).view(batch, n, self.heads, self.head_dim)
+        k, v = self.kv(x).view(batch, n, 2, self.kv_heads, self.head_dim).unbind(2)
+        o = flash_attention(q, k, v, causal=True, seq_lens=seq_lens, layout="bnhd", softcap=5.0,
+                            alibi_slopes=self.slopes)
+        return self.out(o.reshape(batch, n, dim))
+
+
+# ---------------------------------------------------------------- torch.compile
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_model_matches_eager_forward_and_backward(backend):
+    """fullgraph=True: a graph break anywhere (checks reading values, torch.backends, the interpreter) fails."""
+    torch.manual_seed(0)
+    model = TinyAttentionBlock().to(DEVICE)
+    x = torch.randn(2, 24, 64, device=DEVICE)
+    lens = torch.tensor([24, 13], dtype=torch.int32, device=DEVICE)
+    eager = model(x, lens)
+    eager.square().sum().backward()
+    eager_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    compiled = torch.compile(model, fullgraph=True, backend=backend)(x, lens)
+    compiled.square().sum().backward()
+    assert relative_error(compiled, eager) <= tolerance(torch.float32)
+    for p, expected in zip(model.parameters(), eager_grads):
+        assert relative_error(p.grad, expected) <= 10 * tolerance(torch.float32)  # linear layers fused differently
+
+
+def test_compile_calls_the_custom_op():
+    """The compiled graph holds flashlib::attention_forward and _backward as opaque ops (no trace into Triton)."""
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.extend(str(node.target) for node in gm.graph.nodes)
+        return gm
+
+    q, k, v = (t.requires_grad_() for t in make_inputs(1, 2, 2, 16, 16, 16, torch.float32))
+    torch.compile(lambda q, k, v: flash_attention(q, k, v, causal=True), fullgraph=True, backend=backend)(q, k, v)
+    assert "flashlib.attention_forward.default" in seen
+
+
+def test_compiled_varlen_and_dropout():
+    q, k, v = (t[0].transpose(0, 1).contiguous() for t in make_inputs(1, 2, 2, 30, 30, 16, torch.float32))
+    cu = torch.tensor([0, 12, 30], dtype=torch.int32, device=DEVICE)
+
+    def attend(q, k, v):
+        return flash_attention_varlen(q, k, v, cu, cu, 18, 18, causal=True, dropout_p=0.25)
+
+    compiled = torch.compile(attend, fullgraph=True, backend="aot_eager")
+    torch.manual_seed(4)
+    first = compiled(q, k, v)
+    torch.manual_seed(4)
+    eager = attend(q, k, v)
+    assert torch.equal(first, eager), "compiled and eager draw the same dropout seed from torch's generator"
+
+
+def test_custom_ops_pass_opcheck():
+    """Schema, fake tensors, autograd registration and AOT dispatch of both ops agree with the real ones."""
+    q, k, v, do = (t.requires_grad_() for t in make_inputs(1, 4, 2, 24, 20, 16, torch.float32, layout="bnhd",
+                                                           grad_out=True))
+    settings = (0, 0, "bnhd", True, -1, 0, 0.25, 2.0, 0.0)
+    forward = (q, k, v, None, None, None, None, *settings)
+    torch.library.opcheck(torch.ops.flashlib.attention_forward.default, forward)
+    o, lse, rng = torch.ops.flashlib.attention_forward(*forward)
+    backward = (do.detach(), q.detach(), k.detach(), v.detach(), o.detach(), lse, None, None, None, None, rng, *settings,
+                True, True)
+    torch.library.opcheck(torch.ops.flashlib.attention_backward.default, backward,
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
+def test_op_and_eager_routes_give_identical_results():
+    q, k, v, do = make_inputs(2, 4, 2, 33, 41, 16, torch.float32, grad_out=True)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    eager = flash_attention(*leaves, window=(7, 2), softcap=3.0)
+    eager.backward(do)
+    op_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    o, _, _ = torch.ops.flashlib.attention_forward(*op_leaves, None, None, None, None, 0, 0, "bhnd", False, 7, 2,
+                                                   0.25, 3.0, 0.0)
+    o.backward(do)
+    assert torch.equal(o, eager)
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(op_leaves, leaves))
+
+
+# ---------------------------------------------------------------- double backward, torch.func, forward AD
+def _first_grads(varlen=False):
+    q, k, v = (t.requires_grad_() for t in make_inputs(1, 2, 2, 16, 16, 16, torch.float32))
+    if varlen:
+        cu = torch.tensor([0, 16], dtype=torch.int32, device=DEVICE)
+        o = flash_attention_varlen(*(t[0].transpose(0, 1) for t in (q, k, v)), cu, cu, 16, 16)
+    else:
+        o = flash_attention(q, k, v, causal=True)
+    return (q, k, v), torch.autograd.grad(o.square().sum(), (q, k, v), create_graph=True)
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["padded", "varlen"])
+@pytest.mark.parametrize("path", ["autograd.grad", "backward", "through dq only", "through dv only"])
+def test_double_backward_raises_on_every_path(path, varlen):
+    (q, k, v), grads = _first_grads(varlen)
+    with pytest.raises(RuntimeError, match="flash_attention has no double backward"):
+        if path == "autograd.grad":
+            torch.autograd.grad(sum(g.sum() for g in grads), q)
+        elif path == "backward":
+            sum(g.square().sum() for g in grads).backward()
+        elif path == "through dq only":
+            torch.autograd.grad(grads[0].sum(), k)
+        else:
+            torch.autograd.grad(grads[2].sum(), v)
+
+
+def test_hessian_and_hvp_raise():
+    q, k, v = make_inputs(1, 1, 1, 8, 8, 16, torch.float32)
+
+    def f(x):
+        return flash_attention(x, k, v).square().sum()
+
+    with pytest.raises(RuntimeError, match="no double backward"):
+        torch.autograd.functional.hessian(f, q)
+    with pytest.raises(RuntimeError, match="no double backward"):
+        torch.autograd.functional.hvp(f, q, torch.ones_like(q))
+
+
+def test_vmap_folds_into_the_batch():
+    q, k, v = (torch.stack(t) for t in zip(*(make_inputs(2, 4, 2, 20, 20, 16, torch.float32, seed=s)
+                                            for s in range(3))))
+    lens = torch.tensor([[20, 7], [3, 20], [0, 11]], dtype=torch.int32, device=DEVICE)
+    mapped = torch.func.vmap(lambda q, k, v, n: flash_attention(q, k, v, causal=True, seq_lens=n))(q, k, v, lens)
+    looped = torch.stack([flash_attention(q[i], k[i], v[i], causal=True, seq_lens=lens[i]) for i in range(3)])
+    assert torch.equal(mapped, looped)
+    shared_kv = torch.func.vmap(lambda q: flash_attention(q, k[0], v[0]))(q)
+    assert torch.equal(shared_kv[1], flash_attention(q[1], k[0], v[0]))
+
+
+def test_func_grad_and_vjp_match_backward():
+    q, k, v, do = make_inputs(1, 2, 2, 16, 24, 16, torch.float32, grad_out=True)
+    grad_q = torch.func.grad(lambda x: (flash_attention(x, k, v, causal=True) * do).sum())(q)
+    _, vjp = torch.func.vjp(lambda x, y, z: flash_attention(x, y, z, causal=True), q, k, v)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    flash_attention(*leaves, causal=True).backward(do)
+    assert torch.equal(grad_q, leaves[0].grad)
+    assert all(torch.equal(a, b.grad) for a, b in zip(vjp(do), leaves))
+
+
+def test_forward_mode_ad_gets_a_clear_error():
+    q, k, v = make_inputs(1, 1, 1, 8, 8, 16, torch.float32)
+    with pytest.raises(NotImplementedError, match="flash_attention has no forward-mode AD"):
+        torch.func.jvp(lambda x: flash_attention(x, k, v), (q,), (torch.ones_like(q),))
+    with pytest.raises(NotImplementedError, match="no forward-mode AD"):
+        torch.func.jacfwd(lambda x: flash_attention(x, k, v).sum())(q)
+
+
+# ---------------------------------------------------------------- NaN
+def test_nan_and_inf_in_padding_change_nothing():
+    """The issue's reproduction: padding from torch.empty (here NaN and inf) must not reach valid gradients."""
+    q, k, v, do = make_inputs(2, 2, 2, 64, 64, 32, torch.float32, grad_out=True)
+    lens = torch.tensor([40, 64], dtype=torch.int32, device=DEVICE)
+
+    def run(fill_q, fill_kv, fill_do):
+        leaves = [t.clone() for t in (q, k, v)]
+        leaves[0][0, :, 40:] = fill_q
+        leaves[1][0, :, 40:] = fill_kv
+        leaves[2][0, :, 40:] = -fill_kv
+        grad_out = do.clone()
+        grad_out[0, :, 40:] = fill_do
+        leaves = [t.requires_grad_() for t in leaves]
+        o, lse = flash_attention(*leaves, causal=True, seq_lens=lens, return_lse=True)
+        o.backward(grad_out)
+        return [o, lse] + [t.grad for t in leaves]
+
+    clean = run(0.0, 0.0, 0.0)
+    dirty = run(float("nan"), float("inf"), float("nan"))
+    for name, a, b in zip(("O", "L", "dq", "dk", "dv"), dirty, clean):
+        assert torch.equal(a, b), f"{name} changed with garbage in the padding"
+    assert (clean[2][0, :, 40:] == 0).all() and (clean[3][0, :, 40:] == 0).all()
+
+
+def test_nan_in_a_seen_row_propagates_as_in_pytorch():
+    """As PyTorch's softmax(Q K^T) V written out (the reference); a diverging run shows NaN, not zeros."""
+    q, k, v = make_inputs(1, 1, 1, 12, 12, 16, torch.float32)
+    q[0, 0, 3] = float("nan")  # one query row
+    k[0, 0, 7] = float("nan")  # one key, seen causally by rows 7..11
+    o, lse = flash_attention(q, k, v, causal=True, return_lse=True)
+    scores = (q.cpu() @ k.cpu().transpose(-1, -2) / 4).masked_fill(torch.ones(12, 12).triu(1).bool(), float("-inf"))
+    expected = torch.softmax(scores, dim=-1) @ v.cpu()
+    rows_nan = expected.isnan().any(-1)[0, 0]
+    assert rows_nan.tolist() == [False] * 3 + [True] + [False] * 3 + [True] * 5
+    assert torch.equal(o.isnan().any(-1)[0, 0].cpu(), rows_nan)
+    assert torch.equal(lse.isnan()[0, 0].cpu(), rows_nan)
+    assert relative_error(o[0, 0, :3], expected[0, 0, :3]) <= tolerance(torch.float32)
+
+
+def test_fully_masked_rows_still_give_zero():
+    """A choice, documented: a row that sees no key gives O = 0 and L = -inf (SDPA would give NaN)."""
+    q, k, v = make_inputs(1, 2, 2, 6, 3, 16, torch.float32)
+    o, lse = flash_attention(q, k, v, causal=True, return_lse=True)
+    assert (o[:, :, :3] == 0).all() and (lse[:, :, :3] == float("-inf")).all()
+    assert torch.isfinite(o).all()
+
+
+# ---------------------------------------------------------------- flash_attention_v2
+def test_flash_attention_v2_is_the_bnhd_entry():
+    q, k, v = make_inputs(2, 4, 1, 20, 28, 32, torch.float32, layout="bnhd")
+    out = flash_attention_v2(q, k, v, causal=True, softcap=10.0)
+    assert out.shape == q.shape
+    assert torch.equal(out, flash_attention(q, k, v, causal=True, layout="bnhd", softcap=10.0))
+    ref = naive_attention(*(t.transpose(1, 2).double().cpu() for t in (q, k, v)), causal=True, softcap=10.0)
+    assert relative_error(out.transpose(1, 2), ref) <= tolerance(torch.float32)
+    with pytest.raises(TypeError, match="flash_attention_v2 takes \\(B, N, H, D\\) tensors"):
+        flash_attention_v2(q, k, v, layout="bhnd")
+
+
+# ---------------------------------------------------------------- GPU
+@pytest.mark.gpu
+def test_gpu_compiled_model_matches_eager_in_bfloat16():
+    torch.manual_seed(0)
+    model = TinyAttentionBlock(dim=256, heads=4, kv_heads=2).to("cuda", torch.bfloat16)
+    x = torch.randn(4, 512, 256, device="cuda", dtype=torch.bfloat16)
+    eager = model(x)
+    eager.float().square().sum().backward()
+    eager_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    compiled = torch.compile(model, fullgraph=True)(x)
+    compiled.float().square().sum().backward()
+    assert relative_error(compiled, eager) <= 4 * tolerance(torch.bfloat16)
+    for p, expected in zip(model.parameters(), eager_grads):
+        assert relative_error(p.grad, expected) <= 4 * tolerance(torch.bfloat16)
+    assert runtime.DEVICE.type == "cuda"
