@@ -64,20 +64,22 @@ def check_heads(heads: int, kv_heads: int, head_dim: int, shapes: str, where: st
                          f"{MAX_HEAD_DIM} (non-powers of two are padded in registers); got {shapes}")
 
 
-def check_alibi_slopes(alibi_slopes, batch: int, heads: int, device: torch.device) -> None:
-    """None, or float32 slopes of shape (H,) or (B, H) on q's device (flash-attn's convention)."""
+def check_alibi_slopes(alibi_slopes, batch: int, heads: int, device: torch.device) -> torch.Tensor | None:
+    """None, or the slopes as float32 (the kernels' dtype; a model cast to bfloat16 casts its slope
+    buffer too): floating-point, of shape (H,) or (B, H), on q's device (flash-attn's convention)."""
     if alibi_slopes is None:
-        return
+        return None
     if not isinstance(alibi_slopes, torch.Tensor):
-        raise TypeError(f"alibi_slopes must be a float32 tensor of shape (H,) or (B, H); "
+        raise TypeError(f"alibi_slopes must be a floating-point tensor of shape (H,) or (B, H); "
                         f"got a {type(alibi_slopes).__name__}")
-    if alibi_slopes.dtype != torch.float32:
-        raise TypeError(f"alibi_slopes must be torch.float32; got {alibi_slopes.dtype} (use alibi_slopes.float())")
+    if not alibi_slopes.is_floating_point():
+        raise TypeError(f"alibi_slopes must be floating-point (float32 preferred); got {alibi_slopes.dtype}")
     if tuple(alibi_slopes.shape) not in ((heads,), (batch, heads)):
         raise ValueError(f"alibi_slopes must have shape (H,) = ({heads},) or (B, H) = ({batch}, {heads}); "
                          f"got {tuple(alibi_slopes.shape)}")
     if alibi_slopes.device != device:
         raise ValueError(f"alibi_slopes must be on the same device as q ({device}); got {alibi_slopes.device}")
+    return alibi_slopes.float()
 
 
 def make_spec(causal, window, softmax_scale, softcap, alibi_slopes, dropout_p) -> AttentionSpec:

@@ -41,8 +41,8 @@ def _check_seq_lens(seq_lens, batch: int, n_q: int, n_k: int, device: torch.devi
 
 def check_attention_args(q, k, v, causal=False, seq_lens=None, window=None, softmax_scale=None, layout="bhnd",
                          softcap=0.0, alibi_slopes=None, dropout_p=0.0):
-    """The :class:`~flashlib.spec.AttentionSpec` of a valid call; else a ValueError/TypeError naming the
-    argument that is wrong, and what came in."""
+    """The :class:`~flashlib.spec.AttentionSpec` of a valid call and its ALiBi slopes as float32 (or None);
+    else a ValueError/TypeError naming the argument that is wrong, and what came in."""
     shapes = check_tensors(q, k, v, (3, 4), "3D or 4D tensors", " ((B*H, N, D) or (B, H, N, D)), all alike")
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}; got {layout!r}")
@@ -57,8 +57,7 @@ def check_attention_args(q, k, v, causal=False, seq_lens=None, window=None, soft
                          f"k and v identical); got {shapes}")
     check_heads(heads, k4.shape[1], head_dim, shapes, f" (layout {layout!r})")
     _check_seq_lens(seq_lens, batch, n_q, k4.shape[2], q.device)
-    check_alibi_slopes(alibi_slopes, batch, heads, q.device)
-    return spec
+    return spec, check_alibi_slopes(alibi_slopes, batch, heads, q.device)
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -105,7 +104,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 
     Scores, in this order (flash-attn's definitions): ``s = softmax_scale * q.k``
     (default 1/sqrt(D)); ``softcap > 0`` makes it ``softcap * tanh(s / softcap)``;
-    ``alibi_slopes`` float32 (H,) or (B, H) subtract ``slope * |i + N_k - N_q - j|``.
+    ``alibi_slopes`` (H,) or (B, H) (used in float32) subtract ``slope * |i + N_k - N_q - j|``.
     ``dropout_p`` drops each attention weight with that probability and scales the
     kept ones by 1 / (1 - p) (Philox in the kernel, seeded from torch's default
     generator, recomputed by the backward; the mask is never stored); ``dropout_p=0``
@@ -125,8 +124,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     the call is the custom op ``flashlib::attention_forward`` (see :mod:`flashlib.ops`):
     ``fullgraph=True`` traces through it.
     """
-    spec = check_attention_args(q, k, v, causal, seq_lens, window, softmax_scale, layout, softcap, alibi_slopes,
-                                dropout_p)
+    spec, alibi_slopes = check_attention_args(q, k, v, causal, seq_lens, window, softmax_scale, layout, softcap,
+                                              alibi_slopes, dropout_p)
     if not isinstance(return_dropout_mask, bool):
         raise TypeError(f"return_dropout_mask must be a bool; got {return_dropout_mask!r}")
     if return_dropout_mask and torch.compiler.is_compiling():

@@ -63,8 +63,8 @@ def _check_max_seqlen(name: str, value, lengths: list[int] | None, cu_name: str)
 
 def check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False, window=None,
                       softmax_scale=None, softcap=0.0, alibi_slopes=None, dropout_p=0.0):
-    """The :class:`~flashlib.spec.AttentionSpec` of a valid call; else a ValueError/TypeError naming the
-    argument that is wrong, and what came in."""
+    """The :class:`~flashlib.spec.AttentionSpec` of a valid call and its ALiBi slopes as float32 (or None);
+    else a ValueError/TypeError naming the argument that is wrong, and what came in."""
     shapes = check_tensors(q, k, v, (3,), "3D packed tensors", ", q (total_q, H, D) and k, v (total_k, H_kv, D)")
     if k.shape != v.shape or q.shape[2] != k.shape[2]:
         raise ValueError(f"Q, K, V shapes must match (same head_dim for q, k, v; k and v identical); got {shapes}")
@@ -79,8 +79,7 @@ def check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
                          f"{tuple(cu_seqlens_q.shape)} and {tuple(cu_seqlens_k.shape)})")
     _check_max_seqlen("max_seqlen_q", max_seqlen_q, lengths_q, "cu_seqlens_q")
     _check_max_seqlen("max_seqlen_k", max_seqlen_k, lengths_k, "cu_seqlens_k")
-    check_alibi_slopes(alibi_slopes, cu_seqlens_q.shape[0] - 1, q.shape[1], q.device)
-    return spec
+    return spec, check_alibi_slopes(alibi_slopes, cu_seqlens_q.shape[0] - 1, q.shape[1], q.device)
 
 
 def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -110,8 +109,8 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     the packed layout); L carries no gradient; double backward raises. Under torch.compile
     the offsets are not read on the host (no sync): they must be valid.
     """
-    spec = check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window,
-                             softmax_scale, softcap, alibi_slopes, dropout_p)
+    spec, alibi_slopes = check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                                           window, softmax_scale, softcap, alibi_slopes, dropout_p)
     o, lse, _ = ops.attention(q, k, v, None, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), alibi_slopes,
                               int(max_seqlen_q), int(max_seqlen_k), "packed", spec)
     return (o, lse) if return_lse else o

@@ -1,0 +1,142 @@
+"""The front door measured on a GPU: host overhead per call, training at N = 512 against SDPA flash,
+and what dropout, softcap and ALiBi cost.
+
+    python benchmarks/front_door.py --out benchmarks/results/front_door_<gpu>.json
+
+1. Host overhead. A tiny problem (one head, N = 128) keeps the GPU idle, so a loop of
+   calls is bound by the host: the time per call is the host's. It is measured for the
+   raw forward launcher on preallocated tensors, for ``flash_attention`` (argument checks,
+   the autograd.Function, allocation), and for the custom op ``flashlib::attention_forward``
+   that torch.compile uses. Overhead = front door minus raw launcher.
+2. Training step (forward + backward) at N = 512, fp16, the FlashAttention-2 benchmark shapes
+   (B * N = 16384, H * D = 2048), flashlib against SDPA's flash backend, ``do_bench`` medians.
+3. Score modifiers and dropout at N = 4096: forward and forward + backward with each one on,
+   as a ratio to the plain kernel.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import time
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.testing
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import flashlib
+from flashlib import flash_attention
+from flashlib.kernels.attention_fwd import launch_attention_forward
+from flashlib.spec import AttentionSpec
+
+
+def host_us(fn, calls=3000) -> float:
+    """Microseconds of host time per call of ``fn`` (the GPU work is tiny and queued asynchronously)."""
+    for _ in range(200):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        elapsed = time.perf_counter() - start
+        torch.cuda.synchronize()
+        best = min(best, elapsed / calls * 1e6)
+    return best
+
+
+def host_overhead() -> dict:
+    q, k, v = (torch.randn(1, 1, 128, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    o, lse = torch.empty_like(q), torch.empty(1, 1, 128, device="cuda")
+    spec = AttentionSpec(causal=True)
+    grad_q, grad_k, grad_v = (t.clone().requires_grad_() for t in (q, k, v))
+    settings = (q, k, v, None, None, None, None, 0, 0, "bhnd", True, -1, 0, 0.125, 0.0, 0.0)
+    rows = {
+        "raw launcher": host_us(lambda: launch_attention_forward(q, k, v, o, lse, spec=spec)),
+        "flash_attention, no grad": host_us(lambda: flash_attention(q, k, v, causal=True)),
+        "flash_attention, requires_grad": host_us(lambda: flash_attention(grad_q, grad_k, grad_v, causal=True)),
+        "torch.ops.flashlib.attention_forward": host_us(lambda: torch.ops.flashlib.attention_forward(*settings)),
+        "SDPA flash (for scale)": host_us(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
+    }
+    rows["overhead of flash_attention over the launcher"] = rows["flash_attention, no grad"] - rows["raw launcher"]
+    return rows
+
+
+def bench(fn, grads=None) -> float:
+    return float(triton.testing.do_bench(fn, warmup=25, rep=100, grad_to_none=grads, return_mode="median"))
+
+
+def train_step_n512(rows: list) -> list[dict]:
+    for d in (64, 128):
+        n, heads = 512, 2048 // d
+        batch = 16384 // n
+        for causal in (False, True):
+            q, k, v, do = (torch.randn(batch, heads, n, d, device="cuda", dtype=torch.float16) for _ in range(4))
+            leaves = [t.requires_grad_() for t in (q, k, v)]
+
+            def ours():
+                flash_attention(*leaves, causal=causal).backward(do)
+
+            def sdpa():
+                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                    F.scaled_dot_product_attention(*leaves, is_causal=causal).backward(do)
+
+            t_ours, t_sdpa = bench(ours, leaves), bench(sdpa, leaves)
+            rows.append(dict(d=d, n=n, batch=batch, heads=heads, causal=causal, flashlib_ms=t_ours,
+                             sdpa_flash_ms=t_sdpa, speed_vs_sdpa_flash=t_sdpa / t_ours))
+            print(rows[-1], flush=True)
+    return rows
+
+
+def modifiers_n4096(rows: list) -> list[dict]:
+    for d in (64, 128):
+        n, heads, batch = 4096, 2048 // d, 4
+        q, k, v, do = (torch.randn(batch, heads, n, d, device="cuda", dtype=torch.float16) for _ in range(4))
+        leaves = [t.requires_grad_() for t in (q, k, v)]
+        slopes = torch.tensor([2.0 ** (-8 * (h + 1) / heads) for h in range(heads)], device="cuda")
+        variants = {"plain": {}, "dropout 0.1": dict(dropout_p=0.1), "softcap 30": dict(softcap=30.0),
+                    "alibi": dict(alibi_slopes=slopes)}
+        for causal in (False, True):
+            base = {}
+            for name, extra in variants.items():
+                fwd = bench(lambda: flash_attention(q, k, v, causal=causal, **extra))
+                train = bench(lambda: flash_attention(*leaves, causal=causal, **extra).backward(do), leaves)
+                if name == "plain":
+                    base = dict(fwd=fwd, train=train)
+                rows.append(dict(d=d, n=n, causal=causal, variant=name, fwd_ms=fwd, train_ms=train,
+                                 fwd_vs_plain=fwd / base["fwd"], train_vs_plain=train / base["train"]))
+                print(rows[-1], flush=True)
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="write the results as JSON here")
+    args = parser.parse_args()
+    results = dict(
+        gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+        flashlib=flashlib.__version__, python=platform.python_version(),
+        date=datetime.date.today().isoformat(), command="python benchmarks/front_door.py",
+        host_overhead_us={}, train_step_n512=[], modifiers_n4096=[],
+    )
+
+    def save():  # after each section: a run cut short keeps what it measured
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(results, f, indent=1)
+
+    results["host_overhead_us"] = host_overhead()
+    print(json.dumps(results["host_overhead_us"], indent=1), flush=True)
+    save()
+    train_step_n512(results["train_step_n512"])
+    save()
+    modifiers_n4096(results["modifiers_n4096"])
+    save()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,228 @@
+"""flashlib as an attention implementation of Hugging Face Transformers.
+
+>>> import flashlib.hf
+>>> name = flashlib.hf.register()                       # doctest: +SKIP
+>>> model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=name)  # doctest: +SKIP
+
+:func:`register` adds two functions to Transformers' public registries, under one name:
+
+* :func:`flashlib_attention_forward` to ``transformers.AttentionInterface``: what every
+  attention layer calls, with query (B, H, N_q, D) and key, value (B, H_kv, N_k, D);
+* :func:`flashlib_attention_mask` to ``transformers.masking_utils.AttentionMaskInterface``:
+  what the model calls once per forward to build the mask it hands to every layer. Without
+  it the model would pass no mask at all for an unknown name, and padding would be lost.
+
+The mask is built the way flash-attention-2 gets it: for the causal pattern (and its
+sliding-window version) the layer receives the 2D (B, N_k) padding mask, or None when
+nothing is padded, and rebuilds causality and the window itself from ``module.is_causal``
+and ``sliding_window``; no N_q x N_k mask is ever made. Any other pattern (packed sequences,
+image-token overlays, chunked or bidirectional attention) gets the exact 4D boolean mask of
+``sdpa``, which the layer accepts only when it reduces to padding plus what it rebuilds, and
+otherwise refuses with an error naming it: flashlib never ignores a mask silently.
+
+The name is not "flashlib": Transformers >= 5 treats every implementation whose name contains
+"flash" as a flash-attn build and tries to load it as a kernel from the Hub (``from_pretrained``
+fails with "Could not find the currently requested flash attention implementation"), so
+:func:`register` refuses such names.
+
+Importing this module needs no Transformers; :func:`register` does (``pip install flashlib[hf]``).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .attention import flash_attention
+from .varlen import flash_attention_varlen
+
+#: The default implementation name: ``attn_implementation="triton_fa"`` after ``register()``.
+DEFAULT_NAME = "triton_fa"
+
+#: Keywords some models pass that change the result and that flashlib does not implement.
+UNSUPPORTED = ("s_aux", "position_bias", "cu_seq_lens_q", "cu_seq_lens_k", "block_table", "cache")
+
+
+def register(name: str = DEFAULT_NAME) -> str:
+    """Register flashlib with Transformers as ``attn_implementation=name``; returns ``name``.
+
+    Idempotent. Raises ImportError without Transformers, ValueError for a name that
+    Transformers would read as something else (see the module's docstring).
+    """
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
+    except ImportError as error:
+        raise ImportError("flashlib.hf.register needs Hugging Face Transformers (with its masking_utils): "
+                          "pip install flashlib[hf]") from error
+    if not isinstance(name, str) or not name or "flash" in name or "/" in name or "|" in name:
+        raise ValueError(f"name must be a non-empty str without 'flash', '/' or '|': Transformers reads a name with "
+                         f"'flash' as a flash-attn build (and loads it from the Hub), and one with '/' or '|' as a "
+                         f"Hub kernel or a paged variant; got {name!r}")
+    existing = AttentionInterface().get(name)  # ours again (also from a reloaded flashlib.hf) is fine
+    if name == "eager" or (existing is not None and getattr(existing, "__module__", None) != __name__):
+        raise ValueError(f"attention implementation {name!r} already exists in Transformers; choose another name")
+    AttentionInterface.register(name, flashlib_attention_forward)
+    AttentionMaskInterface.register(name, flashlib_attention_mask)
+    return name
+
+
+# ---------------------------------------------------------------- the mask, built once per forward
+def flashlib_attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
+                            attention_mask=None, **kwargs):
+    """The mask every layer receives: the (B, N_k) bool padding mask or None where the pattern is causal
+    (the layer rebuilds it), else ``sdpa``'s exact 4D bool mask (which the layer checks).
+
+    The layer's causal mask is aligned to the bottom right: queries are the last N_q of the N_k keys.
+    That holds without a cache and with a dynamic one (``kv_offset + kv_length == q_offset + q_length``).
+    A static cache holds empty slots past the last query: the 2D mask then stops at the last query, and
+    the layer drops the keys past it (as flash-attention-2 does).
+    """
+    from transformers import masking_utils
+
+    args = {"batch_size": batch_size, "q_length": q_length, "kv_length": kv_length, "q_offset": q_offset,
+            "kv_offset": kv_offset, "attention_mask": attention_mask}
+    if _is_causal_pattern(mask_function, masking_utils):
+        end = int(q_offset) + q_length  # a tensor offset (static cache) costs one sync here, once per forward
+        if kv_offset + kv_length == end:
+            return masking_utils.flash_attention_mask(mask_function=mask_function, **args, **kwargs)
+        if kv_offset == 0 and kv_length > end:
+            if attention_mask is None:
+                return torch.ones(batch_size, end, dtype=torch.bool, device=kwargs.get("device"))
+            return attention_mask[:, :end]
+    kwargs["allow_is_causal_skip"] = False  # sdpa's None means "top-left causal", which the layer would misread
+    return masking_utils.sdpa_mask(mask_function=mask_function, **args, **kwargs)
+
+
+def _is_causal_pattern(mask_function, masking_utils) -> bool:
+    """Whether ``mask_function`` is masking_utils' causal pattern or its sliding-window version
+    (``and_masks(sliding_window_overlay(w), causal_mask_function)``): the two the layer rebuilds.
+
+    The sliding-window one is a closure, recognised by its code objects; should that ever fail,
+    the answer is False and the layer gets the exact 4D mask instead (slower, never wrong).
+    """
+    causal = masking_utils.causal_mask_function
+    if mask_function is causal:
+        return True
+    try:
+        if mask_function.__code__ is not masking_utils.and_masks(causal).__code__:
+            return False
+        (parts,) = (cell.cell_contents for cell in mask_function.__closure__)
+        window_code = masking_utils.sliding_window_overlay(1).__code__
+        return len(parts) == 2 and parts[0].__code__ is window_code and parts[1] is causal
+    except (AttributeError, TypeError, ValueError):
+        return False
+
+
+# ---------------------------------------------------------------- the attention, in every layer
+def flashlib_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                               sliding_window=None, softcap=None, **kwargs):
+    """Transformers' attention call on flashlib: returns ``(attn_output (B, N_q, H, D), None)``.
+
+    * causal: ``kwargs["is_causal"]``, else ``module.is_causal`` (as sdpa and flash-attention-2),
+      aligned to the bottom right, so the N_q queries of a cached step are the last N_q positions;
+    * ``sliding_window=w``: window ``(w - 1, w - 1)`` (flash-attention-2's convention, capped to
+      ``(w - 1, 0)`` when causal: the query and the w - 1 keys before it, as sdpa's mask);
+    * ``scaling``, ``dropout``, ``softcap``: flashlib's ``softmax_scale``, ``dropout_p``, ``softcap``;
+    * ``attention_mask``: None (nothing padded): one plain call; a 2D (B, N_k) padding mask (True or 1
+      = token): right padding with N_q == N_k is ``seq_lens`` (no copy), any other padding is unpadded
+      into ``flash_attention_varlen`` and padded back; a 4D mask (B or 1, 1 or H, N_q, N_k), boolean
+      or additive (0 / -inf), is reduced to the padding mask, or refused with a ValueError if it says
+      more than padding plus the causal and window bounds above.
+
+    Outputs at padded query positions are 0 (sdpa leaves values there that nothing reads). With
+    padding, a sliding window counts valid tokens, as flash-attention-2 does, which equals sdpa's
+    count of positions unless padding sits between tokens: that case raises.
+    """
+    unsupported = [name for name in UNSUPPORTED if kwargs.get(name) is not None]
+    if unsupported:
+        raise NotImplementedError(f"flashlib's Transformers attention does not implement {unsupported}: "
+                                  "use attn_implementation='sdpa' or 'eager' for this model")
+    causal = kwargs.get("is_causal")
+    causal = bool(getattr(module, "is_causal", True) if causal is None else causal)
+    window = None if sliding_window is None else (sliding_window - 1, sliding_window - 1)
+    options = {"causal": causal, "window": window, "softmax_scale": scaling, "softcap": softcap or 0.0,
+               "dropout_p": dropout or 0.0}
+    head_dim, v_head_dim = query.shape[-1], value.shape[-1]
+    if v_head_dim != head_dim:  # e.g. MLA: flashlib needs one head dim; zero columns add nothing to the output
+        value = F.pad(value, (0, head_dim - v_head_dim))
+    # (B, N, H, D) views of the projections (no copy); the output comes back in that layout, as Transformers wants
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+    if attention_mask is None:
+        out = flash_attention(q, k, v, layout="bnhd", **options)
+    else:
+        out = _attend_padded(q, k, v, _padding_mask(attention_mask, options, *q.shape[:2], k.shape[1]), options)
+    return out[..., :v_head_dim], None
+
+
+def _attend_padded(q, k, v, mask, options):
+    """Attention of (B, N, H, D) q, k, v with a (B, N_k') bool padding mask (N_k' <= N_k: a static cache's
+    keys past the mask are empty slots and dropped)."""
+    batch, n_q, n_k = q.shape[0], q.shape[1], mask.shape[1]
+    k, v = k[:, :n_k], v[:, :n_k]
+    positions = torch.arange(n_k, device=mask.device)
+    lengths = mask.sum(-1, dtype=torch.int32)
+    right = bool((mask == (positions < lengths[:, None])).all())  # one sync, as flash-attention-2's unpadding
+    if right and n_q == n_k:
+        seq_lens = None if bool((lengths == n_k).all()) else lengths
+        return flash_attention(q, k, v, seq_lens=seq_lens, layout="bnhd", **options)
+    if options["window"] is not None and not right and not bool((mask == (positions >= n_k - lengths[:, None])).all()):
+        raise ValueError("flashlib's Transformers attention with a sliding window needs left or right padding: "
+                         "with padding between tokens the window would count tokens, not positions as sdpa does")
+    # Unpad (as flash-attention-2's _upad_input): the queries are the last n_q key positions
+    q_mask = mask[:, n_k - n_q:]
+    q_lengths = q_mask.sum(-1, dtype=torch.int32)
+    q_index, k_index = q_mask.flatten().nonzero().squeeze(1), mask.flatten().nonzero().squeeze(1)
+    cu_q, cu_k = (F.pad(n.cumsum(0, dtype=torch.int32), (1, 0)) for n in (q_lengths, lengths))
+    out = flash_attention_varlen(q.reshape(batch * n_q, *q.shape[2:])[q_index],
+                                 k.reshape(batch * n_k, *k.shape[2:])[k_index],
+                                 v.reshape(batch * n_k, *v.shape[2:])[k_index],
+                                 cu_q, cu_k, int(q_lengths.max()), int(lengths.max()), **options)
+    return out.new_zeros(batch * n_q, *out.shape[1:]).index_copy(0, q_index, out).view(batch, n_q, *out.shape[1:])
+
+
+def _padding_mask(mask, options, batch: int, n_q: int, n_k: int) -> torch.Tensor:
+    """The (B, N_k) bool padding mask of a 2D padding mask or of a 4D mask that is padding plus the causal and
+    window bounds of ``options``; a ValueError naming what came in for anything else."""
+    if not isinstance(mask, torch.Tensor) or mask.dim() not in (2, 4):
+        what = f"shape {tuple(mask.shape)}" if isinstance(mask, torch.Tensor) else f"a {type(mask).__name__}"
+        raise ValueError(f"flashlib's Transformers attention takes a 2D (B, N_k) padding mask or a 4D mask; got {what}")
+    what = f"a {tuple(mask.shape)} {mask.dtype} attention_mask (N_q = {n_q}, N_k = {n_k})"
+    if mask.dim() == 2:
+        if mask.shape[0] != batch or not n_q <= mask.shape[1] <= n_k:
+            raise ValueError(f"flashlib's Transformers attention got {what}: a 2D mask must be (B, L) with B = {batch} "
+                             "and N_q <= L <= N_k")
+        return mask.bool()
+    if mask.shape[0] not in (1, batch) or tuple(mask.shape[2:]) != (n_q, n_k) or n_q > n_k:
+        raise ValueError(f"flashlib's Transformers attention got {what}: a 4D mask must be (B or 1, H or 1, N_q, N_k) "
+                         f"with B = {batch} and N_q <= N_k")
+    if mask.dtype == torch.bool:
+        allowed = mask
+    else:  # additive: 0 where allowed, a large negative number (or -inf) where not
+        allowed = mask == 0
+        if not bool((allowed | (mask <= torch.finfo(mask.dtype).min / 2)).all()):
+            raise ValueError(f"flashlib's Transformers attention got {what} that adds a bias to the scores "
+                             "(values other than 0 and -inf): flashlib takes masks, not biases; use sdpa or eager")
+    if not bool((allowed == allowed[:, :1]).all()):
+        raise ValueError(f"flashlib's Transformers attention got {what} that differs between heads")
+    allowed = allowed[:, 0]
+    keys = allowed.any(dim=1)  # a key that no query sees is padding
+    rows = torch.arange(n_q, device=mask.device)[:, None] + (n_k - n_q)
+    cols = torch.arange(n_k, device=mask.device)[None, :]
+    band = torch.ones(n_q, n_k, dtype=torch.bool, device=mask.device)
+    left, right = options["window"] or (-1, -1)
+    if options["causal"]:
+        band &= cols <= rows
+    if left >= 0:
+        band &= cols >= rows - left
+    if right >= 0:
+        band &= cols <= rows + right
+    expected = band & keys[:, None, :]
+    ignored = ~allowed.any(-1) & ~keys[:, n_k - n_q:]  # rows of padded queries that see nothing: output 0
+    if not bool(((allowed == expected) | ignored[..., None]).all()):
+        pattern = ("causal" if options["causal"] else "bidirectional") + (
+            f" with window {options['window']}" if options["window"] else "")
+        raise ValueError(f"flashlib's Transformers attention got {what} that is not padding plus the {pattern} "
+                         "pattern of this layer (queries = the last N_q keys): e.g. packed sequences, an image-token "
+                         "or chunked pattern, a static cache or a custom 4D mask. Use attn_implementation='sdpa' "
+                         "or 'eager' for it")
+    return keys.expand(batch, n_k)

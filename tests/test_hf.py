@@ -1,0 +1,284 @@
+"""flashlib.hf: flashlib as a Transformers attention implementation, against Transformers' own on tiny models.
+
+Tiny random models, no download, float32: Llama (GQA, RoPE, causal), Mistral (sliding window) and
+Gemma 2 (softcap, a custom scale, sliding and full layers alternating). With no, right, left and
+middle padding the logits and every parameter's gradient match ``sdpa`` (``eager`` for Gemma 2,
+which sdpa does not run) on the tokens that are not padding; a training step runs; greedy generation
+with a KV cache (dynamic and static) gives sdpa's tokens. Each comparison also records which flashlib
+entry point ran, so a model that silently used another implementation fails. 4D masks and the
+errors are tested on the attention function directly.
+"""
+import copy
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="flashlib.hf needs Hugging Face Transformers: "
+                                   "pip install flashlib[hf]")
+
+from flashlib import hf, runtime  # noqa: E402
+from flashlib import ops as ops_module  # noqa: E402
+from flashlib.validation import relative_error  # noqa: E402
+from support.attention import pin_blocks  # noqa: E402
+
+DEVICE = runtime.DEVICE
+
+#: float32 against float32: the two differ only in the order of the sums (flashlib's online softmax over
+#: key blocks, sdpa's one matmul), a few ulps (1.2e-7) per op. Measured on the CPU: logits 2e-7 to 3e-7,
+#: gradients up to 7e-7 (max |difference| / max |reference|). 1e-5 leaves a 15x margin, while any mask
+#: that is off (a sliding window off by one: 0.3; a padded key seen: > 1e-2) fails by orders of magnitude.
+RTOL = 1e-5
+
+SIZES = dict(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)  # head_dim 16, 2 query heads per kv head
+PADDINGS = ("none", "right", "left", "middle")
+#: The flashlib entry point each padding takes (the first word of each recorded call).
+PATHS = {"none": "plain", "right": "seq_lens", "left": "varlen", "middle": "varlen"}
+
+
+@pytest.fixture(scope="module")
+def name():
+    return hf.register()
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Every flashlib call the attention function makes: (entry point, N_q, N_k)."""
+    log, plain, varlen = [], hf.flash_attention, hf.flash_attention_varlen
+
+    def flash_attention(q, k, v, **kwargs):
+        log.append(("plain" if kwargs.get("seq_lens") is None else "seq_lens", q.shape[1], k.shape[1]))
+        return plain(q, k, v, **kwargs)
+
+    def flash_attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs):
+        log.append(("varlen", max_q, max_k))
+        return varlen(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs)
+
+    monkeypatch.setattr(hf, "flash_attention", flash_attention)
+    monkeypatch.setattr(hf, "flash_attention_varlen", flash_attention_varlen)
+    return log
+
+
+def twins(name, config, model_class=transformers.LlamaForCausalLM, reference="sdpa", dtype=torch.float32):
+    """Two models with the same random weights: ``reference``'s attention and flashlib's."""
+    torch.manual_seed(0)
+    # _from_config writes attn_implementation into the config it is given: each model gets its own copy
+    ref = model_class._from_config(copy.deepcopy(config), attn_implementation=reference, dtype=dtype)
+    ours = model_class._from_config(copy.deepcopy(config), attn_implementation=name, dtype=dtype)
+    ours.load_state_dict(ref.state_dict())
+    assert ours.config._attn_implementation == name and ref.config._attn_implementation == reference
+    return ref.to(DEVICE), ours.to(DEVICE)
+
+
+def batch(padding, n=12):
+    """Token ids (2, n) and an attention mask (1 = token, 0 = padding) of the given kind."""
+    ids = torch.randint(1, SIZES["vocab_size"], (2, n), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, n, dtype=torch.long)
+    if padding == "right":
+        mask[0, 9:], mask[1, 5:] = 0, 0
+    elif padding == "left":
+        mask[0, :3], mask[1, :7] = 0, 0
+    elif padding == "middle":
+        mask[0, 4:6], mask[1, :2], mask[1, 8:] = 0, 0, 0
+    return ids.to(DEVICE), mask.to(DEVICE)
+
+
+def logits_and_grads(model, ids, mask):
+    """Logits, and the gradient of every parameter, of a loss on the tokens that are not padding."""
+    model.zero_grad()
+    logits = model(ids, attention_mask=mask).logits
+    kept = mask.bool()
+    (logits[kept].float().square().mean()).backward()
+    return logits.detach()[kept], {key: p.grad for key, p in model.named_parameters()}
+
+
+def assert_close(ours, ref, rtol, what):
+    error = relative_error(ours, ref)
+    assert error <= rtol, f"{what}: relative error {error:.2e} > {rtol:.0e}"
+
+
+# ---------------------------------------------------------------- against sdpa / eager
+@pytest.mark.parametrize("padding", PADDINGS)
+def test_llama_logits_and_gradients_match_sdpa(name, calls, padding):
+    ref, ours = twins(name, transformers.LlamaConfig(**SIZES))
+    ids, mask = batch(padding)
+    ref_logits, ref_grads = logits_and_grads(ref, ids, mask)
+    assert not calls, "the sdpa model must not call flashlib"
+    logits, grads = logits_and_grads(ours, ids, mask)
+    assert [call[0] for call in calls] == [PATHS[padding]] * SIZES["num_hidden_layers"]
+    assert_close(logits, ref_logits, RTOL, "logits")
+    for key, grad in grads.items():
+        assert_close(grad, ref_grads[key], RTOL, f"gradient of {key}")
+
+
+@pytest.mark.parametrize("padding", ("none", "right", "left"))
+def test_mistral_sliding_window_matches_sdpa(name, calls, padding):
+    """sliding_window=4 of 12 tokens: a window off by one would differ by ~0.3. The layers get the 2D mask
+    (the sliding-window pattern is recognised), never an N x N one."""
+    config = transformers.MistralConfig(**SIZES, sliding_window=4)
+    ref, ours = twins(name, config, transformers.MistralForCausalLM)
+    ids, mask = batch(padding)
+    assert_close(ours(ids, attention_mask=mask).logits[mask.bool()], ref(ids, attention_mask=mask).logits[mask.bool()],
+                 RTOL, "logits")
+    assert [call[0] for call in calls] == [PATHS[padding]] * SIZES["num_hidden_layers"]
+
+
+def test_gemma2_softcap_scale_and_windows_match_eager(name, calls):
+    """Gemma 2: softcap 0.1 (small enough to bend these small scores), scale query_pre_attn_scalar**-0.5 (not 1/sqrt(head_dim)), a sliding
+    layer (window 5) then a full one; against eager, as sdpa refuses softcap."""
+    config = transformers.Gemma2Config(**SIZES, head_dim=16, query_pre_attn_scalar=24, attn_logit_softcapping=0.1,
+                                       sliding_window=5, layer_types=["sliding_attention", "full_attention"])
+    ref, ours = twins(name, config, transformers.Gemma2ForCausalLM, reference="eager")
+    ids, mask = batch("left")
+    assert_close(ours(ids, attention_mask=mask).logits[mask.bool()], ref(ids, attention_mask=mask).logits[mask.bool()],
+                 RTOL, "logits")
+    assert [call[0] for call in calls] == ["varlen", "varlen"]
+
+
+def test_training_step(name, calls):
+    """Three AdamW steps of the flashlib model on a left-padded batch: finite, changed weights, lower loss."""
+    _, model = twins(name, transformers.LlamaConfig(**SIZES))
+    ids, mask = batch("left")
+    labels = ids.masked_fill(mask == 0, -100)
+    before = {key: p.detach().clone() for key, p in model.named_parameters()}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model.train()
+    losses = []
+    for _ in range(3):
+        loss = model(ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    assert calls and {call[0] for call in calls} == {"varlen"}
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert all(not torch.equal(p, before[key]) for key, p in model.named_parameters()), "every parameter moves"
+    assert losses[-1] < losses[0], f"the loss should drop on a fixed batch: {losses}"
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_greedy_generation_matches_sdpa(name, calls, cache):
+    """Left-padded batch of 2, 5 new tokens with a KV cache: the decoding steps are N_q = 1 query against
+    the cached keys (the last position, bottom-right causal). A static cache holds empty slots past the
+    last token: the mask function stops the 2D mask there and the layer drops them."""
+    ref, ours = twins(name, transformers.LlamaConfig(**SIZES))
+    ids, mask = batch("left")
+    options = dict(attention_mask=mask, max_new_tokens=5, min_new_tokens=5, do_sample=False, pad_token_id=0,
+                   cache_implementation=None if cache == "dynamic" else "static")
+    expected = ref.generate(ids, **options)
+    assert torch.equal(ours.generate(ids, **options), expected)
+    decoding = [call for call in calls if call[1] == 1]
+    assert len(decoding) == 4 * SIZES["num_hidden_layers"] and all(call[2] > 1 for call in decoding)
+
+
+# ---------------------------------------------------------------- masks and errors, on the attention function
+def attention_inputs(n_q=6, n_k=6, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, 4, n_q, 16, generator=gen).to(DEVICE)
+    k, v = (torch.randn(2, 2, n_k, 16, generator=gen).to(DEVICE) for _ in range(2))
+    return types.SimpleNamespace(is_causal=True, num_key_value_groups=2), q, k, v
+
+
+def test_4d_masks_reduce_to_padding_or_raise(name):
+    """The 4D masks of sdpa (bool) and eager (additive) are accepted when they are padding + causal; a mask
+    that says more (here: one future key) raises instead of being ignored, and so do biases."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    module, q, k, v = attention_inputs()
+    keys = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]], dtype=torch.bool, device=DEVICE)  # left padding
+    allowed = torch.ones(6, 6, dtype=torch.bool, device=DEVICE).tril() & keys[:, None, None, :]  # (2, 1, 6, 6)
+    additive = torch.zeros(allowed.shape, device=DEVICE).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    expected = sdpa_attention_forward(module, q, k, v, allowed)[0]
+    valid = keys  # queries are the key positions: compare the tokens only
+    for mask in (keys, allowed, additive):
+        out = hf.flashlib_attention_forward(module, q, k, v, mask)[0]
+        assert out.shape == (2, 6, 4, 16)
+        assert_close(out[valid], expected[valid], RTOL, f"output with a {tuple(mask.shape)} {mask.dtype} mask")
+        assert (out[~valid] == 0).all(), "padded queries give 0"
+    future = allowed.clone()
+    future[1, 0, 2, 4] = True
+    with pytest.raises(ValueError, match=r"\(2, 1, 6, 6\) torch.bool attention_mask .* not padding plus the causal"):
+        hf.flashlib_attention_forward(module, q, k, v, future)
+    with pytest.raises(ValueError, match="adds a bias"):
+        hf.flashlib_attention_forward(module, q, k, v, additive + 0.5)
+
+
+def test_packed_sequences_raise_instead_of_attending_across(name):
+    """position_ids that restart within a row (padding-free packing) make Transformers build a block-diagonal
+    mask, which is not padding: the flashlib model raises rather than let the sequences see each other."""
+    _, ours = twins(name, transformers.LlamaConfig(**SIZES))
+    ids, _ = batch("none")
+    position_ids = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6]], device=DEVICE)
+    with pytest.raises(ValueError, match="not padding plus the causal pattern"):
+        ours(ids[:1], position_ids=position_ids, use_cache=False)
+
+
+def test_window_with_padding_between_tokens_raises(name):
+    module, q, k, v = attention_inputs()
+    holes = torch.tensor([[1, 1, 0, 1, 1, 1], [1, 1, 1, 1, 1, 1]], dtype=torch.bool, device=DEVICE)
+    with pytest.raises(ValueError, match="sliding window needs left or right padding"):
+        hf.flashlib_attention_forward(module, q, k, v, holes, sliding_window=3)
+
+
+def test_unsupported_keywords_raise(name):
+    module, q, k, v = attention_inputs()
+    with pytest.raises(NotImplementedError, match="s_aux"):
+        hf.flashlib_attention_forward(module, q, k, v, None, s_aux=torch.zeros(4, device=DEVICE))
+
+
+def test_queries_are_the_last_keys_without_a_mask(name):
+    """N_q < N_k without padding (a cached step of 2 tokens): bottom-right causal, as the model's positions."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    module, q, k, v = attention_inputs(n_q=2, n_k=6)
+    causal = torch.ones(6, 6, dtype=torch.bool, device=DEVICE).tril()[-2:]
+    expected = sdpa_attention_forward(module, q, k, v, causal.expand(2, 1, 2, 6))[0]
+    assert_close(hf.flashlib_attention_forward(module, q, k, v, None)[0], expected, RTOL, "output")
+
+
+# ---------------------------------------------------------------- registration
+def test_register_is_idempotent_and_refuses_names_transformers_misreads(name):
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    assert name == hf.DEFAULT_NAME == hf.register() == hf.register(name)
+    assert AttentionInterface()[name] is hf.flashlib_attention_forward
+    assert AttentionMaskInterface()[name] is hf.flashlib_attention_mask
+    with pytest.raises(ValueError, match="flash"):  # Transformers would try to load it as a flash-attn Hub kernel
+        hf.register("flashlib")
+    with pytest.raises(ValueError, match="already exists"):
+        hf.register("sdpa")
+
+
+def test_import_without_transformers_fails_only_at_register():
+    code = ("import sys; sys.modules['transformers'] = None\n"
+            "import flashlib.hf\n"
+            "try:\n    flashlib.hf.register()\nexcept ImportError as error:\n    print(error)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "pip install flashlib[hf]" in result.stdout
+
+
+# ---------------------------------------------------------------- on a GPU, in 16 bits
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("padding", ("none", "right", "left"))
+def test_gpu_half_precision_no_worse_than_sdpa(name, calls, monkeypatch, dtype, padding):
+    """Logits and gradients in 16 bits, each against sdpa in float32 with the same weights: flashlib's error
+    is at most twice sdpa's own in that dtype (plus one 16-bit ulp of slack, for errors that are tiny)."""
+    pin_blocks(monkeypatch, [ops_module])
+    config = transformers.LlamaConfig(**SIZES)
+    exact, _ = twins(name, config)
+    ref, ours = twins(name, config, dtype=dtype)
+    ids, mask = batch(padding, n=40)
+    results = [logits_and_grads(model, ids, mask) for model in (exact, ref, ours)]
+    (exact_logits, exact_grads), (ref_logits, ref_grads), (logits, grads) = results
+    slack = torch.finfo(dtype).eps
+    assert_close(logits, exact_logits, 2 * relative_error(ref_logits, exact_logits) + slack, "logits")
+    for key, grad in grads.items():
+        assert_close(grad, exact_grads[key], 2 * relative_error(ref_grads[key], exact_grads[key]) + slack,
+                     f"gradient of {key}")
+    assert {call[0] for call in calls} == {PATHS[padding]}
