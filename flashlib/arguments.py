@@ -25,18 +25,21 @@ def values_checked(*tensors: torch.Tensor) -> bool:
     return not any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors)
 
 
-def check_tensors(q, k, v, dims: tuple[int, ...], kind: str, shapes_expected: str) -> str:
-    """q, k, v are tensors with a number of dimensions in ``dims``, all alike; returns their shapes for messages.
+def describe_shapes(q, k, v) -> str:
+    """The shapes of q, k, v for an error message (built only when one is raised)."""
+    return f"q.shape={tuple(q.shape)}, k.shape={tuple(k.shape)}, v.shape={tuple(v.shape)}"
+
+
+def check_tensors(q, k, v, dims: tuple[int, ...], kind: str, shapes_expected: str) -> None:
+    """q, k, v are tensors with a number of dimensions in ``dims``, all alike.
 
     ``kind`` names what is expected ("3D or 4D tensors"), ``shapes_expected`` spells the shapes out.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"Expected {kind}: {name} is a {type(t).__name__}, not a torch.Tensor")
-    shapes = f"q.shape={tuple(q.shape)}, k.shape={tuple(k.shape)}, v.shape={tuple(v.shape)}"
     if q.dim() not in dims or k.dim() != q.dim() or v.dim() != q.dim():
-        raise ValueError(f"Expected {kind}{shapes_expected}; got {shapes}")
-    return shapes
+        raise ValueError(f"Expected {kind}{shapes_expected}; got {describe_shapes(q, k, v)}")
 
 
 def check_dtypes_and_device(q, k, v) -> None:
@@ -54,14 +57,14 @@ def check_dtypes_and_device(q, k, v) -> None:
                          f"got {q.device}")
 
 
-def check_heads(heads: int, kv_heads: int, head_dim: int, shapes: str, where: str = "") -> None:
+def check_heads(q, k, v, heads: int, kv_heads: int, head_dim: int, where: str = "") -> None:
     """H a multiple of H_kv (GQA/MQA) and a head_dim the kernels support."""
     if kv_heads == 0 or heads % kv_heads:
         raise ValueError(f"GQA needs q heads ({heads}) to be a multiple of k/v heads ({kv_heads}){where}; "
-                         f"got {shapes}")
+                         f"got {describe_shapes(q, k, v)}")
     if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
         raise ValueError(f"Unsupported head_dim {head_dim}: flashlib's attention supports {MIN_HEAD_DIM} to "
-                         f"{MAX_HEAD_DIM} (non-powers of two are padded in registers); got {shapes}")
+                         f"{MAX_HEAD_DIM} (non-powers of two are padded in registers); got {describe_shapes(q, k, v)}")
 
 
 def check_alibi_slopes(alibi_slopes, batch: int, heads: int, device: torch.device) -> torch.Tensor | None:
@@ -87,6 +90,6 @@ def make_spec(causal, window, softmax_scale, softcap, alibi_slopes, dropout_p) -
 
     ``softcap`` and ``dropout_p`` of None mean 0 (Hugging Face passes None for "off").
     """
-    return AttentionSpec(causal=causal, window=window,
+    return AttentionSpec.checked(causal=causal, window=window,
                          softmax_scale=softmax_scale, softcap=0.0 if softcap is None else softcap,
                          has_alibi=alibi_slopes is not None, dropout_p=0.0 if dropout_p is None else dropout_p)

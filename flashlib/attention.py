@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 
 from . import ops
-from .arguments import check_alibi_slopes, check_dtypes_and_device, check_heads, check_tensors, make_spec, \
-    values_checked
+from .arguments import (check_alibi_slopes, check_dtypes_and_device, check_heads, check_tensors,
+                        describe_shapes, make_spec, values_checked)
 from .kernels.dropout import dropout_mask
 
 LAYOUTS = ("bhnd", "bnhd")
@@ -39,24 +39,33 @@ def _check_seq_lens(seq_lens, batch: int, n_q: int, n_k: int, device: torch.devi
                              f"got values from {low} to {high}")
 
 
+def _bhnd_shape(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
+    """(B, H, N, D) of a tensor in ``layout`` (3D: (B*H, N, D) is B*H samples of one head), without a view."""
+    shape = t.shape
+    if len(shape) == 3:
+        return shape[0], 1, shape[1], shape[2]
+    return (shape[0], shape[1], shape[2], shape[3]) if layout == "bhnd" else (shape[0], shape[2], shape[1], shape[3])
+
+
 def check_attention_args(q, k, v, causal=False, seq_lens=None, window=None, softmax_scale=None, layout="bhnd",
                          softcap=0.0, alibi_slopes=None, dropout_p=0.0):
     """The :class:`~flashlib.spec.AttentionSpec` of a valid call and its ALiBi slopes as float32 (or None);
     else a ValueError/TypeError naming the argument that is wrong, and what came in."""
-    shapes = check_tensors(q, k, v, (3, 4), "3D or 4D tensors", " ((B*H, N, D) or (B, H, N, D)), all alike")
+    check_tensors(q, k, v, (3, 4), "3D or 4D tensors", " ((B*H, N, D) or (B, H, N, D)), all alike")
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}; got {layout!r}")
     if q.dim() == 3 and layout != "bhnd":
-        raise ValueError(f"layout={layout!r} needs 4D tensors; 3D tensors are (B*H, N, D): got {shapes}")
+        raise ValueError(f"layout={layout!r} needs 4D tensors; 3D tensors are (B*H, N, D): "
+                         f"got {describe_shapes(q, k, v)}")
     spec = make_spec(causal, window, softmax_scale, softcap, alibi_slopes, dropout_p)
     check_dtypes_and_device(q, k, v)
-    q4, k4, v4 = (ops.as_bhnd(t, layout) for t in (q, k, v))
-    batch, heads, n_q, head_dim = q4.shape
-    if k4.shape != v4.shape or k4.shape[0] != batch or k4.shape[3] != head_dim:
+    batch, heads, n_q, head_dim = _bhnd_shape(q, layout)
+    k_shape = _bhnd_shape(k, layout)
+    if k.shape != v.shape or k_shape[0] != batch or k_shape[3] != head_dim:
         raise ValueError(f"Q, K, V shapes must match (layout {layout!r}: same batch and head_dim for q, k, v; "
-                         f"k and v identical); got {shapes}")
-    check_heads(heads, k4.shape[1], head_dim, shapes, f" (layout {layout!r})")
-    _check_seq_lens(seq_lens, batch, n_q, k4.shape[2], q.device)
+                         f"k and v identical); got {describe_shapes(q, k, v)}")
+    check_heads(q, k, v, heads, k_shape[1], head_dim, f" (layout {layout!r})")
+    _check_seq_lens(seq_lens, batch, n_q, k_shape[2], q.device)
     return spec, check_alibi_slopes(alibi_slopes, batch, heads, q.device)
 
 
@@ -133,9 +142,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     o, lse, seed = ops.attention(q, k, v, seq_lens, None, None, alibi_slopes, 0, 0, layout, spec)
     outputs = (o, lse) if return_lse else (o,)
     if return_dropout_mask:  # recomputed from the seed the forward drew, as the backward does
-        q4, k4 = ops.as_bhnd(q, layout), ops.as_bhnd(k, layout)
-        batch, heads, n_q, _ = q4.shape
-        outputs += (dropout_mask(int(seed[0]), spec.dropout_p, batch, heads, n_q, k4.shape[2], q.device),)
+        batch, heads, n_q, _ = _bhnd_shape(q, layout)
+        n_k = _bhnd_shape(k, layout)[2]
+        outputs += (dropout_mask(int(seed[0]), spec.dropout_p, batch, heads, n_q, n_k, q.device),)
     return outputs if len(outputs) > 1 else o
 
 

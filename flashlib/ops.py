@@ -13,7 +13,8 @@ arguments and come here. Everything after the checks lives in this module, once:
 * ``FlashAttentionFunction``: the same two functions as a ``torch.autograd.Function``
   for eager calls. A custom op costs 20-60 us of Python dispatch per call on a CPU
   (measured: a do-nothing ``custom_op`` with ``register_autograd`` against a plain
-  function), more than a small attention kernel takes on a GPU; eager calls skip it.
+  function), more than a small attention kernel takes on a GPU; eager calls skip it
+  (``benchmarks/front_door.py`` measures the host time of each route).
 
 Both routes share ``setup_context``, ``backward`` and ``vmap``, so they cannot drift:
 
@@ -86,7 +87,8 @@ def _kernel_views(layout, *tensors):
 
 def forward_impl(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, max_seqlen_q, max_seqlen_k,
                  layout, causal, window_left, window_right, softmax_scale, softcap, dropout_p):
-    """O in q's shape, dtype and layout (contiguous), L float32 (see ``lse_shape``) and the dropout seed (int64 (1,), CPU)."""
+    """O in q's shape, dtype and layout (contiguous), L float32 (see ``lse_shape``), and the dropout seed
+    (int64 (1,), CPU)."""
     seed = draw_dropout_seed() if dropout_p > 0 else 0
     spec = _spec(causal, window_left, window_right, softmax_scale, softcap, alibi_slopes, dropout_p, seed)
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -282,8 +284,7 @@ def vmap(info, in_dims, q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slo
             if slopes.dim() == 2:  # a mapped (H,): (size, H) → (size, B, H)
                 slopes = slopes.unsqueeze(1).expand(size, batch, slopes.shape[-1])
             alibi_slopes = slopes.reshape(size * batch, slopes.shape[-1])
-    o, lse, rng = FlashAttentionFunction.apply(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
-                                               *settings)
+    o, lse, rng = _apply_eagerly(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *settings)
     o = o.reshape(size, batch, *o.shape[1:])
     lse = lse.reshape(size, batch, *lse.shape[1:])
     return (o, lse, rng), (0, 0, None)
@@ -294,7 +295,28 @@ attention_forward_op.register_vmap(vmap)
 
 
 class FlashAttentionFunction(torch.autograd.Function):
-    """The op for eager calls: ``forward_impl``, and the op's own setup_context, backward and vmap."""
+    """The op for eager calls: ``forward_impl``, and the op's own setup_context and backward.
+
+    Written in the older style (``forward(ctx, ...)``): ``apply`` then skips binding the
+    arguments to a signature, which costs tens of microseconds of host time per call.
+    Under torch.func transforms :class:`FlashAttentionFunctionForTorchFunc` runs instead.
+    """
+
+    @staticmethod
+    def forward(ctx, *args):
+        output = forward_impl(*args)
+        setup_context(ctx, args, output)
+        return output
+
+    backward = staticmethod(backward)
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        raise NotImplementedError(FORWARD_AD_MESSAGE)
+
+
+class FlashAttentionFunctionForTorchFunc(torch.autograd.Function):
+    """The same op in the style torch.func needs (a separate ``setup_context``), with its vmap rule."""
 
     @staticmethod
     def forward(*args):
@@ -309,6 +331,13 @@ class FlashAttentionFunction(torch.autograd.Function):
         raise NotImplementedError(FORWARD_AD_MESSAGE)
 
 
+def _apply_eagerly(*args):
+    """The autograd.Function for eager calls: the torch.func one while a transform (vmap, grad, jvp) is active."""
+    if torch._C._are_functorch_transforms_active():
+        return FlashAttentionFunctionForTorchFunc.apply(*args)
+    return FlashAttentionFunction.apply(*args)
+
+
 def attention(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, max_seqlen_q, max_seqlen_k, layout,
               spec: AttentionSpec):
     """(O, L, dropout seed) of checked arguments: the custom op while torch.compile traces, else the
@@ -320,4 +349,4 @@ def attention(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, max_s
     tensors = (q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
     if torch.compiler.is_compiling():
         return attention_forward_op(*tensors, *settings)
-    return FlashAttentionFunction.apply(*tensors, *settings)
+    return _apply_eagerly(*tensors, *settings)

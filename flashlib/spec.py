@@ -62,7 +62,7 @@ def _check_float(name: str, value, *, low: float, high: float | None = None, clo
 
 @dataclass(frozen=True)
 class AttentionSpec:
-    """The mask and score modifiers of one attention call (checked on construction).
+    """The mask and score modifiers of one attention call (``AttentionSpec.checked`` checks user input).
 
     ``window`` is stored as ``(left, right)`` with None for an unbounded side;
     ``softcap`` 0 and ``dropout_p`` 0 mean off. ``has_alibi`` says that an
@@ -78,20 +78,33 @@ class AttentionSpec:
     dropout_seed: int = 0
 
     def __post_init__(self):
-        if not isinstance(self.causal, bool):
-            raise TypeError(f"causal must be a bool; got {self.causal!r}")
-        check_window(self.window)
+        if self.window is not None and not isinstance(self.window, tuple):
+            object.__setattr__(self, "window", tuple(self.window))
         if self.window is not None:
             object.__setattr__(self, "window", tuple(None if w is None or w < 0 else int(w) for w in self.window))
-        if self.softmax_scale is not None:
-            if not isinstance(self.softmax_scale, numbers.Real) or isinstance(self.softmax_scale, bool):
-                raise TypeError(f"softmax_scale must be a float or None; got {self.softmax_scale!r}")
-            if not math.isfinite(self.softmax_scale):
-                raise ValueError(f"softmax_scale must be finite; got {self.softmax_scale}")
-        _check_float("softcap", self.softcap, low=0.0, meaning="0 for none, else scores become "
+
+    @classmethod
+    def checked(cls, *, causal=False, window=None, softmax_scale=None, softcap=0.0, has_alibi=False,
+                dropout_p=0.0) -> "AttentionSpec":
+        """A spec from user arguments, each checked: a TypeError/ValueError names the one that is wrong.
+
+        (The constructor itself only normalises ``window``: the kernels' own calls skip the checks,
+        which cost microseconds of host time per call.)
+        """
+        if not isinstance(causal, bool):
+            raise TypeError(f"causal must be a bool; got {causal!r}")
+        check_window(window)
+        if softmax_scale is not None:
+            if not isinstance(softmax_scale, numbers.Real) or isinstance(softmax_scale, bool):
+                raise TypeError(f"softmax_scale must be a float or None; got {softmax_scale!r}")
+            if not math.isfinite(softmax_scale):
+                raise ValueError(f"softmax_scale must be finite; got {softmax_scale}")
+        _check_float("softcap", softcap, low=0.0, meaning="0 for none, else scores become "
                      "softcap * tanh(scores / softcap)")
-        _check_float("dropout_p", self.dropout_p, low=0.0, high=1.0, meaning="the probability of dropping "
+        _check_float("dropout_p", dropout_p, low=0.0, high=1.0, meaning="the probability of dropping "
                      "an attention weight")
+        return cls(causal=causal, window=window, softmax_scale=softmax_scale, softcap=float(softcap),
+                   has_alibi=has_alibi, dropout_p=float(dropout_p))
 
     def bounds(self) -> tuple[int | None, int | None]:
         """(left, right) reach of the band, None where unbounded (causal caps the right at 0)."""

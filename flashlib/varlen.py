@@ -20,8 +20,8 @@ import numbers
 import torch
 
 from . import ops
-from .arguments import check_alibi_slopes, check_dtypes_and_device, check_heads, check_tensors, make_spec, \
-    values_checked
+from .arguments import (check_alibi_slopes, check_dtypes_and_device, check_heads, check_tensors,
+                        describe_shapes, make_spec, values_checked)
 
 
 # ---------------------------------------------------------------- argument checks
@@ -65,10 +65,11 @@ def check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
                       softmax_scale=None, softcap=0.0, alibi_slopes=None, dropout_p=0.0):
     """The :class:`~flashlib.spec.AttentionSpec` of a valid call and its ALiBi slopes as float32 (or None);
     else a ValueError/TypeError naming the argument that is wrong, and what came in."""
-    shapes = check_tensors(q, k, v, (3,), "3D packed tensors", ", q (total_q, H, D) and k, v (total_k, H_kv, D)")
+    check_tensors(q, k, v, (3,), "3D packed tensors", ", q (total_q, H, D) and k, v (total_k, H_kv, D)")
     if k.shape != v.shape or q.shape[2] != k.shape[2]:
-        raise ValueError(f"Q, K, V shapes must match (same head_dim for q, k, v; k and v identical); got {shapes}")
-    check_heads(q.shape[1], k.shape[1], q.shape[2], shapes)
+        raise ValueError(f"Q, K, V shapes must match (same head_dim for q, k, v; k and v identical); "
+                         f"got {describe_shapes(q, k, v)}")
+    check_heads(q, k, v, q.shape[1], k.shape[1], q.shape[2])
     spec = make_spec(causal, window, softmax_scale, softcap, alibi_slopes, dropout_p)
     check_dtypes_and_device(q, k, v)
     lengths_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], "total_q (q.shape[0])", q.device)

@@ -96,8 +96,8 @@ def test_custom_ops_pass_opcheck():
     forward = (q, k, v, None, None, None, None, *settings)
     torch.library.opcheck(torch.ops.flashlib.attention_forward.default, forward)
     o, lse, rng = torch.ops.flashlib.attention_forward(*forward)
-    backward = (do.detach(), q.detach(), k.detach(), v.detach(), o.detach(), lse, None, None, None, None, rng, *settings,
-                True, True)
+    backward = (do.detach(), q.detach(), k.detach(), v.detach(), o.detach(), lse, None, None, None, None, rng,
+                *settings, True, True)
     torch.library.opcheck(torch.ops.flashlib.attention_backward.default, backward,
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
 
