@@ -73,8 +73,9 @@ from triton.runtime.errors import OutOfResources
 
 from .. import runtime
 from ..spec import AttentionSpec
-from .attention_fwd import (dropout_keep, full_float32_config, key_block_range, modifier_args, packed_as_bhnd,
+from .attention_fwd import (full_float32_config, key_block_range, modifier_args, packed_as_bhnd,
                             row_stats_offset, sample_bounds, scores_log2, smem_budget)
+from .dropout import dropout_keep
 from .tuned import launch_tuned
 
 LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) == exp2(x * LOG2E)
@@ -154,12 +155,12 @@ def attention_bwd_preprocess_kernel(
 @triton.jit
 def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, start, end,
                          stride_qn, stride_qd, stride_don, stride_dod,
-                         offs_n, offs_d, k_len, q_len, offset, window_left, window_right,
+                         offs_n, n0, offs_d, k_len, q_len, offset, window_left, window_right,
                          score_scale, softcap_scale, slope_log2, dropout_seed, dropout_p, stream,
                          MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                          HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                          EVEN_D: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                         BLOCK_M: tl.constexpr):
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Add to (dk, dv) the terms of the query blocks [start, end) of one query head.
 
     Works on transposed tiles (keys along rows): ``P^T = exp2(K Q^T - L)`` (BLOCK_N, BLOCK_M),
@@ -206,7 +207,7 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, star
         pT = tl.math.exp2(qkT - lse2[None, :])
         dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
         if HAS_DROPOUT:
-            keepT = dropout_keep(dropout_seed, stream, rows[None, :], cols, dropout_p)
+            keepT = tl.trans(dropout_keep(dropout_seed, stream, rows, n0, dropout_p, BLOCK_N))
             dv += tl.dot(tl.where(keepT, pT / (1.0 - dropout_p), 0.0).to(do.dtype), do,
                          input_precision=DOT_PRECISION)
             dpT = tl.where(keepT, dpT / (1.0 - dropout_p), 0.0)
@@ -291,24 +292,24 @@ def attention_bwd_dkdv_kernel(
         if HAS_RIGHT:  # stage 1: the diagonal / the window's right edge
             dk, dv = _attn_bwd_dkdv_inner(
                 dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, lo, full_lo,
-                stride_qn, stride_qd, stride_don, stride_dod, offs_n, offs_d, k_len, q_len, offset,
+                stride_qn, stride_qd, stride_don, stride_dod, offs_n, n0, offs_d, k_len, q_len, offset,
                 WINDOW_LEFT, WINDOW_RIGHT, score_scale, softcap_scale, slope_log2, DROPOUT_SEED, DROPOUT_P, stream,
                 True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, HEAD_DIM,
-                DOT_PRECISION, BLOCK_M)
+                DOT_PRECISION, BLOCK_M, BLOCK_N)
         # stage 2: query blocks that see the whole key block, no mask
         dk, dv = _attn_bwd_dkdv_inner(
             dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, full_lo, full_hi,
-            stride_qn, stride_qd, stride_don, stride_dod, offs_n, offs_d, k_len, q_len, offset,
+            stride_qn, stride_qd, stride_don, stride_dod, offs_n, n0, offs_d, k_len, q_len, offset,
             WINDOW_LEFT, WINDOW_RIGHT, score_scale, softcap_scale, slope_log2, DROPOUT_SEED, DROPOUT_P, stream,
             False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, HEAD_DIM,
-            DOT_PRECISION, BLOCK_M)
+            DOT_PRECISION, BLOCK_M, BLOCK_N)
         # stage 3: the window's left edge, the q_len tail, a key block cut by k_len
         dk, dv = _attn_bwd_dkdv_inner(
             dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, full_hi, hi,
-            stride_qn, stride_qd, stride_don, stride_dod, offs_n, offs_d, k_len, q_len, offset,
+            stride_qn, stride_qd, stride_don, stride_dod, offs_n, n0, offs_d, k_len, q_len, offset,
             WINDOW_LEFT, WINDOW_RIGHT, score_scale, softcap_scale, slope_log2, DROPOUT_SEED, DROPOUT_P, stream,
             True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, HEAD_DIM,
-            DOT_PRECISION, BLOCK_M)
+            DOT_PRECISION, BLOCK_M, BLOCK_N)
 
     dk *= sm_scale
     dk_base = DK + off_b.to(tl.int64) * stride_dkb + off_kvh.to(tl.int64) * stride_dkh + k_start * stride_dkn
@@ -360,7 +361,7 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, start, end,
         p = tl.math.exp2(qk - lse2[:, None])
         dp = tl.dot(do, vT, input_precision=DOT_PRECISION)
         if HAS_DROPOUT:
-            keep = dropout_keep(dropout_seed, stream, offs_m[:, None], cols[None, :], dropout_p)
+            keep = dropout_keep(dropout_seed, stream, offs_m, start_n, dropout_p, BLOCK_N)
             dp = tl.where(keep, dp / (1.0 - dropout_p), 0.0)
         ds = p * (dp - delta[:, None])
         if HAS_SOFTCAP:

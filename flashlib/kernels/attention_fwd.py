@@ -37,6 +37,7 @@ import triton.language as tl
 
 from .. import runtime
 from ..spec import AttentionSpec
+from .dropout import dropout_keep, effective_dropout_p
 from .tuned import launch_tuned
 
 LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) == exp2(x * LOG2E)
@@ -70,20 +71,6 @@ def scores_log2(qk, q_pos, k_pos, score_scale, softcap_scale, slope_log2,
     if HAS_ALIBI:
         s = s - slope_log2 * tl.abs(q_pos - k_pos).to(tl.float32)
     return s, t
-
-
-@triton.jit
-def dropout_keep(seed, stream, q_pos, k_pos, dropout_p):
-    """Which attention weights dropout keeps: Philox on the counter (key, query, stream), uniform >= p.
-
-    ``stream`` is ``batch * H + head``; positions are the row and column within the
-    sample. A pure function of (seed, position), so the backward, and the kernel that
-    returns the mask for tests, recompute exactly the forward's mask wherever they are.
-    """
-    k_pos, q_pos = tl.broadcast(k_pos, q_pos)
-    zero = (k_pos * 0).to(tl.uint32)
-    r, _, _, _ = tl.philox(seed, k_pos.to(tl.uint32), q_pos.to(tl.uint32), zero + stream.to(tl.uint32), zero)
-    return tl.uint_to_uniform_float(r) >= dropout_p
 
 
 @triton.jit
@@ -147,7 +134,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, start, end,
         alpha = tl.math.exp2(m_i - m_sub)  # rescale of what was accumulated so far
         l_i = l_i * alpha + tl.sum(p, 1)
         if HAS_DROPOUT:
-            p = tl.where(dropout_keep(dropout_seed, stream, offs_m[:, None], cols[None, :], dropout_p), p, 0.0)
+            p = tl.where(dropout_keep(dropout_seed, stream, offs_m, start_n, dropout_p, BLOCK_N), p, 0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
         if RECORD_TILES:
@@ -461,7 +448,7 @@ def modifier_args(spec: AttentionSpec, alibi_slopes: torch.Tensor | None, head_d
         alibi_strides = (0, alibi.stride(0)) if alibi.dim() == 1 else tuple(alibi.stride())
     tensors = dict(ALIBI=alibi)
     scalars = dict(sm_scale=spec.scale(head_dim), SOFTCAP=float(spec.softcap),
-                   DROPOUT_P=float(spec.dropout_p), DROPOUT_SEED=int(spec.dropout_seed))
+                   DROPOUT_P=effective_dropout_p(spec.dropout_p), DROPOUT_SEED=int(spec.dropout_seed))
     flags = dict(HAS_SOFTCAP=spec.softcap > 0, HAS_ALIBI=alibi_slopes is not None, HAS_DROPOUT=spec.dropout_p > 0)
     return tensors, scalars, alibi_strides, flags
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from flashlib import flash_attention, flash_attention_varlen, ops
+from flashlib.kernels.dropout import effective_dropout_p
 from flashlib.reference import naive_attention
 from flashlib.validation import relative_error, tolerance
 from support.attention import DEVICE, as_bhnd, make_inputs, pin_blocks
@@ -51,8 +52,9 @@ def run(q, k, v, do, layout, mask, **modifiers):
     ref_leaves = [as_bhnd(t, layout).detach().double().cpu().requires_grad_() for t in (q, k, v)]
     ref_mods = {name: (value.double().cpu() if isinstance(value, torch.Tensor) else value)
                 for name, value in modifiers.items()}
-    if dropout_mask is not None:
+    if dropout_mask is not None:  # the kernel's own mask, and the p it really drops with (a multiple of 2^-16)
         ref_mods["dropout_mask"] = dropout_mask.cpu()
+        ref_mods["dropout_p"] = effective_dropout_p(modifiers["dropout_p"])
     ref_mask = {name: (value.cpu() if isinstance(value, torch.Tensor) else value) for name, value in mask.items()}
     ref_o, ref_lse = naive_attention(*ref_leaves, return_lse=True, **ref_mask, **ref_mods)
     ref_o.backward(as_bhnd(do, layout).double().cpu())
@@ -120,6 +122,12 @@ def test_dropout_matches_the_reference_with_the_kernels_own_mask(mask, layout):
     assert_close(*run(q, k, v, do, layout, MASKS[mask], dropout_p=0.3, softcap=3.0), torch.float32)
 
 
+def test_effective_dropout_p_is_p_rounded_to_sixteen_bits():
+    assert effective_dropout_p(0.25) == 0.25 and effective_dropout_p(0.0) == 0.0
+    assert abs(effective_dropout_p(0.1) - 0.1) <= 2 ** -17 and effective_dropout_p(0.1) * 65536 == 6554
+    assert effective_dropout_p(0.9999999) == 1 - 2 ** -16  # never 1: the scale 1 / (1 - p) stays finite
+
+
 def test_dropout_zero_is_exactly_the_dropout_free_kernel():
     q, k, v = make_inputs(2, 2, 2, 40, 40, 16, torch.float32)
     assert torch.equal(flash_attention(q, k, v, causal=True, dropout_p=0.0), flash_attention(q, k, v, causal=True))
@@ -144,6 +152,12 @@ def test_dropout_mask_statistics_and_independence_from_the_layout():
     # 32768 Bernoulli(0.75) draws: the standard deviation of the mean is 0.0024
     assert abs(kept - 0.75) < 0.01, f"kept fraction {kept:.4f}, expected 0.75"
     assert mask.float().mean(dim=(0, 1, 2)).std() < 0.1 and mask[0, 0].float().mean() != mask[0, 1].float().mean()
+    # One Philox call serves 8 keys: each of the 8 places must be a fair draw, independent of its neighbour.
+    by_place = mask.float().reshape(2, 4, 64, 8, 8).mean(dim=(0, 1, 2, 3))
+    assert (by_place - 0.75).abs().max() < 0.03, by_place
+    pairs = mask[..., :-1].float(), mask[..., 1:].float()
+    correlation = torch.corrcoef(torch.stack([pairs[0].flatten(), pairs[1].flatten()]))[0, 1]
+    assert correlation.abs() < 0.03, f"neighbouring keys' draws are correlated ({correlation:.3f})"
     torch.manual_seed(3)
     other = flash_attention(*(t.transpose(1, 2).contiguous() for t in (q, k, v)), dropout_p=0.25, layout="bnhd")
     assert torch.equal(other.transpose(1, 2), out)
