@@ -27,11 +27,11 @@ $(VENV)/.installed: pyproject.toml constraints.txt $(TORCH_STAMP)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --progress-bar on $$($(PY) tools/torch_choice.py "$(TORCH)" "$(TORCH_INDEX)")
-	@echo "installing flashlib with its lab and test extras"
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[lab,test]"
+	@echo "installing flashlib with its lab, test and hf extras"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[lab,test,hf]"
 	touch $@
 
-install: $(VENV)/.installed  ## create .venv and install flashlib with the lab and test extras
+install: $(VENV)/.installed  ## create .venv and install flashlib with the lab, test and hf extras
 
 # Extra flags for jupyter lab, e.g. LAB_ARGS="--ip=0.0.0.0 --no-browser" in a container.
 LAB_ARGS ?=

@@ -65,14 +65,15 @@ def calls(monkeypatch):
 
 
 def twins(name, config, model_class=transformers.LlamaForCausalLM, reference="sdpa", dtype=torch.float32):
-    """Two models with the same random weights: ``reference``'s attention and flashlib's."""
+    """Two models with the same random weights (drawn in float32, then cast to ``dtype``, so that models of
+    different dtypes share them too): ``reference``'s attention and flashlib's."""
     torch.manual_seed(0)
     # _from_config writes attn_implementation into the config it is given: each model gets its own copy
-    ref = model_class._from_config(copy.deepcopy(config), attn_implementation=reference, dtype=dtype)
-    ours = model_class._from_config(copy.deepcopy(config), attn_implementation=name, dtype=dtype)
+    ref = model_class._from_config(copy.deepcopy(config), attn_implementation=reference, dtype=torch.float32)
+    ours = model_class._from_config(copy.deepcopy(config), attn_implementation=name, dtype=torch.float32)
     ours.load_state_dict(ref.state_dict())
     assert ours.config._attn_implementation == name and ref.config._attn_implementation == reference
-    return ref.to(DEVICE), ours.to(DEVICE)
+    return ref.to(DEVICE, dtype), ours.to(DEVICE, dtype)
 
 
 def batch(padding, n=12):
@@ -281,6 +282,7 @@ def test_gpu_half_precision_no_worse_than_sdpa(name, calls, monkeypatch, dtype, 
     results = [logits_and_grads(model, ids, mask) for model in (exact, ref, ours)]
     (exact_logits, exact_grads), (ref_logits, ref_grads), (logits, grads) = results
     slack = torch.finfo(dtype).eps
+    assert relative_error(ref_logits, exact_logits) < 0.05, "sdpa in 16 bits is near float32: the weights are shared"
     assert_close(logits, exact_logits, 2 * relative_error(ref_logits, exact_logits) + slack, "logits")
     for key, grad in grads.items():
         assert_close(grad, exact_grads[key], 2 * relative_error(ref_grads[key], exact_grads[key]) + slack,

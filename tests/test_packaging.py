@@ -15,7 +15,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 def _pyproject_requirements():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     reqs = list(project["dependencies"])
-    for extra in ("lab", "test"):
+    for extra in ("lab", "test", "hf"):
         reqs += project["optional-dependencies"][extra]
     return reqs
 
