@@ -25,8 +25,10 @@ MASKS = {
 
 
 @pytest.fixture(autouse=True)
-def fixed_blocks_on_the_gpu(monkeypatch):
-    pin_blocks(monkeypatch, [ops])
+def fixed_blocks_on_the_gpu(request, monkeypatch):
+    """Fixed blocks on a GPU (no autotuning per new shape), except in test_gpu_autotuned_*."""
+    if not request.node.name.startswith("test_gpu_autotuned"):
+        pin_blocks(monkeypatch, [ops])
 
 
 def slopes(kind, batch, heads):
@@ -254,3 +256,13 @@ def test_gpu_modifiers_in_16_bit(dtype):
     torch.manual_seed(0)
     mods = dict(softcap=20.0, alibi_slopes=slopes("(H,)", 2, 8), dropout_p=0.1)
     assert_close(*run(q, k, v, do, "bnhd", dict(causal=True, seq_lens=[300, 211]), **mods), dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gpu_autotuned_dropout_and_modifiers(head_dim):
+    """Every config the autotuners pick (BLOCK_N from 16 to 128) recomputes the same dropout mask."""
+    q, k, v, do = make_inputs(2, 4, 2, 1000, 1000, head_dim, torch.float16, layout="bnhd", grad_out=True)
+    torch.manual_seed(0)
+    mods = dict(softcap=30.0, alibi_slopes=slopes("(B, H)", 2, 4), dropout_p=0.2)
+    assert_close(*run(q, k, v, do, "bnhd", dict(causal=True), **mods), torch.float16)
