@@ -70,7 +70,7 @@ def bench(fn, grads=None) -> float:
     return float(triton.testing.do_bench(fn, warmup=25, rep=100, grad_to_none=grads, return_mode="median"))
 
 
-def train_step_n512(rows: list) -> list[dict]:
+def train_step_n512(rows: list, save) -> list[dict]:
     for d in (64, 128):
         n, heads = 512, 2048 // d
         batch = 16384 // n
@@ -89,10 +89,11 @@ def train_step_n512(rows: list) -> list[dict]:
             rows.append(dict(d=d, n=n, batch=batch, heads=heads, causal=causal, flashlib_ms=t_ours,
                              sdpa_flash_ms=t_sdpa, speed_vs_sdpa_flash=t_sdpa / t_ours))
             print(rows[-1], flush=True)
+            save()
     return rows
 
 
-def modifiers_n4096(rows: list) -> list[dict]:
+def modifiers_n4096(rows: list, save) -> list[dict]:
     for d in (64, 128):
         n, heads, batch = 4096, 2048 // d, 4
         q, k, v, do = (torch.randn(batch, heads, n, d, device="cuda", dtype=torch.float16) for _ in range(4))
@@ -110,6 +111,7 @@ def modifiers_n4096(rows: list) -> list[dict]:
                 rows.append(dict(d=d, n=n, causal=causal, variant=name, fwd_ms=fwd, train_ms=train,
                                  fwd_vs_plain=fwd / base["fwd"], train_vs_plain=train / base["train"]))
                 print(rows[-1], flush=True)
+            save()
     return rows
 
 
@@ -124,7 +126,7 @@ def main():
         host_overhead_us={}, train_step_n512=[], modifiers_n4096=[],
     )
 
-    def save():  # after each section: a run cut short keeps what it measured
+    def save():  # after each row: a run cut short keeps what it measured
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(results, f, indent=1)
@@ -132,10 +134,8 @@ def main():
     results["host_overhead_us"] = host_overhead()
     print(json.dumps(results["host_overhead_us"], indent=1), flush=True)
     save()
-    train_step_n512(results["train_step_n512"])
-    save()
-    modifiers_n4096(results["modifiers_n4096"])
-    save()
+    train_step_n512(results["train_step_n512"], save)
+    modifiers_n4096(results["modifiers_n4096"], save)
 
 
 if __name__ == "__main__":
