@@ -118,6 +118,8 @@ def modifiers_n4096(rows: list, save) -> list[dict]:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument("--sections", default="host,train,modifiers",
+                        help="comma list of host, train, modifiers (default all three)")
     args = parser.parse_args()
     results = dict(
         gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
@@ -131,11 +133,15 @@ def main():
             with open(args.out, "w") as f:
                 json.dump(results, f, indent=1)
 
-    results["host_overhead_us"] = host_overhead()
-    print(json.dumps(results["host_overhead_us"], indent=1), flush=True)
-    save()
-    train_step_n512(results["train_step_n512"], save)
-    modifiers_n4096(results["modifiers_n4096"], save)
+    sections = args.sections.split(",")
+    if "host" in sections:
+        results["host_overhead_us"] = host_overhead()
+        print(json.dumps(results["host_overhead_us"], indent=1), flush=True)
+        save()
+    if "train" in sections:
+        train_step_n512(results["train_step_n512"], save)
+    if "modifiers" in sections:
+        modifiers_n4096(results["modifiers_n4096"], save)
 
 
 if __name__ == "__main__":
