@@ -62,7 +62,7 @@ def _flashlib_used(out) -> bool:
         if node is None or node in seen:
             continue
         seen.add(node)
-        if type(node).__name__.startswith(("FlashAttentionFunction", "FlashAttentionVarlenFunction")):
+        if type(node).__name__.startswith("FlashAttentionFunction"):  # padded and varlen share the op
             return True
         stack.extend(next_node for next_node, _ in node.next_functions)
     return False
