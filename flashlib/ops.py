@@ -121,7 +121,7 @@ def backward_impl(grad_o, q, k, v, o, lse, seq_lens, cu_seqlens_q, cu_seqlens_k,
     dk, dv = ((torch.empty(k.shape, dtype=k.dtype, device=k.device),
                torch.empty(v.shape, dtype=v.dtype, device=v.device)) if need_dkdv else (nothing, nothing))
     wanted = [g for g, need in ((dq, need_dq), (dk, need_dkdv), (dv, need_dkdv)) if need]
-    if not wanted or wanted[0].numel() == 0 and all(g.numel() == 0 for g in wanted):
+    if all(g.numel() == 0 for g in wanted):  # nothing wanted, or only empty tensors
         return dq, dk, dv
     n_queries = q.shape[0] if layout == "packed" else as_bhnd(q, layout).shape[2]
     n_keys = k.shape[0] if layout == "packed" else as_bhnd(k, layout).shape[2]
