@@ -294,6 +294,10 @@ attention_forward_op.register_autograd(backward, setup_context=setup_context)
 attention_forward_op.register_vmap(vmap)
 
 
+def _refuse_forward_ad(ctx, *tangents):
+    raise NotImplementedError(FORWARD_AD_MESSAGE)
+
+
 class FlashAttentionFunction(torch.autograd.Function):
     """The op for eager calls: ``forward_impl``, and the op's own setup_context and backward.
 
@@ -309,10 +313,7 @@ class FlashAttentionFunction(torch.autograd.Function):
         return output
 
     backward = staticmethod(backward)
-
-    @staticmethod
-    def jvp(ctx, *tangents):
-        raise NotImplementedError(FORWARD_AD_MESSAGE)
+    jvp = staticmethod(_refuse_forward_ad)
 
 
 class FlashAttentionFunctionForTorchFunc(torch.autograd.Function):
@@ -325,10 +326,7 @@ class FlashAttentionFunctionForTorchFunc(torch.autograd.Function):
     setup_context = staticmethod(setup_context)
     backward = staticmethod(backward)
     vmap = staticmethod(vmap)
-
-    @staticmethod
-    def jvp(ctx, *tangents):
-        raise NotImplementedError(FORWARD_AD_MESSAGE)
+    jvp = staticmethod(_refuse_forward_ad)
 
 
 def _apply_eagerly(*args):

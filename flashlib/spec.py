@@ -77,9 +77,7 @@ class AttentionSpec:
     dropout_p: float = 0.0
     dropout_seed: int = 0
 
-    def __post_init__(self):
-        if self.window is not None and not isinstance(self.window, tuple):
-            object.__setattr__(self, "window", tuple(self.window))
+    def __post_init__(self):  # window as (left, right), None for an unbounded side
         if self.window is not None:
             object.__setattr__(self, "window", tuple(None if w is None or w < 0 else int(w) for w in self.window))
 

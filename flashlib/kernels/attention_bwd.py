@@ -574,7 +574,7 @@ def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec: AttentionSp
     kv_heads, n_k = k.shape[1], k.shape[2]
     rows_q, rows_k = (max_seqlen_q, max_seqlen_k) if varlen else (n_q, n_k)  # per (batch, head)
     left, right = spec.bounds()
-    modifier_tensors, scalars, alibi_strides, flags = modifier_args(spec, alibi_slopes, head_dim, lse)
+    alibi, alibi_strides, scalars, flags = modifier_args(spec, alibi_slopes, head_dim, lse)
     block_d = max(16, triton.next_power_of_2(head_dim))
 
     delta = torch.empty((o_rows.shape[0], heads, n_q), dtype=torch.float32, device=q.device)
@@ -594,8 +594,7 @@ def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec: AttentionSp
         DOT_PRECISION=runtime.dot_precision(q.dtype),
     )
     common = (q, k, v, do, lse, delta)
-    modifiers = (modifier_tensors["ALIBI"], scalars["sm_scale"], scalars["SOFTCAP"], scalars["DROPOUT_P"],
-                 scalars["DROPOUT_SEED"])
+    modifiers = (alibi, *scalars)
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
     if block_m is None and runtime.INTERPRET:
         block_m, block_n = INTERPRETER_BLOCKS["BLOCK_M"], INTERPRETER_BLOCKS["BLOCK_N"]

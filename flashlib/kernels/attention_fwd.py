@@ -440,17 +440,17 @@ MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 
 
 def modifier_args(spec: AttentionSpec, alibi_slopes: torch.Tensor | None, head_dim: int, dummy: torch.Tensor):
-    """The kernel arguments of the score modifiers and dropout (shared by the forward and backward launchers)."""
+    """The kernel arguments of the score modifiers and dropout, shared by the forward and backward launchers:
+    ``(ALIBI, (stride_ab, stride_ah), (sm_scale, SOFTCAP, DROPOUT_P, DROPOUT_SEED), flags)``, the scalars in
+    the kernels' argument order; ``dummy`` stands in for absent slopes."""
     if alibi_slopes is None:
         alibi, alibi_strides = dummy, (0, 0)
     else:  # (H,) or (B, H) float32: a batch stride of 0 for (H,)
         alibi = alibi_slopes
         alibi_strides = (0, alibi.stride(0)) if alibi.dim() == 1 else tuple(alibi.stride())
-    tensors = dict(ALIBI=alibi)
-    scalars = dict(sm_scale=spec.scale(head_dim), SOFTCAP=float(spec.softcap),
-                   DROPOUT_P=effective_dropout_p(spec.dropout_p), DROPOUT_SEED=int(spec.dropout_seed))
+    scalars = (spec.scale(head_dim), float(spec.softcap), effective_dropout_p(spec.dropout_p), int(spec.dropout_seed))
     flags = dict(HAS_SOFTCAP=spec.softcap > 0, HAS_ALIBI=alibi_slopes is not None, HAS_DROPOUT=spec.dropout_p > 0)
-    return tensors, scalars, alibi_strides, flags
+    return alibi, alibi_strides, scalars, flags
 
 
 def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -484,7 +484,7 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     n_k = k.shape[2]
     rows_q, rows_k = (max_seqlen_q, max_seqlen_k) if varlen else (n_q, n_k)  # per (batch, head)
     left, right = spec.bounds()
-    modifier_tensors, scalars, alibi_strides, flags = modifier_args(spec, alibi_slopes, head_dim, lse)
+    alibi, alibi_strides, scalars, flags = modifier_args(spec, alibi_slopes, head_dim, lse)
     args = dict(
         H=heads, KV_GROUP=heads // k.shape[1], N_CTX_Q=n_q, N_CTX_K=n_k,
         WINDOW_LEFT=left or 0, WINDOW_RIGHT=right or 0,
@@ -494,10 +494,9 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         HAS_LEFT=left is not None, HAS_RIGHT=right is not None, **flags,
         RECORD_TILES=tiles is not None, DOT_PRECISION=runtime.dot_precision(q.dtype),
     )
-    tensors = (q, k, v, o, lse, seq_lens, cu_seqlens_q, cu_seqlens_k, modifier_tensors["ALIBI"], tiles)
+    tensors = (q, k, v, o, lse, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi, tiles)
     strides = (*q.stride(), *k.stride(), *v.stride(), *o.stride(), *alibi_strides)
-    positional = (*tensors, scalars["sm_scale"], scalars["SOFTCAP"], scalars["DROPOUT_P"], scalars["DROPOUT_SEED"],
-                  *strides)
+    positional = (*tensors, *scalars, *strides)
     if block_m is None and runtime.INTERPRET:
         block_m, block_n = INTERPRETER_BLOCKS["BLOCK_M"], INTERPRETER_BLOCKS["BLOCK_N"]
     if block_m is not None:
