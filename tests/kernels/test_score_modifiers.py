@@ -248,6 +248,21 @@ def test_bad_modifiers_get_clear_errors(kwargs, error, message):
         flash_attention(q, k, v, **kwargs)
 
 
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(softcap=-2.0), ValueError, r"softcap must be finite, >= 0"),
+    (dict(dropout_p=1.5), ValueError, r"dropout_p must be finite, >= 0.0 and < 1.0.*got 1.5"),
+    (dict(alibi_slopes=torch.ones(2, 3)), ValueError, r"alibi_slopes must have shape \(H,\) = \(2,\) or \(B, H\) = "
+                                                    r"\(2, 2\); got \(2, 3\)"),
+])
+def test_bad_modifiers_of_packed_sequences_get_the_same_clear_errors(kwargs, error, message):
+    q, k, v = (torch.randn(12, 2, 16, device=DEVICE) for _ in range(3))
+    cu = torch.tensor([0, 5, 12], dtype=torch.int32, device=DEVICE)
+    if isinstance(kwargs.get("alibi_slopes"), torch.Tensor):
+        kwargs = {**kwargs, "alibi_slopes": kwargs["alibi_slopes"].to(DEVICE)}
+    with pytest.raises(error, match=message):
+        flash_attention_varlen(q, k, v, cu, cu, 7, 7, **kwargs)
+
+
 # ---------------------------------------------------------------- GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
