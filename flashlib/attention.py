@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 
 from . import ops
+from .decode import UNSET, splitkv_attention
+from .variants import VARIANTS, select_variant
 from .arguments import (check_alibi_slopes, check_dtypes_and_device, check_heads, check_tensors,
                         describe_shapes, make_spec, values_checked)
 from .kernels.dropout import dropout_mask
@@ -73,7 +75,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
                     seq_lens: torch.Tensor | None = None, window=None,
                     softmax_scale: float | None = None, layout: str = "bhnd",
                     return_lse: bool = False, *, softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None,
-                    dropout_p: float = 0.0, return_dropout_mask: bool = False):
+                    dropout_p: float = 0.0, return_dropout_mask: bool = False, variant: str = "auto"):
     """softmax(q k^T * scale + mask) v, without ever storing the N_q x N_k matrix.
 
     Shapes: ``layout="bhnd"`` (default, as torch SDPA): q (B, H, N_q, D), k and v
@@ -132,6 +134,12 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     AD raises; ``torch.func.grad``, ``vjp`` and ``vmap`` work. Under ``torch.compile``
     the call is the custom op ``flashlib::attention_forward`` (see :mod:`flashlib.ops`):
     ``fullgraph=True`` traces through it.
+
+    ``variant`` picks the forward kernel: ``"fa2"`` (FlashAttention-2, training and
+    prefill), ``"splitkv"`` (split-KV, for few queries over many keys: decoding; forward
+    only, no dropout) or ``"auto"`` (default): split-KV when nothing needs a gradient, there is
+    no dropout and :func:`flashlib.select_variant` chooses it for the shape. Both give the
+    same O and L.
     """
     spec, alibi_slopes = check_attention_args(q, k, v, causal, seq_lens, window, softmax_scale, layout, softcap,
                                               alibi_slopes, dropout_p)
@@ -139,6 +147,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         raise TypeError(f"return_dropout_mask must be a bool; got {return_dropout_mask!r}")
     if return_dropout_mask and torch.compiler.is_compiling():
         raise ValueError("return_dropout_mask is a debugging aid for eager mode, not for torch.compile")
+    if _forward_variant(variant, q, k, v, layout, spec, return_dropout_mask) == "splitkv":
+        o, lse = _splitkv(q, k, v, seq_lens, alibi_slopes, layout, spec)
+        return (o, lse) if return_lse else o
     o, lse, seed = ops.attention(q, k, v, seq_lens, None, None, alibi_slopes, 0, 0, layout, spec)
     outputs = (o, lse) if return_lse else (o,)
     if return_dropout_mask:  # recomputed from the seed the forward drew, as the backward does
@@ -146,6 +157,39 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         n_k = _bhnd_shape(k, layout)[2]
         outputs += (dropout_mask(int(seed[0]), spec.dropout_p, batch, heads, n_q, n_k, q.device),)
     return outputs if len(outputs) > 1 else o
+
+
+def _forward_variant(variant, q, k, v, layout, spec, return_dropout_mask) -> str:
+    """"fa2" or "splitkv" for this call; a ValueError where the asked variant cannot serve it."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}; got {variant!r}")
+    if variant == "fa2":
+        return variant
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    refusal = ("q, k or v requires grad (split-KV is forward only; use torch.no_grad() for inference)"
+               if needs_grad else "dropout_p > 0 (split-KV has no dropout)" if spec.dropout_p > 0 or
+               return_dropout_mask else None)
+    if variant == "splitkv":
+        if refusal:
+            raise ValueError(f"variant='splitkv' cannot serve this call: {refusal}; use variant='fa2' or 'auto'")
+        return variant
+    if refusal:
+        return "fa2"
+    batch, heads, n_q, head_dim = _bhnd_shape(q, layout)
+    heads_kv, n_k = _bhnd_shape(k, layout)[1:3]
+    return select_variant(batch, heads, heads_kv, n_q, n_k, head_dim, q.device).variant
+
+
+def _splitkv(q, k, v, seq_lens, alibi_slopes, layout, spec):
+    """(O, L) of a checked padded-batch call through the split-KV kernel, in flash_attention's shapes."""
+    views = (q, k, v) if q.dim() == 4 else (q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1))
+    left, right = spec.window if spec.window is not None else (None, None)
+    o, lse = splitkv_attention(*views, None, seq_lens, None, alibi_slopes, layout, spec.scale(q.shape[-1]),
+                               spec.causal, UNSET if left is None else left, UNSET if right is None else right,
+                               spec.softcap, UNSET, UNSET)
+    if q.dim() == 3:
+        return o.squeeze(1), lse.squeeze(1)
+    return o, lse
 
 
 def flash_attention_v2(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, **kwargs):

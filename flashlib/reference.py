@@ -131,6 +131,46 @@ def naive_attention(q, k, v, *, causal=False, softmax_scale=None, window=None,
     return out, lse
 
 
+def cached_keys(cache: torch.Tensor, b: int, length: int, block_table: torch.Tensor | None = None) -> torch.Tensor:
+    """The first ``length`` tokens (length, H_kv, D) of sequence ``b`` of a KV cache.
+
+    A contiguous cache is (B, N_cache, H_kv, D); a paged one is (num_pages, page_size, H_kv, D),
+    whose token t of sequence b sits in page ``block_table[b, t // page_size]`` at row ``t % page_size``.
+    """
+    if block_table is None:
+        return cache[b, :length]
+    page_size = cache.shape[1]
+    pages = block_table[b, :(length + page_size - 1) // page_size].long()
+    return cache[pages].reshape(-1, *cache.shape[2:])[:length]
+
+
+def kvcache_attention(q, k_cache, v_cache, cache_seqlens, *, block_table=None, causal=True, window=None,
+                      softmax_scale=None, softcap=0.0, alibi_slopes=None, return_lse=False):
+    """Attention of q (B, N_q, H, D) over the first ``cache_seqlens[b]`` cached tokens of each sequence.
+
+    The queries are the last N_q of those tokens (bottom-right alignment, as
+    :func:`flashlib.flash_attention_with_kvcache`). Sequence by sequence with
+    :func:`naive_attention`; returns O (B, N_q, H, D) and, with ``return_lse``, L (B, H, N_q).
+    """
+    outs, lses = [], []
+    for b in range(q.shape[0]):
+        n = int(cache_seqlens[b])
+        if n == 0:  # nothing cached: every query is a row with no key
+            outs.append(torch.zeros_like(q[b:b + 1]))
+            lses.append(torch.full((1, q.shape[2], q.shape[1]), float("-inf"), dtype=q.dtype, device=q.device))
+            continue
+        k = cached_keys(k_cache, b, n, block_table).transpose(0, 1)[None]
+        v = cached_keys(v_cache, b, n, block_table).transpose(0, 1)[None]
+        slopes = alibi_slopes if alibi_slopes is None or alibi_slopes.dim() == 1 else alibi_slopes[b:b + 1]
+        o, lse = naive_attention(q[b:b + 1].transpose(1, 2), k.to(q.dtype), v.to(q.dtype), causal=causal,
+                                 window=window, softmax_scale=softmax_scale, softcap=softcap,
+                                 alibi_slopes=slopes, return_lse=True)
+        outs.append(o.transpose(1, 2))
+        lses.append(lse)
+    o, lse = torch.cat(outs), torch.cat(lses)
+    return (o, lse) if return_lse else o
+
+
 def sdpa_attention(q, k, v, *, causal=False, softmax_scale=None):
     """PyTorch's fused attention (flash, memory-efficient, cuDNN or math backend).
 

@@ -1,0 +1,328 @@
+"""Split-KV attention for decoding (the Flash-Decoding idea), over a contiguous or a paged KV cache.
+
+When a model generates, each step brings one new query (or a few) per sequence and
+attends to every cached key. The FlashAttention-2 forward gives one program to each
+(batch, query head, block of 128 queries): with one query per sequence that is B·H
+programs, and each walks the whole cache alone. One long sequence with 32 heads
+is 32 programs on a GPU of 132 SMs, and with GQA every K/V head is read once per
+query head of its group. Decoding is bound by the bytes of K/V it reads, so both
+waste the GPU. This kernel fixes both:
+
+* **GQA packing.** One program handles every query row of one K/V head: the
+  ``GROUP = H // H_kv`` query heads of the group times the ``N_q`` new queries,
+  ``ROWS = GROUP * N_q`` rows in all (row ``r`` is head ``r // N_q``, query ``r % N_q``).
+  Each K/V block is then loaded once and used by all of them.
+* **Split-KV.** The keys are cut into ``num_splits`` chunks of ``CHUNK`` keys, one
+  program each. Every program runs the usual online softmax over its chunk and
+  writes a *partial* result: its normalised O and its logsumexp. A second small
+  kernel merges the partials of a row exactly, as notebook 03 teaches::
+
+      L = log(sum_s exp(L_s))        O = sum_s exp(L_s - L) * O_s
+
+  With one split there is nothing to merge: the kernel writes O and L itself.
+
+Grid: ``(num_splits, cdiv(ROWS, BLOCK_M), B * H_kv)``.
+
+Keys per sample: the cache holds ``K_LENS[b]`` valid keys (the KV-cache entry) and
+the queries are its last ``N_q`` positions: query ``i`` sits at key position
+``i + K_LENS[b] - N_q`` (causal aligned bottom-right, as flash-attn). Without
+``K_LENS`` this is :func:`flashlib.flash_attention`'s padded batch: ``N_k`` keys
+(``min(seq_len, N_k)`` with ``SEQ_LENS``), aligned on ``N_k - N_q``.
+
+A paged cache (vLLM's PagedAttention layout) stores keys in pages of ``PAGE_SIZE``
+tokens, ``(num_pages, PAGE_SIZE, H_kv, D)``; ``BLOCK_TABLE[b, j // PAGE_SIZE]`` is the
+page of sample ``b``'s key ``j``, at row ``j % PAGE_SIZE`` of it. The kernel gathers
+each key's row through the table, so pages may lie anywhere and in any order.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import runtime
+from .attention_fwd import LN2, LOG2E, scores_log2, smem_budget
+from .tuned import launch_tuned
+
+
+@triton.jit
+def splitkv_attention_kernel(
+    Q, K, V, O, LSE, O_PART, LSE_PART, K_LENS, SEQ_LENS, BLOCK_TABLE, ALIBI, sm_scale, SOFTCAP,
+    stride_qb, stride_qn, stride_qh, stride_qd,
+    stride_kb, stride_kn, stride_kh, stride_kd,
+    stride_vb, stride_vn, stride_vh, stride_vd,
+    stride_ob, stride_on, stride_oh, stride_od,
+    stride_tb, stride_ab, stride_ah,
+    H, H_KV, N_Q, N_K, WINDOW_LEFT, WINDOW_RIGHT, PAGE_SIZE, CHUNK,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_K_LENS: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, PAGED: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Rows ``[pid(1) * BLOCK_M, +BLOCK_M)`` of K/V head ``pid(2) % H_kv`` of sample ``pid(2) // H_kv``
+    against the keys of chunk ``pid(0)``.
+
+    Q, O are (B, N_q, H, D) and K, V (B, N_k, H_kv, D) through their strides (a paged
+    cache: (pages, PAGE_SIZE, H_kv, D)). LSE is (B, H, N_q) float32, contiguous. With
+    ``SPLIT`` the program writes its partial instead: O_PART (B, H_kv, splits, ROWS_PAD, D)
+    and LSE_PART (B, H_kv, splits, ROWS_PAD), float32, contiguous, the logsumexp in
+    log2 units (the merge works in them).
+    """
+    split = tl.program_id(0)
+    row_block = tl.program_id(1)
+    off_bh = tl.program_id(2)
+    off_b = off_bh // H_KV
+    off_kvh = off_bh % H_KV
+    group = H // H_KV
+
+    if HAS_K_LENS:  # a KV cache: the queries are the last N_q of K_LENS[b] keys
+        k_len = tl.load(K_LENS + off_b)
+        q_len = N_Q
+        offset = k_len - N_Q
+    else:  # a padded batch, as flash_attention
+        k_len = N_K
+        q_len = N_Q
+        offset = N_K - N_Q
+        if HAS_SEQ_LENS:
+            seq_len = tl.load(SEQ_LENS + off_b)
+            k_len = tl.minimum(seq_len, N_K)
+            q_len = tl.minimum(seq_len, N_Q)
+
+    rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < group * N_Q
+    head = off_kvh * group + rows // N_Q  # query head of each row
+    query = rows % N_Q  # query index of each row
+    pos = query + offset  # its key position (bottom-right alignment)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    q_ptrs = (Q + off_b.to(tl.int64) * stride_qb + query[:, None].to(tl.int64) * stride_qn
+              + head[:, None].to(tl.int64) * stride_qh + offs_d[None, :] * stride_qd)
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+
+    if HAS_SOFTCAP:
+        score_scale = SOFTCAP * LOG2E
+        softcap_scale = sm_scale / SOFTCAP
+    else:
+        score_scale = sm_scale * LOG2E
+        softcap_scale = 1.0
+    slope_log2 = tl.zeros((BLOCK_M, 1), dtype=tl.float32)
+    if HAS_ALIBI:
+        slopes = tl.load(ALIBI + off_b * stride_ab + head * stride_ah, mask=row_ok, other=0.0)
+        slope_log2 = (slopes.to(tl.float32) * LOG2E)[:, None]
+
+    # The keys of this chunk that some valid row of the block may see.
+    lo = split * CHUNK
+    hi = tl.minimum(lo + CHUNK, k_len)
+    if HAS_RIGHT:  # the last valid query's reach
+        hi = tl.minimum(hi, tl.minimum(q_len, N_Q) - 1 + offset + WINDOW_RIGHT + 1)
+    if HAS_LEFT:  # the first query's reach, rounded down to a block
+        lo = tl.maximum(lo, (tl.maximum(offset - WINDOW_LEFT, 0) // BLOCK_N) * BLOCK_N)
+
+    k_head = off_kvh.to(tl.int64) * stride_kh
+    v_head = off_kvh.to(tl.int64) * stride_vh
+    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    offs_n = tl.arange(0, BLOCK_N)
+    for start in range(lo, hi, BLOCK_N):
+        cols = start + offs_n
+        col_ok = cols < k_len
+        if PAGED:  # each key's page through the block table
+            page = tl.load(BLOCK_TABLE + off_b.to(tl.int64) * stride_tb + cols // PAGE_SIZE, mask=col_ok, other=0)
+            k_rows = page.to(tl.int64) * stride_kb + (cols % PAGE_SIZE) * stride_kn
+            v_rows = page.to(tl.int64) * stride_vb + (cols % PAGE_SIZE) * stride_vn
+        else:
+            k_rows = off_b.to(tl.int64) * stride_kb + cols.to(tl.int64) * stride_kn
+            v_rows = off_b.to(tl.int64) * stride_vb + cols.to(tl.int64) * stride_vn
+        k = tl.load(K + k_head + k_rows[None, :] + offs_d[:, None] * stride_kd,
+                    mask=col_ok[None, :] & d_ok[:, None], other=0.0)
+        v = tl.load(V + v_head + v_rows[:, None] + offs_d[None, :] * stride_vd,
+                    mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+        qk = tl.dot(q, k, input_precision=DOT_PRECISION)
+        s, _ = scores_log2(qk, pos[:, None], cols[None, :], score_scale, softcap_scale, slope_log2,
+                           HAS_SOFTCAP, HAS_ALIBI)
+        visible = col_ok[None, :] & (query < q_len)[:, None]
+        if HAS_LEFT:
+            visible = visible & (cols[None, :] >= pos[:, None] - WINDOW_LEFT)
+        if HAS_RIGHT:
+            visible = visible & (cols[None, :] <= pos[:, None] + WINDOW_RIGHT)
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that saw nothing yet: p = alpha = 0
+        p = tl.math.exp2(s - m_sub[:, None])
+        alpha = tl.math.exp2(m_i - m_sub)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    # A row that saw no key (an empty chunk, a masked row): O = 0, L = -inf. NaN != 0 propagates.
+    seen = l_i != 0.0
+    l_safe = tl.where(seen, l_i, 1.0)
+    out = tl.where(seen[:, None], acc / l_safe[:, None], 0.0)
+    lse_log2 = tl.where(seen, m_i + tl.math.log2(l_safe), float("-inf"))
+    if SPLIT:
+        rows_pad = tl.num_programs(1) * BLOCK_M
+        part = (off_bh.to(tl.int64) * tl.num_programs(0) + split) * rows_pad + rows
+        tl.store(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(LSE_PART + part, lse_log2, mask=row_ok)
+    else:
+        o_ptrs = (O + off_b.to(tl.int64) * stride_ob + query[:, None].to(tl.int64) * stride_on
+                  + head[:, None].to(tl.int64) * stride_oh + offs_d[None, :] * stride_od)
+        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(LSE + (off_b * H + head).to(tl.int64) * N_Q + query, lse_log2 * LN2, mask=row_ok)
+
+
+@triton.jit
+def merge_splits_kernel(O_PART, LSE_PART, O, LSE,
+                        stride_ob, stride_on, stride_oh, stride_od,
+                        H, H_KV, N_Q, NUM_SPLITS, ROWS_PAD,
+                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr):
+    """Merge the ``NUM_SPLITS`` partials of row ``pid(0)`` of K/V head ``pid(1)`` into O and L.
+
+    ``SPLITS`` is ``NUM_SPLITS`` rounded up to a power of two (absent splits count as
+    empty: L = -inf). The partial logsumexps are in log2 units.
+    """
+    row = tl.program_id(0)
+    off_bh = tl.program_id(1)
+    off_b = off_bh // H_KV
+    off_kvh = off_bh % H_KV
+    group = H // H_KV
+    head = off_kvh * group + row // N_Q
+    query = row % N_Q
+    offs_s = tl.arange(0, SPLITS)
+    offs_d = tl.arange(0, BLOCK_D)
+    part = (off_bh.to(tl.int64) * NUM_SPLITS + offs_s) * ROWS_PAD + row
+    lse = tl.load(LSE_PART + part, mask=offs_s < NUM_SPLITS, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m_sub = tl.where(m == float("-inf"), 0.0, m)  # every split empty: weights 0, O = 0, L = -inf
+    w = tl.math.exp2(lse - m_sub)
+    total = tl.sum(w, 0)
+    o_part = tl.load(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :],
+                     mask=(offs_s < NUM_SPLITS)[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0)
+    seen = total != 0.0
+    out = tl.sum(w[:, None] * o_part, 0) / tl.where(seen, total, 1.0)
+    lse_out = tl.where(seen, (m_sub + tl.math.log2(tl.where(seen, total, 1.0))) * LN2, float("-inf"))
+    o_ptrs = (O + off_b.to(tl.int64) * stride_ob + query.to(tl.int64) * stride_on
+              + head.to(tl.int64) * stride_oh + offs_d * stride_od)
+    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=offs_d < HEAD_DIM)
+    tl.store(LSE + (off_b * H + head).to(tl.int64) * N_Q + query, lse_out)
+
+
+#: Keys per split come in multiples of this (so every BLOCK_N of the configs divides a chunk).
+CHUNK_GRANULE = 128
+#: At most this many splits (the merge kernel holds them all in registers).
+MAX_SPLITS = 128
+#: Block sizes and launch settings. On the GPU BLOCK_N is autotuned among a few configs, once per
+#: (head_dim, rows per program, paged, dtype); the interpreter runs one fixed config.
+GPU_CONFIGS = [(64, 4, 4), (64, 3, 4), (128, 2, 4), (128, 3, 8), (32, 4, 4)]  # (BLOCK_N, stages, warps)
+INTERPRETER_BLOCK_N = 32
+
+
+def _prune(configs, named_args, **kwargs):
+    """Drop configs whose K/V pipeline does not fit shared memory."""
+    args = {**named_args, **kwargs}
+    elem = args["K"].element_size()
+    fits = [c for c in configs
+            if elem * args["BLOCK_D"] * (args["BLOCK_M"] + 2 * c.kwargs["BLOCK_N"] * c.num_stages) <= smem_budget()]
+    return fits or [triton.Config({"BLOCK_N": 32}, num_stages=1, num_warps=4)]
+
+
+splitkv_attention_kernel_autotuned = triton.autotune(
+    configs=[triton.Config({"BLOCK_N": bn}, num_stages=s, num_warps=w) for bn, s, w in GPU_CONFIGS],
+    key=["HEAD_DIM", "BLOCK_M", "PAGED", "SPLIT", "HAS_SOFTCAP", "HAS_ALIBI", "DOT_PRECISION"],
+    prune_configs_by={"early_config_prune": _prune},
+)(splitkv_attention_kernel)
+
+
+@functools.lru_cache(maxsize=None)
+def multiprocessor_count(device_index: int) -> int:
+    """SMs of a CUDA device (cached: the property query costs host time on every call)."""
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def rows_per_program(rows: int) -> int:
+    """BLOCK_M for ``rows`` packed query rows: all of them up to 64 (at least 16, ``tl.dot``'s minimum)."""
+    return max(16, min(64, triton.next_power_of_2(rows)))
+
+
+def choose_num_splits(programs: int, n_k: int, sms: int) -> int:
+    """How many chunks to cut ``n_k`` keys into, when ``programs`` programs run without splitting.
+
+    Aim at about two programs per SM (memory-bound work wants many loads in flight),
+    and at least ``2 * CHUNK_GRANULE`` keys per chunk so the merge stays cheap.
+    """
+    if programs >= sms:
+        return 1
+    wanted = triton.cdiv(2 * sms, programs)
+    return max(1, min(wanted, triton.cdiv(n_k, 2 * CHUNK_GRANULE), MAX_SPLITS))
+
+
+def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                             lse: torch.Tensor, *, scale: float, causal: bool = False,
+                             window: tuple[int | None, int | None] = (None, None), softcap: float = 0.0,
+                             alibi_slopes: torch.Tensor | None = None, k_lens: torch.Tensor | None = None,
+                             seq_lens: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
+                             max_keys: int | None = None, num_splits: int | None = None) -> None:
+    """Fill ``o`` (q's shape) and ``lse`` ((B, H, N_q) float32) with split-KV attention; arguments unchecked.
+
+    q, o: (B, N_q, H, D) through strides (pass ``.transpose(1, 2)`` views for (B, H, N, D)).
+    k, v: (B, N_k, H_kv, D), or pages (num_pages, page_size, H_kv, D) with ``block_table``
+    (B, max_pages) int32. ``k_lens`` (B,) int32: valid keys per sample (a KV cache,
+    queries at the end); else ``seq_lens`` as :func:`flashlib.flash_attention`. ``window``
+    is (left, right) with None unbounded, ``causal`` caps right at 0. ``max_keys`` bounds the
+    keys of any sample (the grid is sized for it; default: what k can hold).
+    ``num_splits`` overrides the heuristic (:func:`choose_num_splits`).
+    """
+    batch, n_q, heads, head_dim = q.shape
+    heads_kv = k.shape[2]
+    paged = block_table is not None
+    page_size = k.shape[1] if paged else 0
+    capacity = block_table.shape[1] * page_size if paged else k.shape[1]
+    n_k = capacity if max_keys is None else min(max_keys, capacity)
+    rows = (heads // heads_kv) * n_q
+    block_m = rows_per_program(rows)
+    row_blocks = triton.cdiv(rows, block_m)
+    if num_splits is None:
+        sms = 16 if runtime.INTERPRET else multiprocessor_count(q.device.index or 0)
+        num_splits = choose_num_splits(batch * heads_kv * row_blocks, n_k, sms)
+    chunk = triton.cdiv(triton.cdiv(max(n_k, 1), num_splits), CHUNK_GRANULE) * CHUNK_GRANULE
+    num_splits = max(1, triton.cdiv(n_k, chunk))
+    split = num_splits > 1
+    left = right = None
+    if window is not None:
+        left, right = window
+    if causal:
+        right = 0 if right is None else min(right, 0)
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    if split:
+        o_part = torch.empty((batch, heads_kv, num_splits, row_blocks * block_m, head_dim),
+                             dtype=torch.float32, device=q.device)
+        lse_part = torch.empty(o_part.shape[:-1], dtype=torch.float32, device=q.device)
+    else:
+        o_part = lse_part = lse
+    dummy = lse
+    alibi_strides = (0, 0)
+    if alibi_slopes is not None:
+        alibi_strides = (0, alibi_slopes.stride(0)) if alibi_slopes.dim() == 1 else tuple(alibi_slopes.stride())
+    positional = (q, k, v, o, lse, o_part, lse_part,
+                  dummy if k_lens is None else k_lens, dummy if seq_lens is None else seq_lens,
+                  dummy if block_table is None else block_table, dummy if alibi_slopes is None else alibi_slopes,
+                  float(scale), float(softcap),
+                  *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+                  block_table.stride(0) if paged else 0, *alibi_strides,
+                  heads, heads_kv, n_q, n_k, left or 0, right or 0, page_size, chunk)
+    flags = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, HAS_K_LENS=k_lens is not None,
+                 HAS_SEQ_LENS=seq_lens is not None, PAGED=paged, HAS_LEFT=left is not None,
+                 HAS_RIGHT=right is not None, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
+                 SPLIT=split, DOT_PRECISION=runtime.dot_precision(q.dtype), BLOCK_M=block_m)
+    grid = (num_splits, row_blocks, batch * heads_kv)
+    if runtime.INTERPRET:
+        splitkv_attention_kernel[grid](*positional, **flags, BLOCK_N=INTERPRETER_BLOCK_N)
+    else:
+        launch_tuned(splitkv_attention_kernel_autotuned, grid, *positional, **flags)
+    if split:
+        merge_splits_kernel[(rows, batch * heads_kv)](
+            o_part, lse_part, o, lse, *o.stride(), heads, heads_kv, n_q, num_splits, row_blocks * block_m,
+            HEAD_DIM=head_dim, BLOCK_D=block_d, SPLITS=triton.next_power_of_2(num_splits))

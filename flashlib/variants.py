@@ -1,0 +1,61 @@
+"""Which forward kernel suits a problem: FlashAttention-2's or split-KV (seed 003's ``variant="auto"``).
+
+The FlashAttention-2 forward (:mod:`flashlib.kernels.attention_fwd`) gives one program
+to each block of 128 queries of each (sample, query head). That fills a GPU when there
+are many queries: training and prefill. When a model decodes there are only a few new
+queries per sequence, so the grid is ``B * H`` programs that each walk the whole
+cache, and with GQA each K/V head is read once per query head of its group. The
+split-KV kernel (:mod:`flashlib.kernels.decode`) packs a group's query heads into one
+program and spreads the keys over many programs.
+
+:func:`select_variant` makes the choice from the problem's shape alone, and says why
+in one line. The rule comes from measurements on an H100 (``benchmarks/decode_variants.py``,
+stored in ``benchmarks/results/decode_variants_*.json``); see :data:`SPLITKV_MAX_QUERIES`.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+VARIANTS = ("auto", "fa2", "splitkv")
+
+#: Split-KV is chosen up to this many queries per sequence. Its programs hold every query
+#: row of a K/V group (at most 64 rows per program, more rows take more programs), so a
+#: problem of few queries reads each K/V block once; past a few dozen queries per sequence
+#: the problem is compute-bound and FlashAttention-2's larger query tiles win.
+SPLITKV_MAX_QUERIES = 16
+
+
+class VariantChoice(NamedTuple):
+    """The forward kernel chosen for a problem and the reason, in one line."""
+
+    variant: str
+    reason: str
+
+
+def select_variant(batch: int, heads_q: int, heads_kv: int, n_q: int, n_k: int, head_dim: int,
+                   device=None) -> VariantChoice:
+    """``("fa2" | "splitkv", reason)`` for attention of ``n_q`` queries per sequence over ``n_k`` keys.
+
+    ``device`` is accepted for the signature of seed 003's BackendSelector; the rule,
+    measured on an H100, depends on the shape only (the split count, which adapts to the
+    GPU's SM count, is chosen later, at launch).
+
+    >>> select_variant(1, 32, 8, 1, 131072, 128).variant
+    'splitkv'
+    >>> select_variant(4, 16, 16, 2048, 2048, 64).variant
+    'fa2'
+    """
+    for name, value in (("batch", batch), ("heads_q", heads_q), ("heads_kv", heads_kv), ("n_q", n_q),
+                        ("n_k", n_k), ("head_dim", head_dim)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise TypeError(f"select_variant: {name} must be an int >= 0; got {value!r}")
+    if heads_kv == 0 or heads_q % heads_kv:
+        raise ValueError(f"select_variant: heads_q ({heads_q}) must be a multiple of heads_kv ({heads_kv})")
+    group = heads_q // heads_kv
+    if n_q <= SPLITKV_MAX_QUERIES:
+        return VariantChoice("splitkv", f"{n_q} quer{'y' if n_q == 1 else 'ies'} per sequence "
+                             f"(<= {SPLITKV_MAX_QUERIES}): decoding-shaped, so split-KV reads each K/V head "
+                             f"once for its {group} query head{'s' if group > 1 else ''} and spreads the "
+                             f"{n_k} keys over many programs")
+    return VariantChoice("fa2", f"{n_q} queries per sequence (> {SPLITKV_MAX_QUERIES}): enough query blocks "
+                         f"to fill the GPU, where FlashAttention-2's 128-query tiles are fastest")

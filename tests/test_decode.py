@@ -1,0 +1,377 @@
+"""Decoding: flash_attention_with_kvcache (contiguous and paged caches), split-KV, variant choice.
+
+Every result is compared with the float64 reference :func:`flashlib.reference.kvcache_attention`
+(each sequence's cached keys gathered plainly, then naive attention), on fresh random inputs.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import flashlib
+import flashlib.decode
+from flashlib import flash_attention, flash_attention_with_kvcache, runtime, select_variant
+from flashlib.kernels import decode as decode_kernels
+from flashlib.reference import kvcache_attention
+from flashlib.validation import relative_error
+
+DEVICE = runtime.DEVICE
+TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def _randn(*shape, gen, dtype=torch.float32):
+    return torch.randn(*shape, generator=gen, dtype=torch.float64).to(DEVICE, dtype)
+
+
+def _problem(batch=3, heads=4, heads_kv=2, n_q=1, n_new=1, capacity=96, head_dim=32, dtype=torch.float32,
+             lengths=None, seed=0):
+    """q, a contiguous cache with random content everywhere, new k/v, and cache_seqlens (random unless given)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = _randn(batch, n_q, heads, head_dim, gen=gen, dtype=dtype)
+    k_cache = _randn(batch, capacity, heads_kv, head_dim, gen=gen, dtype=dtype)
+    v_cache = _randn(batch, capacity, heads_kv, head_dim, gen=gen, dtype=dtype)
+    k = _randn(batch, n_new, heads_kv, head_dim, gen=gen, dtype=dtype) if n_new else None
+    v = _randn(batch, n_new, heads_kv, head_dim, gen=gen, dtype=dtype) if n_new else None
+    if lengths is None:
+        lengths = torch.randint(0, capacity - n_new + 1, (batch,), generator=gen).tolist()
+    cache_seqlens = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
+    return q, k_cache, v_cache, k, v, cache_seqlens
+
+
+def _paged(cache: torch.Tensor, page_size: int, gen: torch.Generator, spare_pages: int = 3):
+    """The same tokens as a contiguous cache, in pages shuffled over a pool, and the block table."""
+    batch, capacity = cache.shape[:2]
+    pages_per_seq = capacity // page_size
+    num_pages = batch * pages_per_seq + spare_pages
+    table = torch.randperm(num_pages, generator=gen)[:batch * pages_per_seq].view(batch, pages_per_seq)
+    pool = torch.randn(num_pages, page_size, *cache.shape[2:], generator=gen, dtype=torch.float64)
+    pool = pool.to(DEVICE, cache.dtype)
+    for b in range(batch):
+        for p in range(pages_per_seq):
+            pool[table[b, p]] = cache[b, p * page_size:(p + 1) * page_size]
+    return pool, table.to(DEVICE, torch.int32).contiguous()
+
+
+def _reference(q, k_cache, v_cache, lengths, **kwargs):
+    o, lse = kvcache_attention(q.double(), k_cache.double(), v_cache.double(), lengths, return_lse=True, **kwargs)
+    return o, lse
+
+
+def _expected_cache(cache, new, lengths):
+    expected = cache.clone()
+    for b, n in enumerate(lengths.tolist()):
+        expected[b, n:n + new.shape[1]] = new[b]
+    return expected
+
+
+# ------------------------------------------------------------------ contiguous cache
+@pytest.mark.parametrize("heads_kv", [4, 2, 1], ids=["mha", "gqa", "mqa"])
+@pytest.mark.parametrize("n_q", [1, 4])
+@pytest.mark.parametrize("causal", [True, False])
+def test_contiguous_cache_matches_the_reference(heads_kv, n_q, causal, nan_empty):
+    q, k_cache, v_cache, k, v, lengths = _problem(heads_kv=heads_kv, n_q=n_q, n_new=n_q, lengths=[0, 37, 96 - n_q])
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    o, lse = flash_attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lengths, causal=causal,
+                                          return_lse=True)
+    # the append, in place, and nothing else changed
+    assert torch.equal(k_cache, _expected_cache(before_k, k, lengths))
+    assert torch.equal(v_cache, _expected_cache(before_v, v, lengths))
+    ref_o, ref_lse = _reference(q, k_cache, v_cache, lengths + n_q, causal=causal)
+    assert not o.isnan().any() and not lse.isnan().any()  # every element written (torch.empty gives NaN here)
+    assert relative_error(o, ref_o) < TOL[q.dtype]
+    assert torch.allclose(lse.double(), ref_lse, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 5, None])
+def test_every_split_count_gives_the_same_answer(num_splits):
+    q, k_cache, v_cache, _, _, lengths = _problem(n_new=0, capacity=300, lengths=[300, 1, 129], n_q=2)
+    o, lse = flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, num_splits=num_splits,
+                                          return_lse=True)
+    ref_o, ref_lse = _reference(q, k_cache, v_cache, lengths)
+    assert relative_error(o, ref_o) < TOL[q.dtype]
+    assert torch.allclose(lse.double(), ref_lse, atol=1e-5, rtol=0)
+
+
+def test_split_count_follows_the_grid_and_the_keys(monkeypatch):
+    """The heuristic splits only when the grid is short of SMs, and never into chunks of < 256 keys."""
+    assert decode_kernels.choose_num_splits(programs=264, n_k=1 << 17, sms=132) == 1
+    assert decode_kernels.choose_num_splits(programs=8, n_k=1 << 17, sms=132) == 33
+    assert decode_kernels.choose_num_splits(programs=8, n_k=512, sms=132) == 2
+    assert decode_kernels.choose_num_splits(programs=1, n_k=1 << 20, sms=132) == decode_kernels.MAX_SPLITS
+    seen = []
+    real = decode_kernels.merge_splits_kernel
+    monkeypatch.setattr(decode_kernels, "merge_splits_kernel",
+                        type("Spy", (), {"__getitem__": lambda self, grid: seen.append(grid) or real[grid]})())
+    q, k_cache, v_cache, _, _, lengths = _problem(batch=1, heads=2, heads_kv=1, n_new=0, capacity=1024,
+                                                  lengths=[1024])
+    o = flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths)
+    assert seen and seen[0] == (2, 1)  # split (16 SMs in the interpreter), merged: 2 rows of 1 K/V head
+    assert relative_error(o, _reference(q, k_cache, v_cache, lengths)[0]) < TOL[q.dtype]
+
+
+@pytest.mark.parametrize("window", [(7, 0), (20, 3), (0, 0)])
+def test_windows_softcap_alibi_and_scale(window):
+    q, k_cache, v_cache, k, v, lengths = _problem(n_q=3, n_new=3, lengths=[40, 5, 80], seed=1)
+    slopes = torch.rand(3, 4, dtype=torch.float64).to(DEVICE, torch.float32)
+    o = flash_attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lengths, causal=False,
+                                     window=window, softmax_scale=0.3, softcap=4.0, alibi_slopes=slopes,
+                                     num_splits=3)
+    ref = kvcache_attention(q.double(), k_cache.double(), v_cache.double(), lengths + 3, causal=False,
+                            window=window, softmax_scale=0.3, softcap=4.0, alibi_slopes=slopes.double())
+    assert relative_error(o, ref) < TOL[q.dtype]
+
+
+def test_queries_that_see_no_key_get_zero_and_minus_infinity():
+    """An empty cache and no append: O = 0 and L = -inf for every query, split or not."""
+    q, k_cache, v_cache, _, _, lengths = _problem(n_new=0, lengths=[0, 0, 3], n_q=4)
+    for splits in (1, 2):
+        o, lse = flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, num_splits=splits,
+                                              return_lse=True)
+        assert torch.equal(o[:2], torch.zeros_like(o[:2]))
+        assert bool((lse[:2] == float("-inf")).all())
+        # sequence 2 has 3 keys and 4 queries: causal leaves query 0 with none
+        assert torch.equal(o[2, 0], torch.zeros_like(o[2, 0])) and bool((lse[2, :, 0] == float("-inf")).all())
+        assert bool(lse[2, :, 1:].isfinite().all())
+
+
+def test_nan_in_a_seen_key_propagates_and_one_past_the_length_does_not():
+    q, k_cache, v_cache, _, _, lengths = _problem(n_new=0, lengths=[50, 50, 50])
+    k_cache[0, 10] = float("nan")  # seen by sequence 0
+    k_cache[1, 60] = float("nan")  # past sequence 1's length: never read
+    o = flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, num_splits=1)
+    assert o[0].isnan().all() and not o[1:].isnan().any()
+
+
+# ------------------------------------------------------------------ paged cache
+@pytest.mark.parametrize("page_size", [16, 8, 48])
+def test_paged_cache_matches_the_contiguous_one(page_size):
+    gen = torch.Generator().manual_seed(3)
+    q, k_cache, v_cache, k, v, lengths = _problem(n_q=2, n_new=2, capacity=96, lengths=[0, 45, 94], seed=2)
+    k_pool, table = _paged(k_cache, page_size, gen)
+    v_pool, _ = _paged(v_cache, page_size, torch.Generator().manual_seed(3))
+    before_k = k_pool.clone()
+    o = flash_attention_with_kvcache(q, k_pool, v_pool, k, v, cache_seqlens=lengths, block_table=table)
+    # the append lands in the right page and row, and nowhere else
+    expected = before_k.clone()
+    for b, n in enumerate(lengths.tolist()):
+        for t in range(2):
+            pos = n + t
+            expected[table[b, pos // page_size], pos % page_size] = k[b, t]
+    assert torch.equal(k_pool, expected)
+    ref_o, _ = _reference(q, k_pool, v_pool, lengths + 2, block_table=table)
+    assert relative_error(o, ref_o) < TOL[q.dtype]
+    o_contiguous = flash_attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lengths)
+    assert relative_error(o, o_contiguous.double()) < TOL[q.dtype]
+
+
+def test_paged_decoding_over_many_steps_matches_attention_over_the_whole_sequence():
+    """Append one token per step through a shuffled block table; each step's output is the last row of
+    causal attention over everything so far."""
+    gen = torch.Generator().manual_seed(4)
+    batch, heads, heads_kv, head_dim, page_size, steps = 2, 4, 2, 16, 4, 10
+    table = torch.randperm(12, generator=gen)[:2 * 5].view(2, 5).to(DEVICE, torch.int32)
+    k_pool = torch.zeros(12, page_size, heads_kv, head_dim, device=DEVICE)
+    v_pool = torch.zeros_like(k_pool)
+    qs = _randn(batch, steps, heads, head_dim, gen=gen)
+    ks = _randn(batch, steps, heads_kv, head_dim, gen=gen)
+    vs = _randn(batch, steps, heads_kv, head_dim, gen=gen)
+    lengths = torch.tensor([0, 0], dtype=torch.int32, device=DEVICE)
+    for t in range(steps):
+        o = flash_attention_with_kvcache(qs[:, t:t + 1], k_pool, v_pool, ks[:, t:t + 1], vs[:, t:t + 1],
+                                         cache_seqlens=lengths, block_table=table)
+        lengths += 1
+        full = flash_attention(qs[:, :t + 1], ks[:, :t + 1], vs[:, :t + 1], causal=True, layout="bnhd",
+                               variant="fa2")
+        assert relative_error(o, full[:, t:t + 1].double()) < TOL[torch.float32]
+
+
+# ------------------------------------------------------------------ flash_attention's variants
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd", "3d"])
+@pytest.mark.parametrize("kwargs", [dict(causal=True), dict(window=(5, 2)), dict(softcap=5.0),
+                                    dict(causal=True, seq_lens="yes")], ids=["causal", "window", "softcap",
+                                                                                "seq_lens"])
+def test_splitkv_variant_matches_fa2(layout, kwargs):
+    gen = torch.Generator().manual_seed(5)
+    heads, heads_kv = (2, 2) if layout == "3d" else (4, 2)
+    shape_q, shape_k = [2, heads, 3, 32], [2, heads_kv, 50, 32]
+    q, k, v = _randn(*shape_q, gen=gen), _randn(*shape_k, gen=gen), _randn(*shape_k, gen=gen)
+    if layout == "bnhd":
+        q, k, v = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    if layout == "3d":
+        q, k, v = (t.flatten(0, 1) for t in (q, k, v))
+    if kwargs.get("seq_lens"):
+        kwargs = dict(kwargs, seq_lens=torch.tensor([2, 40, 7, 50][:q.shape[0]], dtype=torch.int32, device=DEVICE))
+    layout_arg = "bhnd" if layout == "3d" else layout
+    o_fa2, lse_fa2 = flash_attention(q, k, v, layout=layout_arg, variant="fa2", return_lse=True, **kwargs)
+    o_split, lse_split = flash_attention(q, k, v, layout=layout_arg, variant="splitkv", return_lse=True, **kwargs)
+    assert o_split.shape == o_fa2.shape and o_split.stride() == o_fa2.stride()
+    assert relative_error(o_split, o_fa2.double()) < TOL[q.dtype]
+    assert torch.allclose(lse_split, lse_fa2, atol=1e-5, rtol=0)  # -inf where a row sees no key, in both
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_decoding(dtype):
+    q, k_cache, v_cache, k, v, lengths = _problem(n_new=1, dtype=dtype, lengths=[10, 60, 94], seed=6)
+    o = flash_attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lengths)
+    assert o.dtype == dtype
+    assert relative_error(o, _reference(q, k_cache, v_cache, lengths + 1)[0]) < TOL[dtype]
+
+
+def _count_splitkv_launches(monkeypatch):
+    calls = []
+    real = flashlib.decode.launch_splitkv_attention
+    monkeypatch.setattr(flashlib.decode, "launch_splitkv_attention",
+                        lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    return calls
+
+
+def test_auto_picks_splitkv_for_decoding_and_fa2_for_training(monkeypatch):
+    calls = _count_splitkv_launches(monkeypatch)
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = _randn(1, 4, 1, 32, gen=gen), _randn(1, 2, 64, 32, gen=gen), _randn(1, 2, 64, 32, gen=gen)
+    with torch.no_grad():
+        flash_attention(q, k, v, causal=True)
+    assert calls == [1]
+    q.requires_grad_(True)
+    o = flash_attention(q, k, v, causal=True)  # a gradient is needed: FlashAttention-2 (and its backward)
+    o.sum().backward()
+    assert calls == [1] and q.grad is not None
+    with torch.no_grad():
+        flash_attention(q, k, v, dropout_p=0.1)  # dropout: FlashAttention-2
+        long_q = _randn(1, 4, 64, 32, gen=gen)
+        flash_attention(long_q, k, v)  # 64 queries: FlashAttention-2
+    assert calls == [1]
+
+
+def test_variant_errors_name_the_reason():
+    gen = torch.Generator().manual_seed(8)
+    q, k, v = _randn(1, 2, 1, 16, gen=gen), _randn(1, 2, 8, 16, gen=gen), _randn(1, 2, 8, 16, gen=gen)
+    with pytest.raises(ValueError, match="variant must be one of"):
+        flash_attention(q, k, v, variant="fa3")
+    with pytest.raises(ValueError, match="split-KV has no dropout"):
+        flash_attention(q, k, v, variant="splitkv", dropout_p=0.5)
+    with pytest.raises(ValueError, match="forward only"):
+        flash_attention(q.requires_grad_(True), k, v, variant="splitkv")
+
+
+def test_select_variant_gives_a_choice_and_a_reason():
+    choice = select_variant(1, 32, 8, 1, 131072, 128)
+    assert choice.variant == "splitkv" and "4 query heads" in choice.reason and "131072" in choice.reason
+    assert select_variant(8, 32, 32, 4096, 4096, 128).variant == "fa2"
+    with pytest.raises(ValueError, match="multiple of heads_kv"):
+        select_variant(1, 32, 5, 1, 10, 64)
+    with pytest.raises(TypeError, match="n_k must be an int"):
+        select_variant(1, 32, 8, 1, 10.0, 64)
+
+
+def test_torch_compile_fullgraph_matches_eager():
+    q, k_cache, v_cache, k, v, lengths = _problem(n_new=1, lengths=[3, 50, 20], seed=9)
+    cache_eager = (k_cache.clone(), v_cache.clone())
+
+    def step(q, k_cache, v_cache, k, v, lengths):
+        return flash_attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lengths) * 2
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    got = compiled(q, k_cache, v_cache, k, v, lengths)
+    expected = step(q, *cache_eager, k, v, lengths)
+    assert torch.equal(got, expected)
+    assert torch.equal(k_cache, cache_eager[0]) and torch.equal(v_cache, cache_eager[1])  # the append happened
+
+
+# ------------------------------------------------------------------ bad input
+def _args(**changes):
+    q, k_cache, v_cache, k, v, lengths = _problem(n_new=1, lengths=[3, 50, 20], seed=10)
+    args = dict(q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, cache_seqlens=lengths)
+    args.update({name: (value(args) if callable(value) else value) for name, value in changes.items()})
+    return args
+
+
+@pytest.mark.parametrize("changes, error, message", [
+    (dict(cache_seqlens=lambda a: a["cache_seqlens"] + 76), ValueError, "overflow the cache: sequence 1"),
+    (dict(cache_seqlens=lambda a: a["cache_seqlens"].long()), TypeError, "cache_seqlens must be torch.int32"),
+    (dict(cache_seqlens=lambda a: a["cache_seqlens"][:2]), ValueError, r"cache_seqlens must have shape \(B,\)"),
+    (dict(cache_seqlens=lambda a: a["cache_seqlens"] - 4), ValueError, "cache_seqlens must be >= 0"),
+    (dict(cache_seqlens=None), ValueError, "appending k, v needs cache_seqlens"),
+    (dict(v=None), ValueError, "pass both or neither"),
+    (dict(k=lambda a: a["k"].half(), v=lambda a: a["v"].half()), TypeError, "must have the cache's dtype"),
+    (dict(k_cache=lambda a: a["k_cache"].half(), v_cache=lambda a: a["v_cache"].half()), TypeError,
+     "same dtype"),
+    (dict(k=lambda a: a["k"][:, :, :1], v=lambda a: a["v"][:, :, :1]), ValueError, r"\(B, N_new, H_kv, D\)"),
+    (dict(k_cache=lambda a: a["k_cache"][:, :, :1], v_cache=lambda a: a["v_cache"][:, :, :1].clone()),
+     ValueError, r"k must have shape \(B, N_new, H_kv, D\) = \(3, N_new, 1, 32\)"),
+    (dict(k_cache=lambda a: torch.zeros(3, 96, 3, 32, device=DEVICE),
+          v_cache=lambda a: torch.zeros(3, 96, 3, 32, device=DEVICE)), ValueError, "multiple of k/v heads"),
+    (dict(q=lambda a: a["q"][0]), ValueError, r"q must be a 4D \(B, N_q, H, D\)"),
+    (dict(k_cache=lambda a: a["k_cache"][:2], v_cache=lambda a: a["v_cache"][:2]), ValueError,
+     "a paged cache needs block_table"),
+])
+def test_bad_input_gets_a_clear_error(changes, error, message):
+    args = _args(**changes)
+    with pytest.raises(error, match=message):
+        flash_attention_with_kvcache(**args)
+
+
+def test_block_table_errors():
+    gen = torch.Generator().manual_seed(11)
+    q, k_cache, v_cache, k, v, lengths = _problem(n_new=1, lengths=[3, 50, 20], seed=11)
+    pool, table = _paged(k_cache, 16, gen)
+    bad = table.clone()
+    bad[1, 3] = pool.shape[0]  # sequence 1 uses page slots 0-3 (51 tokens)
+    with pytest.raises(ValueError, match=r"block_table\[1, 3\] = 21 is out of range: the paged cache has 21 pages"):
+        flash_attention_with_kvcache(q, pool, pool.clone(), k, v, cache_seqlens=lengths, block_table=bad)
+    unused = table.clone()
+    unused[0, 5] = -7  # sequence 0 never reaches page slot 5: not an error
+    flash_attention_with_kvcache(q, pool, pool.clone(), k, v, cache_seqlens=lengths, block_table=unused)
+    with pytest.raises(TypeError, match="block_table must be torch.int32"):
+        flash_attention_with_kvcache(q, pool, pool.clone(), k, v, cache_seqlens=lengths, block_table=table.long())
+    with pytest.raises(ValueError, match=r"block_table must have shape \(B, max_pages\)"):
+        flash_attention_with_kvcache(q, pool, pool.clone(), k, v, cache_seqlens=lengths, block_table=table[:2])
+
+
+def test_training_through_the_cache_is_refused():
+    args = _args(q=lambda a: a["q"].requires_grad_(True))
+    with pytest.raises(ValueError, match="forward only"):
+        flash_attention_with_kvcache(**args)
+    with torch.no_grad():
+        flash_attention_with_kvcache(**args)
+
+
+@pytest.mark.parametrize("num_splits", [0, -1, 2.0, True])
+def test_num_splits_must_be_a_positive_int(num_splits):
+    with pytest.raises(ValueError, match="num_splits must be None"):
+        flash_attention_with_kvcache(**_args(num_splits=num_splits))
+
+
+# ------------------------------------------------------------------ GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("heads_kv", [32, 8, 1])
+def test_gpu_decoding_matches_the_reference(dtype, head_dim, heads_kv):
+    gen = torch.Generator().manual_seed(12)
+    batch, heads, capacity = 3, 32, 4096
+    q, k_cache, v_cache, k, v, lengths = _problem(batch, heads, heads_kv, n_q=4, n_new=4, capacity=capacity,
+                                                  head_dim=head_dim, dtype=dtype, lengths=[0, 1000, capacity - 4],
+                                                  seed=12)
+    pool, table = _paged(k_cache, 64, gen)
+    v_pool, _ = _paged(v_cache, 64, torch.Generator().manual_seed(12))
+    o = flash_attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lengths)
+    o_paged = flash_attention_with_kvcache(q, pool, v_pool, k, v, cache_seqlens=lengths, block_table=table)
+    ref, _ = _reference(q, k_cache, v_cache, lengths + 4)
+    assert relative_error(o, ref) < TOL[dtype]
+    assert relative_error(o_paged, ref) < TOL[dtype]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_k", [1000, 70000])
+def test_gpu_splitkv_matches_fa2(n_k):
+    gen = torch.Generator().manual_seed(13)
+    q = _randn(2, 32, 1, 128, gen=gen, dtype=torch.float16)
+    k, v = (_randn(2, 8, n_k, 128, gen=gen, dtype=torch.float16) for _ in range(2))
+    with torch.no_grad():
+        o_fa2 = flash_attention(q, k, v, causal=True, variant="fa2")
+        o_split = flash_attention(q, k, v, causal=True, variant="splitkv")
+    assert relative_error(o_split, o_fa2.double()) < TOL[torch.float16]
+    assert math.isfinite(float(o_split.float().sum()))
