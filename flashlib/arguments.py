@@ -19,8 +19,11 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 def values_checked(*tensors: torch.Tensor) -> bool:
     """Whether checks may read these tensors' values: not while torch.compile traces (no sync, no graph
-    break), nor under torch.func.vmap, whose batched tensors have no single value to read."""
+    break), nor while a CUDA graph is captured (a sync is illegal there; decoding steps are captured),
+    nor under torch.func.vmap, whose batched tensors have no single value to read."""
     if torch.compiler.is_compiling():
+        return False
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         return False
     return not any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors)
 

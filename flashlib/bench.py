@@ -563,7 +563,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Time attention (flashlib, SDPA backends, naive) on a grid, or "
                                             "the tiled matmul (--kernel matmul). Defaults: the " + where + " grid.")
     p.add_argument("--kernel", choices=["attention", "matmul"], default="attention")
-    p.add_argument("--mode", default=d["mode"], help=f"comma list of {list(MODES)} (default {d['mode']})")
+    p.add_argument("--mode", default=d["mode"], help=f"comma list of {list(MODES)} (default {d['mode']}); "
+                                                     "or decode: the decoding grid (see flashlib.bench_decode)")
     p.add_argument("--dtype", default=None, help=f"comma list of {list(DTYPES)} (default {d['dtype']}; "
                                                  "--kernel matmul: one of fp16, bf16, fp32)")
     p.add_argument("--causal", default=d["causal"], help="both, true or false (default both)")
@@ -601,6 +602,12 @@ def main(argv: list[str] | None = None) -> list[dict] | None:
     """``python -m flashlib.bench``: the attention grid (or ``--kernel matmul``'s table)."""
     started = time.perf_counter()
     argv = sys.argv[1:] if argv is None else list(argv)
+    if "decode" in argv or "--mode=decode" in argv:
+        # Decoding has its own grid and rows; flashlib.bench_decode builds on this module, so it is
+        # imported here, where it is needed, rather than at the top (it imports this module).
+        from . import bench_decode
+
+        return bench_decode.main(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     defaults = CPU_DEFAULTS if runtime.INTERPRET else GPU_DEFAULTS

@@ -141,10 +141,16 @@ def _check_new_tokens(k, v, batch: int, heads_kv: int, head_dim: int, cache_dtyp
 
 
 def _check_values(cache_seqlens, n_new: int, capacity: int, block_table, page_size: int, num_pages: int) -> int:
-    """The longest sequence after the append (one device sync), after checking that it fits and that every
-    block-table entry it reads names a page."""
+    """The longest sequence after the append, after checking that every sequence fits and that every
+    block-table entry it reads names a page: one device sync for all of it."""
     total = cache_seqlens + n_new
-    low, high = int(cache_seqlens.min()), int(total.max())
+    bad_pages = torch.zeros((), dtype=torch.int64, device=cache_seqlens.device)
+    if block_table is not None:
+        pages_used = (total + page_size - 1) // page_size  # per sample
+        used = torch.arange(block_table.shape[1], device=block_table.device)[None, :] < pages_used[:, None]
+        bad = used & ((block_table < 0) | (block_table >= num_pages))
+        bad_pages = bad.sum()
+    low, high, n_bad = torch.stack([cache_seqlens.min().long(), total.max().long(), bad_pages]).tolist()
     if low < 0:
         raise ValueError(f"cache_seqlens must be >= 0; got a minimum of {low}")
     if high > capacity:
@@ -153,14 +159,10 @@ def _check_values(cache_seqlens, n_new: int, capacity: int, block_table, page_si
                          f"tokens + {n_new} new = {high} > the cache's capacity of {capacity} tokens"
                          + (f" ({capacity // page_size} pages of {page_size} in block_table)"
                             if block_table is not None else ""))
-    if block_table is not None and high > 0:
-        pages_used = (total + page_size - 1) // page_size  # per sample
-        used = torch.arange(block_table.shape[1], device=block_table.device)[None, :] < pages_used[:, None]
-        bad = used & ((block_table < 0) | (block_table >= num_pages))
-        if bool(bad.any()):
-            b, j = (int(i) for i in bad.nonzero()[0])
-            raise ValueError(f"block_table[{b}, {j}] = {int(block_table[b, j])} is out of range: the paged "
-                             f"cache has {num_pages} pages (indices 0 to {num_pages - 1})")
+    if n_bad:
+        b, j = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"block_table[{b}, {j}] = {int(block_table[b, j])} is out of range: the paged "
+                         f"cache has {num_pages} pages (indices 0 to {num_pages - 1})")
     return high
 
 

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import flash_attention
+from .decode import flash_attention_with_kvcache
 from .reference import expand_kv_heads, naive_attention
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -125,12 +126,22 @@ class CausalSelfAttention(nn.Module):
         self.attend = attention_function(attention)
         return self
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: "PagedKVCache | None" = None, layer: int = 0) -> torch.Tensor:
+        """Attention over x (B, N, d_model); with a ``cache``, over the cached tokens of ``layer`` too.
+
+        With a cache the new k, v are appended to it and the attention is
+        :func:`flashlib.flash_attention_with_kvcache` (whatever ``attention`` says: the cache is
+        flashlib's paged layout).
+        """
         batch, n, _ = x.shape
         q = self.q_proj(x).view(batch, n, self.n_heads, self.head_dim)      # (B, N, H, D): a view
         k = self.k_proj(x).view(batch, n, self.n_kv_heads, self.head_dim)   # (B, N, H_kv, D)
         v = self.v_proj(x).view(batch, n, self.n_kv_heads, self.head_dim)
-        o = self.attend(q, k, v)                                            # (B, N, H, D)
+        if cache is None:
+            o = self.attend(q, k, v)                                        # (B, N, H, D)
+        else:
+            o = flash_attention_with_kvcache(q, cache.k[layer], cache.v[layer], k, v, cache_seqlens=cache.lengths,
+                                             block_table=cache.block_table, causal=True)
         return self.out_proj(o.reshape(batch, n, self.n_heads * self.head_dim))
 
     def extra_repr(self) -> str:
@@ -160,8 +171,8 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(config.d_model)
         self.mlp = MLP(config.d_model, config.mlp_ratio)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x))
+    def forward(self, x: torch.Tensor, cache: "PagedKVCache | None" = None, layer: int = 0) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), cache, layer)
         return x + self.mlp(self.norm2(x))
 
 
@@ -193,14 +204,23 @@ class GPT(nn.Module):
             block.attn.set_attention(attention)
         return self
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
-        """Logits (B, N, vocab) for token ids (B, N); with ``targets``, also the mean cross-entropy."""
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
+                cache: "PagedKVCache | None" = None):
+        """Logits (B, N, vocab) for token ids (B, N); with ``targets``, also the mean cross-entropy.
+
+        With a ``cache`` (inference), idx are the next tokens after the ones cached: they take
+        the positions that follow, attend to the cache as well, and are appended to it.
+        """
         batch, n = idx.shape
-        if n > self.config.context:
-            raise ValueError(f"idx has {n} tokens per sample; the model's context is {self.config.context}")
-        x = self.tok_emb(idx) + self.pos_emb(torch.arange(n, device=idx.device))
-        for block in self.blocks:
-            x = block(x)
+        start = 0 if cache is None else cache.tokens
+        if start + n > self.config.context:
+            raise ValueError(f"idx has {n} tokens per sample{f' after {start} cached' if start else ''}; "
+                             f"the model's context is {self.config.context}")
+        x = self.tok_emb(idx) + self.pos_emb(torch.arange(start, start + n, device=idx.device))
+        for layer, block in enumerate(self.blocks):
+            x = block(x, cache, layer)
+        if cache is not None:
+            cache.advance(n)
         logits = self.head(self.norm(x))
         if targets is None:
             return logits
@@ -275,23 +295,90 @@ def train(model: GPT, data: torch.Tensor, *, steps: int, batch_size: int, lr: fl
     return losses
 
 
+class PagedKVCache:
+    """The keys and values of every layer of a :class:`GPT` for ``batch`` sequences, in pages.
+
+    Each layer has a pool of pages (num_pages, page_size, H_kv, D) for k and one for v
+    (the paged layout of :func:`flashlib.flash_attention_with_kvcache`, as vLLM's
+    PagedAttention), and the sequences share one ``block_table`` (B, pages per sequence)
+    int32 that says which page holds which stretch of which sequence. Pages are handed
+    out in a shuffled order (a fixed seed) to show that where a page lies does not matter.
+    ``lengths`` (B,) int32 counts the cached tokens of each sequence; ``tokens`` is that
+    count as an int (every sequence of :func:`generate` advances together).
+    """
+
+    def __init__(self, config: GPTConfig, batch: int, max_tokens: int, *, page_size: int = 16,
+                 device=None, dtype: torch.dtype = torch.float32):
+        if page_size < 1 or max_tokens < 1 or batch < 1:
+            raise ValueError(f"batch, max_tokens and page_size must be >= 1; got {batch}, {max_tokens}, {page_size}")
+        pages_per_sequence = -(-max_tokens // page_size)
+        num_pages = batch * pages_per_sequence
+        heads_kv = config.n_kv_heads or config.n_heads
+        shape = (num_pages, page_size, heads_kv, config.head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
+        order = torch.randperm(num_pages, generator=torch.Generator().manual_seed(0))
+        self.block_table = order.view(batch, pages_per_sequence).to(device=device, dtype=torch.int32)
+        self.lengths = torch.zeros(batch, device=device, dtype=torch.int32)
+        self.tokens = 0
+        self.page_size = page_size
+
+    def advance(self, n: int) -> None:
+        """Count ``n`` more tokens as cached (after every layer has appended them)."""
+        self.lengths += n
+        self.tokens += n
+
+    def memory_bytes(self) -> int:
+        """Bytes of every page of k and v, in every layer."""
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+
+def _next_token(logits: torch.Tensor, temperature: float, top_k: int | None, generator) -> torch.Tensor:
+    """(B, 1) ids from the last position's logits (B, vocab): greedy at temperature 0, else sampled."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits.float(), dim=-1)
+    return torch.multinomial(probs.cpu(), 1, generator=generator).to(logits.device)
+
+
 @torch.no_grad()
 def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
-             top_k: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Append ``max_new_tokens`` sampled tokens to ``idx`` (B, N), one at a time.
+             top_k: int | None = None, generator: torch.Generator | None = None, kv_cache: bool = False,
+             page_size: int = 16) -> torch.Tensor:
+    """Append ``max_new_tokens`` tokens to ``idx`` (B, N), one at a time; ``temperature=0`` is greedy.
 
-    Every step recomputes attention over the last ``context`` tokens (no KV cache:
-    simple, and quadratic; notebook 08 says when a cache pays).
+    Without ``kv_cache`` every step recomputes attention over the last ``context`` tokens:
+    simple, quadratic in the length, and able to slide past the context. With ``kv_cache``
+    the prompt fills a :class:`PagedKVCache` once and each step feeds only the newest token,
+    whose keys and values join the cache: linear, but bounded by the model's context
+    (positions are absolute). Greedy decoding gives the same tokens either way.
     """
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0: greedy); got {temperature}")
     model.eval()
-    for _ in range(max_new_tokens):
-        logits = model(idx[:, -model.config.context:])[:, -1] / temperature
-        if top_k is not None:
-            kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        probs = torch.softmax(logits.float(), dim=-1)
-        nxt = torch.multinomial(probs.cpu(), 1, generator=generator).to(idx.device)
+    if not kv_cache:
+        for _ in range(max_new_tokens):
+            logits = model(idx[:, -model.config.context:])[:, -1]
+            idx = torch.cat([idx, _next_token(logits, temperature, top_k, generator)], dim=1)
+        return idx
+    total = idx.shape[1] + max_new_tokens
+    if total > model.config.context:
+        raise ValueError(f"kv_cache=True keeps absolute positions: prompt ({idx.shape[1]}) + max_new_tokens "
+                         f"({max_new_tokens}) = {total} must fit the model's context ({model.config.context}); "
+                         "use kv_cache=False to slide past it")
+    weight = model.tok_emb.weight
+    cache = PagedKVCache(model.config, idx.shape[0], total, page_size=page_size, device=weight.device,
+                         dtype=weight.dtype)
+    logits = model(idx, cache=cache)[:, -1]  # prefill: the whole prompt at once
+    for step in range(max_new_tokens):
+        nxt = _next_token(logits, temperature, top_k, generator)
         idx = torch.cat([idx, nxt], dim=1)
+        if step + 1 < max_new_tokens:
+            logits = model(nxt, cache=cache)[:, -1]
     return idx
 
 
@@ -303,5 +390,6 @@ def relative_loss_gap(losses: list[float], reference: list[float]) -> float:
 
 
 __all__ = ["ATTENTION", "EXPERIMENT", "CausalSelfAttention", "CharTokenizer", "GPT", "GPTConfig", "MLP", "Block",
+           "PagedKVCache",
            "attention_function", "flashlib_attend", "generate", "get_batch", "load_text", "naive_attend",
            "relative_loss_gap", "sdpa_attend", "train"]

@@ -95,10 +95,11 @@ def test_every_split_count_gives_the_same_answer(num_splits):
 
 
 def test_split_count_follows_the_grid_and_the_keys(monkeypatch):
-    """The heuristic splits only when the grid is short of SMs, and never into chunks of < 256 keys."""
+    """The heuristic splits only when the grid is short of SMs, into one wave, never into chunks of < 128 keys."""
     assert decode_kernels.choose_num_splits(programs=264, n_k=1 << 17, sms=132) == 1
-    assert decode_kernels.choose_num_splits(programs=8, n_k=1 << 17, sms=132) == 33
-    assert decode_kernels.choose_num_splits(programs=8, n_k=512, sms=132) == 2
+    assert decode_kernels.choose_num_splits(programs=8, n_k=1 << 17, sms=132) == 16
+    assert decode_kernels.choose_num_splits(programs=32, n_k=1 << 17, sms=132) == 4
+    assert decode_kernels.choose_num_splits(programs=8, n_k=512, sms=132) == 4
     assert decode_kernels.choose_num_splits(programs=1, n_k=1 << 20, sms=132) == decode_kernels.MAX_SPLITS
     seen = []
     real = decode_kernels.merge_splits_kernel
@@ -145,10 +146,11 @@ def test_nan_in_a_seen_key_propagates_and_one_past_the_length_does_not():
 
 
 # ------------------------------------------------------------------ paged cache
-@pytest.mark.parametrize("page_size", [16, 8, 48])
+@pytest.mark.parametrize("page_size", [16, 8, 48, 64], ids=["16", "8", "48", "64-one-page-per-block"])
 def test_paged_cache_matches_the_contiguous_one(page_size):
+    """Pages smaller than a key block, not dividing it, and holding whole blocks (one table read per block)."""
     gen = torch.Generator().manual_seed(3)
-    q, k_cache, v_cache, k, v, lengths = _problem(n_q=2, n_new=2, capacity=96, lengths=[0, 45, 94], seed=2)
+    q, k_cache, v_cache, k, v, lengths = _problem(n_q=2, n_new=2, capacity=192, lengths=[0, 45, 150], seed=2)
     k_pool, table = _paged(k_cache, page_size, gen)
     v_pool, _ = _paged(v_cache, page_size, torch.Generator().manual_seed(3))
     before_k = k_pool.clone()

@@ -166,6 +166,45 @@ def test_generate_appends_tokens_deterministically():
     assert int(out.max()) < 20
 
 
+# ------------------------------------------------------------------ generation with a KV cache
+def test_cached_forward_gives_the_logits_of_the_whole_sequence():
+    """Prefill 5 tokens into the paged cache, then feed 4 one at a time: each step's logits are those of
+    one forward over the whole sequence at that position."""
+    model = _tiny(n_heads=4, n_kv_heads=2).eval()
+    idx = torch.randint(0, 20, (2, 9), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    with torch.no_grad():
+        full = model(idx)
+        cache = M.PagedKVCache(model.config, 2, 9, page_size=4, device=DEVICE)
+        steps = [model(idx[:, :5], cache=cache)] + [model(idx[:, t:t + 1], cache=cache) for t in range(5, 9)]
+    assert cache.tokens == 9 and cache.lengths.tolist() == [9, 9]
+    assert validation.relative_error(torch.cat(steps, dim=1), full.double()) < TOL
+    # the pages are a permutation of the pool, and every layer's pool holds what the sequence wrote
+    assert sorted(cache.block_table.flatten().tolist()) == list(range(cache.k[0].shape[0]))
+    assert cache.memory_bytes() == 2 * 2 * cache.k[0].numel() * 4
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1])
+def test_greedy_tokens_are_the_same_with_and_without_the_cache(kv_heads):
+    model = _tiny(n_heads=4, n_kv_heads=kv_heads, context=40)
+    start = torch.randint(0, 20, (2, 6), generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    plain = M.generate(model, start, 25, temperature=0)
+    cached = M.generate(model, start, 25, temperature=0, kv_cache=True, page_size=8)
+    assert torch.equal(plain, cached)
+    sampled = M.generate(model, start, 12, generator=torch.Generator().manual_seed(3))
+    sampled_cached = M.generate(model, start, 12, generator=torch.Generator().manual_seed(3), kv_cache=True)
+    assert torch.equal(sampled, sampled_cached)
+
+
+def test_the_cache_is_bounded_by_the_context_and_says_so():
+    model = _tiny(context=16)
+    start = torch.zeros(1, 10, dtype=torch.long, device=DEVICE)
+    with pytest.raises(ValueError, match=r"prompt \(10\) \+ max_new_tokens \(7\) = 17 must fit the model's context \(16\)"):
+        M.generate(model, start, 7, kv_cache=True)
+    assert M.generate(model, start, 7).shape == (1, 17)  # without the cache it slides past the context
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        M.generate(model, start, 1, temperature=-1.0)
+
+
 def test_the_experiments_compare_no_more_steps_than_they_train():
     for experiment in M.EXPERIMENT.values():
         assert 0 < experiment["compared_steps"] <= experiment["train"]["steps"]

@@ -55,8 +55,8 @@ def splitkv_attention_kernel(
     stride_vb, stride_vn, stride_vh, stride_vd,
     stride_ob, stride_on, stride_oh, stride_od,
     stride_tb, stride_ab, stride_ah,
-    H, H_KV, N_Q, N_K, WINDOW_LEFT, WINDOW_RIGHT, PAGE_SIZE, CHUNK,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    H, H_KV, N_Q, N_K, WINDOW_LEFT, WINDOW_RIGHT, CHUNK,
+    PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_K_LENS: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, PAGED: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -129,7 +129,11 @@ def splitkv_attention_kernel(
     for start in range(lo, hi, BLOCK_N):
         cols = start + offs_n
         col_ok = cols < k_len
-        if PAGED:  # each key's page through the block table
+        if PAGED and PAGE_SIZE % BLOCK_N == 0:  # the block lies in one page: one table entry
+            page = tl.load(BLOCK_TABLE + off_b.to(tl.int64) * stride_tb + start // PAGE_SIZE).to(tl.int64)
+            k_rows = page * stride_kb + (start % PAGE_SIZE + offs_n) * stride_kn
+            v_rows = page * stride_vb + (start % PAGE_SIZE + offs_n) * stride_vn
+        elif PAGED:  # each key's page through the block table
             page = tl.load(BLOCK_TABLE + off_b.to(tl.int64) * stride_tb + cols // PAGE_SIZE, mask=col_ok, other=0)
             k_rows = page.to(tl.int64) * stride_kb + (cols % PAGE_SIZE) * stride_kn
             v_rows = page.to(tl.int64) * stride_vb + (cols % PAGE_SIZE) * stride_vn
@@ -214,9 +218,11 @@ def merge_splits_kernel(O_PART, LSE_PART, O, LSE,
 CHUNK_GRANULE = 128
 #: At most this many splits (the merge kernel holds them all in registers).
 MAX_SPLITS = 128
-#: Block sizes and launch settings. On the GPU BLOCK_N is autotuned among a few configs, once per
-#: (head_dim, rows per program, paged, dtype); the interpreter runs one fixed config.
-GPU_CONFIGS = [(64, 4, 4), (64, 3, 4), (128, 2, 4), (128, 3, 8), (32, 4, 4)]  # (BLOCK_N, stages, warps)
+#: Launch settings (BLOCK_N, stages, warps) autotuned on the GPU, once per (head_dim, rows per program,
+#: paged, split, modifiers, dtype). On the H100 three stages beat two and four at every shape swept, and
+#: these four were within 2% of the best of 18 configs wherever one of them was not the best
+#: (benchmarks/decode_configs.py, benchmarks/results/decode_configs_*.json). The interpreter runs one.
+GPU_CONFIGS = [(64, 3, 4), (64, 3, 8), (128, 3, 4), (32, 3, 4)]
 INTERPRETER_BLOCK_N = 32
 
 
@@ -250,13 +256,15 @@ def rows_per_program(rows: int) -> int:
 def choose_num_splits(programs: int, n_k: int, sms: int) -> int:
     """How many chunks to cut ``n_k`` keys into, when ``programs`` programs run without splitting.
 
-    Aim at about two programs per SM (memory-bound work wants many loads in flight),
-    and at least ``2 * CHUNK_GRANULE`` keys per chunk so the merge stays cheap.
+    One wave: about one program per SM. A program's K/V pipeline (3 stages of 64 keys) takes
+    most of an SM's shared memory, and on the H100 the fastest split count of every shape swept
+    put the grid at 128-132 programs; a grid of 1.5 or 2.2 waves lost up to 15% to the last,
+    partial wave (benchmarks/results/decode_configs_*.json). Chunks keep at least
+    ``CHUNK_GRANULE`` keys, and at most ``MAX_SPLITS`` are merged.
     """
     if programs >= sms:
         return 1
-    wanted = triton.cdiv(2 * sms, programs)
-    return max(1, min(wanted, triton.cdiv(n_k, 2 * CHUNK_GRANULE), MAX_SPLITS))
+    return max(1, min(sms // programs, triton.cdiv(n_k, CHUNK_GRANULE), MAX_SPLITS))
 
 
 def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
@@ -264,7 +272,8 @@ def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
                              window: tuple[int | None, int | None] = (None, None), softcap: float = 0.0,
                              alibi_slopes: torch.Tensor | None = None, k_lens: torch.Tensor | None = None,
                              seq_lens: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
-                             max_keys: int | None = None, num_splits: int | None = None) -> None:
+                             max_keys: int | None = None, num_splits: int | None = None,
+                             config: tuple[int, int, int] | None = None) -> None:
     """Fill ``o`` (q's shape) and ``lse`` ((B, H, N_q) float32) with split-KV attention; arguments unchecked.
 
     q, o: (B, N_q, H, D) through strides (pass ``.transpose(1, 2)`` views for (B, H, N, D)).
@@ -273,7 +282,8 @@ def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     queries at the end); else ``seq_lens`` as :func:`flashlib.flash_attention`. ``window``
     is (left, right) with None unbounded, ``causal`` caps right at 0. ``max_keys`` bounds the
     keys of any sample (the grid is sized for it; default: what k can hold).
-    ``num_splits`` overrides the heuristic (:func:`choose_num_splits`).
+    ``num_splits`` overrides the heuristic (:func:`choose_num_splits`); ``config`` = (BLOCK_N,
+    num_stages, num_warps) fixes the launch instead of autotuning (experiments, tests).
     """
     batch, n_q, heads, head_dim = q.shape
     heads_kv = k.shape[2]
@@ -312,14 +322,17 @@ def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
                   float(scale), float(softcap),
                   *q.stride(), *k.stride(), *v.stride(), *o.stride(),
                   block_table.stride(0) if paged else 0, *alibi_strides,
-                  heads, heads_kv, n_q, n_k, left or 0, right or 0, page_size, chunk)
-    flags = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, HAS_K_LENS=k_lens is not None,
+                  heads, heads_kv, n_q, n_k, left or 0, right or 0, chunk)
+    flags = dict(PAGE_SIZE=page_size, HEAD_DIM=head_dim, BLOCK_D=block_d, HAS_K_LENS=k_lens is not None,
                  HAS_SEQ_LENS=seq_lens is not None, PAGED=paged, HAS_LEFT=left is not None,
                  HAS_RIGHT=right is not None, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
                  SPLIT=split, DOT_PRECISION=runtime.dot_precision(q.dtype), BLOCK_M=block_m)
     grid = (num_splits, row_blocks, batch * heads_kv)
     if runtime.INTERPRET:
         splitkv_attention_kernel[grid](*positional, **flags, BLOCK_N=INTERPRETER_BLOCK_N)
+    elif config is not None:
+        block_n, stages, warps = config
+        splitkv_attention_kernel[grid](*positional, **flags, BLOCK_N=block_n, num_stages=stages, num_warps=warps)
     else:
         launch_tuned(splitkv_attention_kernel_autotuned, grid, *positional, **flags)
     if split:
