@@ -94,6 +94,9 @@ _SIZES = {
                      [(64, 64, 64), (128, 128, 64), (128, 96, 80)]),
     # block sizes for the block-size experiment (heat map)
     "block_sizes": ([16, 32, 64, 128, 256], [16, 32, 64]),
+    # one decoding problem: a batch of sequences with a KV cache (notebook 09)
+    "decode": (dict(batch=8, heads=32, heads_kv=8, cache_len=8192, head_dim=128, page_size=256),
+               dict(batch=3, heads=8, heads_kv=2, cache_len=256, head_dim=32, page_size=32)),
 }
 
 

@@ -238,3 +238,106 @@ def plot_time_vs_seq_len(ns: Sequence[int], times_ms: Sequence[float], *,
     ax.grid(True, which="major", alpha=0.3)
     ax.legend()
     return fig
+
+
+# --- decoding: the roofline and the paged cache (notebook 09) -------------------------
+
+def plot_roofline(points: dict[str, float], peak_tflops: float, hbm_gb_per_s: float, *,
+                  title: str = "Roofline", intensity_range: tuple[float, float] = (0.25, 4096.0)):
+    """The roofline, attainable TFLOP/s = min(peak, I · bandwidth) against the arithmetic intensity I
+    (FLOP/byte), log-log, with each named point of ``points`` ({label: intensity}) placed on the roof.
+
+    The ridge point, peak / bandwidth, is the dotted vertical line: left of it a kernel is
+    memory-bound (it can reach I · bandwidth at most), right of it compute-bound.
+    """
+    if not points:
+        raise ValueError("points is empty: nothing to plot")
+    if peak_tflops <= 0 or hbm_gb_per_s <= 0:
+        raise ValueError(f"peak_tflops and hbm_gb_per_s must be positive; got {peak_tflops} and {hbm_gb_per_s}")
+    for label, intensity in points.items():
+        if not intensity > 0:
+            raise ValueError(f"points[{label!r}] must be a positive intensity (FLOP/byte); got {intensity!r}")
+
+    def roof(intensity: float) -> float:
+        return min(peak_tflops, intensity * hbm_gb_per_s / 1e3)
+
+    low, high = intensity_range
+    low, high = min([low] + [i / 2 for i in points.values()]), max([high] + [i * 2 for i in points.values()])
+    fig, ax = _new_figure(figsize=(7.2, 4.4))
+    xs = [low * (high / low) ** (k / 199) for k in range(200)]
+    ax.plot(xs, [roof(x) for x in xs], "k-", lw=2, label="roofline")
+    ridge = peak_tflops * 1e3 / hbm_gb_per_s
+    ax.axvline(ridge, color="k", ls=":", lw=1, label=f"ridge point: {ridge:.0f} FLOP/byte")
+    for k, (label, intensity) in enumerate(points.items()):
+        value = f"{intensity:.3g}" if intensity < 100 else f"{intensity:.0f}"
+        ax.plot(intensity, roof(intensity), "o", color=f"C{k}", ms=8, label=f"{label}: {value} FLOP/byte")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel("attainable TFLOP/s")
+    ax.set_title(title)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    return fig
+
+
+def plot_block_table(block_table, seq_lens: Sequence[int], page_size: int, num_pages: int):
+    """A paged KV cache drawn: each sequence's logical pages (top) and where they live in the pool (bottom).
+
+    ``block_table`` (B, max_pages): ``block_table[b, j]`` is the pool page that holds tokens
+    ``j * page_size`` to ``(j + 1) * page_size - 1`` of sequence b. Each sequence has a colour;
+    a pool page takes the colour of the sequence that owns it (white: free), and is filled up to
+    the share of its rows in use. Arrows go from logical to physical pages.
+    """
+    from matplotlib.patches import FancyArrowPatch, Rectangle
+
+    table = torch.as_tensor(block_table).tolist()
+    lens = [int(n) for n in seq_lens]
+    _check_same_length(block_table=table, seq_lens=lens)
+    if page_size < 1 or num_pages < 1:
+        raise ValueError(f"page_size and num_pages must be >= 1; got {page_size} and {num_pages}")
+    used = [-(-n // page_size) for n in lens]
+    for b, (row, pages) in enumerate(zip(table, used)):
+        if pages > len(row):
+            raise ValueError(f"sequence {b} has {lens[b]} tokens, {pages} pages of {page_size}, but its row of "
+                             f"block_table has {len(row)} entries")
+        for j, page in enumerate(row[:pages]):
+            if not 0 <= page < num_pages:
+                raise ValueError(f"block_table[{b}, {j}] = {page} is not a page of the pool (0 to {num_pages - 1})")
+
+    batch = len(table)
+    width = max(num_pages, max(used, default=1))
+    fig, ax = _new_figure(figsize=(min(0.75 * width + 2.5, 16), 1.2 + 0.75 * (batch + 2)))
+    pool_y, gap = 0.0, 1.6
+    owner, filled = {}, {}
+    for b, (row, pages) in enumerate(zip(table, used)):
+        y = pool_y + gap + (batch - 1 - b) * 1.0
+        colour = f"C{b % 10}"
+        ax.text(-0.2, y + 0.35, f"sequence {b}\n{lens[b]} token{'' if lens[b] == 1 else 's'}", ha="right",
+                va="center", fontsize=8)
+        for j in range(pages):
+            rows_used = min(page_size, lens[b] - j * page_size)
+            page = row[j]
+            owner[page], filled[page] = b, rows_used / page_size
+            ax.add_patch(Rectangle((j + 0.05, y), 0.9, 0.7, fc="white", ec="none", zorder=2))
+            ax.add_patch(Rectangle((j + 0.05, y), 0.9 * rows_used / page_size, 0.7, color=colour, alpha=0.35,
+                                   zorder=3))
+            ax.add_patch(Rectangle((j + 0.05, y), 0.9, 0.7, fill=False, ec=colour, lw=1.5, zorder=3))
+            ax.text(j + 0.5, y + 0.35, f"{j * page_size}..{j * page_size + rows_used - 1}\n→ page {page}",
+                    ha="center", va="center", fontsize=7, zorder=4)
+            ax.add_patch(FancyArrowPatch((j + 0.5, y), (page + 0.5, pool_y + 0.7), arrowstyle="->",
+                                         mutation_scale=8, color=colour, alpha=0.5, lw=0.8, zorder=1))
+    for page in range(num_pages):
+        colour = f"C{owner[page] % 10}" if page in owner else "0.6"
+        if page in owner:
+            ax.add_patch(Rectangle((page + 0.05, pool_y), 0.9 * filled[page], 0.7, color=colour, alpha=0.35))
+        ax.add_patch(Rectangle((page + 0.05, pool_y), 0.9, 0.7, fill=False, ec=colour, lw=1.5,
+                               ls="-" if page in owner else "--"))
+        ax.text(page + 0.5, pool_y + 0.35, str(page), ha="center", va="center", fontsize=8)
+    ax.text(-0.2, pool_y + 0.35, f"pool\n{num_pages} pages", ha="right", va="center", fontsize=8)
+    ax.set_xlim(-1.6, width + 0.1)
+    ax.set_ylim(pool_y - 0.3, pool_y + gap + batch + 0.1)
+    ax.set_axis_off()
+    ax.set_title(f"Paged KV cache: pages of {page_size} tokens, logical (top) to physical (bottom); "
+                 "dashed: free", fontsize=9)
+    return fig

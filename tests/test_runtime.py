@@ -47,6 +47,7 @@ def test_sizes_are_small_in_the_interpreter_and_named():
     if runtime.INTERPRET:
         assert runtime.sizes("attention")["seq_len"] <= 256
         assert max(runtime.sizes("seq_lens")) <= 512
+        assert runtime.sizes("decode")["cache_len"] <= 256
     with pytest.raises(KeyError, match="Unknown problem-size name 'nope'"):
         runtime.sizes("nope")
 

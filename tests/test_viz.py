@@ -199,3 +199,52 @@ def test_explorer_rejects_a_start_value_off_the_slider():
     pytest.importorskip("ipywidgets")
     with pytest.raises(ValueError, match=r"head_dim must be one of d_values \(4, 8\); got 64"):
         viz.softmax_saturation_explorer(d_values=(4, 8), head_dim=64)
+
+
+def test_roofline_puts_each_point_on_the_roof_and_marks_the_ridge():
+    before = set(plt.get_fignums())
+    fig = viz.plot_roofline({"decode": 1.0, "prefill": 2048.0}, peak_tflops=1000.0, hbm_gb_per_s=4000.0, title="t")
+    assert set(plt.get_fignums()) == before
+    (ax,) = fig.axes
+    lines = _lines_by_label(ax)
+    decode, prefill = lines["decode: 1 FLOP/byte"], lines["prefill: 2048 FLOP/byte"]
+    assert list(decode.get_xdata()) == [1.0] and list(decode.get_ydata()) == [pytest.approx(4.0)]  # 1 · 4 TB/s
+    assert list(prefill.get_ydata()) == [1000.0]                                                    # the flat roof
+    assert list(lines["ridge point: 250 FLOP/byte"].get_xdata()) == [250.0, 250.0]
+    roof = lines["roofline"]
+    assert max(roof.get_ydata()) == 1000.0 and min(roof.get_xdata()) <= 0.5
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log" and ax.get_title() == "t"
+
+
+@pytest.mark.parametrize("points, words", [
+    ({}, "points is empty"),
+    ({"x": 0.0}, r"points\['x'\] must be a positive intensity"),
+])
+def test_roofline_refuses_bad_points(points, words):
+    with pytest.raises(ValueError, match=words):
+        viz.plot_roofline(points, 1.0, 1.0)
+
+
+def test_block_table_figure_colours_owned_pages_and_draws_one_arrow_per_used_page():
+    from matplotlib.patches import FancyArrowPatch
+
+    table = torch.tensor([[3, 0, -1], [1, 4, 2]], dtype=torch.int32)
+    fig = viz.plot_block_table(table, [5, 9], page_size=4, num_pages=6)
+    (ax,) = fig.axes
+    arrows = [p for p in ax.patches if isinstance(p, FancyArrowPatch)]
+    assert len(arrows) == 2 + 3  # ceil(5 / 4) + ceil(9 / 4) used pages
+    texts = [t.get_text() for t in ax.texts]
+    assert "0..3\n→ page 3" in texts and "4..4\n→ page 0" in texts and "8..8\n→ page 2" in texts
+    assert [str(p) for p in range(6)] == [t for t in texts if t.isdigit()]
+    dashed = [p for p in ax.patches if not isinstance(p, FancyArrowPatch) and p.get_linestyle() == "--"]
+    assert len(dashed) == 1  # page 5 is the only free one
+
+
+@pytest.mark.parametrize("table, lens, words", [
+    ([[0, 1]], [9], "sequence 0 has 9 tokens, 3 pages of 4, but its row of block_table has 2 entries"),
+    ([[0, 7]], [8], r"block_table\[0, 1\] = 7 is not a page of the pool \(0 to 5\)"),
+    ([[0, 1]], [4, 4], "seq_lens must have one value per entry of block_table"),
+])
+def test_block_table_figure_names_what_is_wrong(table, lens, words):
+    with pytest.raises(ValueError, match=words):
+        viz.plot_block_table(table, lens, page_size=4, num_pages=6)

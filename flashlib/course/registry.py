@@ -106,6 +106,12 @@ EXERCISES: tuple[Exercise, ...] = (
              "GQAttention", kind=CLASS, forbidden=HAND_ATTENTION + ("forward_reference",),
              uses_flashlib=("flash_attention",), required_calls=("flash_attention",),
              no_matmul_operator=True),
+    Exercise("09_decoding", "merge_splits", 2,
+             "Merge the partials (O_s, L_s) of S key chunks into O and L: weights exp(L_s - max), -inf safe",
+             "merge_splits", forbidden=_ATTENTION_BY_HAND),
+    Exercise("09_decoding", "paged_gather_index", 2,
+             "Where a cached token sits in a paged KV cache: its page through the block table, its row in the page",
+             "paged_gather_index", forbidden=("cached_keys",)),
 )
 
 BY_KEY: dict[str, Exercise] = {exercise.key: exercise for exercise in EXERCISES}

@@ -8,7 +8,8 @@ The shared machinery is in :mod:`.framework`; one module per notebook topic.
 check, for the grader.
 """
 from .framework import EXERCISES, Check, run_check  # noqa: F401
-from . import attention_basics, backward, forward, in_practice, masking, matmul, online_softmax, performance
+from . import (attention_basics, backward, decoding, forward, in_practice, masking, matmul, online_softmax,
+               performance)
 from .attention_basics import check_naive_attention, check_stable_softmax
 from .matmul import check_matmul_kernel
 from .online_softmax import check_merge_partials, check_online_update
@@ -17,6 +18,7 @@ from .backward import check_ds, check_dkdv_kernel
 from .masking import check_causal_block_range, check_padding_mask
 from .performance import check_achieved_tflops, check_attention_flops, check_roofline_time_ms
 from .in_practice import check_attend, check_gqa_attention
+from .decoding import check_merge_splits, check_paged_gather_index
 
 #: Exercise id -> its Check, for every exercise of the registry.
 CHECKS: dict[str, Check] = {check.exercise: check for check in (
@@ -28,6 +30,7 @@ CHECKS: dict[str, Check] = {check.exercise: check for check in (
     masking.CAUSAL_BLOCK_RANGE_CHECK, masking.PADDING_MASK_CHECK,
     performance.ATTENTION_FLOPS_CHECK, performance.ACHIEVED_TFLOPS_CHECK, performance.ROOFLINE_TIME_CHECK,
     in_practice.ATTEND_CHECK, in_practice.GQA_ATTENTION_CHECK,
+    decoding.MERGE_SPLITS_CHECK, decoding.PAGED_GATHER_INDEX_CHECK,
 )}
 
 __all__ = ["EXERCISES", "CHECKS", "run_check", "check_naive_attention", "check_stable_softmax",
@@ -37,3 +40,4 @@ __all__ += ["check_ds", "check_dkdv_kernel"]
 __all__ += ["check_causal_block_range", "check_padding_mask"]
 __all__ += ["check_attention_flops", "check_achieved_tflops", "check_roofline_time_ms"]
 __all__ += ["check_attend", "check_gqa_attention"]
+__all__ += ["check_merge_splits", "check_paged_gather_index"]

@@ -323,6 +323,8 @@ def _outputs(case: Case, out):
         return [("", out, case.expected)]
     count = len(case.expected)
     names = case.output_names or tuple(f"output {i}" for i in range(count))
+    if out is None:
+        return _Failure(f"returned None, expected {count} tensors: {', '.join(names)}", ["is a `return` missing?"])
     if not isinstance(out, (tuple, list)) or len(out) != count:
         what = f"{len(out)} values" if isinstance(out, (tuple, list)) else f"a {type(out).__name__}"
         return _Failure(f"returned {what}, expected {count} tensors: {', '.join(names)}", [])
