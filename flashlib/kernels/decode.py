@@ -227,17 +227,21 @@ INTERPRETER_BLOCK_N = 32
 
 
 def _prune(configs, named_args, **kwargs):
-    """Drop configs whose K/V pipeline does not fit shared memory."""
+    """Drop configs whose K/V pipeline does not fit shared memory, and with a paged cache those whose key
+    block straddles pages (where some block fits in a page: one table read per block, not per key)."""
     args = {**named_args, **kwargs}
     elem = args["K"].element_size()
     fits = [c for c in configs
             if elem * args["BLOCK_D"] * (args["BLOCK_M"] + 2 * c.kwargs["BLOCK_N"] * c.num_stages) <= smem_budget()]
+    if args["PAGED"]:
+        in_a_page = [c for c in fits if args["PAGE_SIZE"] % c.kwargs["BLOCK_N"] == 0]
+        fits = in_a_page or fits
     return fits or [triton.Config({"BLOCK_N": 32}, num_stages=1, num_warps=4)]
 
 
 splitkv_attention_kernel_autotuned = triton.autotune(
     configs=[triton.Config({"BLOCK_N": bn}, num_stages=s, num_warps=w) for bn, s, w in GPU_CONFIGS],
-    key=["HEAD_DIM", "BLOCK_M", "PAGED", "SPLIT", "HAS_SOFTCAP", "HAS_ALIBI", "DOT_PRECISION"],
+    key=["HEAD_DIM", "BLOCK_M", "PAGED", "PAGE_SIZE", "SPLIT", "HAS_SOFTCAP", "HAS_ALIBI", "DOT_PRECISION"],
     prune_configs_by={"early_config_prune": _prune},
 )(splitkv_attention_kernel)
 
