@@ -187,7 +187,7 @@ def flash_attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache
                                  block_table: torch.Tensor | None = None, causal: bool = True, window=None,
                                  softmax_scale: float | None = None, return_lse: bool = False, *,
                                  softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None,
-                                 num_splits: int | None = None):
+                                 num_splits: int | None = None, check_values: bool = True):
     """Attention of new queries over a KV cache, appending the new keys and values first (in place).
 
     Shapes, (B, N, H, D) as flash-attn:
@@ -212,6 +212,12 @@ def flash_attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache
     Returns O (B, N_q, H, D) in q's dtype, and with ``return_lse`` L (B, H, N_q) float32.
     Forward only: a q, cache or k/v that requires grad (with grad enabled) is refused.
     ``num_splits`` overrides the kernel's choice of key chunks (1: no split).
+
+    ``check_values=False`` skips the checks that read ``cache_seqlens`` and ``block_table`` on the
+    device (that the append fits, that each page index exists): one sync per call, which stalls
+    a decoding loop that launches the next layer while this one runs. The caller then vouches
+    for them (:class:`flashlib.model.PagedKVCache` counts its tokens on the host). They are
+    skipped by themselves under ``torch.compile`` and during CUDA-graph capture.
     """
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
         raise ValueError(f"q must be a 4D (B, N_q, H, D) tensor; got "
@@ -258,7 +264,9 @@ def flash_attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache
                          "torch.no_grad() or torch.inference_mode(), or use flash_attention to train")
 
     max_keys = UNSET
-    if batch and values_checked(q):
+    if not isinstance(check_values, bool):
+        raise TypeError(f"check_values must be a bool; got {check_values!r}")
+    if batch and check_values and values_checked(q):
         max_keys = _check_values(cache_seqlens, n_new, capacity, block_table, page_size, num_pages)
     if n_new:
         _append(k_cache, v_cache, k, v, cache_seqlens, block_table)

@@ -140,8 +140,9 @@ class CausalSelfAttention(nn.Module):
         if cache is None:
             o = self.attend(q, k, v)                                        # (B, N, H, D)
         else:
+            # GPT.forward checked on the host that the tokens fit the cache: no device sync per layer here
             o = flash_attention_with_kvcache(q, cache.k[layer], cache.v[layer], k, v, cache_seqlens=cache.lengths,
-                                             block_table=cache.block_table, causal=True)
+                                             block_table=cache.block_table, causal=True, check_values=False)
         return self.out_proj(o.reshape(batch, n, self.n_heads * self.head_dim))
 
     def extra_repr(self) -> str:
@@ -216,6 +217,9 @@ class GPT(nn.Module):
         if start + n > self.config.context:
             raise ValueError(f"idx has {n} tokens per sample{f' after {start} cached' if start else ''}; "
                              f"the model's context is {self.config.context}")
+        if cache is not None and start + n > cache.capacity:
+            raise ValueError(f"the cache holds {cache.capacity} tokens per sequence: {start} cached + {n} new "
+                             "do not fit")
         x = self.tok_emb(idx) + self.pos_emb(torch.arange(start, start + n, device=idx.device))
         for layer, block in enumerate(self.blocks):
             x = block(x, cache, layer)
@@ -322,6 +326,7 @@ class PagedKVCache:
         self.lengths = torch.zeros(batch, device=device, dtype=torch.int32)
         self.tokens = 0
         self.page_size = page_size
+        self.capacity = pages_per_sequence * page_size  # tokens per sequence
 
     def advance(self, n: int) -> None:
         """Count ``n`` more tokens as cached (after every layer has appended them)."""

@@ -340,6 +340,14 @@ def test_training_through_the_cache_is_refused():
         flash_attention_with_kvcache(**args)
 
 
+def test_unchecked_values_give_the_same_answer_and_the_flag_is_checked():
+    args = _args()
+    expected = flash_attention_with_kvcache(**_args())
+    assert torch.equal(flash_attention_with_kvcache(**args, check_values=False), expected)
+    with pytest.raises(TypeError, match="check_values must be a bool"):
+        flash_attention_with_kvcache(**_args(), check_values="no")
+
+
 @pytest.mark.parametrize("num_splits", [0, -1, 2.0, True])
 def test_num_splits_must_be_a_positive_int(num_splits):
     with pytest.raises(ValueError, match="num_splits must be None"):

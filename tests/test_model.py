@@ -181,6 +181,8 @@ def test_cached_forward_gives_the_logits_of_the_whole_sequence():
     # the pages are a permutation of the pool, and every layer's pool holds what the sequence wrote
     assert sorted(cache.block_table.flatten().tolist()) == list(range(cache.k[0].shape[0]))
     assert cache.memory_bytes() == 2 * 2 * cache.k[0].numel() * 4
+    with pytest.raises(ValueError, match=r"the cache holds 12 tokens per sequence: 9 cached \+ 4 new do not fit"):
+        model(idx[:, :4], cache=cache)
 
 
 @pytest.mark.parametrize("kv_heads", [2, 1])

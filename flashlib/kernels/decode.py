@@ -56,6 +56,7 @@ def splitkv_attention_kernel(
     stride_ob, stride_on, stride_oh, stride_od,
     stride_tb, stride_ab, stride_ah,
     H, H_KV, N_Q, N_K, WINDOW_LEFT, WINDOW_RIGHT, CHUNK,
+    WAVES,  # only a key for the autotuner: the grid's programs per SM, 1 to 4
     PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_K_LENS: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, PAGED: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
@@ -126,11 +127,21 @@ def splitkv_attention_kernel(
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     offs_n = tl.arange(0, BLOCK_N)
+    # A block that lies in one page needs one table entry, read one block ahead: a K/V load whose address
+    # waits on a table load in the same iteration cannot be pipelined (paged ran 1.3-1.6x slower than
+    # contiguous that way on the H100, 1.02-1.07x with the read ahead: benchmarks/decode_paged.py).
+    ONE_PAGE_PER_BLOCK: tl.constexpr = PAGED and PAGE_SIZE % BLOCK_N == 0
+    table_row = BLOCK_TABLE + off_b.to(tl.int64) * stride_tb
+    next_page = 0
+    if ONE_PAGE_PER_BLOCK:
+        next_page = tl.load(table_row + lo // PAGE_SIZE, mask=lo < hi, other=0).to(tl.int64)
     for start in range(lo, hi, BLOCK_N):
         cols = start + offs_n
         col_ok = cols < k_len
-        if PAGED and PAGE_SIZE % BLOCK_N == 0:  # the block lies in one page: one table entry
-            page = tl.load(BLOCK_TABLE + off_b.to(tl.int64) * stride_tb + start // PAGE_SIZE).to(tl.int64)
+        if ONE_PAGE_PER_BLOCK:
+            page = next_page
+            following = start + BLOCK_N
+            next_page = tl.load(table_row + following // PAGE_SIZE, mask=following < hi, other=0).to(tl.int64)
             k_rows = page * stride_kb + (start % PAGE_SIZE + offs_n) * stride_kn
             v_rows = page * stride_vb + (start % PAGE_SIZE + offs_n) * stride_vn
         elif PAGED:  # each key's page through the block table
@@ -241,7 +252,7 @@ def _prune(configs, named_args, **kwargs):
 
 splitkv_attention_kernel_autotuned = triton.autotune(
     configs=[triton.Config({"BLOCK_N": bn}, num_stages=s, num_warps=w) for bn, s, w in GPU_CONFIGS],
-    key=["HEAD_DIM", "BLOCK_M", "PAGED", "PAGE_SIZE", "SPLIT", "HAS_SOFTCAP", "HAS_ALIBI", "DOT_PRECISION"],
+    key=["WAVES", "HEAD_DIM", "BLOCK_M", "PAGED", "PAGE_SIZE", "SPLIT", "HAS_SOFTCAP", "HAS_ALIBI", "DOT_PRECISION"],
     prune_configs_by={"early_config_prune": _prune},
 )(splitkv_attention_kernel)
 
@@ -298,8 +309,8 @@ def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     rows = (heads // heads_kv) * n_q
     block_m = rows_per_program(rows)
     row_blocks = triton.cdiv(rows, block_m)
+    sms = 16 if runtime.INTERPRET else multiprocessor_count(q.device.index or 0)
     if num_splits is None:
-        sms = 16 if runtime.INTERPRET else multiprocessor_count(q.device.index or 0)
         num_splits = choose_num_splits(batch * heads_kv * row_blocks, n_k, sms)
     chunk = triton.cdiv(triton.cdiv(max(n_k, 1), num_splits), CHUNK_GRANULE) * CHUNK_GRANULE
     num_splits = max(1, triton.cdiv(n_k, chunk))
@@ -326,7 +337,8 @@ def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
                   float(scale), float(softcap),
                   *q.stride(), *k.stride(), *v.stride(), *o.stride(),
                   block_table.stride(0) if paged else 0, *alibi_strides,
-                  heads, heads_kv, n_q, n_k, left or 0, right or 0, chunk)
+                  heads, heads_kv, n_q, n_k, left or 0, right or 0, chunk,
+                  min(4, triton.cdiv(num_splits * row_blocks * batch * heads_kv, sms)))
     flags = dict(PAGE_SIZE=page_size, HEAD_DIM=head_dim, BLOCK_D=block_d, HAS_K_LENS=k_lens is not None,
                  HAS_SEQ_LENS=seq_lens is not None, PAGED=paged, HAS_LEFT=left is not None,
                  HAS_RIGHT=right is not None, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
