@@ -40,11 +40,18 @@ gloo raises when it expires, NCCL's watchdog aborts the communicator).
 
 Runs on gloo (CPU tensors: flashlib's kernels run in Triton's interpreter there) and on NCCL
 (one GPU per rank, ``torch.cuda.set_device(rank)`` before the first call).
+
+To try it on one machine without GPUs, :func:`run_on_cpu_processes` starts W CPU processes in one
+gloo group and runs a function on each (notebook 10 does, with :func:`ring_attention_of_full`).
 """
 from __future__ import annotations
 
+import datetime
 import math
+import os
 import struct
+import tempfile
+import time
 from dataclasses import dataclass
 
 import torch
@@ -394,3 +401,112 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
         _check_across_ranks(description, local_error, group)
     o, _ = RingAttentionFunction.apply(q, k.contiguous(), v.contiguous(), causal, scheme, scale, group)
     return o
+
+
+# ---------------------------------------------------------------- a small launcher: W processes on one CPU
+def ring_attention_of_full(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                           scheme: str = "contiguous", softmax_scale: float | None = None) -> torch.Tensor:
+    """This rank's shard of O, from the *whole* q, k, v: for launchers that hand every rank the same arguments.
+
+    Each rank cuts its own shards (:func:`shard_sequence`, this rank and the group's size), calls
+    :func:`ring_attention` on them and returns its shard of O, detached; :func:`unshard_sequence`
+    over the ranks' results, in rank order, gives the whole O. A real job never holds the whole
+    sequence on every rank: it loads or computes its own shard only.
+    """
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    shards = [shard_sequence(t, rank, world_size, scheme) for t in (q, k, v)]
+    return ring_attention(*shards, causal=causal, scheme=scheme, softmax_scale=softmax_scale).detach()
+
+
+def _not_importable(fn) -> str | None:
+    """Why a spawned process could not import ``fn`` by name, or None."""
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if module in (None, "__main__"):
+        return (f"it is defined in {'__main__' if module else 'no module'} (a notebook or a script run directly), "
+                "which a spawned process does not run")
+    if "<lambda>" in qualname or "<locals>" in qualname:
+        return f"{qualname!r} is a lambda or a function defined inside another one, which cannot be sent by name"
+    return None
+
+
+def _cpu_process(rank: int, world_size: int, store_path: str, out_dir: str, fn, args: tuple, kwargs: dict,
+                 timeout_s: float) -> None:
+    """One spawned rank: join the gloo group, run fn, save what it returned, leave the group."""
+    torch.set_num_threads(1)  # the W processes share this machine's cores
+    store = dist.FileStore(store_path, world_size)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    try:
+        result = fn(*args, **kwargs)
+        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_on_cpu_processes(fn, world_size: int, *args, timeout_s: float = 120.0, **kwargs) -> list:
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` fresh CPU processes that form one gloo group; return
+    what each rank's call returned, in rank order.
+
+    For trying ring attention on one machine without GPUs (a notebook, a test): each process is
+    started with ``torch.multiprocessing``'s spawn, joins the default group
+    (``torch.distributed.init_process_group("gloo", ...)``, its ``timeout`` being ``timeout_s``),
+    so ``fn`` finds its rank with ``torch.distributed.get_rank()``, and leaves it after ``fn``
+    returns. The processes run Triton's interpreter on CPU tensors whatever the machine
+    (``TRITON_INTERPRET=1`` and no visible GPU in their environment) and one thread each.
+
+    ``fn`` must be importable by name, a function at the top level of a module: a spawned process
+    imports it, and cannot see a function defined in a notebook, a lambda or a nested function
+    (a ValueError says so); in a script, call this under ``if __name__ == "__main__":``, since spawned
+    processes import the script's main module. Its arguments are sent to every process (tensors through shared
+    memory) and what it returns comes back through ``torch.save``, so both must pickle.
+    A rank that raises makes this raise a RuntimeError with that rank's traceback (the others are
+    stopped); ranks still running after ``timeout_s`` seconds are killed and a TimeoutError is raised.
+
+    >>> o_shards = run_on_cpu_processes(ring_attention_of_full, 2, q, k, v, causal=True)  # doctest: +SKIP
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be a function; got a {type(fn).__name__}")
+    reason = _not_importable(fn)
+    if reason is not None:
+        raise ValueError(f"fn must be importable by name, a function at the top level of a module, since spawned "
+                         f"processes import it: {reason}. Put it in a .py file (next to the notebook will do) "
+                         f"and import it from there")
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        raise ValueError(f"world_size must be an int >= 1; got {world_size!r}")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be a positive number of seconds; got {timeout_s!r}")
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory(prefix="flashlib-processes-") as folder:
+        child_env = {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+        saved = {name: os.environ.get(name) for name in child_env}
+        os.environ.update(child_env)  # spawned processes copy this process's environment when they start
+        try:
+            context = mp.start_processes(
+                _cpu_process, args=(world_size, os.path.join(folder, "store"), folder, fn, args, kwargs, timeout_s),
+                nprocs=world_size, join=False, start_method="spawn")
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not context.join(timeout=max(0.05, deadline - time.monotonic())):
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"run_on_cpu_processes: {world_size} processes running "
+                                       f"{fn.__module__}.{fn.__qualname__} were still running after {timeout_s:g} s; "
+                                       f"they were stopped")
+        except mp.ProcessRaisedException as error:
+            raise RuntimeError(f"rank {error.error_index} of {world_size} raised in "
+                               f"{fn.__module__}.{fn.__qualname__}:\n{error.msg}") from None
+        except mp.ProcessExitedException as error:
+            raise RuntimeError(f"rank {error.error_index} of {world_size} exited with code {error.exit_code} "
+                               f"while running {fn.__module__}.{fn.__qualname__}") from None
+        finally:
+            for process in context.processes:
+                if process.is_alive():
+                    process.kill()
+                    process.join()
+        return [torch.load(os.path.join(folder, f"rank{rank}.pt"), weights_only=False) for rank in range(world_size)]

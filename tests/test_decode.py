@@ -112,6 +112,13 @@ def test_split_count_follows_the_grid_and_the_keys(monkeypatch):
     assert relative_error(o, _reference(q, k_cache, v_cache, lengths)[0]) < TOL[q.dtype]
 
 
+def test_launch_config_follows_the_grid_and_fits_shared_memory():
+    assert decode_kernels.launch_config(128, 132, 16, 128, 2) == (64, 3, 4)  # one wave: 64-key blocks
+    assert decode_kernels.launch_config(2048, 132, 16, 128, 2) == (32, 3, 4)  # many waves: 32-key blocks
+    block_n, stages, _ = decode_kernels.launch_config(128, 132, 64, 256, 4)  # float32, D = 256
+    assert 4 * 256 * (64 + 2 * block_n * stages) <= decode_kernels.smem_budget() and stages < 3
+
+
 @pytest.mark.parametrize("window", [(7, 0), (20, 3), (0, 0)])
 def test_windows_softcap_alibi_and_scale(window):
     q, k_cache, v_cache, k, v, lengths = _problem(n_q=3, n_new=3, lengths=[40, 5, 80], seed=1)

@@ -112,6 +112,10 @@ EXERCISES: tuple[Exercise, ...] = (
     Exercise("09_decoding", "paged_gather_index", 2,
              "Where a cached token sits in a paged KV cache: its page through the block table, its row in the page",
              "paged_gather_index", forbidden=("cached_keys",)),
+    Exercise("10_across_devices", "ring_step_merge", 2,
+             "Fold an incoming block's partial (O_blk, L_blk) into the running (O, L) at one ring step, -inf safe",
+             "ring_step_merge", forbidden=("merge_partial", "merge_partials", "merge_splits", "ring_attention",
+                                           "ring_attention_of_full", "RingAttentionFunction")),
 )
 
 BY_KEY: dict[str, Exercise] = {exercise.key: exercise for exercise in EXERCISES}

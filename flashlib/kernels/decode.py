@@ -44,7 +44,6 @@ import triton.language as tl
 
 from .. import runtime
 from .attention_fwd import LN2, LOG2E, scores_log2, smem_budget
-from .tuned import launch_tuned
 
 
 @triton.jit
@@ -56,7 +55,6 @@ def splitkv_attention_kernel(
     stride_ob, stride_on, stride_oh, stride_od,
     stride_tb, stride_ab, stride_ah,
     H, H_KV, N_Q, N_K, WINDOW_LEFT, WINDOW_RIGHT, CHUNK,
-    WAVES,  # only a key for the autotuner: the grid's programs per SM, 1 to 4
     PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_K_LENS: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, PAGED: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
@@ -229,32 +227,26 @@ def merge_splits_kernel(O_PART, LSE_PART, O, LSE,
 CHUNK_GRANULE = 128
 #: At most this many splits (the merge kernel holds them all in registers).
 MAX_SPLITS = 128
-#: Launch settings (BLOCK_N, stages, warps) autotuned on the GPU, once per (head_dim, rows per program,
-#: paged, split, modifiers, dtype). On the H100 three stages beat two and four at every shape swept, and
-#: these four were within 2% of the best of 18 configs wherever one of them was not the best
-#: (benchmarks/decode_configs.py, benchmarks/results/decode_configs_*.json). The interpreter runs one.
-GPU_CONFIGS = [(64, 3, 4), (64, 3, 8), (128, 3, 4), (32, 3, 4)]
 INTERPRETER_BLOCK_N = 32
 
 
-def _prune(configs, named_args, **kwargs):
-    """Drop configs whose K/V pipeline does not fit shared memory, and with a paged cache those whose key
-    block straddles pages (where some block fits in a page: one table read per block, not per key)."""
-    args = {**named_args, **kwargs}
-    elem = args["K"].element_size()
-    fits = [c for c in configs
-            if elem * args["BLOCK_D"] * (args["BLOCK_M"] + 2 * c.kwargs["BLOCK_N"] * c.num_stages) <= smem_budget()]
-    if args["PAGED"]:
-        in_a_page = [c for c in fits if args["PAGE_SIZE"] % c.kwargs["BLOCK_N"] == 0]
-        fits = in_a_page or fits
-    return fits or [triton.Config({"BLOCK_N": 32}, num_stages=1, num_warps=4)]
+def launch_config(programs: int, sms: int, block_m: int, block_d: int, elem: int) -> tuple[int, int, int]:
+    """(BLOCK_N, stages, warps) for a grid of ``programs`` programs on ``sms`` SMs.
 
-
-splitkv_attention_kernel_autotuned = triton.autotune(
-    configs=[triton.Config({"BLOCK_N": bn}, num_stages=s, num_warps=w) for bn, s, w in GPU_CONFIGS],
-    key=["WAVES", "HEAD_DIM", "BLOCK_M", "PAGED", "PAGE_SIZE", "SPLIT", "HAS_SOFTCAP", "HAS_ALIBI", "DOT_PRECISION"],
-    prune_configs_by={"early_config_prune": _prune},
-)(splitkv_attention_kernel)
+    Measured on the H100 (benchmarks/decode_configs.py, decode_paged.py; fp16, D = 128): a grid of
+    about one wave, as split-KV makes it, ran fastest with 64-key blocks, three stages and 4 warps
+    (32-key blocks were 5-20% slower); a grid of several waves ran fastest with 32-key blocks (64-key
+    blocks were 3-8% slower). Three stages beat two and four everywhere. The config is chosen here,
+    not autotuned: an autotuner keyed on the first problem it meets tuned on a launch-bound small
+    one and kept a config 1.5x slower for long caches. Stages drop where shared memory runs out
+    (large head_dim, float32).
+    """
+    block_n = 32 if programs >= 2 * sms else 64
+    budget = smem_budget()
+    for stages in (3, 2, 1):
+        if elem * block_d * (block_m + 2 * block_n * stages) <= budget:
+            return block_n, stages, 4
+    return 32, 1, 4
 
 
 @functools.lru_cache(maxsize=None)
@@ -298,7 +290,7 @@ def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     is (left, right) with None unbounded, ``causal`` caps right at 0. ``max_keys`` bounds the
     keys of any sample (the grid is sized for it; default: what k can hold).
     ``num_splits`` overrides the heuristic (:func:`choose_num_splits`); ``config`` = (BLOCK_N,
-    num_stages, num_warps) fixes the launch instead of autotuning (experiments, tests).
+    num_stages, num_warps) overrides :func:`launch_config` (experiments).
     """
     batch, n_q, heads, head_dim = q.shape
     heads_kv = k.shape[2]
@@ -337,8 +329,7 @@ def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
                   float(scale), float(softcap),
                   *q.stride(), *k.stride(), *v.stride(), *o.stride(),
                   block_table.stride(0) if paged else 0, *alibi_strides,
-                  heads, heads_kv, n_q, n_k, left or 0, right or 0, chunk,
-                  min(4, triton.cdiv(num_splits * row_blocks * batch * heads_kv, sms)))
+                  heads, heads_kv, n_q, n_k, left or 0, right or 0, chunk)
     flags = dict(PAGE_SIZE=page_size, HEAD_DIM=head_dim, BLOCK_D=block_d, HAS_K_LENS=k_lens is not None,
                  HAS_SEQ_LENS=seq_lens is not None, PAGED=paged, HAS_LEFT=left is not None,
                  HAS_RIGHT=right is not None, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
@@ -346,11 +337,12 @@ def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     grid = (num_splits, row_blocks, batch * heads_kv)
     if runtime.INTERPRET:
         splitkv_attention_kernel[grid](*positional, **flags, BLOCK_N=INTERPRETER_BLOCK_N)
-    elif config is not None:
+    else:
+        if config is None:
+            config = launch_config(num_splits * row_blocks * batch * heads_kv, sms, block_m, block_d,
+                                   q.element_size())
         block_n, stages, warps = config
         splitkv_attention_kernel[grid](*positional, **flags, BLOCK_N=block_n, num_stages=stages, num_warps=warps)
-    else:
-        launch_tuned(splitkv_attention_kernel_autotuned, grid, *positional, **flags)
     if split:
         merge_splits_kernel[(rows, batch * heads_kv)](
             o_part, lse_part, o, lse, *o.stride(), heads, heads_kv, n_q, num_splits, row_blocks * block_m,

@@ -8,8 +8,8 @@ The shared machinery is in :mod:`.framework`; one module per notebook topic.
 check, for the grader.
 """
 from .framework import EXERCISES, Check, run_check  # noqa: F401
-from . import (attention_basics, backward, decoding, forward, in_practice, masking, matmul, online_softmax,
-               performance)
+from . import (across_devices, attention_basics, backward, decoding, forward, in_practice, masking, matmul,
+               online_softmax, performance)
 from .attention_basics import check_naive_attention, check_stable_softmax
 from .matmul import check_matmul_kernel
 from .online_softmax import check_merge_partials, check_online_update
@@ -19,6 +19,7 @@ from .masking import check_causal_block_range, check_padding_mask
 from .performance import check_achieved_tflops, check_attention_flops, check_roofline_time_ms
 from .in_practice import check_attend, check_gqa_attention
 from .decoding import check_merge_splits, check_paged_gather_index
+from .across_devices import check_ring_step_merge
 
 #: Exercise id -> its Check, for every exercise of the registry.
 CHECKS: dict[str, Check] = {check.exercise: check for check in (
@@ -31,6 +32,7 @@ CHECKS: dict[str, Check] = {check.exercise: check for check in (
     performance.ATTENTION_FLOPS_CHECK, performance.ACHIEVED_TFLOPS_CHECK, performance.ROOFLINE_TIME_CHECK,
     in_practice.ATTEND_CHECK, in_practice.GQA_ATTENTION_CHECK,
     decoding.MERGE_SPLITS_CHECK, decoding.PAGED_GATHER_INDEX_CHECK,
+    across_devices.RING_STEP_MERGE_CHECK,
 )}
 
 __all__ = ["EXERCISES", "CHECKS", "run_check", "check_naive_attention", "check_stable_softmax",
@@ -41,3 +43,4 @@ __all__ += ["check_causal_block_range", "check_padding_mask"]
 __all__ += ["check_attention_flops", "check_achieved_tflops", "check_roofline_time_ms"]
 __all__ += ["check_attend", "check_gqa_attention"]
 __all__ += ["check_merge_splits", "check_paged_gather_index"]
+__all__ += ["check_ring_step_merge"]
