@@ -47,11 +47,13 @@ gloo group and runs a function on each (notebook 10 does, with :func:`ring_atten
 from __future__ import annotations
 
 import datetime
+import json
 import math
 import os
 import struct
 import tempfile
 import time
+import traceback
 from dataclasses import dataclass
 
 import torch
@@ -439,8 +441,31 @@ def _cpu_process(rank: int, world_size: int, store_path: str, out_dir: str, fn, 
     try:
         result = fn(*args, **kwargs)
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    except BaseException:  # noqa: BLE001 - noted for the launcher (which rank failed first), then raised
+        with open(os.path.join(out_dir, f"rank{rank}.error.json"), "w", encoding="utf-8") as handle:
+            json.dump({"time": time.time(), "traceback": traceback.format_exc()}, handle)
+        raise
     finally:
         dist.destroy_process_group()
+
+
+def _first_failure(folder: str, world_size: int, fn_name: str) -> str | None:
+    """The traceback of the rank that raised first (the others often fail because it left), or None."""
+    failures = []
+    for rank in range(world_size):
+        path = os.path.join(folder, f"rank{rank}.error.json")
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as handle:
+                failures.append((json.load(handle), rank))
+    if not failures:
+        return None
+    failures.sort(key=lambda failure: failure[0]["time"])
+    (first, rank), later = failures[0], failures[1:]
+    text = f"rank {rank} of {world_size} raised in {fn_name}:\n{first['traceback']}"
+    if later:
+        text += "\nthen, probably because it left the group: " + "; ".join(
+            f"rank {r}: {failure['traceback'].strip().splitlines()[-1][:200]}" for failure, r in later)
+    return text
 
 
 def run_on_cpu_processes(fn, world_size: int, *args, timeout_s: float = 120.0, **kwargs) -> list:
@@ -492,18 +517,19 @@ def run_on_cpu_processes(fn, world_size: int, *args, timeout_s: float = 120.0, *
                 else:
                     os.environ[name] = value
         deadline = time.monotonic() + timeout_s
+        name = f"{fn.__module__}.{fn.__qualname__}"
         try:
             while not context.join(timeout=max(0.05, deadline - time.monotonic())):
                 if time.monotonic() >= deadline:
-                    raise TimeoutError(f"run_on_cpu_processes: {world_size} processes running "
-                                       f"{fn.__module__}.{fn.__qualname__} were still running after {timeout_s:g} s; "
-                                       f"they were stopped")
-        except mp.ProcessRaisedException as error:
-            raise RuntimeError(f"rank {error.error_index} of {world_size} raised in "
-                               f"{fn.__module__}.{fn.__qualname__}:\n{error.msg}") from None
-        except mp.ProcessExitedException as error:
-            raise RuntimeError(f"rank {error.error_index} of {world_size} exited with code {error.exit_code} "
-                               f"while running {fn.__module__}.{fn.__qualname__}") from None
+                    raise TimeoutError(f"run_on_cpu_processes: {world_size} processes running {name} were still "
+                                       f"running after {timeout_s:g} s; they were stopped")
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as error:
+            for process in context.processes:
+                process.join(timeout=5)  # the others are being stopped: let them finish writing what they raised
+            first = _first_failure(folder, world_size, name)
+            if first is None and isinstance(error, mp.ProcessExitedException):
+                first = f"rank {error.error_index} of {world_size} exited with code {error.exit_code} while running {name}"
+            raise RuntimeError(first or f"rank {error.error_index} of {world_size} raised in {name}:\n{error}") from None
         finally:
             for process in context.processes:
                 if process.is_alive():

@@ -341,3 +341,208 @@ def plot_block_table(block_table, seq_lens: Sequence[int], page_size: int, num_p
     ax.set_title(f"Paged KV cache: pages of {page_size} tokens, logical (top) to physical (bottom); "
                  "dashed: free", fontsize=9)
     return fig
+
+
+# --- across devices: memory against N, the ring's steps, overlap, causal balance (notebook 10) ---
+
+def _token_count(x: float) -> str:
+    """A token count for an axis tick: 512, 4k, 1M."""
+    if x >= 2 ** 20:
+        return f"{x / 2 ** 20:g}M"
+    if x >= 1024:
+        return f"{x / 1024:g}k"
+    return f"{x:g}"
+
+
+def _tokens_axis(ax, ticks: Sequence[int]) -> None:
+    """Log base 2 on x, ticks at the given token counts written 512, 4k, 1M."""
+    _log2_axis(ax, ticks)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: _token_count(x)))
+
+
+def _duration(x: float) -> str:
+    """A duration for a title: whole units from 100 on, three significant digits below."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def plot_memory_lines(ns: Sequence[int], series: dict[str, Sequence[float]], limits: dict[str, float] | None = None,
+                      *, title: str = "Memory against the sequence length"):
+    """Bytes against the sequence length N, log-log: a line per entry of ``series`` ({label: bytes per N}),
+    and a dashed horizontal line per entry of ``limits`` ({label: bytes}), e.g. one GPU's memory."""
+    if not series:
+        raise ValueError("series is empty: nothing to plot")
+    _check_same_length(ns=ns, **series)
+    fig, ax = _new_figure(figsize=(7.2, 4.4))
+    for k, (label, values) in enumerate(series.items()):
+        ax.plot(ns, values, "o-", color=f"C{k}", ms=4, label=label)
+    for label, value in (limits or {}).items():
+        ax.axhline(value, color="k", ls="--", lw=1.2, label=label)
+    _tokens_axis(ax, ns)
+    ax.set_yscale("log", base=2)
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: format_bytes(y)))
+    ax.set_xlabel("sequence length N")
+    ax.set_ylabel("bytes")
+    ax.set_title(title)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
+#: What a rank computes against one K/V shard, in full shard x shard blocks of query-key pairs.
+_KIND_NAMES = {"full": "all", "diagonal": "diagonal", "half": "half", "skip": "skipped"}
+
+
+def ring_step_kinds(world_size: int, causal: bool = True, scheme: str = "contiguous") -> list[list[tuple[int, str]]]:
+    """For each rank and step of the ring, (the rank whose K/V shard it holds, what it computes with it):
+    "full", "diagonal" (its own shard, causal), "half" (half of the queries or of the keys) or "skip",
+    from :func:`flashlib.distributed.step_work`."""
+    from .distributed import step_work
+
+    table = []
+    for rank in range(world_size):
+        row = []
+        for step in range(world_size):
+            source = (rank - step) % world_size
+            work = step_work(rank, source, 2, causal, scheme)
+            if work is None:
+                kind = "skip"
+            elif work.causal:
+                kind = "diagonal"
+            elif work.q_rows.stop - work.q_rows.start < 2 or work.kv_rows.stop - work.kv_rows.start < 2:
+                kind = "half"
+            else:
+                kind = "full"
+            row.append((source, kind))
+        table.append(row)
+    return table
+
+
+#: The work of each kind, in full shard x shard blocks (the causal diagonal is half a block, N/W large).
+KIND_WORK = {"full": 1.0, "diagonal": 0.5, "half": 0.5, "skip": 0.0}
+
+
+def plot_ring_schedule(world_size: int, causal: bool = True, schemes: Sequence[str] = ("contiguous", "zigzag")):
+    """The ring step by step: which K/V shard each rank holds at each step (rank (r - t) mod W) and how much
+    of it its queries see (colour: the work, in full shard x shard blocks), one panel per scheme."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1; got {world_size}")
+    fig, axes = _new_figure(ncols=len(schemes), figsize=(3.6 * len(schemes) + 0.6, 0.55 * world_size + 1.6))
+    axes = list(axes) if len(schemes) > 1 else [axes]
+    for ax, scheme in zip(axes, schemes):
+        table = ring_step_kinds(world_size, causal, scheme)
+        work = [[KIND_WORK[kind] for _, kind in row] for row in table]
+        image = ax.imshow(work, cmap="Blues", vmin=0.0, vmax=1.4, aspect="auto")
+        for rank, row in enumerate(table):
+            for step, (source, kind) in enumerate(row):
+                ax.text(step, rank, f"K/V {source}\n{_KIND_NAMES[kind]}", ha="center", va="center", fontsize=7,
+                        color="white" if KIND_WORK[kind] >= 1.0 else "black")
+        ax.set_xticks(range(world_size))
+        ax.set_yticks(range(world_size))
+        ax.set_xlabel("step t")
+        ax.set_ylabel("rank r")
+        ax.set_title(f"{scheme}{', causal' if causal else ''}: busiest rank "
+                     f"{max(sum(r) for r in work):g} blocks", fontsize=9)
+    fig.colorbar(image, ax=axes, shrink=0.8, label="work (blocks)")
+    return fig
+
+
+def plot_work_per_rank(world_size: int, schemes: Sequence[str] = ("contiguous", "zigzag")):
+    """Causal ring attention's work per rank, in full shard x shard blocks, stacked by step, one panel per
+    scheme; the dashed line is the mean (perfect balance). The ring ends when its busiest rank does."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1; got {world_size}")
+    fig, axes = _new_figure(ncols=len(schemes), figsize=(3.6 * len(schemes) + 0.9, 3.6))
+    axes = list(axes) if len(schemes) > 1 else [axes]
+    top = 0.0
+    for ax, scheme in zip(axes, schemes):
+        work = [[KIND_WORK[kind] for _, kind in row] for row in ring_step_kinds(world_size, True, scheme)]
+        bottom = [0.0] * world_size
+        for step in range(world_size):
+            heights = [work[rank][step] for rank in range(world_size)]
+            ax.bar(range(world_size), heights, bottom=bottom, color=f"C{step % 10}", edgecolor="white",
+                   label=f"step {step}")
+            bottom = [b + h for b, h in zip(bottom, heights)]
+        mean = sum(bottom) / world_size
+        ax.axhline(mean, color="k", ls="--", lw=1, label=f"mean: {mean:g}")
+        top = max(top, max(bottom))
+        ax.set_xticks(range(world_size))
+        ax.set_xlabel("rank")
+        ax.set_ylabel("work (full shard blocks)")
+        ax.set_title(f"{scheme}, causal: busiest rank {max(bottom):g}", fontsize=9)
+    for ax in axes:
+        ax.set_ylim(0, top * 1.15)
+    axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    return fig
+
+
+def ring_timeline(compute: float, transfer: float, world_size: int) -> list[tuple[float, float, float]]:
+    """(start, end of compute, end of the transfer posted at its start) of each step of a ring whose step
+    computes for ``compute`` and moves one K/V shard in ``transfer`` (the next shard travels while this one
+    is computed; the last step sends nothing, its transfer is 0 long). Step t + 1 starts when both are done."""
+    if compute < 0 or transfer < 0 or world_size < 1:
+        raise ValueError(f"compute and transfer must be >= 0 and world_size >= 1; got {compute}, {transfer}, "
+                         f"{world_size}")
+    steps, start = [], 0.0
+    for step in range(world_size):
+        moved = transfer if step + 1 < world_size else 0.0
+        steps.append((start, start + compute, start + moved))
+        start += max(compute, moved)
+    return steps
+
+
+def plot_ring_timeline(panels: dict[str, tuple[float, float]], world_size: int, *, unit: str = "µs"):
+    """A ring's W steps on two streams, one panel per entry of ``panels`` ({label: (compute, transfer)} per
+    step, in ``unit``): compute bars on one line, transfers on the other, and hatched the time the compute
+    stream waits for a transfer (none when the transfer hides behind the compute)."""
+    if not panels:
+        raise ValueError("panels is empty: nothing to plot")
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8.0, 1.6 * len(panels) + 0.6), layout="constrained",
+                             squeeze=False)
+    plt.close(fig)
+    for ax, (label, (compute, transfer)) in zip(axes[:, 0], panels.items()):
+        steps = ring_timeline(compute, transfer, world_size)
+        end = max(max(c, x) for _, c, x in steps)
+        waited = sum(max(0.0, x - c) for _, c, x in steps)
+        wide = 0.09 * end  # a bar narrower than this is left without its label
+        for step, (start, compute_end, transfer_end) in enumerate(steps):
+            ax.barh(1, compute_end - start, left=start, height=0.6, color="C0", edgecolor="white")
+            if compute_end - start >= wide:
+                ax.text((start + compute_end) / 2, 1, f"attend {step}", ha="center", va="center", fontsize=7,
+                        color="white")
+            if transfer_end > start:
+                ax.barh(0, transfer_end - start, left=start, height=0.6, color="C1", edgecolor="white")
+                if transfer_end - start >= wide:
+                    ax.text((start + transfer_end) / 2, 0, f"K/V for {step + 1}", ha="center", va="center",
+                            fontsize=7)
+            if transfer_end > compute_end:
+                ax.barh(1, transfer_end - compute_end, left=compute_end, height=0.6, color="none", edgecolor="C3",
+                        hatch="///")
+        ax.set_yticks([0, 1], ["transfer", "compute"])
+        ax.set_xlim(0, end * 1.02)
+        ax.set_xlabel(unit)
+        state = "the transfers hide behind the compute" if waited == 0 else \
+            f"the compute waits {_duration(waited)} {unit} ({waited / end:.0%})"
+        ax.set_title(f"{label}: {_duration(end)} {unit} for {world_size} steps; {state}", fontsize=9)
+    return fig
+
+
+def plot_overlap_condition(shard_lens: Sequence[int], compute: Sequence[float],
+                           transfers: dict[str, Sequence[float]], marks: dict[str, float] | None = None, *,
+                           unit: str = "µs", title: str = "One ring step: compute against transfer"):
+    """Time of one ring step against the shard length N/W, log-log: the compute (slope 2) and the transfer
+    over each link of ``transfers`` (slope 1); ``marks`` ({label: N/W}) draws where a transfer starts to hide."""
+    _check_same_length(shard_lens=shard_lens, compute=compute, **transfers)
+    fig, ax = _new_figure(figsize=(7.2, 4.4))
+    ax.plot(shard_lens, compute, "-", color="k", lw=2, label="compute (attention of one block)")
+    for k, (label, values) in enumerate(transfers.items()):
+        ax.plot(shard_lens, values, "--", color=f"C{k}", label=f"transfer over {label}")
+    for k, (label, shard) in enumerate((marks or {}).items()):
+        ax.axvline(shard, color=f"C{k}", ls=":", lw=1.2, label=f"{label}: hides from N/W ≈ {shard:,.0f}")
+    _tokens_axis(ax, shard_lens)
+    ax.set_yscale("log")
+    ax.set_xlabel("shard length N/W (tokens per rank)")
+    ax.set_ylabel(f"time per step ({unit})")
+    ax.set_title(title)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig

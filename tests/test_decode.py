@@ -115,6 +115,8 @@ def test_split_count_follows_the_grid_and_the_keys(monkeypatch):
 def test_launch_config_follows_the_grid_and_fits_shared_memory():
     assert decode_kernels.launch_config(128, 132, 16, 128, 2) == (64, 3, 4)  # one wave: 64-key blocks
     assert decode_kernels.launch_config(2048, 132, 16, 128, 2) == (32, 3, 4)  # many waves: 32-key blocks
+    assert decode_kernels.launch_config(128, 132, 16, 64, 2) == (128, 3, 4)  # the same tile bytes at D = 64
+    assert decode_kernels.launch_config(2048, 132, 16, 64, 2) == (64, 3, 4)
     block_n, stages, _ = decode_kernels.launch_config(128, 132, 64, 256, 4)  # float32, D = 256
     assert 4 * 256 * (64 + 2 * block_n * stages) <= decode_kernels.smem_budget() and stages < 3
 

@@ -20,7 +20,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from flashlib import flash_attention
-from flashlib.distributed import (SCHEMES, merge_partial, ring_attention, shard_sequence, step_work,
+from flashlib.distributed import (SCHEMES, merge_partial, ring_attention, ring_attention_of_full,
+                                  run_on_cpu_processes, shard_sequence, step_work,
                                   unshard_sequence)
 from flashlib.reference import naive_attention
 from flashlib.validation import relative_error, tolerance
@@ -454,3 +455,78 @@ def test_gpu_world_of_one_on_nccl(tmp_path):
     if not dist.is_nccl_available():
         pytest.skip("this torch build has no NCCL")
     spawn(nccl_one_rank_worker, 1, str(tmp_path), timeout=300)
+
+
+# ---------------------------------------------------------------- the launcher: W CPU processes, one gloo group
+def rank_report(x: torch.Tensor) -> dict:
+    """What a launched rank sees: its rank and group, the sum of x * rank over the group, its environment."""
+    total = x * dist.get_rank()
+    dist.all_reduce(total)
+    return {"rank": dist.get_rank(), "world_size": dist.get_world_size(), "backend": dist.get_backend(),
+            "sum": total, "threads": torch.get_num_threads(), "interpret": os.environ.get("TRITON_INTERPRET"),
+            "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+
+def raise_on_rank_one() -> None:
+    if dist.get_rank() == 1:
+        raise ValueError("rank one says no")
+    dist.barrier()  # rank 0 would wait here for ever: the launcher must stop it
+
+
+def sleep_for(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def test_launcher_returns_each_ranks_result_in_rank_order():
+    saved = {name: os.environ.get(name) for name in ("TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES")}
+    results = run_on_cpu_processes(rank_report, 3, torch.ones(2))
+    assert [r["rank"] for r in results] == [0, 1, 2]
+    assert all(r["world_size"] == 3 and r["backend"] == "gloo" and r["threads"] == 1 for r in results)
+    assert all(torch.equal(r["sum"], torch.full((2,), 3.0)) for r in results)  # 0 + 1 + 2, all-reduced
+    assert all(r["interpret"] == "1" and r["cuda_visible"] == "" for r in results)  # CPU processes on any machine
+    assert {name: os.environ.get(name) for name in saved} == saved  # this process's environment is back
+
+
+def test_launcher_runs_ring_attention_of_full_like_one_flash_attention():
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(1, 4, 4 * SHARD, HEAD_DIM, generator=gen)
+    k, v = (torch.randn(1, 2, 4 * SHARD, HEAD_DIM, generator=gen) for _ in range(2))
+    shards = run_on_cpu_processes(ring_attention_of_full, 2, q, k, v, causal=True, scheme="zigzag",
+                                  softmax_scale=0.2)
+    assert [tuple(s.shape) for s in shards] == [(1, 4, 2 * SHARD, HEAD_DIM)] * 2
+    assert not any(s.requires_grad for s in shards)
+    want = flash_attention(q, k, v, causal=True, softmax_scale=0.2)
+    assert relative_error(unshard_sequence(shards, "zigzag"), want) <= tolerance(torch.float32)
+
+
+def test_launcher_raises_what_a_rank_raised_and_stops_the_others():
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"rank 1 of 2 raised in .*raise_on_rank_one(.|\n)*rank one says no"):
+        run_on_cpu_processes(raise_on_rank_one, 2, timeout_s=60)
+    assert time.monotonic() - start < 45, "rank 0 was left waiting at its barrier"
+
+
+def test_launcher_stops_processes_that_run_past_the_timeout():
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match="still running after 8 s; they were stopped"):
+        run_on_cpu_processes(sleep_for, 2, 120.0, timeout_s=8)
+    assert time.monotonic() - start < 30
+
+
+def _nested():
+    def inner():
+        return None
+    return inner
+
+
+@pytest.mark.parametrize("fn, world_size, error, words", [
+    (lambda: None, 2, ValueError, "is a lambda or a function defined inside another one"),
+    (_nested(), 2, ValueError, "is a lambda or a function defined inside another one"),
+    (type("Main", (), {"__call__": lambda self: None, "__module__": "__main__"})(), 2, ValueError,
+     "defined in __main__ (a notebook or a script run directly)"),
+    ("rank_report", 2, TypeError, "fn must be a function; got a str"),
+    (rank_report, 0, ValueError, "world_size must be an int >= 1; got 0"),
+])
+def test_launcher_refuses_what_it_cannot_run(fn, world_size, error, words):
+    with pytest.raises(error, match=words.replace("(", r"\(").replace(")", r"\)")):
+        run_on_cpu_processes(fn, world_size)

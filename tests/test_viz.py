@@ -248,3 +248,86 @@ def test_block_table_figure_colours_owned_pages_and_draws_one_arrow_per_used_pag
 def test_block_table_figure_names_what_is_wrong(table, lens, words):
     with pytest.raises(ValueError, match=words):
         viz.plot_block_table(table, lens, page_size=4, num_pages=6)
+
+
+# --- across devices (notebook 10) -------------------------------------------------------
+
+def test_memory_lines_draw_each_series_and_the_limit_with_token_ticks():
+    before = set(plt.get_fignums())
+    ns = [4096, 65536, 2 ** 20]
+    fig = viz.plot_memory_lines(ns, {"kv": [1.0, 16.0, 256.0], "act": [2.0, 32.0, 512.0]}, {"one GPU": 80.0},
+                                title="t")
+    assert set(plt.get_fignums()) == before
+    (ax,) = fig.axes
+    lines = _lines_by_label(ax)
+    assert list(lines["kv"].get_ydata()) == [1.0, 16.0, 256.0] and list(lines["act"].get_xdata()) == ns
+    assert list(lines["one GPU"].get_ydata()) == [80.0, 80.0] and lines["one GPU"].get_linestyle() == "--"
+    assert [ax.xaxis.get_major_formatter()(n, 0) for n in (512, 4096, 2 ** 20)] == ["512", "4k", "1M"]
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log" and ax.get_title() == "t"
+    with pytest.raises(ValueError, match="series is empty"):
+        viz.plot_memory_lines(ns, {})
+    with pytest.raises(ValueError, match="kv must have one value per entry of ns"):
+        viz.plot_memory_lines(ns, {"kv": [1.0]})
+
+
+def test_ring_step_kinds_follow_step_work():
+    contiguous = viz.ring_step_kinds(4, causal=True, scheme="contiguous")
+    assert contiguous[2] == [(2, "diagonal"), (1, "full"), (0, "full"), (3, "skip")]
+    assert [kind for _, kind in contiguous[0]] == ["diagonal", "skip", "skip", "skip"]
+    zigzag = viz.ring_step_kinds(4, causal=True, scheme="zigzag")
+    assert all(row[0][1] == "diagonal" and all(kind == "half" for _, kind in row[1:]) for row in zigzag)
+    assert [source for source, _ in zigzag[1]] == [1, 0, 3, 2]
+    assert all(kind == "full" for row in viz.ring_step_kinds(3, causal=False) for _, kind in row)
+
+
+def test_ring_schedule_names_each_shard_and_its_work():
+    fig = viz.plot_ring_schedule(4, causal=True)
+    contiguous, zigzag = fig.axes[:2]
+    texts = [t.get_text() for t in contiguous.texts]
+    assert texts[:4] == ["K/V 0\ndiagonal", "K/V 3\nskipped", "K/V 2\nskipped", "K/V 1\nskipped"]
+    assert "busiest rank 3.5 blocks" in contiguous.get_title() and "busiest rank 2 blocks" in zigzag.get_title()
+    assert contiguous.get_images()[0].get_array().tolist()[3] == [0.5, 1.0, 1.0, 1.0]
+    assert len(viz.plot_ring_schedule(2, schemes=("zigzag",)).axes) == 2  # one panel and its colour bar
+
+
+def test_work_per_rank_stacks_the_steps_and_marks_the_mean():
+    fig = viz.plot_work_per_rank(4)
+    for ax, totals in zip(fig.axes, ([0.5, 1.5, 2.5, 3.5], [2.0, 2.0, 2.0, 2.0])):
+        tops = [0.0] * 4
+        for bar in ax.patches:
+            rank = round(bar.get_x() + bar.get_width() / 2)
+            tops[rank] = max(tops[rank], bar.get_y() + bar.get_height())
+        assert tops == totals
+        assert list(_lines_by_label(ax)["mean: 2"].get_ydata()) == [2.0, 2.0]
+    assert "busiest rank 3.5" in fig.axes[0].get_title() and "busiest rank 2" in fig.axes[1].get_title()
+
+
+def test_ring_timeline_waits_only_for_transfers_longer_than_the_compute():
+    assert viz.ring_timeline(3.0, 1.0, 3) == [(0.0, 3.0, 1.0), (3.0, 6.0, 4.0), (6.0, 9.0, 6.0)]
+    assert viz.ring_timeline(1.0, 3.0, 3) == [(0.0, 1.0, 3.0), (3.0, 4.0, 6.0), (6.0, 7.0, 6.0)]
+    assert viz.ring_timeline(2.0, 5.0, 1) == [(0.0, 2.0, 0.0)]  # a world of one sends nothing
+    with pytest.raises(ValueError, match="must be >= 0"):
+        viz.ring_timeline(-1.0, 1.0, 2)
+
+
+def test_ring_timeline_figure_hatches_the_waits():
+    fig = viz.plot_ring_timeline({"fast link": (3.0, 1.0), "slow link": (1.0, 3.0)}, world_size=4)
+    fast, slow = fig.axes
+    assert not any(p.get_hatch() for p in fast.patches) and "the transfers hide behind the compute" in fast.get_title()
+    assert sum(1 for p in slow.patches if p.get_hatch()) == 3
+    assert slow.get_title() == "slow link: 10 µs for 4 steps; the compute waits 6 µs (60%)"
+    assert fast.get_title().startswith("fast link: 12 µs for 4 steps")
+    with pytest.raises(ValueError, match="panels is empty"):
+        viz.plot_ring_timeline({}, 2)
+
+
+def test_overlap_condition_draws_compute_transfers_and_where_they_cross():
+    fig = viz.plot_overlap_condition([256, 1024], [1.0, 16.0], {"NVLink": [2.0, 8.0]}, {"NVLink": 512.0})
+    (ax,) = fig.axes
+    lines = _lines_by_label(ax)
+    assert list(lines["compute (attention of one block)"].get_ydata()) == [1.0, 16.0]
+    assert list(lines["transfer over NVLink"].get_ydata()) == [2.0, 8.0]
+    assert list(lines["NVLink: hides from N/W ≈ 512"].get_xdata()) == [512.0, 512.0]
+    assert ax.xaxis.get_major_formatter()(1024, 0) == "1k"
+    with pytest.raises(ValueError, match="NVLink must have one value per entry of shard_lens"):
+        viz.plot_overlap_condition([256, 1024], [1.0, 16.0], {"NVLink": [2.0]})

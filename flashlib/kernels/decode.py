@@ -233,15 +233,16 @@ INTERPRETER_BLOCK_N = 32
 def launch_config(programs: int, sms: int, block_m: int, block_d: int, elem: int) -> tuple[int, int, int]:
     """(BLOCK_N, stages, warps) for a grid of ``programs`` programs on ``sms`` SMs.
 
-    Measured on the H100 (benchmarks/decode_configs.py, decode_paged.py; fp16, D = 128): a grid of
-    about one wave, as split-KV makes it, ran fastest with 64-key blocks, three stages and 4 warps
-    (32-key blocks were 5-20% slower); a grid of several waves ran fastest with 32-key blocks (64-key
-    blocks were 3-8% slower). Three stages beat two and four everywhere. The config is chosen here,
-    not autotuned: an autotuner keyed on the first problem it meets tuned on a launch-bound small
-    one and kept a config 1.5x slower for long caches. Stages drop where shared memory runs out
-    (large head_dim, float32).
+    Measured on the H100 (benchmarks/decode_configs.py, decode_paged.py, the decoding grid): a
+    grid of about one wave, as split-KV makes it, ran fastest with K and V tiles of 16 KB (64 keys
+    at D = 128 in fp16, 128 keys at D = 64), three stages and 4 warps; 32-key blocks were 5-20%
+    slower there. A grid of several waves ran fastest with 8 KB tiles (64-key blocks were 3-8%
+    slower at D = 128). Three stages beat two and four everywhere. The config is chosen here, not
+    autotuned: an autotuner keyed on the first problem it meets tuned on a small, launch-bound one
+    and kept a config 1.5x slower for long caches. Stages drop where shared memory runs out.
     """
-    block_n = 32 if programs >= 2 * sms else 64
+    tile_bytes = 8192 if programs >= 2 * sms else 16384
+    block_n = max(32, min(128, tile_bytes // (block_d * elem)))
     budget = smem_budget()
     for stages in (3, 2, 1):
         if elem * block_d * (block_m + 2 * block_n * stages) <= budget:
