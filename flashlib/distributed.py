@@ -504,18 +504,18 @@ def run_on_cpu_processes(fn, world_size: int, *args, timeout_s: float = 120.0, *
 
     with tempfile.TemporaryDirectory(prefix="flashlib-processes-") as folder:
         child_env = {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
-        saved = {name: os.environ.get(name) for name in child_env}
+        saved = {variable: os.environ.get(variable) for variable in child_env}
         os.environ.update(child_env)  # spawned processes copy this process's environment when they start
         try:
             context = mp.start_processes(
                 _cpu_process, args=(world_size, os.path.join(folder, "store"), folder, fn, args, kwargs, timeout_s),
                 nprocs=world_size, join=False, start_method="spawn")
         finally:
-            for name, value in saved.items():
+            for variable, value in saved.items():
                 if value is None:
-                    os.environ.pop(name, None)
+                    os.environ.pop(variable, None)
                 else:
-                    os.environ[name] = value
+                    os.environ[variable] = value
         deadline = time.monotonic() + timeout_s
         name = f"{fn.__module__}.{fn.__qualname__}"
         try:
@@ -527,9 +527,11 @@ def run_on_cpu_processes(fn, world_size: int, *args, timeout_s: float = 120.0, *
             for process in context.processes:
                 process.join(timeout=5)  # the others are being stopped: let them finish writing what they raised
             first = _first_failure(folder, world_size, name)
-            if first is None and isinstance(error, mp.ProcessExitedException):
-                first = f"rank {error.error_index} of {world_size} exited with code {error.exit_code} while running {name}"
-            raise RuntimeError(first or f"rank {error.error_index} of {world_size} raised in {name}:\n{error}") from None
+            if first is None:
+                first = (f"rank {error.error_index} of {world_size} exited with code {error.exit_code} while "
+                         f"running {name}" if isinstance(error, mp.ProcessExitedException)
+                         else f"rank {error.error_index} of {world_size} raised in {name}:\n{error}")
+            raise RuntimeError(first) from None
         finally:
             for process in context.processes:
                 if process.is_alive():

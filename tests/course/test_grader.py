@@ -433,12 +433,12 @@ def test_solutions_get_full_marks_within_a_minute(graded_solutions):
             e.key for e in registry.exercises_of(report["notebook"])]
         assert all(e["status"] == "PASS" for e in report["exercises"]), report
     assert graded_solutions["seconds"] < 60
-    assert "sandbox: " in graded_solutions["stdout"] and "grand total: 38/38" in graded_solutions["stdout"]
+    assert "sandbox: " in graded_solutions["stdout"] and "grand total: 40/40" in graded_solutions["stdout"]
 
 
 @pytest.mark.slow
 def test_blank_exercises_get_zero(graded_exercises):
-    assert graded_exercises["total"] == 0 and graded_exercises["max_total"] == 38
+    assert graded_exercises["total"] == 0 and graded_exercises["max_total"] == 40
     for report in graded_exercises["notebooks"]:
         for exercise in report["exercises"]:
             assert exercise["points"] == 0 and "not attempted" in exercise["feedback"], exercise
