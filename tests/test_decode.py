@@ -117,6 +117,9 @@ def test_launch_config_follows_the_grid_and_fits_shared_memory():
     assert decode_kernels.launch_config(2048, 132, 16, 128, 2) == (32, 3, 4)  # many waves: 32-key blocks
     assert decode_kernels.launch_config(128, 132, 16, 64, 2) == (128, 3, 4)  # the same tile bytes at D = 64
     assert decode_kernels.launch_config(2048, 132, 16, 64, 2) == (64, 3, 4)
+    assert decode_kernels.launch_config(128, 132, 16, 64, 2, page_size=64)[0] == 64  # a block within a page
+    assert decode_kernels.launch_config(128, 132, 16, 64, 2, page_size=96)[0] == 32
+    assert decode_kernels.launch_config(128, 132, 16, 64, 2, page_size=16)[0] == 128  # pages < 32: per key
     block_n, stages, _ = decode_kernels.launch_config(128, 132, 64, 256, 4)  # float32, D = 256
     assert 4 * 256 * (64 + 2 * block_n * stages) <= decode_kernels.smem_budget() and stages < 3
 

@@ -230,7 +230,8 @@ MAX_SPLITS = 128
 INTERPRETER_BLOCK_N = 32
 
 
-def launch_config(programs: int, sms: int, block_m: int, block_d: int, elem: int) -> tuple[int, int, int]:
+def launch_config(programs: int, sms: int, block_m: int, block_d: int, elem: int,
+                  page_size: int = 0) -> tuple[int, int, int]:
     """(BLOCK_N, stages, warps) for a grid of ``programs`` programs on ``sms`` SMs.
 
     Measured on the H100 (benchmarks/decode_configs.py, decode_paged.py, the decoding grid): a
@@ -239,10 +240,14 @@ def launch_config(programs: int, sms: int, block_m: int, block_d: int, elem: int
     slower there. A grid of several waves ran fastest with 8 KB tiles (64-key blocks were 3-8%
     slower at D = 128). Three stages beat two and four everywhere. The config is chosen here, not
     autotuned: an autotuner keyed on the first problem it meets tuned on a small, launch-bound one
-    and kept a config 1.5x slower for long caches. Stages drop where shared memory runs out.
+    and kept a config 1.5x slower for long caches. Stages drop where shared memory runs out. With a
+    paged cache (``page_size`` > 0) a block never straddles pages of 32 tokens or more: one table
+    read per block, read ahead (per key, reads cost up to 2x).
     """
     tile_bytes = 8192 if programs >= 2 * sms else 16384
     block_n = max(32, min(128, tile_bytes // (block_d * elem)))
+    while page_size >= 32 and page_size % block_n:
+        block_n //= 2
     budget = smem_budget()
     for stages in (3, 2, 1):
         if elem * block_d * (block_m + 2 * block_n * stages) <= budget:
@@ -341,7 +346,7 @@ def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     else:
         if config is None:
             config = launch_config(num_splits * row_blocks * batch * heads_kv, sms, block_m, block_d,
-                                   q.element_size())
+                                   q.element_size(), page_size)
         block_n, stages, warps = config
         splitkv_attention_kernel[grid](*positional, **flags, BLOCK_N=block_n, num_stages=stages, num_warps=warps)
     if split:
