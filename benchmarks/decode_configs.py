@@ -12,9 +12,9 @@ import json
 
 import torch
 import triton
-import triton.testing
 
 from flashlib import detect_gpu
+from flashlib.bench_decode import graph_time_us
 from flashlib.kernels import decode
 
 SHAPES = [(1, 32, 32768), (1, 32, 4096), (8, 8, 32768), (64, 8, 8192), (1, 8, 131072), (64, 1, 4096),
@@ -24,9 +24,7 @@ SPLITS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 def graph_us(call) -> float:
-    call()
-    with torch.cuda.stream(torch.cuda.Stream()):
-        return triton.testing.do_bench_cudagraph(call, rep=10, return_mode="median") * 1e3
+    return graph_time_us(call, repeat=10)
 
 
 def main():
@@ -55,7 +53,6 @@ def main():
         print(f"B={batch} Hkv={heads_kv} N_k={n_k}: " + ", ".join(f"{b} {ok[b]:.1f} us ({gb / ok[b] * 1e6:.0f} GB/s)"
                                                                   for b in best), flush=True)
         results["shapes"].append(dict(batch=batch, heads_kv=heads_kv, n_k=n_k, us=times, best=best))
-        del q, k, v
         torch.cuda.empty_cache()
     with open(args.out, "w", encoding="utf-8") as handle:
         json.dump(results, handle, indent=1)

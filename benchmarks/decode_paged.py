@@ -14,9 +14,9 @@ import json
 
 import torch
 import triton
-import triton.testing
 
 from flashlib import detect_gpu
+from flashlib.bench_decode import graph_time_us
 from flashlib.kernels import decode
 
 SHAPES = [(1, 1, 131072), (64, 1, 16384), (8, 8, 32768), (1, 8, 131072), (64, 8, 8192), (8, 32, 16384),
@@ -24,9 +24,7 @@ SHAPES = [(1, 1, 131072), (64, 1, 16384), (8, 8, 32768), (1, 8, 131072), (64, 8,
 
 
 def graph_us(call) -> float:
-    call()
-    with torch.cuda.stream(torch.cuda.Stream()):
-        return triton.testing.do_bench_cudagraph(call, rep=10, return_mode="median") * 1e3
+    return graph_time_us(call, repeat=10)
 
 
 def main():
@@ -59,7 +57,6 @@ def main():
                 out["rows"].append(row)
                 print(f"B={batch} Hkv={heads_kv} N_k={n_k} page={page_size} {config}: contiguous "
                       f"{row['contiguous']:.1f}, paged {row['paged']:.1f} us (diff {row['max_diff']:.1e})", flush=True)
-        del q, k, v, k_pool, v_pool
         torch.cuda.empty_cache()
     with open(args.out, "w", encoding="utf-8") as handle:
         json.dump(out, handle, indent=1)

@@ -18,16 +18,14 @@ import json
 
 import torch
 import triton
-import triton.testing
 
 from flashlib import detect_gpu, flash_attention
+from flashlib.bench_decode import graph_time_us
 from flashlib.kernels import decode
 
 
 def graph_us(call) -> float:
-    call()
-    with torch.cuda.stream(torch.cuda.Stream()):
-        return triton.testing.do_bench_cudagraph(call, rep=20, return_mode="median") * 1e3
+    return graph_time_us(call, repeat=20)
 
 
 def inputs(batch, heads_kv, n_k, n_q, head_dim, heads=32):

@@ -96,3 +96,15 @@ def make_spec(causal, window, softmax_scale, softcap, alibi_slopes, dropout_p) -
     return AttentionSpec.checked(causal=causal, window=window,
                          softmax_scale=softmax_scale, softcap=0.0 if softcap is None else softcap,
                          has_alibi=alibi_slopes is not None, dropout_p=0.0 if dropout_p is None else dropout_p)
+
+
+def check_lengths(lengths, name: str, batch: int, device: torch.device, meaning: str) -> None:
+    """A (B,) torch.int32 tensor of per-sample lengths on q's device; ``meaning`` says what one length is."""
+    if not isinstance(lengths, torch.Tensor):
+        raise TypeError(f"{name} must be a (B,) torch.int32 tensor; got a {type(lengths).__name__}")
+    if lengths.dtype != torch.int32:
+        raise TypeError(f"{name} must be torch.int32; got {lengths.dtype} (use {name}.int())")
+    if tuple(lengths.shape) != (batch,):
+        raise ValueError(f"{name} must have shape (B,) = ({batch},), {meaning}; got {tuple(lengths.shape)}")
+    if lengths.device != device:
+        raise ValueError(f"{name} must be on the same device as q ({device}); got {lengths.device}")

@@ -15,7 +15,7 @@ import torch
 from . import ops
 from .decode import UNSET, splitkv_attention
 from .variants import VARIANTS, select_variant
-from .arguments import (check_alibi_slopes, check_dtypes_and_device, check_heads, check_tensors,
+from .arguments import (check_alibi_slopes, check_dtypes_and_device, check_heads, check_lengths, check_tensors,
                         describe_shapes, make_spec, values_checked)
 from .kernels.dropout import dropout_mask
 
@@ -25,15 +25,7 @@ LAYOUTS = ("bhnd", "bnhd")
 def _check_seq_lens(seq_lens, batch: int, n_q: int, n_k: int, device: torch.device) -> None:
     if seq_lens is None:
         return
-    if not isinstance(seq_lens, torch.Tensor):
-        raise TypeError(f"seq_lens must be a (B,) torch.int32 tensor; got a {type(seq_lens).__name__}")
-    if seq_lens.dtype != torch.int32:
-        raise TypeError(f"seq_lens must be torch.int32; got {seq_lens.dtype} (use seq_lens.int())")
-    if tuple(seq_lens.shape) != (batch,):
-        raise ValueError(f"seq_lens must have shape (B,) = ({batch},), one length per sample; "
-                         f"got {tuple(seq_lens.shape)}")
-    if seq_lens.device != device:
-        raise ValueError(f"seq_lens must be on the same device as q ({device}); got {seq_lens.device}")
+    check_lengths(seq_lens, "seq_lens", batch, device, "one length per sample")
     if batch and values_checked(seq_lens):
         low, high = int(seq_lens.min()), int(seq_lens.max())  # one sync on a GPU
         if low < 0 or high > max(n_q, n_k):

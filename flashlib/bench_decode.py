@@ -117,6 +117,16 @@ def _calls(q, k, v, impls, generator) -> dict[str, Callable]:
     return calls
 
 
+def graph_time_us(call: Callable, repeat: int = 20) -> float:
+    """Median microseconds of ``call()`` replayed from a CUDA graph (GPU time alone; after one eager call,
+    which compiles and warms up)."""
+    import triton.testing
+
+    call()
+    with torch.cuda.stream(torch.cuda.Stream()):  # graphs are captured off the default stream
+        return triton.testing.do_bench_cudagraph(call, rep=repeat, return_mode="median") * 1e3
+
+
 def _time_us(call: Callable, warmup: int, repeat: int) -> tuple[float, float | None]:
     """(eager median, CUDA-graph median) in microseconds; the interpreter has no graph."""
     if runtime.INTERPRET:
@@ -129,9 +139,7 @@ def _time_us(call: Callable, warmup: int, repeat: int) -> tuple[float, float | N
     import triton.testing
 
     eager = triton.testing.do_bench(call, warmup=warmup, rep=repeat, return_mode="median") * 1e3
-    with torch.cuda.stream(torch.cuda.Stream()):  # graphs are captured off the default stream
-        graph = triton.testing.do_bench_cudagraph(call, rep=repeat, return_mode="median") * 1e3
-    return eager, graph
+    return eager, graph_time_us(call, repeat)
 
 
 def bench_point(dtype: str, head_dim: int, batch: int, heads_q: int, heads_kv: int, n_k: int, n_q: int,

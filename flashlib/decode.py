@@ -20,7 +20,8 @@ import numbers
 import torch
 
 from . import runtime
-from .arguments import check_alibi_slopes, check_dtypes_and_device, check_heads, make_spec, values_checked
+from .arguments import (check_alibi_slopes, check_dtypes_and_device, check_heads, check_lengths, make_spec,
+                        values_checked)
 from .kernels.decode import launch_splitkv_attention
 
 #: ``window`` sides and ``num_splits``/``max_keys`` travel through the custom op as ints; -1: none/default.
@@ -90,16 +91,7 @@ def _check_cache_seqlens(cache_seqlens, batch: int, device: torch.device) -> tor
         return None
     if isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool):
         return torch.full((batch,), int(cache_seqlens), dtype=torch.int32, device=device)
-    if not isinstance(cache_seqlens, torch.Tensor):
-        raise TypeError(f"cache_seqlens must be a (B,) torch.int32 tensor (or an int); "
-                        f"got a {type(cache_seqlens).__name__}")
-    if cache_seqlens.dtype != torch.int32:
-        raise TypeError(f"cache_seqlens must be torch.int32; got {cache_seqlens.dtype} (use cache_seqlens.int())")
-    if tuple(cache_seqlens.shape) != (batch,):
-        raise ValueError(f"cache_seqlens must have shape (B,) = ({batch},), the cached tokens of each sequence; "
-                         f"got {tuple(cache_seqlens.shape)}")
-    if cache_seqlens.device != device:
-        raise ValueError(f"cache_seqlens must be on q's device ({device}); got {cache_seqlens.device}")
+    check_lengths(cache_seqlens, "cache_seqlens", batch, device, "the cached tokens of each sequence (or an int)")
     return cache_seqlens
 
 
