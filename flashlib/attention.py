@@ -11,6 +11,7 @@ the (B, N, H, D) entry.
 from __future__ import annotations
 
 import torch
+from torch.autograd import forward_ad
 
 from . import ops
 from .decode import UNSET, splitkv_attention
@@ -160,7 +161,9 @@ def _forward_variant(variant, q, k, v, layout, spec, return_dropout_mask) -> str
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     refusal = ("q, k or v requires grad (split-KV is forward only; use torch.no_grad() for inference)"
                if needs_grad else "dropout_p > 0 (split-KV has no dropout)" if spec.dropout_p > 0 or
-               return_dropout_mask else None)
+               return_dropout_mask else
+               "a torch.func transform (vmap, grad, jvp) or forward-mode AD is applied to it (split-KV has no "
+               "rules for them)" if _transformed(q, k, v) else None)
     if variant == "splitkv":
         if refusal:
             raise ValueError(f"variant='splitkv' cannot serve this call: {refusal}; use variant='fa2' or 'auto'")
@@ -170,6 +173,14 @@ def _forward_variant(variant, q, k, v, layout, spec, return_dropout_mask) -> str
     batch, heads, n_q, head_dim = _bhnd_shape(q, layout)
     heads_kv, n_k = _bhnd_shape(k, layout)[1:3]
     return select_variant(batch, heads, heads_kv, n_q, n_k, head_dim, q.device).variant
+
+
+def _transformed(*tensors) -> bool:
+    """Whether torch.func wraps the tensors (vmap, grad, jvp) or forward-mode AD gives them tangents: only
+    FlashAttention-2's op has the rules for those (a tangent would be dropped silently otherwise)."""
+    if any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors):
+        return True
+    return any(forward_ad.unpack_dual(t).tangent is not None for t in tensors)
 
 
 def _splitkv(q, k, v, seq_lens, alibi_slopes, layout, spec):

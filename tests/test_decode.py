@@ -259,6 +259,24 @@ def test_auto_picks_splitkv_for_decoding_and_fa2_for_training(monkeypatch):
     assert calls == [1]
 
 
+def test_auto_leaves_transforms_and_forward_ad_to_fa2(monkeypatch):
+    """vmap, torch.func and forward-mode AD go through FlashAttention-2's op, which has their rules: a
+    decoding-shaped call under them must neither crash nor drop a tangent."""
+    calls = _count_splitkv_launches(monkeypatch)
+    gen = torch.Generator().manual_seed(14)
+    q, k, v = _randn(3, 1, 2, 2, 16, gen=gen), _randn(3, 1, 2, 9, 16, gen=gen), _randn(3, 1, 2, 9, 16, gen=gen)
+    mapped = torch.func.vmap(lambda a, b, c: flash_attention(a, b, c, causal=True))(q, k, v)
+    looped = torch.stack([flash_attention(q[i], k[i], v[i], causal=True, variant="fa2") for i in range(3)])
+    assert torch.equal(mapped, looped)
+    with torch.autograd.forward_ad.dual_level():
+        dual = torch.autograd.forward_ad.make_dual(q[0], torch.ones_like(q[0]))
+        with pytest.raises(NotImplementedError, match="no forward-mode AD"):
+            flash_attention(dual, k[0], v[0])
+    assert calls == []
+    with pytest.raises(ValueError, match="torch.func transform"):
+        torch.func.vmap(lambda a, b, c: flash_attention(a, b, c, variant="splitkv"))(q, k, v)
+
+
 def test_variant_errors_name_the_reason():
     gen = torch.Generator().manual_seed(8)
     q, k, v = _randn(1, 2, 1, 16, gen=gen), _randn(1, 2, 8, 16, gen=gen), _randn(1, 2, 8, 16, gen=gen)
