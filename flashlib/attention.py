@@ -177,7 +177,10 @@ def _forward_variant(variant, q, k, v, layout, spec, return_dropout_mask) -> str
 
 def _transformed(*tensors) -> bool:
     """Whether torch.func wraps the tensors (vmap, grad, jvp) or forward-mode AD gives them tangents: only
-    FlashAttention-2's op has the rules for those (a tangent would be dropped silently otherwise)."""
+    FlashAttention-2's op has the rules for those (a tangent would be dropped silently otherwise). Not asked
+    while torch.compile traces (the question would break the graph; the compiled call is the custom op)."""
+    if torch.compiler.is_compiling():
+        return False
     if any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors):
         return True
     return any(forward_ad.unpack_dual(t).tangent is not None for t in tensors)

@@ -312,6 +312,16 @@ def test_torch_compile_fullgraph_matches_eager():
     assert torch.equal(k_cache, cache_eager[0]) and torch.equal(v_cache, cache_eager[1])  # the append happened
 
 
+def test_torch_compile_fullgraph_of_a_decoding_shaped_flash_attention():
+    """No grad and two queries: auto picks split-KV, and the compiled call traces through its custom op."""
+    gen = torch.Generator().manual_seed(15)
+    q, k, v = _randn(1, 2, 2, 16, gen=gen), _randn(1, 2, 9, 16, gen=gen), _randn(1, 2, 9, 16, gen=gen)
+    compiled = torch.compile(lambda a, b, c: flash_attention(a, b, c, causal=True) * 2, fullgraph=True,
+                             backend="aot_eager")
+    with torch.no_grad():
+        assert torch.equal(compiled(q, k, v), flash_attention(q, k, v, causal=True, variant="splitkv") * 2)
+
+
 # ------------------------------------------------------------------ bad input
 def _args(**changes):
     q, k_cache, v_cache, k, v, lengths = _problem(n_new=1, lengths=[3, 50, 20], seed=10)
