@@ -12,7 +12,7 @@ NB     ?= exercises
 BENCH_ARGS ?=
 PYTEST_NOTEBOOKS := notebooks solutions
 
-.PHONY: FORCE help install lab test test-lib test-gpu test-notebooks test-browser advanced demo grade exercises bench bench-all report gpu-info experiment clean
+.PHONY: FORCE help install lab test test-lib test-gpu test-notebooks test-browser advanced demo grade exercises bench bench-all bench-decode report gpu-info experiment clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
@@ -76,6 +76,9 @@ bench: install  ## matmul benchmark against torch.matmul
 
 bench-all: install  ## attention vs SDPA: full grid on a GPU into benchmarks/results/ (CPU: tiny grid, temp file)
 	$(PY) -m flashlib.bench $(BENCH_ARGS)
+
+bench-decode: install  ## decoding (KV cache) vs SDPA: the decoding grid on a GPU into benchmarks/results/ (CPU: tiny grid, temp file)
+	$(PY) -m flashlib.bench --mode decode $(BENCH_ARGS)
 
 report: install  ## plots, markdown table and README results section from benchmarks/results/attention_*.json
 	$(PY) -m flashlib.report
