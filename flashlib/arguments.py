@@ -25,7 +25,12 @@ def values_checked(*tensors: torch.Tensor) -> bool:
         return False
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         return False
-    return not any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors)
+    return not functorch_wrapped(*tensors)
+
+
+def functorch_wrapped(*tensors: torch.Tensor) -> bool:
+    """Whether a torch.func transform (vmap, grad, jvp) wraps any of the tensors."""
+    return any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors)
 
 
 def describe_shapes(q, k, v) -> str:

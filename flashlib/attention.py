@@ -14,10 +14,10 @@ import torch
 from torch.autograd import forward_ad
 
 from . import ops
-from .decode import UNSET, splitkv_attention
+from .decode import splitkv_attention
 from .variants import VARIANTS, select_variant
 from .arguments import (check_alibi_slopes, check_dtypes_and_device, check_heads, check_lengths, check_tensors,
-                        describe_shapes, make_spec, values_checked)
+                        describe_shapes, functorch_wrapped, make_spec, values_checked)
 from .kernels.dropout import dropout_mask
 
 LAYOUTS = ("bhnd", "bnhd")
@@ -181,7 +181,7 @@ def _transformed(*tensors) -> bool:
     while torch.compile traces (the question would break the graph; the compiled call is the custom op)."""
     if torch.compiler.is_compiling():
         return False
-    if any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors):
+    if functorch_wrapped(*tensors):
         return True
     return any(forward_ad.unpack_dual(t).tangent is not None for t in tensors)
 
@@ -189,10 +189,7 @@ def _transformed(*tensors) -> bool:
 def _splitkv(q, k, v, seq_lens, alibi_slopes, layout, spec):
     """(O, L) of a checked padded-batch call through the split-KV kernel, in flash_attention's shapes."""
     views = (q, k, v) if q.dim() == 4 else (q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1))
-    left, right = spec.window if spec.window is not None else (None, None)
-    o, lse = splitkv_attention(*views, None, seq_lens, None, alibi_slopes, layout, spec.scale(q.shape[-1]),
-                               spec.causal, UNSET if left is None else left, UNSET if right is None else right,
-                               spec.softcap, UNSET, UNSET)
+    o, lse = splitkv_attention(*views, layout, spec, seq_lens=seq_lens, alibi_slopes=alibi_slopes)
     if q.dim() == 3:
         return o.squeeze(1), lse.squeeze(1)
     return o, lse

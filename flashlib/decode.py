@@ -23,6 +23,7 @@ from . import runtime
 from .arguments import (check_alibi_slopes, check_dtypes_and_device, check_heads, check_lengths, make_spec,
                         values_checked)
 from .kernels.decode import launch_splitkv_attention
+from .spec import AttentionSpec
 
 #: ``window`` sides and ``num_splits``/``max_keys`` travel through the custom op as ints; -1: none/default.
 UNSET = -1
@@ -78,8 +79,14 @@ def _splitkv_fake(q, k, v, k_lens, seq_lens, block_table, alibi_slopes, layout, 
     return q.new_empty(q.shape), q.new_empty((batch, heads, n_q), dtype=torch.float32)
 
 
-def splitkv_attention(*args):
-    """``splitkv_impl(*args)``, as the custom op while ``torch.compile`` traces, directly otherwise."""
+def splitkv_attention(q, k, v, layout: str, spec: AttentionSpec, *, k_lens=None, seq_lens=None, block_table=None,
+                      alibi_slopes=None, max_keys: int | None = None, num_splits: int | None = None):
+    """(O, L) of checked arguments through the split-KV kernel: the custom op while ``torch.compile``
+    traces, ``splitkv_impl`` directly otherwise. The one place where a spec becomes the op's arguments."""
+    left, right = spec.bounds()
+    args = (q, k, v, k_lens, seq_lens, block_table, alibi_slopes, layout, spec.scale(q.shape[-1]), spec.causal,
+            UNSET if left is None else left, UNSET if right is None else right, spec.softcap,
+            UNSET if max_keys is None else max_keys, UNSET if num_splits is None else num_splits)
     if torch.compiler.is_compiling():
         return splitkv_attention_op(*args)
     return splitkv_impl(*args)
@@ -255,7 +262,7 @@ def flash_attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache
         raise ValueError("flash_attention_with_kvcache is forward only (inference): call it under "
                          "torch.no_grad() or torch.inference_mode(), or use flash_attention to train")
 
-    max_keys = UNSET
+    max_keys = None
     if not isinstance(check_values, bool):
         raise TypeError(f"check_values must be a bool; got {check_values!r}")
     if batch and check_values and values_checked(q):
@@ -263,9 +270,6 @@ def flash_attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache
     if n_new:
         _append(k_cache, v_cache, k, v, cache_seqlens, block_table)
     k_lens = cache_seqlens + n_new if n_new else cache_seqlens
-    left, right = spec.window if spec.window is not None else (None, None)
-    o, lse = splitkv_attention(q, k_cache, v_cache, k_lens, None, block_table, alibi_slopes, "bnhd",
-                               spec.scale(head_dim), causal, UNSET if left is None else left,
-                               UNSET if right is None else right, spec.softcap, max_keys,
-                               UNSET if num_splits is None else num_splits)
+    o, lse = splitkv_attention(q, k_cache, v_cache, "bnhd", spec, k_lens=k_lens, block_table=block_table,
+                               alibi_slopes=alibi_slopes, max_keys=max_keys, num_splits=num_splits)
     return (o, lse) if return_lse else o

@@ -62,6 +62,7 @@ import torch.distributed as dist
 from . import ops
 from .arguments import SUPPORTED_DTYPES
 from .attention import check_attention_args, flash_attention
+from .online_softmax import safe_shift
 
 #: The ways a sequence is cut into shards (see the module docstring).
 SCHEMES = ("contiguous", "zigzag")
@@ -173,7 +174,7 @@ def merge_partial(o: torch.Tensor, lse: torch.Tensor, o_blk: torch.Tensor, lse_b
     (``-inf - -inf``); a row that saw none on one side takes the other side's values.
     """
     lse_new = torch.logaddexp(lse, lse_blk)
-    shift = torch.where(torch.isneginf(lse_new), torch.zeros_like(lse_new), lse_new)
+    shift = safe_shift(lse_new)
     o_new = torch.exp(lse - shift).unsqueeze(-1) * o + torch.exp(lse_blk - shift).unsqueeze(-1) * o_blk
     return o_new, lse_new
 

@@ -43,6 +43,7 @@ import triton
 import triton.language as tl
 
 from .. import runtime
+from ..spec import window_bounds
 from .attention_fwd import LN2, LOG2E, scores_log2, smem_budget
 
 
@@ -313,11 +314,7 @@ def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     chunk = triton.cdiv(triton.cdiv(max(n_k, 1), num_splits), CHUNK_GRANULE) * CHUNK_GRANULE
     num_splits = max(1, triton.cdiv(n_k, chunk))
     split = num_splits > 1
-    left = right = None
-    if window is not None:
-        left, right = window
-    if causal:
-        right = 0 if right is None else min(right, 0)
+    left, right = window_bounds(causal, window)
     block_d = max(16, triton.next_power_of_2(head_dim))
     if split:
         o_part = torch.empty((batch, heads_kv, num_splits, row_blocks * block_m, head_dim),
