@@ -157,6 +157,17 @@ def test_nan_in_a_seen_key_propagates_and_one_past_the_length_does_not():
     assert o[0].isnan().all() and not o[1:].isnan().any()
 
 
+def test_splitkv_never_reads_the_padding_past_seq_lens():
+    """flash_attention(variant="splitkv", seq_lens=...): NaN and inf past each sample's length change nothing."""
+    gen = torch.Generator().manual_seed(16)
+    q, k, v = _randn(2, 4, 3, 32, gen=gen), _randn(2, 2, 40, 32, gen=gen), _randn(2, 2, 40, 32, gen=gen)
+    lengths = torch.tensor([2, 25], dtype=torch.int32, device=DEVICE)
+    clean = flash_attention(q, k, v, causal=True, seq_lens=lengths, variant="splitkv")
+    q[0, :, 2:], k[0, :, 2:], v[0, :, 2:] = float("nan"), float("nan"), float("inf")
+    k[1, :, 25:], v[1, :, 25:] = float("nan"), float("nan")
+    assert torch.equal(flash_attention(q, k, v, causal=True, seq_lens=lengths, variant="splitkv"), clean)
+
+
 # ------------------------------------------------------------------ paged cache
 @pytest.mark.parametrize("page_size", [16, 8, 48, 64], ids=["16", "8", "48", "64-one-page-per-block"])
 def test_paged_cache_matches_the_contiguous_one(page_size):
