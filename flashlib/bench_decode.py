@@ -29,10 +29,7 @@ Two times per row, both medians in microseconds:
 from __future__ import annotations
 
 import argparse
-import datetime
-import gc
 import json
-import platform
 import shlex
 import statistics
 import sys
@@ -47,15 +44,15 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from . import runtime
 from .attention import flash_attention
-from .bench import RESULTS_DIR, failure_status, gpu_slug, measure_ceilings
+from .bench_results import DTYPES, OK, RESULTS_DIR, failure_status, gpu_slug, results_meta
 from .decode import flash_attention_with_kvcache
 from .gpu import detect_gpu
+from .timing import free_memory, measure_ceilings
 from .validation import relative_error
 
 IMPLS = ("flashlib", "flashlib_paged", "flashlib_fa2", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient")
 SDPA_IMPLS = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION",
               "sdpa_efficient": "EFFICIENT_ATTENTION"}
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 GPU_GRID = dict(dtype="fp16,bf16", d="64,128", batch="1,8,64", heads_kv="32,8,1",
                 nk="1024,4096,8192,16384,32768,131072", nq="1,4")
 CPU_GRID = dict(dtype="fp16", d="32", batch="1,2", heads_kv="4,1", nk="64,256", nq="1,4")
@@ -176,17 +173,15 @@ def bench_point(dtype: str, head_dim: int, batch: int, heads_q: int, heads_kv: i
                 continue
             bandwidth = size / (us_graph * 1e-6) / 1e9 if us_graph else None
             rows.append(dict(base, impl=name, us=us, us_graph=us_graph, kv_gb_per_s=bandwidth, rel_err=error,
-                             status="ok"))
+                             status=OK))
     del q, k, v, calls
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    free_memory()
     return rows
 
 
 def fastest_sdpa(rows: list[dict], point: tuple, field: str = "us_graph") -> dict | None:
     """The SDPA row with the least ``field`` at ``point`` = (dtype, D, batch, H_kv, N_k, N_q)."""
-    candidates = [r for r in rows if r["impl"] in SDPA_IMPLS and r.get("status") == "ok" and r.get(field)
+    candidates = [r for r in rows if r["impl"] in SDPA_IMPLS and r.get("status") == OK and r.get(field)
                   and _point(r) == point]
     return min(candidates, key=lambda r: r[field], default=None)
 
@@ -202,7 +197,7 @@ def summary(rows: list[dict], copy_gb_per_s: float | None, impl: str = "flashlib
              f"{'ratio':>6} {'GB/s':>6}"]
     ratios, slow_bandwidth = [], []
     for row in rows:
-        if row["impl"] != impl or row.get("status") != "ok" or not row.get(field):
+        if row["impl"] != impl or row.get("status") != OK or not row.get(field):
             continue
         best = fastest_sdpa(rows, _point(row), field)
         ratio = best[field] / row[field] if best else None
@@ -265,18 +260,11 @@ def plot_decode(rows: list[dict], dtype: str = "fp16", field: str = "us_graph", 
 
 
 def _meta(command: str, warmup: int, repeat: int, copy_gb_per_s) -> dict:
-    import triton
-
-    import flashlib
-
-    return dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                gpu=detect_gpu().as_dict(), torch=torch.__version__, triton=triton.__version__,
-                flashlib=flashlib.__version__, python=platform.python_version(), interpreter=runtime.INTERPRET,
-                command=command, copy_gb_per_s=copy_gb_per_s, page_size=PAGE_SIZE,
-                method=(f"us: triton.testing.do_bench median of the eager call (warmup {warmup} ms, rep {repeat} "
-                        "ms), host time included; us_graph: triton.testing.do_bench_cudagraph median (rep "
-                        f"{repeat} ms), GPU time alone; kv_gb_per_s: K+V bytes / us_graph. causal=False for "
-                        "every impl; rel_err against the first impl's output on the same tensors."))
+    method = (f"us: triton.testing.do_bench median of the eager call (warmup {warmup} ms, rep {repeat} ms), host "
+              f"time included; us_graph: triton.testing.do_bench_cudagraph median (rep {repeat} ms), GPU time "
+              "alone; kv_gb_per_s: K+V bytes / us_graph. causal=False for every impl; rel_err against the first "
+              "impl's output on the same tensors.")
+    return results_meta(method=method, command=command, copy_gb_per_s=copy_gb_per_s, page_size=PAGE_SIZE)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,7 +9,7 @@ import torch
 
 from . import runtime
 from .attention import flash_attention
-from .bench import BenchmarkRunner, print_comparison_table
+from .timing import BenchmarkRunner, print_comparison_table
 from .gpu import print_gpu_info
 from .matmul import triton_matmul
 from .validation import validate_attention, validate_matmul

@@ -28,7 +28,7 @@ import torch
 import triton
 
 from . import runtime
-from .bench import matmul_tflops, time_ms
+from .timing import matmul_tflops, time_ms
 from .kernels.matmul import launch_matmul, matmul_kernel
 from .validation import relative_error, tolerance
 

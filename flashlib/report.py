@@ -8,8 +8,10 @@ per GPU: TFLOP/s versus N, flashlib's speedup versus each baseline, peak memory 
 ``<!-- results:start -->`` and ``<!-- results:end -->``, is replaced by that table, so the
 numbers in the README are generated, never typed.
 
-matplotlib is imported only when a plot is drawn: the table functions (which
-``flashlib.bench`` prints with) work without it, on a GPU machine that lacks it.
+matplotlib is imported only when a plot is drawn: the table functions (``format_table``,
+which ``flashlib.bench`` prints, and the markdown) work without it, on a GPU machine that lacks it.
+Results are read through :mod:`flashlib.bench_results`; this module never imports the
+benchmark's command line.
 """
 from __future__ import annotations
 
@@ -18,14 +20,18 @@ import os
 import statistics
 from pathlib import Path
 
-from .bench import MODES, OK, RESULTS_DIR, gpu_slug, load_results, stored_results
-from .io_model import io_analysis
+from . import runtime
+from .bench_results import OK, OUT_OF_MEMORY, RESULTS_DIR, gpu_slug, load_results, stored_results
+from .io_model import MODES, io_analysis
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 README = RESULTS_DIR.parents[1] / "README.md"
 #: Fixed colours, so that an implementation looks the same in every figure.
-COLORS = {"flashlib": "C3", "sdpa_flash": "C0", "sdpa_cudnn": "C2", "sdpa_efficient": "C1", "naive": "C7"}
+COLORS = {"flashlib": "C3", "sdpa_flash": "C0", "sdpa_cudnn": "C2", "sdpa_efficient": "C1", "naive": "C7",
+          "tutorial": "C4", "fa4": "C5"}
+#: The baselines of every summary; those of OUTSIDE_BASELINES join them where they ran (they are often absent).
 BASELINES = ("sdpa_flash", "sdpa_cudnn")
+OUTSIDE_BASELINES = ("tutorial", "fa4")
 _MIB = 2 ** 20
 
 
@@ -43,6 +49,11 @@ def _problem(row: dict) -> tuple:
 def _present(rows, field: str, order=None) -> list:
     values = list(dict.fromkeys(r[field] for r in rows))
     return sorted(values, key=(lambda v: order.index(v) if v in order else len(order)) if order else None)
+
+
+def _baselines(rows) -> tuple[str, ...]:
+    """BASELINES, then each of OUTSIDE_BASELINES that has a measured row."""
+    return BASELINES + tuple(b for b in OUTSIDE_BASELINES if _ok(rows, impl=b))
 
 
 def merge(results: list[tuple[dict, list[dict]]]) -> tuple[list[dict], list[dict]]:
@@ -90,7 +101,7 @@ def memory_comparison(rows: list[dict], causal: bool = False) -> dict[tuple, dic
     empty when no row has a memory measurement."""
     if not any(r["peak_mem_bytes"] is not None for r in rows):
         return {}
-    impls = _present(rows, "impl", list(COLORS))
+    impls = _present(_ok(rows), "impl", list(COLORS))  # an impl that never ran (not installed, ...) has no column
     out = {}
     for mode in _present(rows, "mode", list(MODES)):
         for dtype in _present(rows, "dtype"):
@@ -118,6 +129,59 @@ def describe(metas: list[dict]) -> str:
         return ", ".join(dict.fromkeys(str(m.get(key)) for m in metas))
     dates = ", ".join(dict.fromkeys(str(m.get("date", ""))[:10] for m in metas))
     return f"{where}, torch {joined('torch')}, triton {joined('triton')}, flashlib {joined('flashlib')}, {dates}"
+
+
+# ---------------------------------------------------------------- the printed table
+
+#: A status's cell, by the status up to its first colon (else that text's first 5 characters).
+_ABBREVIATIONS = {OK: "", OUT_OF_MEMORY: "oom", "forward only": "fwd only", "not found": "absent",
+                  "not installed": "absent"}
+_LABELS = {"sdpa_flash": "flash", "sdpa_cudnn": "cudnn", "sdpa_efficient": "effic"}
+
+
+def _cell(row: dict | None, interpreter: bool) -> str:
+    if row is None:
+        return "-"
+    if row["status"] != OK:
+        kind = row["status"].split(":")[0]
+        return _ABBREVIATIONS.get(kind, kind[:5])
+    return f"{row['ms']:.3g}" if interpreter else f"{row['tflops']:.1f}"
+
+
+def format_table(rows: list[dict], interpreter: bool = runtime.INTERPRET) -> str:
+    """The table ``python -m flashlib.bench`` prints: one line per (mode, dtype, D, causal, N), one
+    column per impl; then flashlib's ratios, its peak memory at the largest N, and each failure
+    reason once."""
+    if not rows:
+        return "(no results)"
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    index = {(r["impl"], r["mode"], r["dtype"], r["D"], r["causal"], r["N"]): r for r in rows}
+    problems = sorted({(MODES.index(r["mode"]), r["mode"], r["dtype"], r["D"], r["causal"], r["N"]) for r in rows})
+    unit = "ms (interpreter timings: numpy on the CPU, not a GPU)" if interpreter else "TFLOP/s"
+    labels = [_LABELS.get(i, i)[:8] for i in impls]
+    lines = [f"{unit}; flash/cudnn/effic = SDPA's backends, c = causal, oom = out of memory",
+             f"{'mode':5} {'dtype':5} {'D':>4} {'c':1} {'N':>6} " + " ".join(f"{label:>8}" for label in labels)]
+    for _, mode, dtype, d, causal, n in problems:
+        cells = [_cell(index.get((i, mode, dtype, d, causal, n)), interpreter) for i in impls]
+        lines.append(f"{mode:5} {dtype:5} {d:>4} {'y' if causal else 'n':1} {n:>6} "
+                     + " ".join(f"{c:>8}" for c in cells))
+    for baseline in _baselines(rows):
+        ratios = summary_ratios(rows, baseline)
+        if ratios:
+            lines.append(f"flashlib / {baseline} (speed ratio, min / median / max over D, causal, N):")
+            lines += [f"  {mode:5} {dtype}: {lo:.2f} / {mid:.2f} / {hi:.2f}"
+                      for (mode, dtype), (lo, mid, hi) in ratios.items()]
+    memory = memory_comparison(rows)
+    if memory:
+        lines.append("peak memory above the inputs at the largest N, MiB (mode dtype D causal N: impl=MiB):")
+        for key, by_impl in memory.items():
+            cells = " ".join(f"{i}={m / 2 ** 20:.3g}" if m is not None else f"{i}=-" for i, m in by_impl.items())
+            lines.append(f"  {' '.join(str(x) for x in key)}: {cells}")
+    reasons = sorted({r["status"] for r in rows if r["status"] not in (OK, OUT_OF_MEMORY)})
+    lines += [f"  ({reason})" for reason in reasons[:10]]
+    if interpreter:
+        lines.append("Note: Triton *interpreter* timings on the CPU (numpy), not GPU timings.")
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------- markdown
@@ -159,11 +223,13 @@ def _io_lines(rows, ceilings) -> list[str]:
 
 
 def markdown_table(rows: list[dict], metas: list[dict] | None = None, impl: str = "flashlib",
-                   baselines=BASELINES, images: dict[str, str] | None = None) -> str:
+                   baselines=None, images: dict[str, str] | None = None) -> str:
     """Markdown: where and when; per (mode, dtype) ``impl``'s speed ratio to each baseline
-    (min / median / max, problem count); peak memory at the largest N; the IO model against
-    the measured times (when the bandwidth was measured); links to ``images`` {title: path}."""
+    (min / median / max, problem count; default: BASELINES and the outside ones that ran); peak
+    memory at the largest N; the IO model against the measured times (when the bandwidth was
+    measured); links to ``images`` {title: path}."""
     metas = metas or []
+    baselines = _baselines(rows) if baselines is None else baselines
     lines = [f"Measured on **{describe(metas)}**" + (f" (`{metas[0]['command']}`)" if metas and
                                                       metas[0].get("command") else "") + ".", ""]
     ratios = {b: summary_ratios(rows, b, impl) for b in baselines}

@@ -2,11 +2,15 @@
 interpreter (files with every field, small errors), failures turned into statuses, results files."""
 import csv
 import json
+import sys
+import types
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from flashlib import bench, runtime
+from flashlib import bench, bench_results, runtime
+from flashlib.io_model import attention_flops
 from flashlib.validation import tolerance
 
 META_FIELDS = {"date", "gpu", "torch", "triton", "flashlib", "python", "interpreter", "method", "command",
@@ -16,12 +20,12 @@ META_FIELDS = {"date", "gpu", "torch", "triton", "flashlib", "python", "interpre
 def test_flops_by_hand():
     # B=2, H=3, N=128, D=64: 4 * 2 * 3 * 128^2 * 64 forward
     fwd = 4 * 2 * 3 * 128 * 128 * 64
-    assert bench.attention_flops(2, 3, 128, 64) == fwd
-    assert bench.attention_flops(2, 3, 128, 64, causal=True) == fwd / 2
-    assert bench.attention_flops(2, 3, 128, 64, mode="bwd") == 2.5 * fwd
-    assert bench.attention_flops(2, 3, 128, 64, causal=True, mode="train") == 3.5 * fwd / 2
+    assert attention_flops(2, 3, 128, 64) == fwd
+    assert attention_flops(2, 3, 128, 64, causal=True) == fwd / 2
+    assert attention_flops(2, 3, 128, 64, mode="bwd") == 2.5 * fwd
+    assert attention_flops(2, 3, 128, 64, causal=True, mode="train") == 3.5 * fwd / 2
     with pytest.raises(ValueError, match="mode must be one of"):
-        bench.attention_flops(2, 3, 128, 64, mode="backward")
+        attention_flops(2, 3, 128, 64, mode="backward")
 
 
 def test_fa2_shapes():
@@ -44,22 +48,22 @@ def test_cli_tiny_grid_writes_every_field(tmp_path, capsys):
     assert meta["command"].startswith("python -m flashlib.bench --N 32")
     assert len(data["rows"]) == 3 * 3 * 2 == len(rows)  # impls x modes x causal
     for row in data["rows"]:
-        assert set(row) == set(bench.ROW_FIELDS)
+        assert set(row) == set(bench_results.ROW_FIELDS)
         assert (row["N"], row["D"], row["dtype"], row["batch"], row["heads"]) == (32, 16, "fp16", 1, 2)
         if row["impl"] == "sdpa_flash":
             assert row["status"] == "unsupported: needs CUDA" and row["ms"] is None and row["tflops"] is None
             continue
         assert row["status"] == "ok", row
         assert row["ms"] > 0 and row["peak_mem_bytes"] > 0
-        flops = bench.attention_flops(1, 2, 32, 16, causal=row["causal"], mode=row["mode"])
+        flops = attention_flops(1, 2, 32, 16, causal=row["causal"], mode=row["mode"])
         assert row["tflops"] == pytest.approx(flops / (row["ms"] * 1e-3) / 1e12)
         assert 0 <= row["rel_err"] < tolerance(torch.float16)
     with (tmp_path / "attention_test.csv").open() as handle:
         lines = list(csv.DictReader(handle))
     assert len(lines) == len(data["rows"])
-    assert set(bench.ROW_FIELDS) <= set(lines[0]) and lines[0]["gpu"] == meta["gpu"]["name"]
+    assert set(bench_results.ROW_FIELDS) <= set(lines[0]) and lines[0]["gpu"] == meta["gpu"]["name"]
 
-    loaded_meta, loaded_rows = bench.load_results(tmp_path / "attention_test.json")
+    loaded_meta, loaded_rows = bench_results.load_results(tmp_path / "attention_test.json")
     assert loaded_meta == meta and loaded_rows == data["rows"]
 
 
@@ -117,18 +121,18 @@ def test_failures_become_statuses(monkeypatch):
 def test_sdpa_refusal_takes_the_reason_from_its_warnings():
     warned = ["Flash attention kernel not used because:", "Flash attention has been runtime disabled.",
               "Flash attention requires q,k,v to have the same last dimension and to be less than or equal to 256."]
-    status = bench.failure_status(RuntimeError("No available kernel. Aborting execution."), warned)
+    status = bench_results.failure_status(RuntimeError("No available kernel. Aborting execution."), warned)
     assert status.startswith("unsupported: Flash attention requires q,k,v to have the same last dimension")
-    assert bench.failure_status(RuntimeError("No available kernel.")) == "unsupported: No available kernel."
+    assert bench_results.failure_status(RuntimeError("No available kernel.")) == "unsupported: No available kernel."
     later_torch = RuntimeError("No viable backend for scaled_dot_product_attention was found.")
-    assert bench.failure_status(later_torch).startswith("unsupported: No viable backend")
+    assert bench_results.failure_status(later_torch).startswith("unsupported: No viable backend")
 
 
 def test_load_results_rejects_other_json(tmp_path):
     path = tmp_path / "old.json"
     path.write_text(json.dumps({"date": "x", "rows": []}))
     with pytest.raises(ValueError, match="expected flashlib.bench results.*'meta'"):
-        bench.load_results(path)
+        bench_results.load_results(path)
 
 
 def test_stored_results_newest_first(tmp_path):
@@ -137,7 +141,7 @@ def test_stored_results_newest_first(tmp_path):
                        ("attention_c.json", "2025-12-31T00:00:00+00:00")]:
         (tmp_path / name).write_text(json.dumps({"meta": {"date": date}, "rows": []}))
     (tmp_path / "block_sizes.json").write_text("{}")
-    assert [p.name for p in bench.stored_results(directory=tmp_path)] == [
+    assert [p.name for p in bench_results.stored_results(directory=tmp_path)] == [
         "attention_b.json", "attention_a.json", "attention_c.json"]
 
 
@@ -147,17 +151,108 @@ def test_matmul_table_still_reachable(capsys):
     assert "flashlib ms" in out and "torch ms" in out
 
 
+FAKE_TUTORIAL = """import torch.nn.functional as F
+
+
+def attention(q, k, v, causal, sm_scale):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=sm_scale)
+"""
+
+
+def _fake_flash_attn_cute(monkeypatch):
+    """A stand-in for flash_attn.cute: (B, N, H, D) in, (out, lse) back, as FlashAttention-4."""
+    def flash_attn_func(q, k, v, softmax_scale=None, causal=False):
+        assert q.shape[1] > q.shape[2], "expects (B, N, H, D)"  # the benchmark's shapes have N > H
+        out = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), is_causal=causal)
+        return out.transpose(1, 2), None
+
+    package, cute = types.ModuleType("flash_attn"), types.ModuleType("flash_attn.cute")
+    cute.flash_attn_func = flash_attn_func
+    package.cute = cute
+    monkeypatch.setitem(sys.modules, "flash_attn", package)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
+
+
+def test_outside_impls_on_cpu_are_skipped_with_the_reason(tmp_path, capsys):
+    rows = bench.main(["--N", "32", "--d", "16", "--mode", "fwd,bwd", "--causal", "false",
+                       "--impl", "tutorial,fa4,naive", "--out", str(tmp_path / "outside")])
+    status = {(r["impl"], r["mode"]): r["status"] for r in rows}
+    assert status == {("tutorial", "fwd"): "unsupported: needs CUDA", ("tutorial", "bwd"): "forward only",
+                      ("fa4", "fwd"): "unsupported: needs CUDA", ("fa4", "bwd"): "unsupported: needs CUDA",
+                      ("naive", "fwd"): "ok", ("naive", "bwd"): "ok"}
+    assert all(r["ms"] is None and r["rel_err"] is None for r in rows if r["impl"] != "naive")
+    _, stored = bench_results.load_results(tmp_path / "outside.json")
+    assert [r["status"] for r in stored] == [r["status"] for r in rows]
+    printed = capsys.readouterr().out
+    assert "fwd only" in printed and "(forward only)" in printed and "(unsupported: needs CUDA)" in printed
+
+
+def test_absent_outside_impls_say_how_to_provide_them(monkeypatch, tmp_path):
+    monkeypatch.setattr(bench, "CUDA_ONLY", ())  # as on a GPU
+    monkeypatch.setenv(bench.TUTORIAL_ENV, str(tmp_path / "missing.py"))
+    monkeypatch.setitem(sys.modules, "flash_attn", None)  # import flash_attn fails, installed or not
+    rows = bench.run_attention_benchmark(modes=("fwd", "bwd"), causals=(False,), head_dims=(16,), seq_lens=(32,),
+                                         impls=("tutorial", "fa4"), warmup=1, repeat=1, log=lambda _: None)
+    status = {(r["impl"], r["mode"]): r["status"] for r in rows}
+    assert status == {("tutorial", "fwd"): bench.TUTORIAL_MISSING, ("tutorial", "bwd"): "forward only",
+                      ("fa4", "fwd"): bench.FA4_MISSING, ("fa4", "bwd"): bench.FA4_MISSING}
+    assert bench.TUTORIAL_MISSING.startswith("not found: set FLASHLIB_TUTORIAL06 to Triton's python/tutorials/")
+    assert bench.FA4_MISSING == "not installed: pip install flash-attn-4 nvidia-cutlass-dsl"
+
+
+def test_tutorial_loader_reads_the_file_the_variable_names(monkeypatch, tmp_path):
+    fake = tmp_path / "fake_tutorial.py"
+    fake.write_text(FAKE_TUTORIAL)
+    monkeypatch.setenv(bench.TUTORIAL_ENV, str(fake))
+    assert bench.tutorial_path() == fake
+    module = bench.load_tutorial()
+    assert module.__file__ == str(fake.resolve()) and bench.load_tutorial(fake) is module  # executed once
+    q, k, v = (torch.randn(1, 2, 16, 8, dtype=torch.float64) for _ in range(3))
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert torch.allclose(module.attention(q, k, v, True, 8 ** -0.5), expected)
+
+    monkeypatch.delenv(bench.TUTORIAL_ENV)
+    assert bench.tutorial_path() == bench.TUTORIAL_DEFAULT
+    with pytest.raises(bench_results.Unavailable, match="^not found: set FLASHLIB_TUTORIAL06"):
+        bench.load_tutorial(tmp_path / "missing.py")
+    empty = tmp_path / "no_attention.py"
+    empty.write_text("X = 1\n")
+    with pytest.raises(bench_results.Unavailable, match="defines no attention"):
+        bench.load_tutorial(empty)
+
+
+def test_outside_impls_are_checked_against_float64_when_they_run(monkeypatch, tmp_path):
+    fake = tmp_path / "fake_tutorial.py"
+    fake.write_text(FAKE_TUTORIAL)
+    monkeypatch.setenv(bench.TUTORIAL_ENV, str(fake))
+    _fake_flash_attn_cute(monkeypatch)
+    monkeypatch.setattr(bench, "CUDA_ONLY", ())
+    rows = bench.run_attention_benchmark(modes=("fwd", "bwd"), causals=(False, True), head_dims=(16,),
+                                         seq_lens=(32,), impls=("tutorial", "fa4"), dtypes=("fp16",),
+                                         warmup=1, repeat=1, log=lambda _: None)
+    for r in rows:
+        if (r["impl"], r["mode"]) == ("tutorial", "bwd"):
+            assert r["status"] == "forward only" and r["ms"] is None
+            continue
+        assert r["status"] == "ok", r
+        assert r["ms"] > 0 and 0 <= r["rel_err"] < tolerance(torch.float16)
+
+
 @pytest.mark.gpu
 def test_cli_small_gpu_grid(tmp_path):
     prefix = tmp_path / "attention_gpu"
     # One dtype: every flashlib row autotunes its own kernels, and bf16 is covered by the kernel tests.
     bench.main(["--mode", "fwd,bwd,train", "--dtype", "fp16", "--d", "64", "--N", "512,1024",
                 "--impl", ",".join(bench.IMPLS), "--warmup", "5", "--repeat", "20", "--out", str(prefix)])
-    meta, rows = bench.load_results(f"{prefix}.json")
+    meta, rows = bench_results.load_results(f"{prefix}.json")
     assert meta["interpreter"] is False and meta["gpu"]["is_gpu"]
     assert meta["ceilings"]["hbm_gb_per_s"] > 100 and meta["ceilings"]["matmul_tflops"] > 10
     assert len(rows) == len(bench.IMPLS) * 3 * 1 * 2 * 2  # impls x modes x dtypes x causal x N
     for r in rows:
+        if r["impl"] == "tutorial" and r["mode"] != "fwd":
+            assert r["status"] == "forward only", r
+        if r["impl"] in ("tutorial", "fa4") and r["status"] != "ok":
+            assert r["status"] in ("forward only", bench.TUTORIAL_MISSING, bench.FA4_MISSING), r
         if r["impl"] in ("flashlib", "sdpa_flash", "naive"):
             assert r["status"] == "ok", r
             assert r["tflops"] > 0 and r["peak_mem_bytes"] > 0

@@ -7,7 +7,7 @@ import torch
 from flashlib import experiment, runtime  # first: sets TRITON_INTERPRET before Triton loads
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from flashlib.bench import matmul_tflops
+from flashlib.timing import matmul_tflops
 from flashlib.experiment import BlockSizeResults, plot_heatmap, run_block_size_experiment
 
 SIZE = (48, 40, 24)  # tails in every dimension for 32-wide blocks

@@ -1,11 +1,14 @@
 """flashlib.report: ratios by hand on synthetic results, plots and markdown files written, and the
 README section replaced exactly and idempotently."""
 import json
+import subprocess
+import sys
 
 import matplotlib
 import pytest
 
 from flashlib import bench, report
+from flashlib.io_model import attention_flops
 
 matplotlib.use("Agg")
 
@@ -19,7 +22,7 @@ SPEEDUP = {"sdpa_flash": {512: 2.0, 1024: 1.5, 2048: 1.2}, "sdpa_cudnn": {512: 0
 
 def _row(impl, mode, causal, n, ms, mem, status="ok", dtype="fp16", d=64):
     b, h = bench.fa2_shape(n, d)
-    flops = bench.attention_flops(b, h, n, d, causal=causal, mode=mode)
+    flops = attention_flops(b, h, n, d, causal=causal, mode=mode)
     return dict(impl=impl, mode=mode, dtype=dtype, causal=causal, N=n, D=d, batch=b, heads=h,
                 ms=ms if status == "ok" else None, tflops=flops / (ms * 1e-3) / 1e12 if status == "ok" else None,
                 peak_mem_bytes=mem if status == "ok" else None, rel_err=1e-3 if status == "ok" else None,
@@ -140,3 +143,30 @@ def test_plots_have_one_panel_per_case():
     assert len(report.plot_memory(rows, "fp16").axes) == 3
     empty = report.plot_memory([dict(r, peak_mem_bytes=None) for r in rows], "fp16")
     assert "no memory measurements" in empty.axes[0].texts[0].get_text()
+
+
+def test_report_imports_results_never_the_command_line():
+    code = ("import sys, flashlib.report; "
+            "assert 'flashlib.bench' not in sys.modules, sorted(m for m in sys.modules if m.startswith('flashlib'))")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_rows_of_absent_impls_change_no_summary():
+    absent = [_row(impl, mode, False, 512, 1.0, 1, status=status) for impl, status in
+              (("tutorial", "not found: set FLASHLIB_TUTORIAL06 to ..."), ("fa4", "not installed: pip ..."))
+              for mode in ("fwd", "bwd", "train")]
+    rows = synthetic_rows() + absent
+    assert report.summary_ratios(rows, "tutorial") == {}
+    assert report.memory_comparison(rows) == report.memory_comparison(synthetic_rows())  # no column for them
+    assert report.markdown_table(rows, [META]) == report.markdown_table(synthetic_rows(), [META])
+    table = report.format_table(rows, interpreter=False)
+    assert "  absent   absent" in table and "(not installed: pip ...)" in table
+    assert len(report.plot_tflops(rows, "fp16").axes) == 3 * 2
+
+
+def test_outside_baselines_join_the_summaries_where_they_ran():
+    rows = synthetic_rows() + [dict(r, impl="tutorial", ms=r["ms"] * 0.5, tflops=r["tflops"] * 2)
+                               for r in synthetic_rows() if r["impl"] == "flashlib"]
+    assert report.summary_ratios(rows, "tutorial")[("fwd", "fp16")] == pytest.approx((0.5, 0.5, 0.5))
+    assert "vs tutorial" in report.markdown_table(rows, [META]) and "vs fa4" not in report.markdown_table(rows, [META])
+    assert "flashlib / tutorial" in report.format_table(rows, interpreter=False)

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from flashlib import naive_attention, runtime, validate_attention, validate_matmul
-from flashlib.bench import BenchmarkRunner, matmul_tflops, peak_memory_bytes, print_comparison_table, time_ms
+from flashlib.timing import BenchmarkRunner, matmul_tflops, peak_memory_bytes, print_comparison_table, time_ms
 from flashlib.validation import max_abs_diff, relative_error
 
 

@@ -27,7 +27,7 @@ memory.
 has nowhere to store the scores, so the only way to materialise S = Q K^T is outside
 a kernel (plain torch, or an object dressed up as a kernel). The first is refused
 (the answer must be a ``@triton.jit`` kernel); the second is caught by measuring
-(:func:`flashlib.bench.peak_memory_bytes`) the memory allocated while the kernel
+(:func:`flashlib.timing.peak_memory_bytes`) the memory allocated while the kernel
 runs, on a case where the N x N scores would dwarf everything else.
 
 The wrong answers it names: the stubs left in, acc or l (or both) not rescaled by
@@ -44,7 +44,7 @@ import math
 import torch
 
 from ... import runtime
-from ...bench import peak_memory_bytes
+from ...timing import peak_memory_bytes
 from ...kernels.attention_fwd_simple import launch_simple_forward
 from ...reference import naive_attention
 from ...validation import relative_error, tolerance
