@@ -37,11 +37,10 @@ import triton.language as tl
 
 from .. import runtime
 from ..spec import AttentionSpec
+from ._common import (LN2, LOG2E, descriptor_mode, descriptor_ready, descriptors_supported, load_rows,
+                      set_block_shapes, store_rows, tensor_of, tile_sources)
 from .dropout import dropout_keep, effective_dropout_p
 from .tuned import launch_tuned
-
-LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) == exp2(x * LOG2E)
-LN2 = tl.constexpr(0.6931471805599453)  # ln(2): ln(x) == log2(x) * LN2
 
 
 @triton.jit
@@ -74,30 +73,38 @@ def scores_log2(qk, q_pos, k_pos, score_scale, softcap_scale, slope_log2,
 
 
 @triton.jit
-def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, start, end,
+def _attn_fwd_inner(acc, l_i, m_i, q, k_src, v_src, off_b, off_kvh, start, end,
                     stride_kn, stride_kd, stride_vn, stride_vd,
                     offs_m, offs_d, k_len, offset, window_left, window_right,
                     score_scale, softcap_scale, slope_log2, dropout_seed, dropout_p, stream,
                     tile_ptr,
                     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-                    EVEN_D: tl.constexpr, HEAD_DIM: tl.constexpr, RECORD_TILES: tl.constexpr,
-                    DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
+                    EVEN_D: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, RECORD_TILES: tl.constexpr,
+                    DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, NEGATIVE_SCALE: tl.constexpr,
+                    BLOCK_N: tl.constexpr):
     """Online-softmax update of (acc, l_i, m_i) over the key blocks [start, end).
 
     ``MASKED`` blocks get an element mask (band edges, key tail) and loads masked
     on ``j < k_len``; unmasked blocks are read and used as they are. ``l_i`` sums the
     weights before dropout (the softmax's denominator); ``acc`` sums only the kept ones.
+    ``k_src``, ``v_src`` are K and V as the kernel's ``TMA`` mode has them (see
+    :func:`load_rows`); with descriptors the copy engine zero-fills past the rows, so
+    masked and unmasked blocks load alike. Pointers are walked through the strides.
     """
     offs_n = tl.arange(0, BLOCK_N)
     PLAIN: tl.constexpr = not (HAS_SOFTCAP or HAS_ALIBI)
-    # K^T tile (BLOCK_D, BLOCK_N) and V tile (BLOCK_N, BLOCK_D) of the first block, through strides.
-    k_ptrs = k_base + (start + offs_n)[None, :] * stride_kn + offs_d[:, None] * stride_kd
-    v_ptrs = v_base + (start + offs_n)[:, None] * stride_vn + offs_d[None, :] * stride_vd
+    if TMA == "none":
+        # K^T tile (BLOCK_D, BLOCK_N) and V tile (BLOCK_N, BLOCK_D) of the first block, through strides.
+        k_ptrs = k_src + (start + offs_n)[None, :] * stride_kn + offs_d[:, None] * stride_kd
+        v_ptrs = v_src + (start + offs_n)[:, None] * stride_vn + offs_d[None, :] * stride_vd
     rows = offs_m[:, None] + offset  # i' = i + N_k - N_q (bottom-right alignment)
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n
-        if MASKED:
+        if TMA != "none":
+            k = load_rows(k_src, off_b, off_kvh, start_n, TMA, BLOCK_N, BLOCK_D).T
+            v = load_rows(v_src, off_b, off_kvh, start_n, TMA, BLOCK_N, BLOCK_D)
+        elif MASKED:
             k = tl.load(k_ptrs, mask=(cols[None, :] < k_len) & (offs_d[:, None] < HEAD_DIM), other=0.0)
             v = tl.load(v_ptrs, mask=(cols[:, None] < k_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
         elif EVEN_D:
@@ -126,8 +133,11 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, start, end,
             qk = qk - m_sub[:, None]
         else:
             # Every score is finite here. The max is taken on the raw scores and the scale
-            # folded into one FMA per score (valid for a scale >= 0: the kernel makes it so).
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * score_scale)
+            # folded into one FMA per score: max(c * x) = c * max(x) for c >= 0, c * min(x) for c < 0.
+            if NEGATIVE_SCALE:
+                m_new = tl.maximum(m_i, tl.min(qk, 1) * score_scale)
+            else:
+                m_new = tl.maximum(m_i, tl.max(qk, 1) * score_scale)
             m_sub = m_new
             qk = qk * score_scale - m_sub[:, None]
         p = tl.math.exp2(qk)
@@ -135,12 +145,15 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, start, end,
         l_i = l_i * alpha + tl.sum(p, 1)
         if HAS_DROPOUT:
             p = tl.where(dropout_keep(dropout_seed, stream, offs_m, start_n, dropout_p, BLOCK_N), p, 0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        # Rescale, then let the tensor cores add P V into acc in place (no second accumulator).
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
         m_i = m_new
         if RECORD_TILES:
             tl.store(tile_ptr + start_n // BLOCK_N, 2 if MASKED else 1)
-        k_ptrs += BLOCK_N * stride_kn
-        v_ptrs += BLOCK_N * stride_vn
+        if TMA == "none":
+            k_ptrs += BLOCK_N * stride_kn
+            v_ptrs += BLOCK_N * stride_vn
     return acc, l_i, m_i
 
 
@@ -238,8 +251,8 @@ def attention_fwd_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_SEQ_LENS: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    RECORD_TILES: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    RECORD_TILES: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, NEGATIVE_SCALE: tl.constexpr,
+    K_MULTIPLE_OF_128: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """O, LSE for query block ``program_id(0)`` of (batch, head) ``program_id(1)``.
 
@@ -254,17 +267,23 @@ def attention_fwd_kernel(
     Score modifiers (:class:`flashlib.spec.AttentionSpec`): SOFTCAP > 0 when HAS_SOFTCAP;
     ALIBI slopes float32 at ``b * stride_ab + h * stride_ah`` when HAS_ALIBI; dropout of
     probability DROPOUT_P with Philox seed DROPOUT_SEED when HAS_DROPOUT.
+    TMA (Hopper and later, 16-byte aligned rows, unit stride along D): Q, K, V, O move
+    through tensor descriptors. ``"host"``: Q, K, V, O *are* (B, H, N, D) descriptors made
+    by the launcher (no padding, nothing packed). ``"device"``: the program makes one per
+    sample and head, bounded by the sample's rows (``n_q``, ``k_len``), so padding is
+    never read. ``"none"``: pointers.
     """
     start_m = tl.program_id(0)
     off_hz = tl.program_id(1)
     off_b = off_hz // H
     off_h = off_hz % H
     off_kvh = off_h // KV_GROUP
-    # 64-bit base offsets: B * H * N * D may exceed 2**31 elements.
-    q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
-    k_base = K + off_b.to(tl.int64) * stride_kb + off_kvh.to(tl.int64) * stride_kh
-    v_base = V + off_b.to(tl.int64) * stride_vb + off_kvh.to(tl.int64) * stride_vh
-    o_base = O + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
+    if TMA != "host":
+        # 64-bit base offsets: B * H * N * D may exceed 2**31 elements.
+        q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
+        k_base = K + off_b.to(tl.int64) * stride_kb + off_kvh.to(tl.int64) * stride_kh
+        v_base = V + off_b.to(tl.int64) * stride_vb + off_kvh.to(tl.int64) * stride_vh
+        o_base = O + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
 
     q_start, n_q, q_len, k_start, n_k, k_len = sample_bounds(
         off_b, SEQ_LENS, CU_SEQLENS_Q, CU_SEQLENS_K, N_CTX_Q, N_CTX_K, HAS_SEQ_LENS, IS_VARLEN)
@@ -286,8 +305,24 @@ def attention_fwd_kernel(
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     EVEN_D: tl.constexpr = BLOCK_D == HEAD_DIM
-    q_ptrs = q_base + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd
-    q = tl.load(q_ptrs, mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    if TMA == "host":
+        k_src = K
+        v_src = V
+        q = load_rows(Q, off_b, off_h, m0, TMA, BLOCK_M, BLOCK_D)
+    elif TMA == "device":
+        # Descriptor shapes are at least 1 row: a sample with no keys never loads any.
+        k_src = tl.make_tensor_descriptor(k_base, shape=[tl.maximum(k_len, 1), HEAD_DIM], strides=[stride_kn, 1],
+                                          block_shape=[BLOCK_N, BLOCK_D])
+        v_src = tl.make_tensor_descriptor(v_base, shape=[tl.maximum(k_len, 1), HEAD_DIM], strides=[stride_vn, 1],
+                                          block_shape=[BLOCK_N, BLOCK_D])
+        q_desc = tl.make_tensor_descriptor(q_base, shape=[tl.maximum(n_q, 1), HEAD_DIM], strides=[stride_qn, 1],
+                                           block_shape=[BLOCK_M, BLOCK_D])
+        q = load_rows(q_desc, off_b, off_h, m0, TMA, BLOCK_M, BLOCK_D)
+    else:
+        k_src = k_base
+        v_src = v_base
+        q_ptrs = q_base + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd
+        q = tl.load(q_ptrs, mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM), other=0.0)
 
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -296,11 +331,9 @@ def attention_fwd_kernel(
         score_scale = SOFTCAP * LOG2E
         softcap_scale = sm_scale / SOFTCAP
     else:
-        # Unmasked blocks take the row max on raw scores, which needs a non-negative scale:
-        # for a negative one, flip the signs of Q and of the scale (exact, same scores).
-        sign = tl.where(sm_scale < 0, -1.0, 1.0)
-        q = (q * sign).to(q.dtype)
-        score_scale = sm_scale * sign * LOG2E
+        # q stays as loaded (in shared memory, where the tensor cores read it): a negative
+        # scale is handled in the row max instead (NEGATIVE_SCALE).
+        score_scale = sm_scale * LOG2E
         softcap_scale = 1.0
     slope_log2 = 0.0
     if HAS_ALIBI:
@@ -312,25 +345,28 @@ def attention_fwd_kernel(
 
     if HAS_LEFT:  # stage 1: blocks cut by the window's left edge
         acc, l_i, m_i = _attn_fwd_inner(
-            acc, l_i, m_i, q, k_base, v_base, lo, full_lo, stride_kn, stride_kd, stride_vn, stride_vd,
+            acc, l_i, m_i, q, k_src, v_src, off_b, off_kvh, lo, full_lo, stride_kn, stride_kd, stride_vn, stride_vd,
             offs_m, offs_d, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
             score_scale, softcap_scale, slope_log2, DROPOUT_SEED, DROPOUT_P, stream, tile_ptr,
-            True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, HEAD_DIM, RECORD_TILES,
-            DOT_PRECISION, BLOCK_N)
+            True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, HEAD_DIM, BLOCK_D, RECORD_TILES,
+            DOT_PRECISION, TMA, NEGATIVE_SCALE, BLOCK_N)
     # stage 2: blocks every row sees whole, no mask
     acc, l_i, m_i = _attn_fwd_inner(
-        acc, l_i, m_i, q, k_base, v_base, full_lo, full_hi, stride_kn, stride_kd, stride_vn, stride_vd,
+        acc, l_i, m_i, q, k_src, v_src, off_b, off_kvh, full_lo, full_hi, stride_kn, stride_kd, stride_vn, stride_vd,
         offs_m, offs_d, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
         score_scale, softcap_scale, slope_log2, DROPOUT_SEED, DROPOUT_P, stream, tile_ptr,
-        False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, HEAD_DIM, RECORD_TILES,
-        DOT_PRECISION, BLOCK_N)
-    # stage 3: the diagonal / window's right edge, and the key tail (N_k or seq_len)
-    acc, l_i, m_i = _attn_fwd_inner(
-        acc, l_i, m_i, q, k_base, v_base, full_hi, hi, stride_kn, stride_kd, stride_vn, stride_vd,
-        offs_m, offs_d, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
-        score_scale, softcap_scale, slope_log2, DROPOUT_SEED, DROPOUT_P, stream, tile_ptr,
-        True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, HEAD_DIM, RECORD_TILES,
-        DOT_PRECISION, BLOCK_N)
+        False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, HEAD_DIM, BLOCK_D, RECORD_TILES,
+        DOT_PRECISION, TMA, NEGATIVE_SCALE, BLOCK_N)
+    # stage 3: the diagonal / window's right edge, and the key tail (N_k or seq_len). With no
+    # right edge and N_k a multiple of 128 (so of BLOCK_N) it is empty: it is then not even
+    # compiled, which spares its registers (the masked loop needs more than the plain one).
+    if HAS_RIGHT or HAS_SEQ_LENS or IS_VARLEN or not K_MULTIPLE_OF_128:
+        acc, l_i, m_i = _attn_fwd_inner(
+            acc, l_i, m_i, q, k_src, v_src, off_b, off_kvh, full_hi, hi, stride_kn, stride_kd, stride_vn, stride_vd,
+            offs_m, offs_d, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
+            score_scale, softcap_scale, slope_log2, DROPOUT_SEED, DROPOUT_P, stream, tile_ptr,
+            True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, HEAD_DIM, BLOCK_D, RECORD_TILES,
+            DOT_PRECISION, TMA, NEGATIVE_SCALE, BLOCK_N)
 
     # Rows with no visible key (l = 0) and rows past the sample's length: O = 0, L = -inf.
     # A NaN score makes l NaN, and NaN != 0: it reaches O and L, as in PyTorch.
@@ -340,8 +376,15 @@ def attention_fwd_kernel(
         l_safe = l_safe * (1.0 - DROPOUT_P)  # kept weights are scaled by 1 / (1 - p)
     out = tl.where(valid[:, None], acc / l_safe[:, None], 0.0)
     lse = tl.where(valid, (m_i + tl.math.log2(tl.where(valid, l_i, 1.0))) * LN2, float("-inf"))
-    o_ptrs = o_base + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
-    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM))
+    if TMA == "host":
+        store_rows(O, off_b, off_h, m0, out.to(O.dtype), TMA, BLOCK_M, BLOCK_D)
+    elif TMA == "device":
+        o_desc = tl.make_tensor_descriptor(o_base, shape=[tl.maximum(n_q, 1), HEAD_DIM], strides=[stride_on, 1],
+                                           block_shape=[BLOCK_M, BLOCK_D])
+        store_rows(o_desc, off_b, off_h, m0, out.to(O.dtype.element_ty), TMA, BLOCK_M, BLOCK_D)
+    else:
+        o_ptrs = o_base + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
+        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM))
     lse_base = LSE + row_stats_offset(off_b, off_h, H, N_CTX_Q, q_start, IS_VARLEN)
     tl.store(lse_base + offs_m, lse, mask=offs_m < n_q)
 
@@ -350,16 +393,25 @@ def attention_fwd_kernel(
 #: space of Triton's fused-attention tutorial (BLOCK_M 64/128, BLOCK_N 32..128, 2-4
 #: stages, 4/8 warps) that do well on Ampere and Hopper; few, since each one compiles.
 GPU_CONFIGS = [
-    (128, 128, 3, 8), (128, 128, 2, 8),
-    (128, 64, 3, 8), (128, 64, 4, 4), (128, 64, 2, 8),
-    (128, 32, 4, 4), (128, 32, 2, 8),
+    (128, 128, 3, 8), (128, 128, 2, 8), (128, 128, 4, 8),
+    (128, 64, 3, 8), (128, 64, 4, 8), (128, 64, 4, 4), (128, 64, 3, 4), (128, 64, 2, 4), (64, 128, 3, 4),
+    (128, 32, 4, 4),
     (64, 64, 4, 4), (64, 64, 3, 4), (64, 64, 2, 4),
-    (64, 32, 4, 4), (64, 32, 2, 4),
+    (64, 32, 4, 4),
 ]
 
 
+#: Which block size each tile argument's rows take (host descriptors get their block shapes from it).
+TILE_ROWS = {"Q": "BLOCK_M", "K": "BLOCK_N", "V": "BLOCK_N", "O": "BLOCK_M"}
+
+
+def _set_tile_shapes(nargs):
+    set_block_shapes(nargs, TILE_ROWS)
+
+
 def _gpu_configs():
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=stages, num_warps=warps)
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=stages, num_warps=warps,
+                          pre_hook=_set_tile_shapes)
             for bm, bn, stages, warps in GPU_CONFIGS]
 
 
@@ -402,7 +454,7 @@ def full_float32_config(args: dict, smem_of) -> triton.Config | None:
     ``smem_of(block_m, block_n, stages)`` is the kernel's shared memory: the deepest
     pipeline (3 stages at most) that fits is taken.
     """
-    if args["DOT_PRECISION"] != "ieee" or args["Q"].element_size() != 4:
+    if args["DOT_PRECISION"] != "ieee" or tensor_of(args["Q"]).element_size() != 4:
         return None
     block_m, block_n = FULL_FLOAT32_BLOCKS
     stages = next((s for s in (3, 2) if smem_of(block_m, block_n, s) <= smem_budget()), 1)
@@ -417,11 +469,13 @@ def _prune_configs(configs, named_args, **kwargs):
     args = {**named_args, **kwargs}
     only = full_float32_config(args, lambda bm, bn, stages: smem_bytes(bm, bn, args["BLOCK_D"], stages, 4))
     if only is not None:
+        only.pre_hook = _set_tile_shapes
         return [only]
-    shape = (args["BLOCK_D"], args["Q"].element_size(), args["Q_BUCKET"], smem_budget())
+    shape = (args["BLOCK_D"], tensor_of(args["Q"]).element_size(), args["Q_BUCKET"], smem_budget())
     kept = [c for c in configs
             if _fits(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages, c.num_warps, *shape)]
-    return kept or [triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_stages=1, num_warps=4)]
+    return kept or [triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_stages=1, num_warps=4,
+                                  pre_hook=_set_tile_shapes)]
 
 
 #: The kernel with BLOCK_M, BLOCK_N, warps and stages chosen by benchmarking on the GPU,
@@ -429,7 +483,8 @@ def _prune_configs(configs, named_args, **kwargs):
 attention_fwd_kernel_autotuned = triton.autotune(
     configs=_gpu_configs(),
     key=["Q_BUCKET", "K_BUCKET", "HEAD_DIM", "HAS_SEQ_LENS", "IS_VARLEN", "HAS_LEFT", "HAS_RIGHT", "HAS_SOFTCAP",
-         "HAS_ALIBI", "HAS_DROPOUT", "DOT_PRECISION"],
+         "HAS_ALIBI", "HAS_DROPOUT", "DOT_PRECISION", "TMA", "NEGATIVE_SCALE",
+         "K_MULTIPLE_OF_128"],
     prune_configs_by={"early_config_prune": _prune_configs},
 )(attention_fwd_kernel)
 
@@ -459,7 +514,8 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              block_m: int | None = None, block_n: int | None = None,
                              tiles: torch.Tensor | None = None,
                              cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
-                             max_seqlen_q: int | None = None, max_seqlen_k: int | None = None):
+                             max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+                             use_tma: bool | None = None):
     """Run the forward kernel on checked (B, H, N, D) tensors (any strides); fill o and lse.
 
     q, o: (B, H, N_q, D); k, v: (B, H_kv, N_k, D); lse: (B, H, N_q) contiguous float32.
@@ -473,6 +529,10 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     Packed sequences (``cu_seqlens_q`` given, :mod:`flashlib.varlen` checks them): q, o are
     (total_q, H, D), k, v (total_k, H_kv, D), any strides; lse (H, total_q); cu_seqlens_q/k
     (B + 1,) int32 on q's device; the grid covers ``max_seqlen_q`` rows per sequence.
+
+    ``use_tma``: move tiles through tensor descriptors (:mod:`flashlib.kernels._common`);
+    by default wherever the device and the tensors allow it. ``False`` forces the pointer
+    path (tests compare the two).
     """
     filled = (o, lse)  # returned as the caller gave them (packed, when varlen)
     varlen = cu_seqlens_q is not None
@@ -485,6 +545,9 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     rows_q, rows_k = (max_seqlen_q, max_seqlen_k) if varlen else (n_q, n_k)  # per (batch, head)
     left, right = spec.bounds()
     alibi, alibi_strides, scalars, flags = modifier_args(spec, alibi_slopes, head_dim, lse)
+    if use_tma is None:
+        use_tma = descriptors_supported(q.device) and all(descriptor_ready(t) for t in (q, k, v, o))
+    tma = descriptor_mode(use_tma, padded=seq_lens is not None or varlen)
     args = dict(
         H=heads, KV_GROUP=heads // k.shape[1], N_CTX_Q=n_q, N_CTX_K=n_k,
         WINDOW_LEFT=left or 0, WINDOW_RIGHT=right or 0,
@@ -492,9 +555,10 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         HAS_SEQ_LENS=seq_lens is not None, IS_VARLEN=varlen,
         HAS_LEFT=left is not None, HAS_RIGHT=right is not None, **flags,
-        RECORD_TILES=tiles is not None, DOT_PRECISION=runtime.dot_precision(q.dtype),
+        RECORD_TILES=tiles is not None, DOT_PRECISION=runtime.dot_precision(q.dtype), TMA=tma,
+        NEGATIVE_SCALE=scalars[0] < 0, K_MULTIPLE_OF_128=n_k % 128 == 0,
     )
-    tensors = (q, k, v, o, lse, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi, tiles)
+    tensors = (*tile_sources(tma, (q, k, v, o)), lse, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi, tiles)
     strides = (*q.stride(), *k.stride(), *v.stride(), *o.stride(), *alibi_strides)
     positional = (*tensors, *scalars, *strides)
     if block_m is None and runtime.INTERPRET:
@@ -504,6 +568,7 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         block_d, budget = args["BLOCK_D"], smem_budget()
         stages = next((s for s in (3, 2) if smem_bytes(block_m, block_n, block_d, s, q.element_size()) <= budget), 1)
         grid = (triton.cdiv(rows_q, block_m), batch * heads)
+        _set_tile_shapes(dict(zip("QKVO", positional), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d))
         attention_fwd_kernel[grid](*positional, **args, BLOCK_M=block_m, BLOCK_N=block_n,
                                    num_stages=stages, num_warps=4 if block_m * block_d <= 4096 * 4 else 8)
     else:

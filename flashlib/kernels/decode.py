@@ -44,7 +44,8 @@ import triton.language as tl
 
 from .. import runtime
 from ..spec import window_bounds
-from .attention_fwd import LN2, LOG2E, scores_log2, smem_budget
+from ._common import LN2, LOG2E
+from .attention_fwd import scores_log2, smem_budget
 
 
 @triton.jit

@@ -419,3 +419,102 @@ def test_gpu_fixed_blocks_visit_the_visible_blocks(blocks):
     out, lse, tiles = launch_with_tiles(q, k, v, *blocks, seq_lens=seq_lens, **mask)
     assert torch.equal(tiles, expected_tiles(700, 900, *blocks, 1, 2, seq_lens=seq_lens.cpu(), **mask))
     assert_matches(out, lse, *reference(q, k, v, seq_lens=seq_lens.cpu(), **mask), torch.float16)
+
+
+# ---------------------------------------------------------------- tensor descriptors (TMA) and pointers
+def launch_mode(q, k, v, use_tma, seq_lens=None, **mask):
+    """The forward launcher on (B, H, N, D) tensors with the descriptor path on or off: (O, L)."""
+    o = torch.full_like(q, float("nan"))
+    lse = torch.full(q.shape[:3], float("nan"), device=q.device)
+    attention_fwd.launch_attention_forward(q, k, v, o, lse, AttentionSpec(**mask), seq_lens=seq_lens,
+                                           use_tma=use_tma, block_m=32, block_n=32)
+    return o, lse
+
+
+@pytest.mark.parametrize("n_q, n_k, causal", [(70, 90, True), (64, 256, False), (33, 100, False)],
+                         ids=["causal-ragged", "keys-multiple-of-128", "ragged"])
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
+def test_descriptor_and_pointer_paths_agree_with_the_reference(layout, n_q, n_k, causal):
+    """Host descriptors (whole tensors), device descriptors (per sample, with seq_lens) and
+    pointers give the float64 reference's O and L, on GQA inputs in either layout."""
+    q, k, v = make_inputs(2, 4, 2, n_q, n_k, 48, torch.float32, layout, seed=3)
+    q, k, v = (as_bhnd(t, layout) for t in (q, k, v))  # strided views for bnhd
+    ref_out, ref_lse = reference(q, k, v, causal=causal)
+    assert attention_fwd.descriptor_mode(True, padded=False) == "host"
+    for use_tma in (True, False):
+        out, lse = launch_mode(q, k, v, use_tma, causal=causal)
+        assert_matches(out, lse, ref_out, ref_lse, torch.float32)
+    lens = torch.tensor([min(n_q, n_k) // 2, n_q], dtype=torch.int32)
+    ref_out, ref_lse = reference(q, k, v, causal=causal, seq_lens=lens)
+    assert attention_fwd.descriptor_mode(True, padded=True) == "device"
+    for use_tma in (True, False):
+        out, lse = launch_mode(q, k, v, use_tma, seq_lens=lens.to(DEVICE), causal=causal)
+        assert_matches(out, lse, ref_out, ref_lse, torch.float32)
+
+
+def test_device_descriptors_never_read_the_padding():
+    """NaN past a sample's length stays out of its output: descriptors end at seq_len."""
+    q, k, v = make_inputs(2, 2, 2, 64, 64, 32, torch.float32, "bhnd", seed=4)
+    lens = torch.tensor([40, 64], dtype=torch.int32)
+    ref_out, ref_lse = reference(q, k, v, causal=True, seq_lens=lens)
+    for t in (q, k, v):
+        t[0, :, 40:] = float("nan")
+    out, lse = launch_mode(q, k, v, True, seq_lens=lens.to(DEVICE), causal=True)
+    assert_matches(out, lse, ref_out, ref_lse, torch.float32)
+
+
+@pytest.mark.parametrize("scale", [-0.7, 0.0, 0.5], ids=["negative", "zero", "positive"])
+def test_negative_scale_on_both_paths(scale):
+    """The row max of unmasked blocks is taken on raw scores: a negative scale takes the min."""
+    q, k, v = make_inputs(1, 2, 2, 64, 128, 32, torch.float32, "bhnd", seed=5)
+    ref_out, ref_lse = reference(q, k, v, softmax_scale=scale)
+    for use_tma in (True, False):
+        out, lse = launch_mode(q, k, v, use_tma, softmax_scale=scale)
+        assert_matches(out, lse, ref_out, ref_lse, torch.float32)
+
+
+def test_descriptor_ready_needs_16_byte_rows():
+    """The copy engine's rule: unit last stride, 16-byte aligned base and row strides."""
+    from flashlib.kernels._common import descriptor_ready
+
+    x = torch.zeros(2, 3, 64, 32, dtype=torch.float16)
+    assert descriptor_ready(x) and descriptor_ready(x.transpose(1, 2))
+    assert not descriptor_ready(torch.zeros(2, 3, 64, 20, dtype=torch.float16)), "40-byte rows"
+    assert not descriptor_ready(x[..., 1:17]), "a base 2 bytes off"
+    assert not descriptor_ready(x.transpose(2, 3)), "D not contiguous"
+
+
+def test_unaligned_inputs_take_the_pointer_path_and_stay_correct(monkeypatch):
+    """Tensors whose rows start 4 bytes off cannot go through descriptors: the launcher
+    falls back to pointers by itself and the result is still the reference's."""
+    from flashlib.kernels._common import descriptor_ready
+
+    modes = []
+    real = attention_fwd.descriptor_mode
+    monkeypatch.setattr(attention_fwd, "descriptor_mode", lambda use, **kw: modes.append(use) or real(use, **kw))
+    q, k, v = make_inputs(1, 2, 2, 40, 40, 20, torch.float32, "bhnd", seed=6)
+    q, k, v = (t[..., 1:17] for t in (q, k, v))  # 4 bytes off: not 16-byte aligned
+    assert not descriptor_ready(q)
+    out, lse = flash_attention(q, k, v, causal=True, return_lse=True)
+    assert modes == [False], "the pointer path was chosen"
+    assert_matches(out, lse, *reference(q, k, v, causal=True), torch.float32)
+
+
+def test_pruning_and_block_shapes_accept_host_descriptors():
+    """With host descriptors the autotuner's arguments Q, K, V, O are TensorDescriptors: the
+    pruner reads their tensor's dtype, and each config's pre_hook gives them its tile."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from flashlib.kernels._common import tile_sources
+
+    q = torch.zeros(1, 2, 256, 64, dtype=torch.float16)
+    sources = tile_sources("host", (q, q, q, q))
+    assert all(isinstance(s, TensorDescriptor) for s in sources)
+    args = dict(zip("QKVO", sources), BLOCK_D=64, Q_BUCKET=256, DOT_PRECISION="tf32")
+    kept = attention_fwd._prune_configs(attention_fwd._gpu_configs(), args)
+    assert kept, "some config fits"
+    config = kept[0]
+    config.pre_hook({**args, **config.kwargs})
+    bm, bn = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
+    assert sources[0].block_shape == [1, 1, bm, 64] and sources[3].block_shape == [1, 1, bm, 64]
+    assert sources[1].block_shape == [1, 1, bn, 64] and sources[2].block_shape == [1, 1, bn, 64]

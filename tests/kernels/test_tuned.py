@@ -58,6 +58,32 @@ def test_a_new_key_or_dtype_goes_back_to_the_autotuner():
     assert tuner.fn.launches[-1][2]["BLOCK"] == 128, "the config chosen for N_BUCKET=1024"
 
 
+def test_the_chosen_configs_pre_hook_runs_before_each_direct_launch():
+    """A config's pre_hook (block shapes of host tensor descriptors) must run on the direct
+    path too, with the launch's arguments and the config's block sizes."""
+    tuner, x = FakeAutotuner(), Tensorish("float16")
+    hooked = []
+    launch_tuned(tuner, (1,), x, N_BUCKET=512)
+    tuner.best_config.pre_hook = lambda nargs: hooked.append(dict(nargs))
+    launch_tuned(tuner, (1,), x, N_BUCKET=512)
+    assert hooked == [{"X": x, "N_BUCKET": 512, "BLOCK": 64}]
+    assert len(tuner.fn.launches) == 1
+
+
+class DescriptorLike:
+    """A host tensor descriptor: no dtype of its own, its tensor in ``base``."""
+
+    def __init__(self, dtype):
+        self.base = Tensorish(dtype)
+
+
+def test_a_descriptors_tensor_dtype_is_part_of_the_key():
+    tuner = FakeAutotuner()
+    launch_tuned(tuner, (1,), DescriptorLike("float16"), N_BUCKET=512)
+    launch_tuned(tuner, (1,), DescriptorLike("bfloat16"), N_BUCKET=512)
+    assert tuner.runs == 2, "float16 and bfloat16 descriptors are tuned apart"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_second_call_uses_the_chosen_config_and_gives_the_same_bits(causal):

@@ -1,0 +1,125 @@
+"""What the attention kernels share: constants, and the rule for loading through tensor descriptors.
+
+Tensor descriptors (``tl.make_tensor_descriptor``) hand a tile's copy to Hopper's copy
+engine (TMA): one instruction moves a whole (rows, head_dim) tile into shared memory,
+bounded by the descriptor's shape (rows past it read as zero, stores past it are
+dropped), with no address arithmetic in the program's registers. The copy engine asks
+for 16-byte aligned rows: the base address and every stride but the last (which must be
+1) a multiple of 16 bytes. Tensors that are not (a slice at an odd offset, a head_dim of
+20 halves) take the kernels' pointer path, which is also what GPUs before Hopper run.
+
+Descriptors made inside a kernel live in a small global scratch buffer that Triton asks
+its allocator for at launch; :func:`use_torch_scratch` gives Triton one backed by
+PyTorch's caching allocator (so it also works under CUDA-graph capture).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import runtime
+
+LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) == exp2(x * LOG2E)
+LN2 = tl.constexpr(0.6931471805599453)  # ln(2): ln(x) == log2(x) * LN2
+
+#: The copy engine's alignment, in bytes, of a tile's base address and row strides.
+DESCRIPTOR_ALIGNMENT = 16
+
+
+def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    """Triton's allocator protocol: ``size`` bytes on the current device (CPU in the interpreter)."""
+    device = "cpu" if runtime.INTERPRET else "cuda"
+    return torch.empty(size, dtype=torch.int8, device=device)
+
+
+def use_torch_scratch() -> None:
+    """Let Triton allocate the descriptors' scratch memory through PyTorch.
+
+    Triton keeps its allocator in a context variable, which a new thread (autograd's
+    backward thread, for example) does not inherit: call this in the launching thread,
+    right before launching a kernel that makes descriptors.
+    """
+    triton.set_allocator(_scratch)
+
+
+def descriptors_supported(device: torch.device) -> bool:
+    """Whether kernels on ``device`` may use tensor descriptors: Hopper and later, or the interpreter."""
+    if runtime.INTERPRET:
+        return True
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def descriptor_ready(t: torch.Tensor) -> bool:
+    """Whether ``t``'s rows can be tiles of a tensor descriptor: unit last stride, 16-byte aligned rows."""
+    size = t.element_size()
+    return (t.stride(-1) == 1 and t.data_ptr() % DESCRIPTOR_ALIGNMENT == 0
+            and all((stride * size) % DESCRIPTOR_ALIGNMENT == 0 for stride in t.stride()[:-1]))
+
+
+def descriptor_mode(use_tma: bool, *, padded: bool) -> str:
+    """The kernels' ``TMA`` constexpr: ``"none"`` (pointers), ``"host"`` or ``"device"``.
+
+    Host descriptors (made here once per launch, the cheapest) cover a whole (B, H, N, D)
+    tensor, so they bound tiles by N only. Padded (``seq_lens``) or packed (varlen) batches
+    need tiles bounded by each sample's rows, so that padding is never read: there each
+    program makes its own descriptors (``"device"``), which costs it a few hundred cycles.
+    """
+    if not use_tma:
+        return "none"
+    if padded:
+        use_torch_scratch()
+        return "device"
+    return "host"
+
+
+def tile_sources(mode: str, tensors):
+    """What the kernels receive for (B, H, N, D) tensors: host descriptors in ``"host"`` mode, else the tensors.
+
+    The descriptors' block shapes are placeholders until :func:`set_block_shapes` fills them
+    in for the launch's config.
+    """
+    if mode != "host":
+        return tuple(tensors)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return tuple(TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, 1, 16]) for t in tensors)
+
+
+def set_block_shapes(nargs: dict, rows: dict) -> None:
+    """Give host descriptors the tile of a config: ``rows`` maps an argument name to its block-size name.
+
+    For example ``{"Q": "BLOCK_M", "K": "BLOCK_N"}``: Q's tiles are (1, 1, BLOCK_M, BLOCK_D).
+    Arguments that are plain tensors are left alone. Used as the configs' ``pre_hook``.
+    """
+    for name, block in rows.items():
+        source = nargs[name]
+        if hasattr(source, "block_shape"):
+            source.block_shape = [1, 1, nargs[block], nargs["BLOCK_D"]]
+
+
+@triton.jit
+def load_rows(src, off_b, off_h, row, TMA: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The (BLOCK_R, BLOCK_D) tile at ``row`` of (batch, head) from a descriptor.
+
+    ``"host"``: ``src`` is a (B, H, N, D) descriptor with (1, 1, BLOCK_R, BLOCK_D) tiles.
+    ``"device"``: ``src`` is the (rows, D) descriptor of one sample and head.
+    """
+    if TMA == "host":
+        return src.load([off_b, off_h, row, 0]).reshape(BLOCK_R, BLOCK_D)
+    else:
+        return src.load([row, 0])
+
+
+@triton.jit
+def store_rows(dst, off_b, off_h, row, tile, TMA: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Store a (BLOCK_R, BLOCK_D) tile at ``row`` of (batch, head) through a descriptor (see :func:`load_rows`)."""
+    if TMA == "host":
+        dst.store([off_b, off_h, row, 0], tile.reshape(1, 1, BLOCK_R, BLOCK_D))
+    else:
+        dst.store([row, 0], tile)
+
+
+def tensor_of(source):
+    """The tensor behind a kernel argument: a host descriptor's base, or the tensor itself."""
+    return getattr(source, "base", source)
