@@ -358,9 +358,9 @@ def attention_fwd_kernel(
         False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, HEAD_DIM, BLOCK_D, RECORD_TILES,
         DOT_PRECISION, TMA, NEGATIVE_SCALE, BLOCK_N)
     # stage 3: the diagonal / window's right edge, and the key tail (N_k or seq_len). With no
-    # right edge and N_k a multiple of 128 (so of BLOCK_N) it is empty: it is then not even
-    # compiled, which spares its registers (the masked loop needs more than the plain one).
-    if HAS_RIGHT or HAS_SEQ_LENS or IS_VARLEN or not K_MULTIPLE_OF_128:
+    # right edge and N_k a multiple of 128 (so of a BLOCK_N that divides 128) it is empty: it is
+    # then not even compiled, which spares its registers (the masked loop needs more than the plain one).
+    if HAS_RIGHT or HAS_SEQ_LENS or IS_VARLEN or not K_MULTIPLE_OF_128 or 128 % BLOCK_N != 0:
         acc, l_i, m_i = _attn_fwd_inner(
             acc, l_i, m_i, q, k_src, v_src, off_b, off_kvh, full_hi, hi, stride_kn, stride_kd, stride_vn, stride_vd,
             offs_m, offs_d, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
@@ -389,9 +389,10 @@ def attention_fwd_kernel(
     tl.store(lse_base + offs_m, lse, mask=offs_m < n_q)
 
 
-#: Autotune candidates (BLOCK_M, BLOCK_N, num_stages, num_warps), a dozen points of the
+#: Autotune candidates (BLOCK_M, BLOCK_N, num_stages, num_warps), fourteen points of the
 #: space of Triton's fused-attention tutorial (BLOCK_M 64/128, BLOCK_N 32..128, 2-4
 #: stages, 4/8 warps) that do well on Ampere and Hopper; few, since each one compiles.
+#: 128 x 64 with 4 warps joined when Q stopped taking registers (benchmarks/TUNING.md).
 GPU_CONFIGS = [
     (128, 128, 3, 8), (128, 128, 2, 8), (128, 128, 4, 8),
     (128, 64, 3, 8), (128, 64, 4, 8), (128, 64, 4, 4), (128, 64, 3, 4), (128, 64, 2, 4), (64, 128, 3, 4),

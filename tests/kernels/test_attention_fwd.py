@@ -518,3 +518,14 @@ def test_pruning_and_block_shapes_accept_host_descriptors():
     bm, bn = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
     assert sources[0].block_shape == [1, 1, bm, 64] and sources[3].block_shape == [1, 1, bm, 64]
     assert sources[1].block_shape == [1, 1, bn, 64] and sources[2].block_shape == [1, 1, bn, 64]
+
+
+@pytest.mark.parametrize("block_n", [128, 256])
+def test_key_blocks_wider_than_128_still_reach_the_tail(block_n):
+    """The empty third stage is left out only when BLOCK_N divides 128: with 384 keys and
+    256-key blocks the last 128 keys are a masked tail, and they count."""
+    q, k, v = make_inputs(1, 1, 1, 32, 384, 16, torch.float32, "bhnd", seed=7)
+    o = torch.full_like(q, float("nan"))
+    lse = torch.full(q.shape[:3], float("nan"), device=q.device)
+    attention_fwd.launch_attention_forward(q, k, v, o, lse, AttentionSpec(), block_m=32, block_n=block_n)
+    assert_matches(o, lse, *reference(q, k, v), torch.float32)
