@@ -14,9 +14,12 @@ PyTorch's caching allocator (so it also works under CUDA-graph capture).
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import runtime
 
@@ -47,7 +50,14 @@ def descriptors_supported(device: torch.device) -> bool:
     """Whether kernels on ``device`` may use tensor descriptors: Hopper and later, or the interpreter."""
     if runtime.INTERPRET:
         return True
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+    return device.type == "cuda" and _hopper_or_later(device.index if device.index is not None
+                                                      else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _hopper_or_later(device_index: int) -> bool:
+    """Asked once per GPU: every launch asks, and the host's time per launch counts at short N."""
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
 def descriptor_ready(t: torch.Tensor) -> bool:
@@ -63,14 +73,12 @@ def descriptor_mode(use_tma: bool, *, padded: bool) -> str:
     Host descriptors (made here once per launch, the cheapest) cover a whole (B, H, N, D)
     tensor, so they bound tiles by N only. Padded (``seq_lens``) or packed (varlen) batches
     need tiles bounded by each sample's rows, so that padding is never read: there each
-    program makes its own descriptors (``"device"``), which costs it a few hundred cycles.
+    program makes its own descriptors (``"device"``, which needs :func:`use_torch_scratch`),
+    which costs it a few hundred cycles.
     """
     if not use_tma:
         return "none"
-    if padded:
-        use_torch_scratch()
-        return "device"
-    return "host"
+    return "device" if padded else "host"
 
 
 def tile_sources(mode: str, tensors):
@@ -81,8 +89,6 @@ def tile_sources(mode: str, tensors):
     """
     if mode != "host":
         return tuple(tensors)
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
     return tuple(TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, 1, 16]) for t in tensors)
 
 

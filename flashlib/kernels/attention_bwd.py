@@ -73,12 +73,11 @@ from triton.runtime.errors import OutOfResources
 
 from .. import runtime
 from ..spec import AttentionSpec
+from ._common import LOG2E
 from .attention_fwd import (full_float32_config, key_block_range, modifier_args, packed_as_bhnd,
                             row_stats_offset, sample_bounds, scores_log2, smem_budget)
 from .dropout import dropout_keep
 from .tuned import launch_tuned
-
-LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) == exp2(x * LOG2E)
 
 
 @triton.jit

@@ -50,7 +50,7 @@ import triton.language as tl
 
 from .. import runtime
 from ..reference import softmax_scale_for
-from .attention_fwd_simple import _check, _rows
+from .attention_fwd_simple import check_simple_arguments, rows_view
 
 
 @triton.jit
@@ -124,8 +124,8 @@ def delta_kernel(O, DO, DELTA, stride_oh, stride_on, stride_doh, stride_don, N_Q
 
 def _as_rows(t: torch.Tensor) -> torch.Tensor:
     """The (B*H, N, D) view of a (B, H, N, D) tensor, copying only when its strides do not allow one."""
-    rows = _rows(t)
-    return rows if rows is not None else _rows(t.contiguous())
+    rows = rows_view(t)
+    return rows if rows is not None else rows_view(t.contiguous())
 
 
 def _padded_rows(values: torch.Tensor | None, count: int, pad: int, device) -> torch.Tensor:
@@ -158,7 +158,7 @@ def launch_simple_dkdv(kernel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     NaN-filled ones, to see every element written). In the interpreter bfloat16 is
     computed in float32 (``tl.dot`` would multiply bfloat16 bit patterns there).
     """
-    _check(q, k, v, block_m, block_n)
+    check_simple_arguments(q, k, v, block_m, block_n)
     batch, heads, n_q, head_dim = q.shape
     n_k = k.shape[2]
     _check_like("o", o, q.shape, q.dtype)
@@ -182,7 +182,7 @@ def launch_simple_dkdv(kernel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 
     outputs = []
     for given in (dk, dv):  # write in place when the kernel can, else into a scratch tensor
-        view = _rows(given) if given.dtype == k_run.dtype else None
+        view = rows_view(given) if given.dtype == k_run.dtype else None
         outputs.append(view if view is not None else
                        torch.empty_like(k_run, memory_format=torch.contiguous_format).view(-1, n_k, head_dim))
     dk3, dv3 = outputs

@@ -38,7 +38,7 @@ import triton.language as tl
 from .. import runtime
 from ..spec import AttentionSpec
 from ._common import (LN2, LOG2E, descriptor_mode, descriptor_ready, descriptors_supported, load_rows,
-                      set_block_shapes, store_rows, tensor_of, tile_sources)
+                      set_block_shapes, store_rows, tensor_of, tile_sources, use_torch_scratch)
 from .dropout import dropout_keep, effective_dropout_p
 from .tuned import launch_tuned
 
@@ -549,6 +549,8 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if use_tma is None:
         use_tma = descriptors_supported(q.device) and all(descriptor_ready(t) for t in (q, k, v, o))
     tma = descriptor_mode(use_tma, padded=seq_lens is not None or varlen)
+    if tma == "device":
+        use_torch_scratch()
     args = dict(
         H=heads, KV_GROUP=heads // k.shape[1], N_CTX_Q=n_q, N_CTX_K=n_k,
         WINDOW_LEFT=left or 0, WINDOW_RIGHT=right or 0,

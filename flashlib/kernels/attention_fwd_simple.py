@@ -93,7 +93,7 @@ def _is_power_of_two_at_least_16(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 16 and value & (value - 1) == 0
 
 
-def _check(q, k, v, block_m, block_n) -> None:
+def check_simple_arguments(q, k, v, block_m, block_n) -> None:
     """ValueError/TypeError naming the argument, what was expected and what came in."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -121,7 +121,7 @@ def _check(q, k, v, block_m, block_n) -> None:
                          f"flash_attention; got {shapes}")
 
 
-def _rows(t: torch.Tensor) -> torch.Tensor | None:
+def rows_view(t: torch.Tensor) -> torch.Tensor | None:
     """The (B*H, N, D) view of a (B, H, N, D) tensor, or None if its strides do not allow one."""
     if t.stride(-1) != 1:
         return None
@@ -142,7 +142,7 @@ def launch_simple_forward(kernel, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     element written). In the interpreter bfloat16 is computed in float32
     (``tl.dot`` would multiply bfloat16 bit patterns there).
     """
-    _check(q, k, v, block_m, block_n)
+    check_simple_arguments(q, k, v, block_m, block_n)
     batch, heads, n_q, head_dim = q.shape
     n_k = k.shape[2]
     if out is None:
@@ -157,9 +157,9 @@ def launch_simple_forward(kernel, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     if q.numel() == 0:  # no (batch, head): nothing to compute
         return o, lse
     q_run, k_run, v_run = runtime.upcast_for_interpreter(q, k, v)
-    q3, k3, v3 = (_rows(t) if _rows(t) is not None else _rows(t.contiguous())
+    q3, k3, v3 = (rows_view(t) if rows_view(t) is not None else rows_view(t.contiguous())
                   for t in (q_run, k_run, v_run))
-    o3 = _rows(o) if o.dtype == q_run.dtype else None
+    o3 = rows_view(o) if o.dtype == q_run.dtype else None
     if o3 is None:  # bfloat16 in the interpreter, or an output whose heads cannot be merged
         o3 = torch.empty_like(q_run, memory_format=torch.contiguous_format).view(-1, n_q, head_dim)
     sm_scale = softmax_scale_for(head_dim, softmax_scale)

@@ -10,6 +10,8 @@ shapes of host tensor descriptors).
 """
 from __future__ import annotations
 
+from ._common import tensor_of
+
 #: (autotuner, key values..., dtypes...) -> the triton.Config it chose.
 _CHOSEN: dict = {}
 
@@ -24,7 +26,7 @@ def launch_tuned(autotuned, grid, *args, **kwargs) -> None:
     named = kwargs if all(name in kwargs for name in autotuned.keys) else dict(zip(autotuned.arg_names, args),
                                                                                    **kwargs)
     key = (autotuned, *(named[name] for name in autotuned.keys),
-           *(str(t.dtype) for t in (getattr(a, "base", a) for a in args) if hasattr(t, "dtype")))
+           *(str(t.dtype) for t in map(tensor_of, args) if hasattr(t, "dtype")))
     config = _CHOSEN.get(key)
     if config is None:
         autotuned[grid](*args, **kwargs)
