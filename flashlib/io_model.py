@@ -17,10 +17,11 @@ as in the paper (:func:`paper_block_sizes`). :func:`kernel_traffic` counts what
 flashlib's kernel actually loads and stores, from the tiles it recorded as visited.
 
 For benchmarks: the backward's bytes (:func:`naive_backward_traffic`,
-:func:`flash2_backward_traffic`), :func:`attention_hbm_bytes` per implementation and mode,
-:func:`attention_flops`, and the measured side: :func:`implied_bytes` (what a measured time
-moves at the measured bandwidth), :func:`arithmetic_intensity`, :func:`roofline_ms`,
-:func:`io_analysis` for one row of ``flashlib.bench`` results.
+:func:`flash2_backward_traffic`, kernel by kernel :func:`flash2_backward_kernels`),
+:func:`attention_hbm_bytes` per implementation and mode, :func:`attention_flops`, and the
+measured side: :func:`implied_bytes` (what a measured time moves at the measured bandwidth),
+:func:`arithmetic_intensity`, :func:`roofline_ms`, :func:`io_analysis` for one row of
+``flashlib.bench`` results.
 """
 from __future__ import annotations
 
@@ -242,29 +243,56 @@ def naive_backward_traffic(n_q: int, head_dim: int, *, n_k: int | None = None, b
     return _times(Traffic(reads * dtype_bytes, writes * dtype_bytes), batch * heads)
 
 
-def flash2_backward_traffic(n_q: int, head_dim: int, *, n_k: int | None = None, block_m: int = 128,
-                            block_n: int = 64, causal: bool = False, batch: int = 1, heads: int = 1,
-                            dtype_bytes: int = 2) -> Traffic:
-    """flashlib's backward: preprocess D = rowsum(dO * O), a dK/dV kernel and a dQ kernel.
+#: The kernels of flashlib's backward, in launch order (keys of :func:`flash2_backward_kernels`).
+BACKWARD_KERNELS = ("preprocess", "dkdv", "dq")
 
-    * preprocess: reads O and dO, writes D (float32);
+
+def flash2_backward_kernels(n_q: int, head_dim: int, *, n_k: int | None = None,
+                            dkdv_blocks: tuple[int, int] = (128, 64), dq_blocks: tuple[int, int] = (128, 64),
+                            causal: bool = False, batch: int = 1, heads: int = 1,
+                            dtype_bytes: int = 2) -> dict[str, Traffic]:
+    """flashlib's backward kernel by kernel: ``{"preprocess", "dkdv", "dq"}`` -> :class:`Traffic`.
+
+    * preprocess: reads O and dO, writes D = rowsum(dO * O) (float32);
     * dK/dV (one program per key block): reads its K and V once, and Q, dO, L, D of every
       query row it visits; writes dK, dV;
     * dQ (one program per query block): reads its Q, dO, L, D once, and K, V of every key
       row it visits; writes dQ.
-    Both kernels use ``block_m`` x ``block_n`` here (the autotuner may pick others).
+
+    Each kernel has its own ``(block_m, block_n)`` (the autotuner picks them separately:
+    ``attention_bwd_dkdv_kernel_autotuned.best_config``, ``attention_bwd_dq_kernel_autotuned``).
+    Blocks as long as the sequences, ``(n_q, n_k)``, give the compulsory traffic: every
+    operand read once, the floor of what a kernel can move however well a cache serves re-reads.
     """
     n_k = n_q if n_k is None else n_k
-    _check_sizes(n_q=n_q, n_k=n_k, head_dim=head_dim, batch=batch, heads=heads, dtype_bytes=dtype_bytes,
-                 block_m=block_m, block_n=block_n)
+    _check_sizes(n_q=n_q, n_k=n_k, head_dim=head_dim, batch=batch, heads=heads, dtype_bytes=dtype_bytes)
+    (dkdv_m, dkdv_n), (dq_m, dq_n) = dkdv_blocks, dq_blocks
+    _check_sizes(block_m=dkdv_m, block_n=dkdv_n)
+    _check_sizes(block_m=dq_m, block_n=dq_n)
     row = head_dim * dtype_bytes
-    q_rows = _queries_read(n_q, n_k, block_m, block_n, causal)
-    k_rows = _keys_read(n_q, n_k, block_m, block_n, causal)
-    preprocess = Traffic(2 * n_q * row, n_q * STATS_BYTES)
-    dkdv = Traffic(2 * n_k * row + q_rows * (2 * row + 2 * STATS_BYTES), 2 * n_k * row)
-    dq = Traffic(2 * n_q * row + 2 * n_q * STATS_BYTES + 2 * k_rows * row, n_q * row)
-    per_head = Traffic(preprocess.reads + dkdv.reads + dq.reads, preprocess.writes + dkdv.writes + dq.writes)
-    return _times(per_head, batch * heads)
+    q_rows = _queries_read(n_q, n_k, dkdv_m, dkdv_n, causal)
+    k_rows = _keys_read(n_q, n_k, dq_m, dq_n, causal)
+    per_head = {
+        "preprocess": Traffic(2 * n_q * row, n_q * STATS_BYTES),
+        "dkdv": Traffic(2 * n_k * row + q_rows * (2 * row + 2 * STATS_BYTES), 2 * n_k * row),
+        "dq": Traffic(2 * n_q * row + 2 * n_q * STATS_BYTES + 2 * k_rows * row, n_q * row),
+    }
+    return {name: _times(t, batch * heads) for name, t in per_head.items()}
+
+
+def flash2_backward_traffic(n_q: int, head_dim: int, *, n_k: int | None = None, block_m: int = 128,
+                            block_n: int = 64, causal: bool = False, batch: int = 1, heads: int = 1,
+                            dtype_bytes: int = 2) -> Traffic:
+    """flashlib's backward: preprocess D = rowsum(dO * O), a dK/dV kernel and a dQ kernel, summed.
+
+    Both kernels use ``block_m`` x ``block_n`` here (the autotuner may pick others, and
+    different ones for each: :func:`flash2_backward_kernels` takes them per kernel and
+    says what each kernel moves).
+    """
+    kernels = flash2_backward_kernels(n_q, head_dim, n_k=n_k, dkdv_blocks=(block_m, block_n),
+                                      dq_blocks=(block_m, block_n), causal=causal, batch=batch, heads=heads,
+                                      dtype_bytes=dtype_bytes)
+    return Traffic(sum(t.reads for t in kernels.values()), sum(t.writes for t in kernels.values()))
 
 
 MODES = ("fwd", "bwd", "train")
@@ -362,5 +390,6 @@ def io_analysis(row: dict, hbm_gb_per_s: float, peak_tflops: float | None = None
 
 __all__ = ["Traffic", "STATS_BYTES", "SRAM_PER_SM", "paper_block_sizes", "naive_traffic", "flash2_traffic",
            "flash1_traffic", "programs", "kernel_traffic", "naive_backward_traffic", "flash2_backward_traffic",
+           "BACKWARD_KERNELS", "flash2_backward_kernels",
            "MODES", "MODE_FLOP_FACTOR", "attention_flops", "attention_hbm_bytes", "implied_bytes",
            "arithmetic_intensity", "roofline_ms", "io_analysis"]

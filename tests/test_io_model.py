@@ -200,3 +200,33 @@ def test_io_analysis_of_a_row():
     flash = io_model.io_analysis(dict(row, impl="flashlib", ms=None), hbm_gb_per_s=2000)
     assert flash["predicted_bytes"] == io_model.flash2_traffic(1024, 64, block_m=128, block_n=64).total
     assert flash["implied_bytes"] is None and flash["bound"] is None
+
+
+def test_flash2_backward_kernels_per_kernel_blocks():
+    # N = 64, d = 16, 2 bytes (32 bytes a row); dK/dV with 16 x 32 blocks, dQ with 32 x 16 blocks
+    row, stats = 16 * 2, 4
+    k = io_model.flash2_backward_kernels(64, 16, dkdv_blocks=(16, 32), dq_blocks=(32, 16))
+    assert list(k) == list(io_model.BACKWARD_KERNELS)
+    assert k["preprocess"] == io_model.Traffic(2 * 64 * row, 64 * stats)
+    # 2 key blocks, each streams all 64 query rows (Q, dO, L, D)
+    assert k["dkdv"] == io_model.Traffic(2 * 64 * row + 2 * 64 * (2 * row + 2 * stats), 2 * 64 * row)
+    # 2 query blocks, each streams all 64 keys (K, V)
+    assert k["dq"] == io_model.Traffic(2 * 64 * row + 2 * 64 * stats + 2 * 64 * 2 * row, 64 * row)
+    # the same blocks for both kernels sum to flash2_backward_traffic
+    same = io_model.flash2_backward_kernels(1000, 64, dkdv_blocks=(128, 64), dq_blocks=(128, 64), causal=True,
+                                            batch=2, heads=3)
+    total = io_model.flash2_backward_traffic(1000, 64, block_m=128, block_n=64, causal=True, batch=2, heads=3)
+    assert sum(t.total for t in same.values()) == total.total
+    assert sum(t.writes for t in same.values()) == total.writes
+
+
+def test_whole_sequence_blocks_give_the_compulsory_traffic():
+    n, d, row, stats = 256, 32, 32 * 2, 4
+    for causal in (False, True):
+        fwd = io_model.flash2_traffic(n, d, block_m=n, block_n=n, causal=causal)
+        assert fwd == io_model.Traffic(3 * n * row, n * row + n * stats)  # Q, K, V in; O, L out
+        k = io_model.flash2_backward_kernels(n, d, dkdv_blocks=(n, n), dq_blocks=(n, n), causal=causal)
+        assert k["dkdv"] == io_model.Traffic(4 * n * row + 2 * n * stats, 2 * n * row)  # K, V, Q, dO, L, D
+        assert k["dq"] == io_model.Traffic(4 * n * row + 2 * n * stats, n * row)
+    with pytest.raises(ValueError, match="block_n must be >= 1"):
+        io_model.flash2_backward_kernels(64, 16, dq_blocks=(32, 0))
