@@ -15,7 +15,7 @@ from torch.autograd import forward_ad
 
 from . import ops
 from .decode import splitkv_attention
-from .variants import VARIANTS, select_variant
+from .variants import VARIANTS, preferred_variant
 from .arguments import (check_alibi_slopes, check_dtypes_and_device, check_heads, check_lengths, check_tensors,
                         describe_shapes, functorch_wrapped, make_spec, values_checked)
 from .kernels.dropout import dropout_mask
@@ -156,8 +156,8 @@ def _forward_variant(variant, q, k, v, layout, spec, return_dropout_mask) -> str
     """"fa2" or "splitkv" for this call; a ValueError where the asked variant cannot serve it."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}; got {variant!r}")
-    if variant == "fa2":
-        return variant
+    if variant == "fa2" or (variant == "auto" and preferred_variant(_bhnd_shape(q, layout)[2]) == "fa2"):
+        return "fa2"  # serves every call: no refusal to look for
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     refusal = ("q, k or v requires grad (split-KV is forward only; use torch.no_grad() for inference)"
                if needs_grad else "dropout_p > 0 (split-KV has no dropout)" if spec.dropout_p > 0 or
@@ -168,11 +168,7 @@ def _forward_variant(variant, q, k, v, layout, spec, return_dropout_mask) -> str
         if refusal:
             raise ValueError(f"variant='splitkv' cannot serve this call: {refusal}; use variant='fa2' or 'auto'")
         return variant
-    if refusal:
-        return "fa2"
-    batch, heads, n_q, head_dim = _bhnd_shape(q, layout)
-    heads_kv, n_k = _bhnd_shape(k, layout)[1:3]
-    return select_variant(batch, heads, heads_kv, n_q, n_k, head_dim, q.device).variant
+    return "fa2" if refusal else "splitkv"
 
 
 def _transformed(*tensors) -> bool:

@@ -29,6 +29,11 @@ VARIANTS = ("auto", "fa2", "splitkv")
 SPLITKV_MAX_QUERIES = 16
 
 
+def preferred_variant(n_q: int) -> str:
+    """The rule of :func:`select_variant` alone, without checks or reason (the front door asks it per call)."""
+    return "splitkv" if n_q <= SPLITKV_MAX_QUERIES else "fa2"
+
+
 class VariantChoice(NamedTuple):
     """The forward kernel chosen for a problem and the reason, in one line."""
 
@@ -56,7 +61,7 @@ def select_variant(batch: int, heads_q: int, heads_kv: int, n_q: int, n_k: int, 
     if heads_kv == 0 or heads_q % heads_kv:
         raise ValueError(f"select_variant: heads_q ({heads_q}) must be a multiple of heads_kv ({heads_kv})")
     group = heads_q // heads_kv
-    if n_q <= SPLITKV_MAX_QUERIES:
+    if preferred_variant(n_q) == "splitkv":
         return VariantChoice("splitkv", f"{n_q} quer{'y' if n_q == 1 else 'ies'} per sequence "
                              f"(<= {SPLITKV_MAX_QUERIES}): decoding-shaped, so split-KV reads each K/V head "
                              f"once for its {group} query head{'s' if group > 1 else ''} and spreads the "

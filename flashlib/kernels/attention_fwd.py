@@ -40,7 +40,7 @@ from ..spec import AttentionSpec
 from ._common import (LN2, LOG2E, descriptor_mode, descriptor_ready, descriptors_supported, load_rows,
                       set_block_shapes, store_rows, tensor_of, tile_sources, use_torch_scratch)
 from .dropout import dropout_keep, effective_dropout_p
-from .tuned import launch_tuned
+from .launch import launch, launch_tuned
 
 
 @triton.jit
@@ -572,8 +572,8 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         stages = next((s for s in (3, 2) if smem_bytes(block_m, block_n, block_d, s, q.element_size()) <= budget), 1)
         grid = (triton.cdiv(rows_q, block_m), batch * heads)
         _set_tile_shapes(dict(zip("QKVO", positional), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d))
-        attention_fwd_kernel[grid](*positional, **args, BLOCK_M=block_m, BLOCK_N=block_n,
-                                   num_stages=stages, num_warps=4 if block_m * block_d <= 4096 * 4 else 8)
+        launch(attention_fwd_kernel, grid, *positional, **args, BLOCK_M=block_m, BLOCK_N=block_n,
+               num_stages=stages, num_warps=4 if block_m * block_d <= 4096 * 4 else 8)
     else:
         if tiles is not None:
             raise ValueError("tiles needs fixed block sizes: pass block_m and block_n")

@@ -45,6 +45,7 @@ import triton.language as tl
 from .. import runtime
 from ..spec import window_bounds
 from ._common import LN2, LOG2E
+from .launch import launch
 from .attention_fwd import scores_log2, smem_budget
 
 
@@ -346,8 +347,9 @@ def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
             config = launch_config(num_splits * row_blocks * batch * heads_kv, sms, block_m, block_d,
                                    q.element_size(), page_size)
         block_n, stages, warps = config
-        splitkv_attention_kernel[grid](*positional, **flags, BLOCK_N=block_n, num_stages=stages, num_warps=warps)
+        launch(splitkv_attention_kernel, grid, *positional, **flags, BLOCK_N=block_n, num_stages=stages,
+               num_warps=warps)
     if split:
-        merge_splits_kernel[(rows, batch * heads_kv)](
-            o_part, lse_part, o, lse, *o.stride(), heads, heads_kv, n_q, num_splits, row_blocks * block_m,
-            HEAD_DIM=head_dim, BLOCK_D=block_d, SPLITS=triton.next_power_of_2(num_splits))
+        launch(merge_splits_kernel, (rows, batch * heads_kv),
+               o_part, lse_part, o, lse, *o.stride(), heads, heads_kv, n_q, num_splits, row_blocks * block_m,
+               HEAD_DIM=head_dim, BLOCK_D=block_d, SPLITS=triton.next_power_of_2(num_splits))

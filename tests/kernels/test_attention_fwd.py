@@ -520,6 +520,24 @@ def test_pruning_and_block_shapes_accept_host_descriptors():
     assert sources[1].block_shape == [1, 1, bn, 64] and sources[2].block_shape == [1, 1, bn, 64]
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("dims", [3, 4])
+def test_fast_host_descriptors_equal_tritons_own(dtype, dims):
+    """host_descriptor skips Triton's validating constructor after the first descriptor of a dtype
+    and rank: every field must still equal what the constructor makes, for each new tensor."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from flashlib.kernels._common import host_descriptor
+
+    for shape in [(2, 3, 256, 64), (1, 5, 128, 32)]:
+        t = torch.zeros(shape[-dims:], dtype=dtype).transpose(-3 % dims, -2) if dims == 4 else \
+            torch.zeros(shape[-dims:], dtype=dtype)
+        made = host_descriptor(t)
+        want = TensorDescriptor(t, list(t.shape), list(t.stride()), [1] * (dims - 1) + [16])
+        assert type(made) is TensorDescriptor and made.base is t
+        assert vars(made) == vars(want), f"fields differ for shape {tuple(t.shape)}, strides {t.stride()}"
+
+
 @pytest.mark.parametrize("block_n", [128, 256])
 def test_key_blocks_wider_than_128_still_reach_the_tail(block_n):
     """The empty third stage is left out only when BLOCK_N divides 128: with 384 keys and
