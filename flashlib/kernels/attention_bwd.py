@@ -73,11 +73,12 @@ from triton.runtime.errors import OutOfResources
 
 from .. import runtime
 from ..spec import AttentionSpec
-from ._common import LOG2E
+from ._common import (LOG2E, descriptor_ready, descriptors_supported, load_rows, set_block_shapes, tensor_of,
+                      tile_sources)
 from .attention_fwd import (full_float32_config, key_block_range, modifier_args, packed_as_bhnd,
                             row_stats_offset, sample_bounds, scores_log2, smem_budget)
 from .dropout import dropout_keep
-from .tuned import launch_tuned
+from .launch import launch, launch_tuned
 
 
 @triton.jit
@@ -152,14 +153,16 @@ def attention_bwd_preprocess_kernel(
 
 # ---------------------------------------------------------------- 2. dK, dV over key blocks
 @triton.jit
-def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, start, end,
+def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, q_src, do_src, off_b, off_h,
+                         lse_ptr, delta_ptr, start, end,
                          stride_qn, stride_qd, stride_don, stride_dod,
                          offs_n, n0, offs_d, k_len, q_len, offset, window_left, window_right,
                          score_scale, softcap_scale, slope_log2, dropout_seed, dropout_p, stream,
                          MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                          HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                          EVEN_D: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                         TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_D: tl.constexpr):
     """Add to (dk, dv) the terms of the query blocks [start, end) of one query head.
 
     Works on transposed tiles (keys along rows): ``P^T = exp2(K Q^T - L)`` (BLOCK_N, BLOCK_M),
@@ -167,7 +170,8 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, star
     (the scale is applied once at the end). Rows are loaded only below ``q_len``: padding
     past a sample's length never enters, whatever it holds (NaN included). Dropout: the
     forward's mask Z, ``dV += (P Z / (1 - p))^T dO`` and ``dP`` becomes ``dP Z / (1 - p)``;
-    softcap: ``dS`` times ``1 - tanh^2``.
+    softcap: ``dS`` times ``1 - tanh^2``. ``TMA == "host"``: Q and dO tiles come through the
+    host descriptors ``q_src``, ``do_src`` (rows past N_q read as 0; only for unpadded batches).
     """
     offs_m = tl.arange(0, BLOCK_M)
     # Q^T tile (BLOCK_D, BLOCK_M) and dO tile (BLOCK_M, BLOCK_D) of the first block, through strides.
@@ -175,7 +179,16 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, star
     do_ptrs = do_base + (start + offs_m)[:, None] * stride_don + offs_d[None, :] * stride_dod
     for start_m in range(start, end, BLOCK_M):
         rows = start_m + offs_m
-        if MASKED:
+        if TMA == "host":
+            qT = tl.trans(load_rows(q_src, off_b, off_h, start_m, TMA, BLOCK_M, BLOCK_D))
+            do = load_rows(do_src, off_b, off_h, start_m, TMA, BLOCK_M, BLOCK_D)
+            if MASKED:
+                lse = tl.load(lse_ptr + rows, mask=rows < q_len, other=float("inf"))
+                delta = tl.load(delta_ptr + rows, mask=rows < q_len, other=0.0)
+            else:
+                lse = tl.load(lse_ptr + rows)
+                delta = tl.load(delta_ptr + rows)
+        elif MASKED:
             qT = tl.load(qT_ptrs, mask=(rows[None, :] < q_len) & (offs_d[:, None] < HEAD_DIM), other=0.0)
             do = tl.load(do_ptrs, mask=(rows[:, None] < q_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
             lse = tl.load(lse_ptr + rows, mask=rows < q_len, other=float("inf"))
@@ -237,7 +250,7 @@ def attention_bwd_dkdv_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_SEQ_LENS: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """dK, dV for key block ``program_id(0)`` of (batch, kv head) ``program_id(1)``.
 
@@ -245,7 +258,8 @@ def attention_bwd_dkdv_kernel(
     LSE, DELTA contiguous float32 (B, H, N_q). The program sums over the KV_GROUP
     query heads of its kv head (GQA) in float32 and stores every element of its
     block once (zeros for keys that no query sees). IS_VARLEN: packed sequences, as in
-    the forward (batch strides 0, LSE and DELTA (H, total_q)).
+    the forward (batch strides 0, LSE and DELTA (H, total_q)). ``TMA == "host"``: Q and DO
+    are (B, H, N_q, D) host tensor descriptors with (1, 1, BLOCK_M, BLOCK_D) tiles.
     """
     start_n = tl.program_id(0)
     off_hkv = tl.program_id(1)
@@ -283,32 +297,35 @@ def attention_bwd_dkdv_kernel(
         if HAS_ALIBI:
             slope_log2 = tl.load(ALIBI + off_b * stride_ab + off_h * stride_ah).to(tl.float32) * LOG2E
         stream = off_b * H + off_h
-        q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh + q_start * stride_qn
-        do_base = DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh + q_start * stride_don
+        if TMA == "host":  # the pointers are unused: tiles come through the descriptors
+            q_base, do_base = LSE, LSE
+        else:
+            q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh + q_start * stride_qn
+            do_base = DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh + q_start * stride_don
         row_base = row_stats_offset(off_b, off_h, H, N_CTX_Q, q_start, IS_VARLEN)
         lse_ptr = LSE + row_base
         delta_ptr = DELTA + row_base
         if HAS_RIGHT:  # stage 1: the diagonal / the window's right edge
             dk, dv = _attn_bwd_dkdv_inner(
-                dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, lo, full_lo,
+                dk, dv, k, v, q_base, do_base, Q, DO, off_b, off_h, lse_ptr, delta_ptr, lo, full_lo,
                 stride_qn, stride_qd, stride_don, stride_dod, offs_n, n0, offs_d, k_len, q_len, offset,
                 WINDOW_LEFT, WINDOW_RIGHT, score_scale, softcap_scale, slope_log2, DROPOUT_SEED, DROPOUT_P, stream,
                 True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, HEAD_DIM,
-                DOT_PRECISION, BLOCK_M, BLOCK_N)
+                DOT_PRECISION, TMA, BLOCK_M, BLOCK_N, BLOCK_D)
         # stage 2: query blocks that see the whole key block, no mask
         dk, dv = _attn_bwd_dkdv_inner(
-            dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, full_lo, full_hi,
+            dk, dv, k, v, q_base, do_base, Q, DO, off_b, off_h, lse_ptr, delta_ptr, full_lo, full_hi,
             stride_qn, stride_qd, stride_don, stride_dod, offs_n, n0, offs_d, k_len, q_len, offset,
             WINDOW_LEFT, WINDOW_RIGHT, score_scale, softcap_scale, slope_log2, DROPOUT_SEED, DROPOUT_P, stream,
             False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, HEAD_DIM,
-            DOT_PRECISION, BLOCK_M, BLOCK_N)
+            DOT_PRECISION, TMA, BLOCK_M, BLOCK_N, BLOCK_D)
         # stage 3: the window's left edge, the q_len tail, a key block cut by k_len
         dk, dv = _attn_bwd_dkdv_inner(
-            dk, dv, k, v, q_base, do_base, lse_ptr, delta_ptr, full_hi, hi,
+            dk, dv, k, v, q_base, do_base, Q, DO, off_b, off_h, lse_ptr, delta_ptr, full_hi, hi,
             stride_qn, stride_qd, stride_don, stride_dod, offs_n, n0, offs_d, k_len, q_len, offset,
             WINDOW_LEFT, WINDOW_RIGHT, score_scale, softcap_scale, slope_log2, DROPOUT_SEED, DROPOUT_P, stream,
             True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, HEAD_DIM,
-            DOT_PRECISION, BLOCK_M, BLOCK_N)
+            DOT_PRECISION, TMA, BLOCK_M, BLOCK_N, BLOCK_D)
 
     dk *= sm_scale
     dk_base = DK + off_b.to(tl.int64) * stride_dkb + off_kvh.to(tl.int64) * stride_dkh + k_start * stride_dkn
@@ -321,23 +338,27 @@ def attention_bwd_dkdv_kernel(
 
 # ---------------------------------------------------------------- 3. dQ over query blocks
 @triton.jit
-def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, start, end,
+def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, k_src, v_src, off_b, off_kvh, start, end,
                        stride_kn, stride_kd, stride_vn, stride_vd,
                        offs_m, offs_d, k_len, offset, window_left, window_right,
                        score_scale, softcap_scale, slope_log2, dropout_seed, dropout_p, stream,
                        MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                        HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                        EVEN_D: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                       BLOCK_N: tl.constexpr):
+                       TMA: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """Add to dq the terms of the key blocks [start, end): ``P = exp2(Q K^T - L)``,
-    ``dP = dO V^T``, ``dS = P * (dP - D)``, ``dQ += dS K`` (scale applied at the end)."""
+    ``dP = dO V^T``, ``dS = P * (dP - D)``, ``dQ += dS K`` (scale applied at the end).
+    ``TMA == "host"``: K and V tiles come through the host descriptors ``k_src``, ``v_src``."""
     offs_n = tl.arange(0, BLOCK_N)
     # K^T and V^T tiles (BLOCK_D, BLOCK_N) of the first block, through strides.
     kT_ptrs = k_base + (start + offs_n)[None, :] * stride_kn + offs_d[:, None] * stride_kd
     vT_ptrs = v_base + (start + offs_n)[None, :] * stride_vn + offs_d[:, None] * stride_vd
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n
-        if MASKED:
+        if TMA == "host":  # rows past N_k read as 0, as the pointer path's mask gives
+            kT = tl.trans(load_rows(k_src, off_b, off_kvh, start_n, TMA, BLOCK_N, BLOCK_D))
+            vT = tl.trans(load_rows(v_src, off_b, off_kvh, start_n, TMA, BLOCK_N, BLOCK_D))
+        elif MASKED:
             kv_mask = (cols[None, :] < k_len) & (offs_d[:, None] < HEAD_DIM)
             kT = tl.load(kT_ptrs, mask=kv_mask, other=0.0)
             vT = tl.load(vT_ptrs, mask=kv_mask, other=0.0)
@@ -386,10 +407,11 @@ def attention_bwd_dq_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_SEQ_LENS: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """dQ for query block ``program_id(0)`` of (batch, head) ``program_id(1)``: the forward's
-    loop (same key interval, same three stages), with dQ in place of O."""
+    loop (same key interval, same three stages), with dQ in place of O. ``TMA == "host"``: K and
+    V are (B, H_kv, N_k, D) host tensor descriptors with (1, 1, BLOCK_N, BLOCK_D) tiles."""
     start_m = tl.program_id(0)
     off_hz = tl.program_id(1)
     off_b = off_hz // H
@@ -413,8 +435,11 @@ def attention_bwd_dq_kernel(
     # 64-bit offsets (sample, head, and the sequence's first row when packed).
     q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh + q_start * stride_qn
     do_base = DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh + q_start * stride_don
-    k_base = K + off_b.to(tl.int64) * stride_kb + off_kvh.to(tl.int64) * stride_kh + k_start * stride_kn
-    v_base = V + off_b.to(tl.int64) * stride_vb + off_kvh.to(tl.int64) * stride_vh + k_start * stride_vn
+    if TMA == "host":  # the pointers are unused: tiles come through the descriptors
+        k_base, v_base = LSE, LSE
+    else:
+        k_base = K + off_b.to(tl.int64) * stride_kb + off_kvh.to(tl.int64) * stride_kh + k_start * stride_kn
+        v_base = V + off_b.to(tl.int64) * stride_vb + off_kvh.to(tl.int64) * stride_vh + k_start * stride_vn
     q = tl.load(q_base + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd, mask=tile_mask, other=0.0)
     do = tl.load(do_base + offs_m[:, None] * stride_don + offs_d[None, :] * stride_dod, mask=tile_mask, other=0.0)
     row_base = row_stats_offset(off_b, off_h, H, N_CTX_Q, q_start, IS_VARLEN)
@@ -430,23 +455,23 @@ def attention_bwd_dq_kernel(
         slope_log2 = tl.load(ALIBI + off_b * stride_ab + off_h * stride_ah).to(tl.float32) * LOG2E
     stream = off_b * H + off_h
     if HAS_LEFT:  # stage 1: blocks cut by the window's left edge
-        dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, lo, full_lo,
+        dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, K, V, off_b, off_kvh, lo, full_lo,
                                 stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d, k_len, offset,
                                 WINDOW_LEFT, WINDOW_RIGHT, score_scale, softcap_scale, slope_log2, DROPOUT_SEED,
                                 DROPOUT_P, stream, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
-                                EVEN_D, HEAD_DIM, DOT_PRECISION, BLOCK_N)
+                                EVEN_D, HEAD_DIM, DOT_PRECISION, TMA, BLOCK_N, BLOCK_D)
     # stage 2: blocks every row sees whole, no mask
-    dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, full_lo, full_hi,
+    dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, K, V, off_b, off_kvh, full_lo, full_hi,
                             stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d, k_len, offset,
                             WINDOW_LEFT, WINDOW_RIGHT, score_scale, softcap_scale, slope_log2, DROPOUT_SEED,
                             DROPOUT_P, stream, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
-                            EVEN_D, HEAD_DIM, DOT_PRECISION, BLOCK_N)
+                            EVEN_D, HEAD_DIM, DOT_PRECISION, TMA, BLOCK_N, BLOCK_D)
     # stage 3: the diagonal / window's right edge, and the key tail (N_k or seq_len)
-    dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, full_hi, hi,
+    dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, K, V, off_b, off_kvh, full_hi, hi,
                             stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d, k_len, offset,
                             WINDOW_LEFT, WINDOW_RIGHT, score_scale, softcap_scale, slope_log2, DROPOUT_SEED,
                             DROPOUT_P, stream, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
-                            EVEN_D, HEAD_DIM, DOT_PRECISION, BLOCK_N)
+                            EVEN_D, HEAD_DIM, DOT_PRECISION, TMA, BLOCK_N, BLOCK_D)
 
     dq = tl.where((offs_m < q_len)[:, None], dq * sm_scale, 0.0)  # padding rows: exactly 0
     dq_base = DQ + off_b.to(tl.int64) * stride_dqb + off_h.to(tl.int64) * stride_dqh + q_start * stride_dqn
@@ -470,6 +495,11 @@ DQ_GPU_CONFIGS = [
 
 #: The block sizes used in the interpreter, where autotuning would only measure numpy.
 INTERPRETER_BLOCKS = dict(BLOCK_M=32, BLOCK_N=32)
+#: The smallest head_dim (rounded up to a power of two) whose backward takes descriptors by default.
+#: Same-process A/B on the H100 (fp16, FA2 shapes, CUDA-graph timing): at D = 128 descriptors were
+#: level or faster at all six points (+1% to +6%, most for causal); at D = 64 they lost 4-7% without
+#: a causal mask and won 1-4% with one.
+TMA_MIN_BLOCK_D = 128
 #: Rows per program of the preprocess kernel (memory bound: no tuning).
 PREPROCESS_BLOCK_M = 64
 
@@ -501,20 +531,39 @@ def _pruner(kernel):
         args = {**named_args, **kwargs}
         only = full_float32_config(args, lambda bm, bn, stages: smem_bytes(kernel, bm, bn, args["BLOCK_D"], stages, 4))
         if only is not None:
+            only.pre_hook = TILE_SHAPES[kernel]
             return [only]
-        shape = (args["BLOCK_D"], args["Q"].element_size(), smem_budget())
+        shape = (args["BLOCK_D"], tensor_of(args["Q"]).element_size(), smem_budget())
         kept = [c for c in configs
                 if _fits(kernel, c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages, c.num_warps, *shape)]
-        return kept or [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_stages=1, num_warps=4)]
+        return kept or [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_stages=1, num_warps=4,
+                                      pre_hook=TILE_SHAPES[kernel])]
     return prune
+
+
+#: Which block size the rows of each streamed tile take, per kernel: the arguments that are host
+#: descriptors when ``TMA == "host"`` (dK/dV streams Q and dO, dQ streams K and V).
+TILE_ROWS = {"dkdv": {"Q": "BLOCK_M", "DO": "BLOCK_M"}, "dq": {"K": "BLOCK_N", "V": "BLOCK_N"}}
+
+
+def _set_dkdv_tiles(nargs):
+    set_block_shapes(nargs, TILE_ROWS["dkdv"])
+
+
+def _set_dq_tiles(nargs):
+    set_block_shapes(nargs, TILE_ROWS["dq"])
+
+
+#: The configs' pre_hook per kernel: gives host descriptors the config's tile.
+TILE_SHAPES = {"dkdv": _set_dkdv_tiles, "dq": _set_dq_tiles}
 
 
 def _autotuned(kernel, name, configs):
     return triton.autotune(
-        configs=[triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=s, num_warps=w)
-                 for bm, bn, s, w in configs],
+        configs=[triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=s, num_warps=w,
+                               pre_hook=TILE_SHAPES[name]) for bm, bn, s, w in configs],
         key=["Q_BUCKET", "K_BUCKET", "HEAD_DIM", "HAS_SEQ_LENS", "IS_VARLEN", "HAS_LEFT", "HAS_RIGHT", "KV_GROUP",
-             "HAS_SOFTCAP", "HAS_ALIBI", "HAS_DROPOUT", "DOT_PRECISION"],
+             "HAS_SOFTCAP", "HAS_ALIBI", "HAS_DROPOUT", "DOT_PRECISION", "TMA"],
         prune_configs_by={"early_config_prune": _pruner(name)},
     )(kernel)
 
@@ -535,10 +584,12 @@ def _launch_fixed(kernel, grid, positional, args, block_m, block_n, block_d, ele
     accumulators = 2 * block_n * block_d if kernel == "dkdv" else block_m * block_d
     budget = smem_budget()
     stages = [s for s in (3, 2) if smem_bytes(kernel, block_m, block_n, block_d, s, elem_bytes) <= budget] + [1]
+    TILE_SHAPES[kernel](dict(zip(("Q", "K", "V", "DO"), positional), BLOCK_M=block_m, BLOCK_N=block_n,
+                             BLOCK_D=block_d))
     for i, num_stages in enumerate(stages):
         try:
-            fn[grid](*positional, **args, BLOCK_M=block_m, BLOCK_N=block_n,
-                     num_stages=num_stages, num_warps=4 if accumulators <= 4096 * 4 else 8)
+            launch(fn, grid, *positional, **args, BLOCK_M=block_m, BLOCK_N=block_n,
+                   num_stages=num_stages, num_warps=4 if accumulators <= 4096 * 4 else 8)
             return
         except OutOfResources:
             if i == len(stages) - 1:
@@ -549,7 +600,8 @@ def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec: AttentionSp
                               seq_lens: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None,
                               block_m: int | None = None, block_n: int | None = None,
                               cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
-                              max_seqlen_q: int | None = None, max_seqlen_k: int | None = None):
+                              max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+                              use_tma: bool | None = None):
     """Fill dq (if not None) and dk, dv (if not None) for checked (B, H, N, D) tensors, any strides.
 
     q, o, do, dq: (B, H, N_q, D); k, v, dk, dv: (B, H_kv, N_k, D); lse: (B, H, N_q) contiguous
@@ -561,6 +613,11 @@ def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec: AttentionSp
 
     Packed sequences (``cu_seqlens_q`` given), as in ``launch_attention_forward``: q, o, do, dq
     (total_q, H, D), k, v, dk, dv (total_k, H_kv, D), lse (H, total_q); returns D (H, total_q).
+
+    ``use_tma``: the streamed tiles (Q and dO of dK/dV, K and V of dQ) come through host tensor
+    descriptors, by default where head_dim >= 128 (:data:`TMA_MIN_BLOCK_D`), the device and the tensors
+    allow it and the batch is not padded or packed (a host descriptor bounds rows by N only; padded rows must not be read).
+    ``False`` forces the pointer path (tests compare the two).
     """
     varlen = cu_seqlens_q is not None
     o_rows, do_rows = o, do  # what the preprocess reads, (B, H, N_q, D)
@@ -575,9 +632,13 @@ def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec: AttentionSp
     left, right = spec.bounds()
     alibi, alibi_strides, scalars, flags = modifier_args(spec, alibi_slopes, head_dim, lse)
     block_d = max(16, triton.next_power_of_2(head_dim))
+    if use_tma is None:  # measured: a gain from head_dim 128 only (benchmarks/TUNING.md, sixth finding)
+        use_tma = (block_d >= TMA_MIN_BLOCK_D and descriptors_supported(q.device)
+                   and all(descriptor_ready(t) for t in (q, k, v, do)))
+    tma = "host" if use_tma and seq_lens is None and not varlen else "none"
 
     delta = torch.empty((o_rows.shape[0], heads, n_q), dtype=torch.float32, device=q.device)
-    attention_bwd_preprocess_kernel[(triton.cdiv(n_q, PREPROCESS_BLOCK_M), o_rows.shape[0] * heads)](
+    launch(attention_bwd_preprocess_kernel, (triton.cdiv(n_q, PREPROCESS_BLOCK_M), o_rows.shape[0] * heads),
         o_rows, do_rows, delta, *o_rows.stride(), *do_rows.stride(), heads, n_q,
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=PREPROCESS_BLOCK_M, num_warps=4 if block_d <= 128 else 8)
     if varlen:
@@ -590,21 +651,22 @@ def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec: AttentionSp
         HEAD_DIM=head_dim, BLOCK_D=block_d,
         HAS_SEQ_LENS=seq_lens is not None, IS_VARLEN=varlen,
         HAS_LEFT=left is not None, HAS_RIGHT=right is not None, **flags,
-        DOT_PRECISION=runtime.dot_precision(q.dtype),
+        DOT_PRECISION=runtime.dot_precision(q.dtype), TMA=tma,
     )
-    common = (q, k, v, do, lse, delta)
     modifiers = (alibi, *scalars)
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
     if block_m is None and runtime.INTERPRET:
         block_m, block_n = INTERPRETER_BLOCKS["BLOCK_M"], INTERPRETER_BLOCKS["BLOCK_N"]
     jobs = []
     if dk is not None:
-        jobs.append(("dkdv", (*common, dk, dv, seq_lens, cu_seqlens_q, cu_seqlens_k, *modifiers, *strides,
-                              *dk.stride(), *dv.stride(), *alibi_strides),
+        q_src, do_src = tile_sources(tma, (q, do))
+        jobs.append(("dkdv", (q_src, k, v, do_src, lse, delta, dk, dv, seq_lens, cu_seqlens_q, cu_seqlens_k,
+                              *modifiers, *strides, *dk.stride(), *dv.stride(), *alibi_strides),
                      lambda bn: (triton.cdiv(rows_k, bn), batch * kv_heads)))
     if dq is not None:
-        jobs.append(("dq", (*common, dq, seq_lens, cu_seqlens_q, cu_seqlens_k, *modifiers, *strides, *dq.stride(),
-                            *alibi_strides),
+        k_src, v_src = tile_sources(tma, (k, v))
+        jobs.append(("dq", (q, k_src, v_src, do, lse, delta, dq, seq_lens, cu_seqlens_q, cu_seqlens_k,
+                            *modifiers, *strides, *dq.stride(), *alibi_strides),
                      lambda bm: (triton.cdiv(rows_q, bm), batch * heads)))
     for kernel, positional, grid_of in jobs:
         program_block = "BLOCK_N" if kernel == "dkdv" else "BLOCK_M"
