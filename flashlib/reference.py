@@ -33,17 +33,10 @@ Shapes are (B, H, N, D) ("bhnd"), the layout of ``torch.nn.functional.scaled_dot
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
-from .spec import window_bounds
-
-
-def softmax_scale_for(head_dim: int, softmax_scale: float | None = None) -> float:
-    """The default scale 1/sqrt(d), or the one given."""
-    return 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
+from .spec import softmax_scale_for, window_bounds
 
 
 def stable_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:

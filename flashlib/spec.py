@@ -23,6 +23,11 @@ import numbers
 from dataclasses import dataclass
 
 
+def softmax_scale_for(head_dim: int, softmax_scale: float | None = None) -> float:
+    """The default scale 1/sqrt(d), or the one given."""
+    return 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
+
+
 def window_bounds(causal: bool, window) -> tuple[int | None, int | None]:
     """(left, right) reach of the mask; None where unbounded. ``causal`` caps the right at 0."""
     left = right = None
@@ -110,4 +115,4 @@ class AttentionSpec:
 
     def scale(self, head_dim: int) -> float:
         """The softmax scale: the one given, else 1/sqrt(head_dim)."""
-        return 1.0 / math.sqrt(head_dim) if self.softmax_scale is None else float(self.softmax_scale)
+        return softmax_scale_for(head_dim, self.softmax_scale)

@@ -1,4 +1,11 @@
-"""What the attention kernels share: constants, and the rule for loading through tensor descriptors.
+"""What the attention kernels share: constants, the band geometry, and loading through tensor descriptors.
+
+The forward (:mod:`.attention_fwd`), the backward (:mod:`.attention_bwd`) and the decoding
+kernel (:mod:`.decode`) take from here the one definition of: which key a query sees
+(:func:`band_mask`), which blocks of the band a program visits (:func:`key_block_range`,
+:func:`query_block_range`), where a sample lies in a padded or packed batch
+(:func:`sample_bounds`, :func:`row_stats_offset`, :func:`packed_as_bhnd`), how scores are
+formed (:func:`scores_log2`), and the block sizes of the interpreter.
 
 Tensor descriptors (``tl.make_tensor_descriptor``) hand a tile's copy to Hopper's copy
 engine (TMA): one instruction moves a whole (rows, head_dim) tile into shared memory,
@@ -28,6 +35,9 @@ LN2 = tl.constexpr(0.6931471805599453)  # ln(2): ln(x) == log2(x) * LN2
 
 #: The copy engine's alignment, in bytes, of a tile's base address and row strides.
 DESCRIPTOR_ALIGNMENT = 16
+
+#: The block sizes used in the interpreter, where autotuning would only measure numpy.
+INTERPRETER_BLOCKS = dict(BLOCK_M=32, BLOCK_N=32)
 
 
 def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
@@ -158,3 +168,166 @@ def store_rows(dst, off_b, off_h, row, tile, TMA: tl.constexpr, BLOCK_R: tl.cons
 def tensor_of(source):
     """The tensor behind a kernel argument: a host descriptor's base, or the tensor itself."""
     return getattr(source, "base", source)
+
+
+# ---------------------------------------------------------------- scores and the band
+@triton.jit
+def tanh(x):
+    """tanh through exp2 (the interpreter has no tanh): 1 - 2 / (e^(2x) + 1), exact at +-inf."""
+    return 1.0 - 2.0 / (tl.math.exp2(x * (2.0 * LOG2E)) + 1.0)
+
+
+@triton.jit
+def scores_log2(qk, q_pos, k_pos, score_scale, softcap_scale, slope_log2,
+                HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
+    """Scores in log2 units from the raw products ``qk``, and tanh of the softcap (for the backward).
+
+    ``s = scale * qk``; with a softcap ``s = softcap * tanh(s / softcap)``; with ALiBi
+    ``s -= slope * |q_pos - k_pos|``, where ``q_pos`` is the query's key position
+    ``i + N_k - N_q``. The launcher folds the constants: ``score_scale`` is
+    ``softcap * log2(e)`` with a softcap, else ``scale * log2(e)``; ``softcap_scale`` is
+    ``scale / softcap``; ``slope_log2`` is ``slope * log2(e)``. ``q_pos`` and ``k_pos``
+    broadcast to ``qk``'s shape, so the backward's transposed tiles use it too.
+    """
+    if HAS_SOFTCAP:
+        t = tanh(qk * softcap_scale)
+        s = t * score_scale
+    else:
+        t = qk
+        s = qk * score_scale
+    if HAS_ALIBI:
+        s = s - slope_log2 * tl.abs(q_pos - k_pos).to(tl.float32)
+    return s, t
+
+
+@triton.jit
+def band_mask(q_pos, k_pos, k_len, window_left, window_right, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """The element mask "query i sees key j": True where it does, in ``q_pos``, ``k_pos``'s broadcast shape.
+
+    Bottom-right aligned (:func:`flashlib.reference.attention_mask`): ``q_pos`` is the query's
+    key position ``i' = i + N_k - N_q``, and it sees the keys ``i' - left <= j <= i' + right``
+    with ``j < k_len``. A side whose ``HAS_LEFT``/``HAS_RIGHT`` is False is unbounded, and
+    its comparison is not compiled at all. Query rows past the sample's length are the
+    caller's to mask (the kernels skip them or read their L as +inf).
+    """
+    visible = k_pos < k_len
+    if HAS_LEFT:
+        visible = visible & (k_pos >= q_pos - window_left)
+    if HAS_RIGHT:
+        visible = visible & (k_pos <= q_pos + window_right)
+    return visible
+
+
+@triton.jit
+def key_block_range(m0, q_len, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
+                    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Key blocks [lo, hi) that the valid rows of query block ``m0`` see; [full_lo, full_hi) seen whole.
+
+    Query row i sits at key position ``i' = i + offset`` and sees
+    ``i' - left <= j <= i' + right``, ``j < k_len`` (:func:`band_mask`). Blocks outside
+    [lo, hi) are never loaded (block early exit); the forward and the dQ kernel of the
+    backward share this. Rows that see no key at all (padding rows, or a window whose
+    reach lies past k_len) give an empty range.
+    """
+    row_lo = m0 + offset  # i' of the first row
+    row_hi = tl.minimum(m0 + BLOCK_M, q_len) - 1 + offset  # i' of the last valid row
+    lo = 0
+    hi = k_len
+    full_lo = 0
+    full_hi = k_len
+    if HAS_LEFT:
+        lo = tl.maximum(row_lo - WINDOW_LEFT, 0)
+        full_lo = tl.cdiv(tl.maximum(row_hi - WINDOW_LEFT, 0), BLOCK_N) * BLOCK_N
+    if HAS_RIGHT:
+        hi = tl.minimum(row_hi + WINDOW_RIGHT + 1, k_len)
+        full_hi = tl.minimum(tl.maximum(row_lo + WINDOW_RIGHT + 1, 0), k_len)
+    visible = (m0 < q_len) & (hi > lo)  # padding rows, or a window's reach past k_len: nothing to see
+    lo = (lo // BLOCK_N) * BLOCK_N  # lo >= 0, so // is the same floor in numpy and on the GPU
+    full_hi = (full_hi // BLOCK_N) * BLOCK_N
+    hi = tl.where(visible, hi, lo)
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def query_block_range(n0, q_len, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
+                      HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Query blocks [lo, hi) whose rows see some key of key block ``n0``; [full_lo, full_hi) see it whole.
+
+    The transpose of :func:`key_block_range`, for the dK/dV kernel of the backward: key j is
+    seen by rows with ``j - right <= i + offset <= j + left`` and ``i < q_len``. A block in
+    [full_lo, full_hi) has all its rows valid, and every row sees every key of the key
+    block, which lies whole below ``k_len``: no mask there.
+    """
+    col_lo = n0
+    col_hi = tl.minimum(n0 + BLOCK_N, k_len) - 1  # the last valid key of the block
+    lo = 0
+    hi = q_len
+    full_lo = 0
+    full_hi = q_len
+    if HAS_RIGHT:  # rows above the diagonal (or the right window edge) do not see the block
+        lo = tl.maximum(col_lo - WINDOW_RIGHT - offset, 0)
+        full_lo = tl.maximum(col_hi - WINDOW_RIGHT - offset, 0)
+    if HAS_LEFT:  # rows further down than the window's reach do not see it
+        hi = tl.minimum(col_hi + WINDOW_LEFT - offset + 1, q_len)
+        full_hi = tl.minimum(tl.maximum(col_lo + WINDOW_LEFT - offset + 1, 0), q_len)
+    visible = (n0 < k_len) & (hi > lo)  # padding keys, or keys only rows past q_len would see
+    lo = (lo // BLOCK_M) * BLOCK_M  # all >= 0 here, so // floors alike in numpy and on the GPU
+    full_lo = tl.cdiv(full_lo, BLOCK_M) * BLOCK_M
+    full_hi = (full_hi // BLOCK_M) * BLOCK_M
+    hi = tl.where(visible, hi, lo)
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
+    full_hi = tl.where(n0 + BLOCK_N <= k_len, full_hi, full_lo)  # cut by k_len: every block masked
+    return lo, full_lo, full_hi, hi
+
+
+# ---------------------------------------------------------------- padded and packed batches
+def packed_as_bhnd(t: torch.Tensor, batch: int) -> torch.Tensor:
+    """A packed (total, H, D) tensor seen as (B, H, total, D) with batch stride 0: no copy.
+
+    Every sample sees all rows; the kernels (``IS_VARLEN``) start each one at its cu_seqlens offset.
+    """
+    return t.transpose(0, 1).unsqueeze(0).expand(batch, -1, -1, -1)
+
+
+@triton.jit
+def sample_bounds(off_b, SEQ_LENS, CU_SEQLENS_Q, CU_SEQLENS_K, N_CTX_Q, N_CTX_K,
+                  HAS_SEQ_LENS: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """Where sample ``off_b`` lies along N: ``(q_start, n_q, q_len, k_start, n_k, k_len)``.
+
+    Its query rows are ``[q_start, q_start + n_q)`` of Q (``n_q`` bounds every load and
+    store), of which the first ``q_len`` are valid; likewise for keys. The causal
+    diagonal is aligned on ``n_k - n_q``. A padded batch: start 0, n = N_CTX, len =
+    min(seq_len, N_CTX) with seq_lens. A packed batch (``IS_VARLEN``, as flash-attn's
+    varlen functions): start = cu_seqlens[b] (int64, for the pointer arithmetic),
+    n = len = cu_seqlens[b + 1] - cu_seqlens[b]. The forward and both backward
+    kernels share this.
+    """
+    if IS_VARLEN:
+        q_first = tl.load(CU_SEQLENS_Q + off_b)
+        k_first = tl.load(CU_SEQLENS_K + off_b)
+        n_q = tl.load(CU_SEQLENS_Q + off_b + 1) - q_first
+        n_k = tl.load(CU_SEQLENS_K + off_b + 1) - k_first
+        return q_first.to(tl.int64), n_q, n_q, k_first.to(tl.int64), n_k, n_k
+    else:
+        q_len = N_CTX_Q
+        k_len = N_CTX_K
+        if HAS_SEQ_LENS:
+            seq_len = tl.load(SEQ_LENS + off_b)
+            q_len = tl.minimum(seq_len, N_CTX_Q)
+            k_len = tl.minimum(seq_len, N_CTX_K)
+        return 0, N_CTX_Q, q_len, 0, N_CTX_K, k_len
+
+
+@triton.jit
+def row_stats_offset(off_b, off_h, H, N_CTX_Q, q_start, IS_VARLEN: tl.constexpr):
+    """Index of the sample's first row in the float32 row statistics (L, and D in the backward):
+    contiguous (B, H, N_q) for a padded batch, (H, total_q) for a packed one."""
+    if IS_VARLEN:
+        return off_h.to(tl.int64) * N_CTX_Q + q_start
+    else:
+        return (off_b * H + off_h).to(tl.int64) * N_CTX_Q

@@ -54,7 +54,8 @@ the query blocks in it, in three stages like the forward's::
                                                               block cut by k_len)
 
 The dQ program uses the forward's key interval for its query block (the same
-arithmetic, in ``key_block_range``). Rows that see no key, and padding rows
+arithmetic, in ``key_block_range``; it and ``query_block_range`` live side by side
+in :mod:`flashlib.kernels._common`). Rows that see no key, and padding rows
 past ``seq_len``, have ``L = -inf``; the kernels read them as ``L = +inf`` so
 that ``P = exp2(S - inf) = 0`` without ever computing ``-inf - (-inf)`` (NaN):
 their gradients are exactly 0, and keys past ``seq_len`` get exactly 0 too.
@@ -73,10 +74,10 @@ from triton.runtime.errors import OutOfResources
 
 from .. import runtime
 from ..spec import AttentionSpec
-from ._common import (LOG2E, descriptor_ready, descriptors_supported, load_rows, set_block_shapes, tensor_of,
-                      tile_sources)
-from .attention_fwd import (full_float32_config, key_block_range, modifier_args, packed_as_bhnd,
-                            row_stats_offset, sample_bounds, scores_log2, smem_budget)
+from ._common import (INTERPRETER_BLOCKS, LOG2E, band_mask, descriptor_ready, descriptors_supported,
+                      key_block_range, load_rows, packed_as_bhnd, query_block_range, row_stats_offset,
+                      sample_bounds, scores_log2, set_block_shapes, tensor_of, tile_sources)
+from .attention_fwd import full_float32_config, modifier_args, smem_budget
 from .dropout import dropout_keep
 from .launch import launch, launch_tuned
 
@@ -88,40 +89,6 @@ def _score_constants(sm_scale, SOFTCAP, HAS_SOFTCAP: tl.constexpr):
         return SOFTCAP * LOG2E, sm_scale / SOFTCAP
     else:
         return sm_scale * LOG2E, 1.0
-
-
-# ---------------------------------------------------------------- band bounds
-@triton.jit
-def query_block_range(n0, q_len, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
-                       HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Query blocks [lo, hi) whose rows see some key of key block ``n0``; [full_lo, full_hi) see it whole.
-
-    Key j is seen by rows with ``j - right <= i + offset <= j + left`` and ``i < q_len``.
-    A block in [full_lo, full_hi) has all its rows valid, and every row sees every
-    key of the key block, which lies whole below ``k_len``: no mask there.
-    """
-    col_lo = n0
-    col_hi = tl.minimum(n0 + BLOCK_N, k_len) - 1  # the last valid key of the block
-    lo = 0
-    hi = q_len
-    full_lo = 0
-    full_hi = q_len
-    if HAS_RIGHT:  # rows above the diagonal (or the right window edge) do not see the block
-        lo = tl.maximum(col_lo - WINDOW_RIGHT - offset, 0)
-        full_lo = tl.maximum(col_hi - WINDOW_RIGHT - offset, 0)
-    if HAS_LEFT:  # rows further down than the window's reach do not see it
-        hi = tl.minimum(col_hi + WINDOW_LEFT - offset + 1, q_len)
-        full_hi = tl.minimum(tl.maximum(col_lo + WINDOW_LEFT - offset + 1, 0), q_len)
-    visible = (n0 < k_len) & (hi > lo)  # padding keys, or keys only rows past q_len would see
-    lo = (lo // BLOCK_M) * BLOCK_M  # all >= 0 here, so // floors alike in numpy and on the GPU
-    full_lo = tl.cdiv(full_lo, BLOCK_M) * BLOCK_M
-    full_hi = (full_hi // BLOCK_M) * BLOCK_M
-    hi = tl.where(visible, hi, lo)
-    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
-    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
-    full_hi = tl.where(n0 + BLOCK_N <= k_len, full_hi, full_lo)  # cut by k_len: every block masked
-    return lo, full_lo, full_hi, hi
 
 
 # ---------------------------------------------------------------- 1. D = rowsum(dO * O)
@@ -210,11 +177,7 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, q_src, do_src, off_b, of
         qkT, tT = scores_log2(tl.dot(k, qT, input_precision=DOT_PRECISION), query_pos, cols,
                               score_scale, softcap_scale, slope_log2, HAS_SOFTCAP, HAS_ALIBI)
         if MASKED:
-            visible = cols < k_len
-            if HAS_LEFT:
-                visible = visible & (cols >= query_pos - window_left)
-            if HAS_RIGHT:
-                visible = visible & (cols <= query_pos + window_right)
+            visible = band_mask(query_pos, cols, k_len, window_left, window_right, HAS_LEFT, HAS_RIGHT)
             qkT = tl.where(visible, qkT, float("-inf"))
         pT = tl.math.exp2(qkT - lse2[None, :])
         dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
@@ -372,11 +335,7 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, k_src, v_src, off
         qk, t = scores_log2(tl.dot(q, kT, input_precision=DOT_PRECISION), query_pos, cols[None, :],
                             score_scale, softcap_scale, slope_log2, HAS_SOFTCAP, HAS_ALIBI)  # log2 units
         if MASKED:
-            visible = cols[None, :] < k_len
-            if HAS_LEFT:
-                visible = visible & (cols[None, :] >= query_pos - window_left)
-            if HAS_RIGHT:
-                visible = visible & (cols[None, :] <= query_pos + window_right)
+            visible = band_mask(query_pos, cols[None, :], k_len, window_left, window_right, HAS_LEFT, HAS_RIGHT)
             qk = tl.where(visible, qk, float("-inf"))
         p = tl.math.exp2(qk - lse2[:, None])
         dp = tl.dot(do, vT, input_precision=DOT_PRECISION)
@@ -493,8 +452,6 @@ DQ_GPU_CONFIGS = [
     (64, 32, 3, 4), (32, 32, 2, 4), (64, 16, 2, 4),
 ]
 
-#: The block sizes used in the interpreter, where autotuning would only measure numpy.
-INTERPRETER_BLOCKS = dict(BLOCK_M=32, BLOCK_N=32)
 #: The smallest head_dim (rounded up to a power of two) whose backward takes descriptors by default.
 #: Same-process A/B on the H100 (fp16, FA2 shapes, CUDA-graph timing): at D = 128 descriptors were
 #: level or faster at all six points (+1% to +6%, most for causal); at D = 64 they lost 4-7% without

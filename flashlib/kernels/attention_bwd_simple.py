@@ -49,7 +49,7 @@ import triton
 import triton.language as tl
 
 from .. import runtime
-from ..reference import softmax_scale_for
+from ..spec import softmax_scale_for
 from .attention_fwd_simple import check_simple_arguments, rows_view
 
 

@@ -37,39 +37,12 @@ import triton.language as tl
 
 from .. import runtime
 from ..spec import AttentionSpec
-from ._common import (LN2, LOG2E, descriptor_mode, descriptor_ready, descriptors_supported, load_rows,
-                      set_block_shapes, store_rows, tensor_of, tile_sources, use_torch_scratch)
+from ._common import (INTERPRETER_BLOCKS, LN2, LOG2E, band_mask, descriptor_mode, descriptor_ready,
+                      descriptors_supported, key_block_range, load_rows, packed_as_bhnd, row_stats_offset,
+                      sample_bounds, scores_log2, set_block_shapes, store_rows, tensor_of, tile_sources,
+                      use_torch_scratch)
 from .dropout import dropout_keep, effective_dropout_p
 from .launch import launch, launch_tuned
-
-
-@triton.jit
-def tanh(x):
-    """tanh through exp2 (the interpreter has no tanh): 1 - 2 / (e^(2x) + 1), exact at +-inf."""
-    return 1.0 - 2.0 / (tl.math.exp2(x * (2.0 * LOG2E)) + 1.0)
-
-
-@triton.jit
-def scores_log2(qk, q_pos, k_pos, score_scale, softcap_scale, slope_log2,
-                HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
-    """Scores in log2 units from the raw products ``qk``, and tanh of the softcap (for the backward).
-
-    ``s = scale * qk``; with a softcap ``s = softcap * tanh(s / softcap)``; with ALiBi
-    ``s -= slope * |q_pos - k_pos|``, where ``q_pos`` is the query's key position
-    ``i + N_k - N_q``. The launcher folds the constants: ``score_scale`` is
-    ``softcap * log2(e)`` with a softcap, else ``scale * log2(e)``; ``softcap_scale`` is
-    ``scale / softcap``; ``slope_log2`` is ``slope * log2(e)``. ``q_pos`` and ``k_pos``
-    broadcast to ``qk``'s shape, so the backward's transposed tiles use it too.
-    """
-    if HAS_SOFTCAP:
-        t = tanh(qk * softcap_scale)
-        s = t * score_scale
-    else:
-        t = qk
-        s = qk * score_scale
-    if HAS_ALIBI:
-        s = s - slope_log2 * tl.abs(q_pos - k_pos).to(tl.float32)
-    return s, t
 
 
 @triton.jit
@@ -120,11 +93,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_src, v_src, off_b, off_kvh, start, end,
             qk, _ = scores_log2(qk, rows, cols[None, :], score_scale, softcap_scale, slope_log2,
                                 HAS_SOFTCAP, HAS_ALIBI)
             if MASKED:
-                visible = cols[None, :] < k_len
-                if HAS_LEFT:
-                    visible = visible & (cols[None, :] >= rows - window_left)
-                if HAS_RIGHT:
-                    visible = visible & (cols[None, :] <= rows + window_right)
+                visible = band_mask(rows, cols[None, :], k_len, window_left, window_right, HAS_LEFT, HAS_RIGHT)
                 qk = tl.where(visible, qk, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, 1))
             # A row with no visible key so far keeps m = -inf; subtract 0 instead so that
@@ -155,86 +124,6 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_src, v_src, off_b, off_kvh, start, end,
             k_ptrs += BLOCK_N * stride_kn
             v_ptrs += BLOCK_N * stride_vn
     return acc, l_i, m_i
-
-
-@triton.jit
-def key_block_range(m0, q_len, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
-                     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Key blocks [lo, hi) that the valid rows of query block ``m0`` see; [full_lo, full_hi) seen whole.
-
-    Query row i sits at key position ``i' = i + offset`` and sees
-    ``i' - left <= j <= i' + right``, ``j < k_len``. Blocks outside [lo, hi) are never
-    loaded (block early exit); the forward and the dQ kernel of the backward share this.
-    Rows that see no key at all (padding rows, or a window whose reach lies past k_len)
-    give an empty range.
-    """
-    row_lo = m0 + offset  # i' of the first row
-    row_hi = tl.minimum(m0 + BLOCK_M, q_len) - 1 + offset  # i' of the last valid row
-    lo = 0
-    hi = k_len
-    full_lo = 0
-    full_hi = k_len
-    if HAS_LEFT:
-        lo = tl.maximum(row_lo - WINDOW_LEFT, 0)
-        full_lo = tl.cdiv(tl.maximum(row_hi - WINDOW_LEFT, 0), BLOCK_N) * BLOCK_N
-    if HAS_RIGHT:
-        hi = tl.minimum(row_hi + WINDOW_RIGHT + 1, k_len)
-        full_hi = tl.minimum(tl.maximum(row_lo + WINDOW_RIGHT + 1, 0), k_len)
-    visible = (m0 < q_len) & (hi > lo)  # padding rows, or a window's reach past k_len: nothing to see
-    lo = (lo // BLOCK_N) * BLOCK_N  # lo >= 0, so // is the same floor in numpy and on the GPU
-    full_hi = (full_hi // BLOCK_N) * BLOCK_N
-    hi = tl.where(visible, hi, lo)
-    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
-    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
-    return lo, full_lo, full_hi, hi
-
-
-def packed_as_bhnd(t: torch.Tensor, batch: int) -> torch.Tensor:
-    """A packed (total, H, D) tensor seen as (B, H, total, D) with batch stride 0: no copy.
-
-    Every sample sees all rows; the kernels (``IS_VARLEN``) start each one at its cu_seqlens offset.
-    """
-    return t.transpose(0, 1).unsqueeze(0).expand(batch, -1, -1, -1)
-
-
-@triton.jit
-def sample_bounds(off_b, SEQ_LENS, CU_SEQLENS_Q, CU_SEQLENS_K, N_CTX_Q, N_CTX_K,
-                   HAS_SEQ_LENS: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """Where sample ``off_b`` lies along N: ``(q_start, n_q, q_len, k_start, n_k, k_len)``.
-
-    Its query rows are ``[q_start, q_start + n_q)`` of Q (``n_q`` bounds every load and
-    store), of which the first ``q_len`` are valid; likewise for keys. The causal
-    diagonal is aligned on ``n_k - n_q``. A padded batch: start 0, n = N_CTX, len =
-    min(seq_len, N_CTX) with seq_lens. A packed batch (``IS_VARLEN``, as flash-attn's
-    varlen functions): start = cu_seqlens[b] (int64, for the pointer arithmetic),
-    n = len = cu_seqlens[b + 1] - cu_seqlens[b]. The forward and both backward
-    kernels share this.
-    """
-    if IS_VARLEN:
-        q_first = tl.load(CU_SEQLENS_Q + off_b)
-        k_first = tl.load(CU_SEQLENS_K + off_b)
-        n_q = tl.load(CU_SEQLENS_Q + off_b + 1) - q_first
-        n_k = tl.load(CU_SEQLENS_K + off_b + 1) - k_first
-        return q_first.to(tl.int64), n_q, n_q, k_first.to(tl.int64), n_k, n_k
-    else:
-        q_len = N_CTX_Q
-        k_len = N_CTX_K
-        if HAS_SEQ_LENS:
-            seq_len = tl.load(SEQ_LENS + off_b)
-            q_len = tl.minimum(seq_len, N_CTX_Q)
-            k_len = tl.minimum(seq_len, N_CTX_K)
-        return 0, N_CTX_Q, q_len, 0, N_CTX_K, k_len
-
-
-@triton.jit
-def row_stats_offset(off_b, off_h, H, N_CTX_Q, q_start, IS_VARLEN: tl.constexpr):
-    """Index of the sample's first row in the float32 row statistics (L, and D in the backward):
-    contiguous (B, H, N_q) for a padded batch, (H, total_q) for a packed one."""
-    if IS_VARLEN:
-        return off_h.to(tl.int64) * N_CTX_Q + q_start
-    else:
-        return (off_b * H + off_h).to(tl.int64) * N_CTX_Q
 
 
 @triton.jit(do_not_specialize=["DROPOUT_SEED"])
@@ -488,9 +377,6 @@ attention_fwd_kernel_autotuned = triton.autotune(
          "K_MULTIPLE_OF_128"],
     prune_configs_by={"early_config_prune": _prune_configs},
 )(attention_fwd_kernel)
-
-#: The block sizes used in the interpreter, where autotuning would only measure numpy.
-INTERPRETER_BLOCKS = dict(BLOCK_M=32, BLOCK_N=32)
 
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 

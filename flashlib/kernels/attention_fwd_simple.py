@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from .. import runtime
-from ..reference import softmax_scale_for
+from ..spec import softmax_scale_for
 
 MAX_ELEMENTS = 2**31 - 1
 

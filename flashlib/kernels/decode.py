@@ -44,9 +44,9 @@ import triton.language as tl
 
 from .. import runtime
 from ..spec import window_bounds
-from ._common import LN2, LOG2E
+from ._common import LN2, LOG2E, band_mask, scores_log2
+from .attention_fwd import smem_budget
 from .launch import launch
-from .attention_fwd import scores_log2, smem_budget
 
 
 @triton.jit
@@ -159,12 +159,8 @@ def splitkv_attention_kernel(
         qk = tl.dot(q, k, input_precision=DOT_PRECISION)
         s, _ = scores_log2(qk, pos[:, None], cols[None, :], score_scale, softcap_scale, slope_log2,
                            HAS_SOFTCAP, HAS_ALIBI)
-        visible = col_ok[None, :] & (query < q_len)[:, None]
-        if HAS_LEFT:
-            visible = visible & (cols[None, :] >= pos[:, None] - WINDOW_LEFT)
-        if HAS_RIGHT:
-            visible = visible & (cols[None, :] <= pos[:, None] + WINDOW_RIGHT)
-        s = tl.where(visible, s, float("-inf"))
+        visible = band_mask(pos[:, None], cols[None, :], k_len, WINDOW_LEFT, WINDOW_RIGHT, HAS_LEFT, HAS_RIGHT)
+        s = tl.where(visible & (query < q_len)[:, None], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that saw nothing yet: p = alpha = 0
         p = tl.math.exp2(s - m_sub[:, None])

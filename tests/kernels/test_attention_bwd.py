@@ -15,7 +15,7 @@ import triton.language as tl
 from flashlib import ops as attention_module
 from flashlib import flash_attention
 from flashlib.kernels import attention_bwd, attention_fwd
-from flashlib.kernels.attention_bwd import key_block_range, query_block_range
+from flashlib.kernels._common import key_block_range, query_block_range, sample_bounds
 from flashlib.reference import attention_mask, naive_attention
 from flashlib.spec import window_bounds
 from flashlib.validation import relative_error, tolerance
@@ -154,13 +154,9 @@ def band_probe_kernel(OUT, SEQ_LENS, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT
     kernel computes them, with the kernels' own q_len, k_len and offset."""
     block = tl.program_id(0)
     b = tl.program_id(1)
-    q_len = N_CTX_Q
-    k_len = N_CTX_K
-    if HAS_SEQ_LENS:
-        seq_len = tl.load(SEQ_LENS + b)
-        q_len = tl.minimum(seq_len, N_CTX_Q)
-        k_len = tl.minimum(seq_len, N_CTX_K)
-    offset = N_CTX_K - N_CTX_Q
+    _, n_q, q_len, _, n_k, k_len = sample_bounds(b, SEQ_LENS, SEQ_LENS, SEQ_LENS, N_CTX_Q, N_CTX_K,
+                                                 HAS_SEQ_LENS, False)  # a padded batch: no cu_seqlens read
+    offset = n_k - n_q
     if PER_QUERY_BLOCK:
         lo, full_lo, full_hi, hi = key_block_range(block * BLOCK_M, q_len, k_len, offset, WINDOW_LEFT,
                                                     WINDOW_RIGHT, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
