@@ -50,13 +50,15 @@ def check_tensors(q, k, v, dims: tuple[int, ...], kind: str, shapes_expected: st
         raise ValueError(f"Expected {kind}{shapes_expected}; got {describe_shapes(q, k, v)}")
 
 
-def check_dtypes_and_device(q, k, v) -> None:
-    """q, k, v share one supported dtype and sit on the device the kernels run on."""
+def check_dtypes_and_device(q, k, v, allow_fp8: bool = False) -> None:
+    """q, k, v share one supported dtype (float8_e4m3fn too with ``allow_fp8``) and sit on the device
+    the kernels run on."""
     if q.dtype != k.dtype or q.dtype != v.dtype:
         raise TypeError(f"q, k, v must have the same dtype; got q.dtype={q.dtype}, k.dtype={k.dtype}, "
                         f"v.dtype={v.dtype}")
-    if q.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"Unsupported dtype {q.dtype} for q, k, v: expected float16, bfloat16 or float32")
+    if q.dtype not in SUPPORTED_DTYPES and not (allow_fp8 and q.dtype == torch.float8_e4m3fn):
+        raise TypeError(f"Unsupported dtype {q.dtype} for q, k, v: expected float16, bfloat16, float32 "
+                        f"(or float8_e4m3fn with descale factors, for inference)")
     if q.device != k.device or q.device != v.device:
         raise ValueError(f"q, k, v must be on the same device; got q on {q.device}, k on {k.device}, "
                          f"v on {v.device}")

@@ -18,6 +18,7 @@ from .decode import splitkv_attention
 from .variants import VARIANTS, preferred_variant
 from .arguments import (check_alibi_slopes, check_dtypes_and_device, check_heads, check_lengths, check_tensors,
                         describe_shapes, functorch_wrapped, make_spec, values_checked)
+from .fp8 import fp8_attention, is_fp8
 from .kernels.dropout import dropout_mask
 
 LAYOUTS = ("bhnd", "bnhd")
@@ -43,7 +44,7 @@ def _bhnd_shape(t: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
 
 
 def check_attention_args(q, k, v, causal=False, seq_lens=None, window=None, softmax_scale=None, layout="bhnd",
-                         softcap=0.0, alibi_slopes=None, dropout_p=0.0):
+                         softcap=0.0, alibi_slopes=None, dropout_p=0.0, allow_fp8=False):
     """The :class:`~flashlib.spec.AttentionSpec` of a valid call and its ALiBi slopes as float32 (or None);
     else a ValueError/TypeError naming the argument that is wrong, and what came in."""
     check_tensors(q, k, v, (3, 4), "3D or 4D tensors", " ((B*H, N, D) or (B, H, N, D)), all alike")
@@ -53,7 +54,7 @@ def check_attention_args(q, k, v, causal=False, seq_lens=None, window=None, soft
         raise ValueError(f"layout={layout!r} needs 4D tensors; 3D tensors are (B*H, N, D): "
                          f"got {describe_shapes(q, k, v)}")
     spec = make_spec(causal, window, softmax_scale, softcap, alibi_slopes, dropout_p)
-    check_dtypes_and_device(q, k, v)
+    check_dtypes_and_device(q, k, v, allow_fp8)
     batch, heads, n_q, head_dim = _bhnd_shape(q, layout)
     k_shape = _bhnd_shape(k, layout)
     if k.shape != v.shape or k_shape[0] != batch or k_shape[3] != head_dim:
@@ -68,7 +69,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
                     seq_lens: torch.Tensor | None = None, window=None,
                     softmax_scale: float | None = None, layout: str = "bhnd",
                     return_lse: bool = False, *, softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None,
-                    dropout_p: float = 0.0, return_dropout_mask: bool = False, variant: str = "auto"):
+                    dropout_p: float = 0.0, return_dropout_mask: bool = False, variant: str = "auto",
+                    q_descale: torch.Tensor | None = None, k_descale: torch.Tensor | None = None,
+                    v_descale: torch.Tensor | None = None, out_dtype: torch.dtype | None = None):
     """softmax(q k^T * scale + mask) v, without ever storing the N_q x N_k matrix.
 
     Shapes: ``layout="bhnd"`` (default, as torch SDPA): q (B, H, N_q, D), k and v
@@ -133,9 +136,25 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     only, no dropout) or ``"auto"`` (default): split-KV when nothing needs a gradient, there is
     no dropout and :func:`flashlib.select_variant` chooses it for the shape. Both give the
     same O and L.
+
+    FP8 (inference, Ada/Hopper GPUs; :mod:`flashlib.fp8`): q, k, v ``torch.float8_e4m3fn``
+    with ``q_descale``, ``k_descale``, ``v_descale`` (float32, (1,) per tensor or (B, H_kv)
+    per sample and K/V head; the real values are ``x8 * descale``), O in ``out_dtype``
+    (bfloat16 by default, or float16). No seq_lens, dropout or gradient.
     """
+    fp8 = any(is_fp8(t) for t in (q, k, v)) or any(d is not None for d in (q_descale, k_descale, v_descale))
     spec, alibi_slopes = check_attention_args(q, k, v, causal, seq_lens, window, softmax_scale, layout, softcap,
-                                              alibi_slopes, dropout_p)
+                                              alibi_slopes, dropout_p, allow_fp8=fp8)
+    if fp8:
+        if seq_lens is not None or return_dropout_mask or variant == "splitkv":
+            raise ValueError("FP8 attention takes unpadded batches through the FlashAttention-2 kernel: "
+                             "seq_lens, return_dropout_mask and variant='splitkv' are not supported with it")
+        return fp8_attention(q, k, v, spec, layout, alibi_slopes=alibi_slopes, q_descale=q_descale,
+                             k_descale=k_descale, v_descale=v_descale, out_dtype=out_dtype or torch.bfloat16,
+                             return_lse=return_lse)
+    if out_dtype is not None:
+        raise ValueError(f"out_dtype is for FP8 inputs (O in bfloat16 or float16); {q.dtype} inputs give O in "
+                         f"their own dtype: got out_dtype={out_dtype}")
     if not isinstance(return_dropout_mask, bool):
         raise TypeError(f"return_dropout_mask must be a bool; got {return_dropout_mask!r}")
     if return_dropout_mask and torch.compiler.is_compiling():

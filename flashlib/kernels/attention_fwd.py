@@ -55,7 +55,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_src, v_src, off_b, off_kvh, start, end,
                     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                     EVEN_D: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, RECORD_TILES: tl.constexpr,
                     DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, NEGATIVE_SCALE: tl.constexpr,
-                    BLOCK_N: tl.constexpr):
+                    BLOCK_N: tl.constexpr, V_TRANSPOSED: tl.constexpr = False):
     """Online-softmax update of (acc, l_i, m_i) over the key blocks [start, end).
 
     ``MASKED`` blocks get an element mask (band edges, key tail) and loads masked
@@ -64,6 +64,9 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_src, v_src, off_b, off_kvh, start, end,
     ``k_src``, ``v_src`` are K and V as the kernel's ``TMA`` mode has them (see
     :func:`load_rows`); with descriptors the copy engine zero-fills past the rows, so
     masked and unmasked blocks load alike. Pointers are walked through the strides.
+    ``V_TRANSPOSED`` (FP8 with host descriptors): ``v_src`` is a (B, H, D, N) descriptor, V stored with
+    N contiguous, as FP8 tensor cores need P V's reduction dimension contiguous; tiles are read
+    (BLOCK_D, BLOCK_N) and transposed in place.
     """
     offs_n = tl.arange(0, BLOCK_N)
     PLAIN: tl.constexpr = not (HAS_SOFTCAP or HAS_ALIBI)
@@ -76,7 +79,10 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_src, v_src, off_b, off_kvh, start, end,
         cols = start_n + offs_n
         if TMA != "none":
             k = load_rows(k_src, off_b, off_kvh, start_n, TMA, BLOCK_N, BLOCK_D).T
-            v = load_rows(v_src, off_b, off_kvh, start_n, TMA, BLOCK_N, BLOCK_D)
+            if V_TRANSPOSED:
+                v = v_src.load([off_b, off_kvh, 0, start_n]).reshape(BLOCK_D, BLOCK_N).T
+            else:
+                v = load_rows(v_src, off_b, off_kvh, start_n, TMA, BLOCK_N, BLOCK_D)
         elif MASKED:
             k = tl.load(k_ptrs, mask=(cols[None, :] < k_len) & (offs_d[:, None] < HEAD_DIM), other=0.0)
             v = tl.load(v_ptrs, mask=(cols[:, None] < k_len) & (offs_d[None, :] < HEAD_DIM), other=0.0)
@@ -128,20 +134,21 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_src, v_src, off_b, off_kvh, start, end,
 
 @triton.jit(do_not_specialize=["DROPOUT_SEED"])
 def attention_fwd_kernel(
-    Q, K, V, O, LSE, SEQ_LENS, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI, TILES, sm_scale, SOFTCAP,
+    Q, K, V, O, LSE, SEQ_LENS, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI, TILES, DESCALE, sm_scale, SOFTCAP,
     DROPOUT_P, DROPOUT_SEED,
     stride_qb, stride_qh, stride_qn, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_on, stride_od,
     stride_ab, stride_ah,
-    H, KV_GROUP, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT,
+    H, KV_GROUP, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, DESCALE_STRIDE,
     Q_BUCKET, K_BUCKET,  # only keys for the autotuner (N rounded up to a power of two)
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_SEQ_LENS: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     RECORD_TILES: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, NEGATIVE_SCALE: tl.constexpr,
-    K_MULTIPLE_OF_128: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    K_MULTIPLE_OF_128: tl.constexpr, FP8: tl.constexpr, V_TRANSPOSED: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """O, LSE for query block ``program_id(0)`` of (batch, head) ``program_id(1)``.
 
@@ -161,6 +168,9 @@ def attention_fwd_kernel(
     by the launcher (no padding, nothing packed). ``"device"``: the program makes one per
     sample and head, bounded by the sample's rows (``n_q``, ``k_len``), so padding is
     never read. ``"none"``: pointers.
+    FP8: Q, K, V are float8 (e4m3), O float16/bfloat16; DESCALE is float32 (3, B, H_kv) contiguous,
+    the q, k and v descale factors of each (sample, kv head): scores are scaled by q's times k's,
+    O by v's, and P enters the tensor cores as float8 too. V_TRANSPOSED: see :func:`_attn_fwd_inner`.
     """
     start_m = tl.program_id(0)
     off_hz = tl.program_id(1)
@@ -216,6 +226,11 @@ def attention_fwd_kernel(
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    v_descale = 1.0
+    if FP8:  # S = (q_descale q8)(k_descale k8)^T: fold both into the softmax scale
+        descale = DESCALE + off_b * (H // KV_GROUP) + off_kvh
+        sm_scale = sm_scale * tl.load(descale) * tl.load(descale + DESCALE_STRIDE)
+        v_descale = tl.load(descale + 2 * DESCALE_STRIDE)
     if HAS_SOFTCAP:
         score_scale = SOFTCAP * LOG2E
         softcap_scale = sm_scale / SOFTCAP
@@ -238,14 +253,14 @@ def attention_fwd_kernel(
             offs_m, offs_d, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
             score_scale, softcap_scale, slope_log2, DROPOUT_SEED, DROPOUT_P, stream, tile_ptr,
             True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, HEAD_DIM, BLOCK_D, RECORD_TILES,
-            DOT_PRECISION, TMA, NEGATIVE_SCALE, BLOCK_N)
+            DOT_PRECISION, TMA, NEGATIVE_SCALE, BLOCK_N, V_TRANSPOSED)
     # stage 2: blocks every row sees whole, no mask
     acc, l_i, m_i = _attn_fwd_inner(
         acc, l_i, m_i, q, k_src, v_src, off_b, off_kvh, full_lo, full_hi, stride_kn, stride_kd, stride_vn, stride_vd,
         offs_m, offs_d, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
         score_scale, softcap_scale, slope_log2, DROPOUT_SEED, DROPOUT_P, stream, tile_ptr,
         False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, HEAD_DIM, BLOCK_D, RECORD_TILES,
-        DOT_PRECISION, TMA, NEGATIVE_SCALE, BLOCK_N)
+        DOT_PRECISION, TMA, NEGATIVE_SCALE, BLOCK_N, V_TRANSPOSED)
     # stage 3: the diagonal / window's right edge, and the key tail (N_k or seq_len). With no
     # right edge and N_k a multiple of 128 (so of a BLOCK_N that divides 128) it is empty: it is
     # then not even compiled, which spares its registers (the masked loop needs more than the plain one).
@@ -255,7 +270,7 @@ def attention_fwd_kernel(
             offs_m, offs_d, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
             score_scale, softcap_scale, slope_log2, DROPOUT_SEED, DROPOUT_P, stream, tile_ptr,
             True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, HEAD_DIM, BLOCK_D, RECORD_TILES,
-            DOT_PRECISION, TMA, NEGATIVE_SCALE, BLOCK_N)
+            DOT_PRECISION, TMA, NEGATIVE_SCALE, BLOCK_N, V_TRANSPOSED)
 
     # Rows with no visible key (l = 0) and rows past the sample's length: O = 0, L = -inf.
     # A NaN score makes l NaN, and NaN != 0: it reaches O and L, as in PyTorch.
@@ -263,7 +278,10 @@ def attention_fwd_kernel(
     l_safe = tl.where(valid, l_i, 1.0)
     if HAS_DROPOUT:
         l_safe = l_safe * (1.0 - DROPOUT_P)  # kept weights are scaled by 1 / (1 - p)
-    out = tl.where(valid[:, None], acc / l_safe[:, None], 0.0)
+    if FP8:
+        out = tl.where(valid[:, None], acc * (v_descale / l_safe)[:, None], 0.0)
+    else:
+        out = tl.where(valid[:, None], acc / l_safe[:, None], 0.0)
     lse = tl.where(valid, (m_i + tl.math.log2(tl.where(valid, l_i, 1.0))) * LN2, float("-inf"))
     if TMA == "host":
         store_rows(O, off_b, off_h, m0, out.to(O.dtype), TMA, BLOCK_M, BLOCK_D)
@@ -297,6 +315,8 @@ TILE_ROWS = {"Q": "BLOCK_M", "K": "BLOCK_N", "V": "BLOCK_N", "O": "BLOCK_M"}
 
 def _set_tile_shapes(nargs):
     set_block_shapes(nargs, TILE_ROWS)
+    if nargs.get("V_TRANSPOSED") and hasattr(nargs["V"], "block_shape"):  # a (B, H, D, N) descriptor
+        nargs["V"].block_shape = [1, 1, nargs["BLOCK_D"], nargs["BLOCK_N"]]
 
 
 def _gpu_configs():
@@ -374,7 +394,7 @@ attention_fwd_kernel_autotuned = triton.autotune(
     configs=_gpu_configs(),
     key=["Q_BUCKET", "K_BUCKET", "HEAD_DIM", "HAS_SEQ_LENS", "IS_VARLEN", "HAS_LEFT", "HAS_RIGHT", "HAS_SOFTCAP",
          "HAS_ALIBI", "HAS_DROPOUT", "DOT_PRECISION", "TMA", "NEGATIVE_SCALE",
-         "K_MULTIPLE_OF_128"],
+         "K_MULTIPLE_OF_128", "FP8", "V_TRANSPOSED"],
     prune_configs_by={"early_config_prune": _prune_configs},
 )(attention_fwd_kernel)
 
@@ -402,7 +422,7 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              tiles: torch.Tensor | None = None,
                              cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
                              max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
-                             use_tma: bool | None = None):
+                             use_tma: bool | None = None, descale: torch.Tensor | None = None):
     """Run the forward kernel on checked (B, H, N, D) tensors (any strides); fill o and lse.
 
     q, o: (B, H, N_q, D); k, v: (B, H_kv, N_k, D); lse: (B, H, N_q) contiguous float32.
@@ -420,6 +440,10 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     ``use_tma``: move tiles through tensor descriptors (:mod:`flashlib.kernels._common`);
     by default wherever the device and the tensors allow it. ``False`` forces the pointer
     path (tests compare the two).
+
+    ``descale`` (FP8, :mod:`flashlib.fp8` checks it): q, k, v float8_e4m3fn, o float16 or bfloat16,
+    descale float32 (3, B, H_kv) contiguous (q, k, v factors). V is best stored with N contiguous
+    (``v.stride(2) == 1``): host descriptors then read it as the FP8 tensor cores want it.
     """
     filled = (o, lse)  # returned as the caller gave them (packed, when varlen)
     varlen = cu_seqlens_q is not None
@@ -432,22 +456,28 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     rows_q, rows_k = (max_seqlen_q, max_seqlen_k) if varlen else (n_q, n_k)  # per (batch, head)
     left, right = spec.bounds()
     alibi, alibi_strides, scalars, flags = modifier_args(spec, alibi_slopes, head_dim, lse)
+    fp8 = descale is not None
+    v_transposed = fp8 and v.stride(2) == 1 and v.stride(3) != 1
+    v_tiles = v.transpose(2, 3) if v_transposed else v  # what a V descriptor covers
     if use_tma is None:
-        use_tma = descriptors_supported(q.device) and all(descriptor_ready(t) for t in (q, k, v, o))
+        use_tma = descriptors_supported(q.device) and all(descriptor_ready(t) for t in (q, k, v_tiles, o))
     tma = descriptor_mode(use_tma, padded=seq_lens is not None or varlen)
+    v_transposed = v_transposed and tma == "host"  # pointers read any strides
     if tma == "device":
         use_torch_scratch()
     args = dict(
         H=heads, KV_GROUP=heads // k.shape[1], N_CTX_Q=n_q, N_CTX_K=n_k,
-        WINDOW_LEFT=left or 0, WINDOW_RIGHT=right or 0,
+        WINDOW_LEFT=left or 0, WINDOW_RIGHT=right or 0, DESCALE_STRIDE=batch * k.shape[1],
         Q_BUCKET=triton.next_power_of_2(rows_q), K_BUCKET=triton.next_power_of_2(rows_k),
         HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         HAS_SEQ_LENS=seq_lens is not None, IS_VARLEN=varlen,
         HAS_LEFT=left is not None, HAS_RIGHT=right is not None, **flags,
         RECORD_TILES=tiles is not None, DOT_PRECISION=runtime.dot_precision(q.dtype), TMA=tma,
-        NEGATIVE_SCALE=scalars[0] < 0, K_MULTIPLE_OF_128=n_k % 128 == 0,
+        NEGATIVE_SCALE=scalars[0] < 0, K_MULTIPLE_OF_128=n_k % 128 == 0, FP8=fp8, V_TRANSPOSED=v_transposed,
     )
-    tensors = (*tile_sources(tma, (q, k, v, o)), lse, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi, tiles)
+    q_src, k_src, v_src, o_src = tile_sources(tma, (q, k, v_tiles if v_transposed else v, o))
+    tensors = (q_src, k_src, v_src, o_src, lse, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi, tiles,
+               lse if descale is None else descale)
     strides = (*q.stride(), *k.stride(), *v.stride(), *o.stride(), *alibi_strides)
     positional = (*tensors, *scalars, *strides)
     if block_m is None and runtime.INTERPRET:
@@ -457,7 +487,8 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         block_d, budget = args["BLOCK_D"], smem_budget()
         stages = next((s for s in (3, 2) if smem_bytes(block_m, block_n, block_d, s, q.element_size()) <= budget), 1)
         grid = (triton.cdiv(rows_q, block_m), batch * heads)
-        _set_tile_shapes(dict(zip("QKVO", positional), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d))
+        _set_tile_shapes(dict(zip("QKVO", positional), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+                              V_TRANSPOSED=v_transposed))
         launch(attention_fwd_kernel, grid, *positional, **args, BLOCK_M=block_m, BLOCK_N=block_n,
                num_stages=stages, num_warps=4 if block_m * block_d <= 4096 * 4 else 8)
     else:
