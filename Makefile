@@ -80,7 +80,7 @@ bench-all: install  ## attention vs SDPA: full grid on a GPU into benchmarks/res
 bench-decode: install  ## decoding (KV cache) vs SDPA: the decoding grid on a GPU into benchmarks/results/ (CPU: tiny grid, temp file)
 	$(PY) -m flashlib.bench --mode decode $(BENCH_ARGS)
 
-report: install  ## plots, markdown table and README results section from benchmarks/results/attention_*.json
+report: install  ## README results section from the newest stored grids (flashlib.report.README_GRIDS); plots: python -m flashlib.report FILES
 	$(PY) -m flashlib.report
 
 experiment: install  ## block-size experiment for the tiled matmul (heat map)

@@ -1,12 +1,21 @@
 """Plots and tables from attention benchmark results (``flashlib.bench``'s JSON files).
 
-``python -m flashlib.report [FILES] [--out-dir DIR] [--readme README.md]`` (``make report``)
-reads results files (default: every ``benchmarks/results/attention_*.json``), merges those
-of one GPU (newest file first: a problem measured twice keeps its newest row), and writes
-per GPU: TFLOP/s versus N, flashlib's speedup versus each baseline, peak memory versus N
-(one PNG per figure) and a markdown table; the README's results section, between
-``<!-- results:start -->`` and ``<!-- results:end -->``, is replaced by that table, so the
-numbers in the README are generated, never typed.
+``python -m flashlib.report`` (``make report``) regenerates the README's results section, between
+``<!-- results:start -->`` and ``<!-- results:end -->``, from the grids named in :data:`README_GRIDS`
+(the newest measured ones, listed by name so that an older or partial file never slips in), so the
+numbers in the README are generated, never typed. It writes no plots.
+
+``python -m flashlib.report FILES [--out-dir DIR] [--readme README.md]`` reads the given results files
+and writes per GPU into DIR (default ``benchmarks/results``): TFLOP/s versus N, flashlib's speedup
+versus each baseline, peak memory versus N (one PNG per figure) and a markdown file; with
+``--readme``, that README's results section too. (The plots of the full 2026-11-23 grid:
+``python -m flashlib.report benchmarks/results/attention_*.json``.)
+
+Either way the files of one GPU are merged newest first, by the date inside each: a problem
+(impl, mode, dtype, D, causal, N) measured twice keeps its newest row. Each dtype's table states the
+GPU, versions, and for each file that supplied rows its date, its command and the implementations
+it supplied; it gives TFLOP/s per point, flashlib's speed ratio to each baseline, and the min /
+median / max of those ratios.
 
 matplotlib is imported only when a plot is drawn: the table functions (``format_table``,
 which ``flashlib.bench`` prints, and the markdown) work without it, on a GPU machine that lacks it.
@@ -21,7 +30,7 @@ import statistics
 from pathlib import Path
 
 from . import runtime
-from .bench_results import OK, OUT_OF_MEMORY, RESULTS_DIR, gpu_slug, load_results, stored_results
+from .bench_results import OK, OUT_OF_MEMORY, RESULTS_DIR, gpu_slug, load_results
 from .io_model import MODES, io_analysis
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
@@ -32,6 +41,14 @@ COLORS = {"flashlib": "C3", "sdpa_flash": "C0", "sdpa_cudnn": "C2", "sdpa_effici
 #: The baselines of every summary; those of OUTSIDE_BASELINES join them where they ran (they are often absent).
 BASELINES = ("sdpa_flash", "sdpa_cudnn")
 OUTSIDE_BASELINES = ("tutorial", "fa4")
+#: The stored grids (files in benchmarks/results) that ``make report`` puts in the README: the newest
+#: measured, H100, 2026-11-24. Their order does not matter (newest first by the date inside each); a
+#: problem in two of them keeps the newest row. Name a new file here when a newer grid is stored.
+README_GRIDS = (
+    "hopper_launch_fp16_nvidia_h100_80gb_hbm3.json",  # fp16: flashlib, sdpa_cudnn (09:13)
+    "hopper_tma_fp16_nvidia_h100_80gb_hbm3.json",  # fp16: tutorial, fa4 (06:48; its flashlib/cudnn rows lose)
+    "hopper_tma_bf16_nvidia_h100_80gb_hbm3.json",  # bf16: flashlib, sdpa_cudnn, tutorial, fa4 (06:57)
+)
 _MIB = 2 ** 20
 
 
@@ -52,25 +69,32 @@ def _present(rows, field: str, order=None) -> list:
 
 
 def _baselines(rows) -> tuple[str, ...]:
-    """BASELINES, then each of OUTSIDE_BASELINES that has a measured row."""
-    return BASELINES + tuple(b for b in OUTSIDE_BASELINES if _ok(rows, impl=b))
+    """Those of BASELINES, then of OUTSIDE_BASELINES, that have a measured row."""
+    return tuple(b for b in BASELINES + OUTSIDE_BASELINES if _ok(rows, impl=b))
+
+
+def contributions(results: list[tuple]) -> list[tuple]:
+    """``results`` (tuples whose last two items are meta and rows; files of one GPU, given newest
+    first) with each file's rows cut to those it contributes: the first row of each
+    (impl, mode, dtype, D, causal, N) wins. Files that contribute nothing are left out."""
+    seen, out = set(), []
+    for *head, meta, file_rows in results:
+        won = []
+        for r in file_rows:
+            key = (r["impl"], *_problem(r))
+            if key not in seen:
+                seen.add(key)
+                won.append(r)
+        if won:
+            out.append((*head, meta, won))
+    return out
 
 
 def merge(results: list[tuple[dict, list[dict]]]) -> tuple[list[dict], list[dict]]:
     """(metas that contributed, rows) from several files of one GPU, given newest first:
     the first row of each (impl, mode, dtype, D, causal, N) wins."""
-    seen, rows, metas = set(), [], []
-    for meta, file_rows in results:
-        used = False
-        for r in file_rows:
-            key = (r["impl"], *_problem(r))
-            if key not in seen:
-                seen.add(key)
-                rows.append(r)
-                used = True
-        if used:
-            metas.append(meta)
-    return metas, rows
+    used = contributions(results)
+    return [meta for meta, _ in used], [r for _, rows in used for r in rows]
 
 
 def summary_ratios(rows: list[dict], baseline: str = "sdpa_flash",
@@ -222,35 +246,86 @@ def _io_lines(rows, ceilings) -> list[str]:
     return head + lines + ["", note, ""]
 
 
+def _when(meta: dict) -> str:
+    """'2026-11-24T09:13:28+00:00' -> '2026-11-24 09:13 UTC' (the dates results_meta writes are UTC)."""
+    date = str(meta.get("date", ""))
+    return f"{date[:10]} {date[11:16]} UTC" if len(date) >= 16 and date.endswith("+00:00") else date or "no date"
+
+
+def _source_lines(sources, dtype: str) -> list[str]:
+    """One bullet per file that supplied measured rows of ``dtype``: its implementations, date, command, path."""
+    lines = []
+    for path, meta, file_rows in sources:
+        impls = _present(_ok(file_rows, dtype=dtype), "impl", list(COLORS))
+        if impls:
+            command = f" by `{meta['command']}`" if meta.get("command") else ""
+            lines.append(f"- {', '.join(impls)}: measured {_when(meta)}{command} (`{path}`)")
+    return lines
+
+
+def tflops_lines(rows: list[dict], dtype: str, impl: str = "flashlib", baselines=None,
+                 interpreter: bool = False) -> list[str]:
+    """Markdown table of one dtype: per (mode, D, causal, N), ``impl``'s TFLOP/s (ms in the
+    interpreter), and per baseline its TFLOP/s and ``impl``'s speed ratio to it (baseline time /
+    ``impl`` time); then the min / median / max of each ratio per mode, with the point count."""
+    baselines = _baselines(rows) if baselines is None else baselines
+    same = [r for r in rows if r["dtype"] == dtype]
+    index = {(r["impl"], *_problem(r)): r for r in same}
+    problems = sorted({_problem(r) for r in same if r["impl"] in (impl, *baselines)},
+                      key=lambda p: (MODES.index(p[0]) if p[0] in MODES else 99, p[2], p[3], p[4]))
+    unit = "ms" if interpreter else "TFLOP/s"
+    lines = [f"| mode | D | causal | N | {impl} {unit} | "
+             + " | ".join(f"{b} {unit} | {impl} / {b}" for b in baselines) + " |",
+             "| --- | --- | --- | --- | --- | " + " | ".join("--- | ---" for _ in baselines) + " |"]
+    for problem in problems:
+        mode, _, d, causal, n = problem
+        mine = index.get((impl, *problem))
+        cells = [_cell(mine, interpreter) or "-"]
+        for b in baselines:
+            theirs = index.get((b, *problem))
+            both = all(r is not None and r["status"] == OK and r["ms"] for r in (mine, theirs))
+            cells += [_cell(theirs, interpreter) or "-", f"{theirs['ms'] / mine['ms']:.2f}" if both else "-"]
+        lines.append(f"| {mode} | {d} | {'yes' if causal else 'no'} | {n} | " + " | ".join(cells) + " |")
+    lines += ["", (f"{impl} / baseline = baseline time / {impl} time (above 1: {impl} faster); "
+                   "min / median / max over the points measured (their count):"), ""]
+    for b in baselines:
+        ratios = {mode: triple for (mode, t), triple in summary_ratios(same, b, impl).items() if t == dtype}
+        counts = _ratio_counts(same, b, impl)
+        parts = [f"{mode} {_fmt_ratio(triple, counts.get((mode, dtype)))}" for mode, triple in ratios.items()]
+        lines.append(f"- {impl} / {b}: " + ("; ".join(parts) if parts else "no point where both ran"))
+    return lines
+
+
 def markdown_table(rows: list[dict], metas: list[dict] | None = None, impl: str = "flashlib",
-                   baselines=None, images: dict[str, str] | None = None) -> str:
-    """Markdown: where and when; per (mode, dtype) ``impl``'s speed ratio to each baseline
-    (min / median / max, problem count; default: BASELINES and the outside ones that ran); peak
-    memory at the largest N; the IO model against the measured times (when the bandwidth was
-    measured); links to ``images`` {title: path}."""
+                   baselines=None, images: dict[str, str] | None = None, sources=None) -> str:
+    """Markdown: per dtype, where and when, then :func:`tflops_lines` (TFLOP/s, ratios to each
+    baseline, their min / median / max; default baselines: those of BASELINES and the outside ones
+    that ran); peak memory at the largest N; the IO model against the measured times (when the
+    bandwidth was measured); links to ``images`` {title: path}.
+
+    ``sources``: [(path, meta, rows it contributed)] (:func:`contributions`); when given, each
+    dtype's table states, per file that supplied it, the implementations, date, command and path;
+    otherwise one line states ``metas``' GPU, versions, dates and first command."""
     metas = metas or []
     baselines = _baselines(rows) if baselines is None else baselines
-    lines = [f"Measured on **{describe(metas)}**" + (f" (`{metas[0]['command']}`)" if metas and
-                                                      metas[0].get("command") else "") + ".", ""]
-    ratios = {b: summary_ratios(rows, b, impl) for b in baselines}
-    counts = {b: _ratio_counts(rows, b, impl) for b in baselines}
-    keys = list(dict.fromkeys(k for b in baselines for k in ratios[b]))
-    if keys:
-        lines += [f"{impl}'s speed relative to each baseline (baseline time / {impl} time, above 1 = {impl} "
-                  "faster): min / median / max over the problems measured (N, D, causal), and their count.", "",
-                  "| mode | dtype | " + " | ".join(f"vs {b}" for b in baselines) + " |",
-                  "| --- | --- | " + " | ".join("---" for _ in baselines) + " |"]
-        lines += [f"| {mode} | {dtype} | " + " | ".join(_fmt_ratio(ratios[b].get((mode, dtype)),
-                                                                   counts[b].get((mode, dtype)))
-                                                         for b in baselines) + " |"
-                  for mode, dtype in keys]
-        lines.append("")
-    else:
-        lines += [f"No problem where {impl} and a baseline ({', '.join(baselines)}) both ran.", ""]
+    interpreter = bool(metas and metas[0].get("interpreter"))
+    lines = [] if sources else [f"Measured on **{describe(metas)}**" + (
+        f" (`{metas[0]['command']}`)" if metas and metas[0].get("command") else "") + ".", ""]
+    if not any(_ok(rows, impl=impl, dtype=t) for t in _present(rows, "dtype")):
+        lines += [f"No {impl} row was measured.", ""]
+    for dtype in _present(rows, "dtype", ["fp16", "bf16"]):
+        if not _ok(rows, impl=impl, dtype=dtype):
+            continue
+        if sources:
+            dtype_metas = [m for _, m, file_rows in sources if _ok(file_rows, dtype=dtype)]
+            lines += [f"**{dtype}**, measured on **{describe(dtype_metas)}**:", "", *_source_lines(sources, dtype), ""]
+        else:
+            lines += [f"**{dtype}**:", ""]
+        lines += tflops_lines(rows, dtype, impl, baselines, interpreter) + [""]
     memory = memory_comparison(rows)
     if memory:
         impls = list(next(iter(memory.values())))
-        base = baselines[0]
+        base = baselines[0] if baselines else impl
         lines += ["Peak memory allocated during one call above the inputs (MiB), not causal, at the largest N:", "",
                   "| mode | dtype | D | N | " + " | ".join(impls) + f" | {impl} / {base} |",
                   "| --- | --- | --- | --- | " + " | ".join("---" for _ in impls) + " | --- |"]
@@ -418,52 +493,87 @@ def plot_memory(rows: list[dict], dtype: str | None = None, causal: bool = False
 
 # ---------------------------------------------------------------- the command
 
-def group_by_gpu(files) -> dict[str, tuple[list[dict], list[dict]]]:
-    """{gpu slug: (metas, merged rows)} from results files given newest first."""
+def sources_by_gpu(files) -> dict[str, list[tuple[Path, dict, list[dict]]]]:
+    """{gpu slug: [(path, meta, rows it contributes)]}: the files of each GPU newest first by the
+    date inside each (stable: files of one date keep the given order), cut by :func:`contributions`."""
     loaded: dict[str, list] = {}
     for path in files:
         meta, rows = load_results(path)
         name = meta.get("gpu", {}).get("name", "unknown")
         slug = "interpreter" if meta.get("interpreter") else gpu_slug(name)
-        loaded.setdefault(slug, []).append((meta, rows))
-    return {slug: merge(results) for slug, results in loaded.items()}
+        loaded.setdefault(slug, []).append((Path(path), meta, rows))
+    return {slug: contributions(sorted(results, key=lambda x: str(x[1].get("date", "")), reverse=True))
+            for slug, results in loaded.items()}
+
+
+def group_by_gpu(files) -> dict[str, tuple[list[dict], list[dict]]]:
+    """{gpu slug: (metas, merged rows)} from results files, newest first by the date inside each."""
+    return {slug: ([meta for _, meta, _ in used], [r for *_, rows in used for r in rows])
+            for slug, used in sources_by_gpu(files).items()}
+
+
+def readme_grids(directory=None) -> list[Path]:
+    """The files of :data:`README_GRIDS` in ``directory`` (default benchmarks/results); a missing one is
+    an error, not a smaller table."""
+    paths = [Path(RESULTS_DIR if directory is None else directory) / name for name in README_GRIDS]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"flashlib.report.README_GRIDS names files that are not there: {', '.join(missing)}")
+    return paths
 
 
 def _relative(path: Path, start: Path) -> str:
     return Path(os.path.relpath(path, start)).as_posix()
 
 
+def readme_section(files, readme_dir, images: dict[str, dict[str, str]] | None = None) -> str:
+    """What goes between the README's markers: a line naming the command and ``files``, then a
+    :func:`markdown_table` per GPU, with paths relative to ``readme_dir``; ``images``:
+    {gpu slug: {title: path}}."""
+    base = Path(readme_dir).resolve()
+    names = ", ".join(_relative(Path(f).resolve(), base) for f in files)
+    parts = [(f"<!-- generated by python -m flashlib.report (`make report`: the files of "
+              f"flashlib.report.README_GRIDS) from {names}; edit those, not this -->")]
+    for slug, used in sources_by_gpu(files).items():
+        metas, rows = [m for _, m, _ in used], [r for *_, file_rows in used for r in file_rows]
+        parts.append(markdown_table(rows, metas, images=(images or {}).get(slug),
+                                    sources=[(_relative(p.resolve(), base), m, r) for p, m, r in used]))
+    return "\n".join(parts)
+
+
 def write_report(files, out_dir=RESULTS_DIR, readme=None) -> list[Path]:
-    """Plots and a markdown file per GPU in ``out_dir``; the README's section if ``readme``. Returns paths."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written, sections = [], []
-    for slug, (metas, rows) in group_by_gpu(files).items():
-        figures = {}
-        for dtype in _present(rows, "dtype"):
-            figures[f"TFLOP/s {dtype}"] = (f"attention_{slug}_tflops_{dtype}.png", plot_tflops(rows, dtype, metas))
-        for baseline in _present(rows, "impl", list(COLORS)):
-            if baseline != "flashlib" and summary_ratios(rows, baseline):
-                figures[f"speedup vs {baseline}"] = (f"attention_{slug}_speedup_vs_{baseline}.png",
-                                                     plot_speedup(rows, baseline, metas=metas))
-        for dtype in _present(rows, "dtype"):
-            if any(r["peak_mem_bytes"] is not None for r in rows if r["dtype"] == dtype):
-                figures[f"memory {dtype}"] = (f"attention_{slug}_memory_{dtype}.png",
-                                              plot_memory(rows, dtype, metas=metas))
-        for name, fig in figures.values():
-            fig.savefig(out_dir / name, dpi=110)
-            written.append(out_dir / name)
-        md = out_dir / f"attention_{slug}.md"
-        md.write_text(markdown_table(rows, metas, images={t: n for t, (n, _) in figures.items()}), encoding="utf-8")
-        written.append(md)
-        if readme is not None:
-            base = Path(readme).resolve().parent
-            links = {t: _relative(out_dir.resolve() / n, base) for t, (n, _) in figures.items()}
-            sections.append(markdown_table(rows, metas, images=links))
-    if readme is not None and sections:
-        generated = ("<!-- generated by `make report` (python -m flashlib.report) from "
-                     "benchmarks/results/attention_*.json; edit those, not this -->\n")
-        update_readme(readme, generated + "\n".join(sections))
+    """Plots and a markdown file per GPU in ``out_dir`` (none if it is None); the README's section if
+    ``readme``. Returns the paths written."""
+    written, images = [], {}
+    if out_dir is not None:
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for slug, used in sources_by_gpu(files).items():
+            metas, rows = [m for _, m, _ in used], [r for *_, file_rows in used for r in file_rows]
+            figures = {}
+            for dtype in _present(rows, "dtype"):
+                figures[f"TFLOP/s {dtype}"] = (f"attention_{slug}_tflops_{dtype}.png",
+                                               plot_tflops(rows, dtype, metas))
+            for baseline in _present(rows, "impl", list(COLORS)):
+                if baseline != "flashlib" and summary_ratios(rows, baseline):
+                    figures[f"speedup vs {baseline}"] = (f"attention_{slug}_speedup_vs_{baseline}.png",
+                                                         plot_speedup(rows, baseline, metas=metas))
+            for dtype in _present(rows, "dtype"):
+                if any(r["peak_mem_bytes"] is not None for r in rows if r["dtype"] == dtype):
+                    figures[f"memory {dtype}"] = (f"attention_{slug}_memory_{dtype}.png",
+                                                  plot_memory(rows, dtype, metas=metas))
+            for name, fig in figures.values():
+                fig.savefig(out_dir / name, dpi=110)
+                written.append(out_dir / name)
+            md = out_dir / f"attention_{slug}.md"
+            md.write_text(markdown_table(rows, metas, images={t: n for t, (n, _) in figures.items()},
+                                         sources=[(p.name, m, r) for p, m, r in used]), encoding="utf-8")
+            written.append(md)
+            images[slug] = {t: out_dir.resolve() / n for t, (n, _) in figures.items()}
+    if readme is not None:
+        base = Path(readme).resolve().parent
+        links = {slug: {t: _relative(path, base) for t, path in by_title.items()} for slug, by_title in images.items()}
+        update_readme(readme, readme_section(files, base, links))
         written.append(Path(readme))
     return written
 
@@ -474,26 +584,22 @@ def main(argv: list[str] | None = None) -> list[Path]:
 
     matplotlib.use("Agg")
     parser = argparse.ArgumentParser(prog="python -m flashlib.report", description=__doc__.splitlines()[0])
-    parser.add_argument("files", nargs="*", help="results JSON files (default: benchmarks/results/attention_*.json, "
-                                                 "those of flashlib.bench's format)")
-    parser.add_argument("--out-dir", default=str(RESULTS_DIR), help="where plots and markdown go (default "
-                                                                    "benchmarks/results)")
+    parser.add_argument("files", nargs="*", help="results JSON files of flashlib.bench's format (default: those "
+                                                 "of README_GRIDS, for the README only: no plots)")
+    parser.add_argument("--out-dir", help="where plots and markdown go (default benchmarks/results when FILES are "
+                                          "given; none otherwise)")
     parser.add_argument("--readme", help="README whose results section to regenerate (default: the repository's "
                                          "README.md when FILES are not given)")
     args = parser.parse_args(argv)
     files = [Path(f) for f in args.files]
+    out_dir = args.out_dir or (RESULTS_DIR if files else None)
     if not files:
-        files = []
-        for path in stored_results():
-            try:
-                load_results(path)
-                files.append(path)
-            except ValueError as exc:
-                print(f"skipping {exc}")
-    if not files:
-        parser.error("no results files: give FILES or run `python -m flashlib.bench` on a GPU first")
+        try:
+            files = readme_grids()
+        except FileNotFoundError as exc:
+            parser.error(str(exc))
     readme = args.readme or (README if not args.files else None)
-    for path in write_report(files, args.out_dir, readme):
+    for path in write_report(files, out_dir, readme):
         print(f"wrote {path}")
     return files
 

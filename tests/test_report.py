@@ -87,7 +87,13 @@ def test_memory_comparison_at_largest_n():
 def test_markdown_table():
     text = report.markdown_table(synthetic_rows(), [META])
     assert f"**{GPU}, torch 2.11.0, triton 3.6.0, flashlib 0.1.0, 2026-05-01**" in text
-    assert "| fwd | fp16 | 1.20 / 1.50 / 2.00 (6) | 0.50 / 0.80 / 0.90 (6) |" in text
+    assert ("| mode | D | causal | N | flashlib TFLOP/s | sdpa_flash TFLOP/s | flashlib / sdpa_flash "
+            "| sdpa_cudnn TFLOP/s | flashlib / sdpa_cudnn |") in text
+    flash_ms = 1.0 + 512 / 1024
+    tflops = attention_flops(*bench.fa2_shape(512, 64), 512, 64, causal=False, mode="fwd") / (flash_ms * 1e-3) / 1e12
+    assert (f"| fwd | 64 | no | 512 | {tflops:.1f} | {tflops / 2:.1f} | 2.00 | {tflops * 2:.1f} | 0.50 |") in text
+    assert "- flashlib / sdpa_flash: fwd 1.20 / 1.50 / 2.00 (6); bwd 1.20 / 1.50 / 2.00 (6)" in text
+    assert "- flashlib / sdpa_cudnn: fwd 0.50 / 0.80 / 0.90 (6)" in text
     assert "| train | fp16 | 64 | 2048 | 0.01953 | 0.03906 | 0.03906 | - | 0.50 |" in text  # MiB; flashlib / sdpa_flash
     assert "HBM traffic" in text and "| flashlib | fwd | fp16 | 64 | 2048 |" in text
 
@@ -168,5 +174,73 @@ def test_outside_baselines_join_the_summaries_where_they_ran():
     rows = synthetic_rows() + [dict(r, impl="tutorial", ms=r["ms"] * 0.5, tflops=r["tflops"] * 2)
                                for r in synthetic_rows() if r["impl"] == "flashlib"]
     assert report.summary_ratios(rows, "tutorial")[("fwd", "fp16")] == pytest.approx((0.5, 0.5, 0.5))
-    assert "vs tutorial" in report.markdown_table(rows, [META]) and "vs fa4" not in report.markdown_table(rows, [META])
+    text = report.markdown_table(rows, [META])
+    assert "| flashlib / tutorial |" in text and "- flashlib / tutorial: fwd 0.50 / 0.50 / 0.50 (6)" in text
+    assert "fa4" not in text
     assert "flashlib / tutorial" in report.format_table(rows, interpreter=False)
+
+
+# ---------------------------------------------------------------- which files the README shows
+
+def _write(path, rows, **meta):
+    path.write_text(json.dumps({"meta": dict(META, **meta), "rows": rows}))
+    return path
+
+
+def test_files_merge_newest_first_by_their_date_and_each_column_names_its_file(tmp_path):
+    """Given oldest first, the newer file still wins where both measured a problem; the older one
+    supplies only the columns the newer lacks, and each dtype's table names file, date and command."""
+    base = [r for r in synthetic_rows() if r["mode"] != "train" and r["impl"] in ("flashlib", "sdpa_cudnn")]
+    older_rows = base + [dict(r, impl="tutorial") for r in base if r["impl"] == "flashlib"]
+    older = _write(tmp_path / "grid_old.json", older_rows, date="2026-05-01T06:48:00+00:00", command="bench old")
+    newer_rows = [dict(r, ms=r["ms"] / 2) if r["impl"] == "flashlib" else r for r in base]
+    newer = _write(tmp_path / "grid_new.json", newer_rows, date="2026-05-01T09:13:00+00:00", command="bench new")
+    (slug, used), = report.sources_by_gpu([older, newer]).items()
+    assert [path.name for path, _, _ in used] == ["grid_new.json", "grid_old.json"]
+    assert {r["impl"] for r in used[1][2]} == {"tutorial"}  # the old flashlib and cudnn rows lose
+    metas, rows = report.group_by_gpu([older, newer])[slug]
+    assert [m["command"] for m in metas] == ["bench new", "bench old"]
+    assert report.summary_ratios(rows, "sdpa_cudnn")[("fwd", "fp16")] == pytest.approx((1.0, 1.6, 1.8))
+    text = report.markdown_table(rows, metas, sources=[(p.name, m, r) for p, m, r in used])
+    assert "**fp16**, measured on **Test GPU 80GB, torch 2.11.0, triton 3.6.0, flashlib 0.1.0, 2026-05-01**" in text
+    assert "- flashlib, sdpa_cudnn: measured 2026-05-01 09:13 UTC by `bench new` (`grid_new.json`)" in text
+    assert "- tutorial: measured 2026-05-01 06:48 UTC by `bench old` (`grid_old.json`)" in text
+    assert "Measured on" not in text  # the per-file lines replace the single one
+
+
+def test_default_command_writes_the_readme_from_readme_grids_only(tmp_path, monkeypatch):
+    """``make report``: the files named in README_GRIDS, whatever else lies beside them; no plots."""
+    _write(tmp_path / "grid_a.json", [r for r in synthetic_rows() if r["impl"] in ("flashlib", "sdpa_cudnn")],
+           command="bench a")
+    _write(tmp_path / "attention_other.json", synthetic_rows(), date="2026-12-01T00:00:00+00:00", command="bench b")
+    readme = tmp_path / "README.md"
+    readme.write_text("# P\n<!-- results:start -->\nold\n<!-- results:end -->\n")
+    monkeypatch.setattr(report, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(report, "README", readme)
+    monkeypatch.setattr(report, "README_GRIDS", ("grid_a.json",))
+    assert report.main([]) == [tmp_path / "grid_a.json"]
+    text = readme.read_text()
+    assert "`bench a` (`grid_a.json`)" in text and "bench b" not in text and "sdpa_flash" not in text
+    assert "from grid_a.json; edit those" in text and not list(tmp_path.glob("*.png"))
+    monkeypatch.setattr(report, "README_GRIDS", ("grid_a.json", "missing.json"))
+    with pytest.raises(SystemExit):
+        report.main([])
+
+
+def test_readme_grids_are_stored_and_no_stored_grid_is_newer():
+    paths = report.readme_grids()
+    metas = [report.load_results(p)[0] for p in paths]
+    dtypes = {r["dtype"] for p in paths for r in report.load_results(p)[1] if r["impl"] == "flashlib"}
+    assert dtypes == {"fp16", "bf16"}
+    newest = max(m["date"] for m in metas)
+    for pattern in ("attention_*.json", "hopper_*.json"):
+        for path in report.RESULTS_DIR.glob(pattern):
+            if path.name not in report.README_GRIDS:
+                assert report.load_results(path)[0]["date"] <= newest, f"{path.name} is newer than README_GRIDS"
+
+
+def test_the_readme_section_is_what_the_report_makes_of_readme_grids():
+    """The README's numbers are generated: regenerating its section from README_GRIDS changes nothing."""
+    text = report.README.read_text(encoding="utf-8")
+    section = report.readme_section(report.readme_grids(), report.README.parent)
+    assert report.replace_section(text, section) == text, "README results section is stale: run `make report`"
