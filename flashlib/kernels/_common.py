@@ -121,6 +121,8 @@ def host_descriptor(t: torch.Tensor) -> TensorDescriptor:
     template = _DESCRIPTOR_TEMPLATES.get((t.dtype, t.dim()))
     if template is None:
         template = TensorDescriptor(t, list(t.shape), list(t.stride()), placeholder)
+        if hasattr(template, "__dict__"):
+            template.base = None  # only its other fields are copied: do not keep the first tensor alive
         _DESCRIPTOR_TEMPLATES[(t.dtype, t.dim())] = template
     if not hasattr(template, "__dict__"):  # a Triton whose descriptor has slots: construct it
         return TensorDescriptor(t, list(t.shape), list(t.stride()), placeholder)

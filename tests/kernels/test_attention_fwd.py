@@ -538,6 +538,21 @@ def test_fast_host_descriptors_equal_tritons_own(dtype, dims):
         assert vars(made) == vars(want), f"fields differ for shape {tuple(t.shape)}, strides {t.stride()}"
 
 
+def test_fast_host_descriptors_do_not_keep_a_tensor_alive():
+    """The template a dtype's descriptors copy must not hold the first tensor it was made from."""
+    import gc
+    import weakref
+
+    from flashlib.kernels._common import host_descriptor
+
+    t = torch.zeros(1, 2, 64, 32, dtype=torch.float64)  # a dtype no other test makes descriptors of
+    alive = weakref.ref(t)
+    made = host_descriptor(t)
+    del t, made
+    gc.collect()
+    assert alive() is None
+
+
 @pytest.mark.parametrize("block_n", [128, 256])
 def test_key_blocks_wider_than_128_still_reach_the_tail(block_n):
     """The empty third stage is left out only when BLOCK_N divides 128: with 384 keys and
