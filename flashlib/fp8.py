@@ -22,10 +22,14 @@ cores (before Ada/Hopper) get a clear error.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from . import runtime
+from .gpu import detect_gpu
 from .kernels.attention_fwd import launch_attention_forward
+from .ops import as_bhnd
 
 #: The FP8 format the kernels take: 4 exponent and 3 mantissa bits, largest finite value 448.
 FP8_DTYPE = torch.float8_e4m3fn
@@ -47,7 +51,7 @@ def quantize_fp8(x: torch.Tensor, layout: str = "bhnd", per_head: bool = False, 
     if not per_head:
         descale = torch.clamp(x.abs().amax().float().reshape(1), min=1e-12) / FP8_MAX
         return (x.float() / descale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), descale
-    bhnd = x if layout == "bhnd" else x.transpose(1, 2)
+    bhnd = as_bhnd(x, layout)
     batch, heads = bhnd.shape[:2]
     groups = kv_heads or heads
     if heads % groups:
@@ -88,10 +92,16 @@ def _check_device(q: torch.Tensor) -> None:
     if runtime.INTERPRET or q.device.type != "cuda":
         raise RuntimeError("FP8 attention needs a GPU with FP8 tensor cores (Ada or Hopper, compute "
                            f"capability >= 8.9); it does not run in Triton's interpreter ({runtime.mode_description()})")
-    major, minor = torch.cuda.get_device_capability(q.device)
-    if (major, minor) < (8, 9):
+    gpu = _gpu(q.device.index if q.device.index is not None else torch.cuda.current_device())
+    if not gpu.supports_fp8:
         raise RuntimeError(f"FP8 attention needs compute capability >= 8.9 (Ada or Hopper); "
-                           f"{torch.cuda.get_device_name(q.device)} has {major}.{minor}")
+                           f"{gpu.name} has {'.'.join(map(str, gpu.compute_capability))}")
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu(index: int):
+    """``detect_gpu`` asked once per device (every FP8 call checks it)."""
+    return detect_gpu(index)
 
 
 def keys_innermost(v: torch.Tensor) -> torch.Tensor:
@@ -119,8 +129,7 @@ def fp8_attention(q, k, v, spec, layout: str, *, alibi_slopes=None, q_descale=No
         raise TypeError(f"out_dtype must be torch.bfloat16 or torch.float16 for FP8 inputs; got {out_dtype}")
     if spec.dropout_p > 0:
         raise ValueError("FP8 attention is for inference: dropout_p must be 0")
-    q4, k4, v4 = (t if t.dim() == 4 and layout == "bhnd" else t.unsqueeze(1) if t.dim() == 3 else t.transpose(1, 2)
-                  for t in (q, k, v))
+    q4, k4, v4 = (as_bhnd(t, layout) for t in (q, k, v))
     batch, heads, n_q, _ = q4.shape
     kv_heads = k4.shape[1]
     descale = torch.stack([_check_descale(name, d, batch, kv_heads, q.device) for name, d in
@@ -132,7 +141,7 @@ def fp8_attention(q, k, v, spec, layout: str, *, alibi_slopes=None, q_descale=No
         return (o, lse.squeeze(1) if q.dim() == 3 else lse) if return_lse else o
     v_keys_inner = keys_innermost(v4)
     o = torch.empty(q.shape, dtype=out_dtype, device=q.device)
-    o4 = o if o.dim() == 4 and layout == "bhnd" else o.unsqueeze(1) if o.dim() == 3 else o.transpose(1, 2)
+    o4 = as_bhnd(o, layout)
     lse = torch.empty(batch, heads, n_q, dtype=torch.float32, device=q.device)
     launch_attention_forward(q4, k4, v_keys_inner, o4, lse, spec, alibi_slopes=alibi_slopes,
                              descale=descale.contiguous())

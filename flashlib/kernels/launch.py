@@ -1,7 +1,7 @@
 """Launch Triton kernels with little host time: the autotuner's choice and the compiled binary, remembered.
 
 At short sequences an attention call is bound by the host, not the GPU. On the H100 host
-(2026-11-24, ``tmp`` profile in benchmarks/TUNING.md, "Sixth finding") launching the
+(2026-11-24, ``benchmarks/launch_host_time.py``; benchmarks/TUNING.md, sixth finding) launching the
 forward kernel cost 200 us of Python, a no-op Triton kernel 16 us. Two layers of Triton's
 launch path are repeated on every call although their answer rarely changes:
 
@@ -71,11 +71,11 @@ def signature(fn, args, kwargs):
     return tuple(key)
 
 
-def _remember(key, fn, compiled, n_positional, config_kwargs, args, kwargs_names) -> None:
+def _remember(key, fn, compiled, n_positional, config_kwargs, args, kwargs) -> None:
     """Store a compiled binary for ``key`` with what a direct launch needs to rebuild its argument list."""
     if key is None or compiled is None or not hasattr(compiled, "run"):
         return
-    named = {**kwargs_names, **(config_kwargs or {})}
+    named = {**kwargs, **(config_kwargs or {})}
     tail = []
     for param in list(inspect.signature(fn.fn).parameters.values())[n_positional:]:
         if param.name not in named and param.default is inspect.Parameter.empty:
@@ -104,19 +104,24 @@ def _launch_compiled(entry, grid, args, kwargs) -> None:
                  *ordered)
 
 
-def _cache_key(fn, args, kwargs):
+def _launch_remembered(fn, grid, args, kwargs):
+    """Launch the binary remembered for this call, if any: (whether it launched, the call's cache key)."""
     if not COMPILED_CACHE:
-        return None
+        return False, None
     key = signature(fn, args, kwargs)
-    return None if key is None else (_current_stream()[0], key)
+    if key is None:
+        return False, None
+    key = (_current_stream()[0], key)
+    entry = _COMPILED.get(key)
+    if entry is not None:
+        _launch_compiled(entry, grid, args, kwargs)
+    return entry is not None, key
 
 
 def launch(fn, grid, *args, **kwargs) -> None:
     """``fn[grid](*args, **kwargs)`` for a ``triton.jit`` function, from the compiled-binary cache on a GPU."""
-    key = _cache_key(fn, args, kwargs)
-    entry = _COMPILED.get(key) if key is not None else None
-    if entry is not None:
-        _launch_compiled(entry, grid, args, kwargs)
+    launched, key = _launch_remembered(fn, grid, args, kwargs)
+    if launched:
         return
     compiled = fn[grid](*args, **kwargs)
     _remember(key, fn, compiled, len(args), None, args, kwargs)
@@ -130,10 +135,8 @@ def launch_tuned(autotuned, grid, *args, **kwargs) -> None:
     reused where the autotuner would have tuned again. On a GPU the binary of the chosen config
     is remembered too (see :func:`signature`).
     """
-    key = _cache_key(autotuned, args, kwargs)
-    entry = _COMPILED.get(key) if key is not None else None
-    if entry is not None:
-        _launch_compiled(entry, grid, args, kwargs)
+    launched, key = _launch_remembered(autotuned, grid, args, kwargs)
+    if launched:
         return
     named = kwargs if all(name in kwargs for name in autotuned.keys) else dict(zip(autotuned.arg_names, args),
                                                                                    **kwargs)
@@ -147,5 +150,4 @@ def launch_tuned(autotuned, grid, *args, **kwargs) -> None:
     if config.pre_hook is not None:  # e.g. block shapes of host tensor descriptors
         config.pre_hook({**dict(zip(autotuned.arg_names, args)), **kwargs, **config.kwargs})
     compiled = autotuned.fn[grid](*args, **kwargs, **config.all_kwargs())
-    if key is not None:
-        _remember(key, autotuned.fn, compiled, len(args), config.all_kwargs(), args, kwargs)
+    _remember(key, autotuned.fn, compiled, len(args), config.all_kwargs(), args, kwargs)
