@@ -5,9 +5,12 @@ and what dropout, softcap and ALiBi cost.
 
 1. Host overhead. A tiny problem (one head, N = 128) keeps the GPU idle, so a loop of
    calls is bound by the host: the time per call is the host's. It is measured for the
-   raw forward launcher on preallocated tensors, for ``flash_attention`` (argument checks,
-   the autograd.Function, allocation), and for the custom op ``flashlib::attention_forward``
-   that torch.compile uses. Overhead = front door minus raw launcher.
+   raw forward and backward launchers on preallocated tensors, for ``flash_attention``
+   (argument checks, allocation, autograd when a gradient is wanted), for a training step,
+   for autograd's own floor (a Function that does nothing), and for the custom op
+   ``flashlib::attention_forward`` that torch.compile uses. Overhead = front door minus
+   raw launcher(s) (and minus the floor, for a training step). ``--sections profile``
+   prints a cProfile of the front door's host path.
 2. Training step (forward + backward) at N = 512, fp16, the FlashAttention-2 benchmark shapes
    (B * N = 16384, H * D = 2048), flashlib against SDPA's flash backend, ``do_bench`` medians.
 3. Score modifiers and dropout at N = 4096: forward and forward + backward with each one on,
@@ -29,6 +32,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashlib
 from flashlib import flash_attention
+from flashlib.kernels.attention_bwd import launch_attention_backward
 from flashlib.kernels.attention_fwd import launch_attention_forward
 from flashlib.spec import AttentionSpec
 
@@ -62,8 +66,61 @@ def host_overhead() -> dict:
         "torch.ops.flashlib.attention_forward": host_us(lambda: torch.ops.flashlib.attention_forward(*settings)),
         "SDPA flash (for scale)": host_us(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
     }
+    do = torch.randn_like(q)
+
+    def train_step():
+        flash_attention(grad_q, grad_k, grad_v, causal=True).backward(do)
+        grad_q.grad = grad_k.grad = grad_v.grad = None
+
+    def floor_step():  # what autograd itself costs: a Function that allocates its outputs and does nothing
+        _Floor.apply(grad_q, grad_k, grad_v).backward(do)
+        grad_q.grad = grad_k.grad = grad_v.grad = None
+
+    def raw_backward():
+        launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec=spec)
+
+    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+    rows["raw backward launcher"] = host_us(raw_backward)
+    rows["flash_attention, forward + backward"] = host_us(train_step, calls=1000)
+    rows["autograd floor, forward + backward"] = host_us(floor_step, calls=1000)
     rows["overhead of flash_attention over the launcher"] = rows["flash_attention, no grad"] - rows["raw launcher"]
+    rows["overhead of a training step over the launchers and autograd's floor"] = (
+        rows["flash_attention, forward + backward"] - rows["raw launcher"] - rows["raw backward launcher"]
+        - rows["autograd floor, forward + backward"])
     return rows
+
+
+class _Floor(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v):
+        ctx.save_for_backward(q, k, v)
+        return torch.empty_like(q)
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v = ctx.saved_tensors
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def host_profile(top: int = 25) -> None:
+    """cProfile of the host path (one head, N = 128), the functions that cost most printed first."""
+    import cProfile
+    import pstats
+    q, k, v, do = (torch.randn(1, 1, 128, 64, device="cuda", dtype=torch.float16) for _ in range(4))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    steps = {"flash_attention, no grad": lambda: flash_attention(q, k, v, causal=True),
+             "flash_attention, forward + backward": lambda: flash_attention(*leaves, causal=True).backward(do)}
+    for name, step in steps.items():
+        for _ in range(50):
+            step()
+        profile = cProfile.Profile()
+        profile.enable()
+        for _ in range(1000):
+            step()
+        profile.disable()
+        torch.cuda.synchronize()
+        print(f"== cProfile, 1000 calls: {name}", flush=True)
+        pstats.Stats(profile).sort_stats("tottime").print_stats(top)
 
 
 def bench(fn, grads=None) -> float:
@@ -119,7 +176,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--sections", default="host,train,modifiers",
-                        help="comma list of host, train, modifiers (default all three)")
+                        help="comma list of host, profile, train, modifiers (default host, train, modifiers)")
     args = parser.parse_args()
     results = dict(
         gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
@@ -138,6 +195,8 @@ def main():
         results["host_overhead_us"] = host_overhead()
         print(json.dumps(results["host_overhead_us"], indent=1), flush=True)
         save()
+    if "profile" in sections:
+        host_profile()
     if "train" in sections:
         train_step_n512(results["train_step_n512"], save)
     if "modifiers" in sections:

@@ -32,7 +32,11 @@ backward reads: the mask is never stored.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import torch
+from torch.autograd import forward_ad
 
 from . import runtime
 from .kernels.attention_bwd import launch_attention_backward
@@ -75,9 +79,16 @@ def draw_dropout_seed() -> int:
     return int(torch.randint(0, 2**62, (1,), dtype=torch.int64).item())
 
 
-def _spec(causal, window_left, window_right, softmax_scale, softcap, alibi, dropout_p, seed) -> AttentionSpec:
+@functools.lru_cache(maxsize=1024)
+def _seedless_spec(causal, window_left, window_right, softmax_scale, softcap, has_alibi, dropout_p) -> AttentionSpec:
+    """The spec of the op's settings, built once per settings (a dataclass costs microseconds per call)."""
     return AttentionSpec(causal=causal, window=(window_left, window_right), softmax_scale=softmax_scale,
-                         softcap=softcap, has_alibi=alibi is not None, dropout_p=dropout_p, dropout_seed=seed)
+                         softcap=softcap, has_alibi=has_alibi, dropout_p=dropout_p)
+
+
+def _spec(causal, window_left, window_right, softmax_scale, softcap, alibi, dropout_p, seed) -> AttentionSpec:
+    spec = _seedless_spec(causal, window_left, window_right, softmax_scale, softcap, alibi is not None, dropout_p)
+    return dataclasses.replace(spec, dropout_seed=seed) if seed else spec
 
 
 def _kernel_views(layout, *tensors):
@@ -85,20 +96,33 @@ def _kernel_views(layout, *tensors):
     return tuple(t if t is None or layout == "packed" else as_bhnd(t, layout) for t in tensors)
 
 
+def _rows(t: torch.Tensor, layout: str) -> int:
+    """N of a checked tensor: its rows per (batch, head), or all rows when packed."""
+    if layout == "packed":
+        return t.shape[0]
+    return t.shape[-2] if layout == "bhnd" or t.dim() == 3 else t.shape[1]
+
+
 def forward_impl(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, max_seqlen_q, max_seqlen_k,
                  layout, causal, window_left, window_right, softmax_scale, softcap, dropout_p):
     """O in q's shape, dtype and layout (contiguous), L float32 (see ``lse_shape``), and the dropout seed
     (int64 (1,), CPU)."""
+    o, lse, seed = _forward(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, max_seqlen_q,
+                            max_seqlen_k, layout, causal, window_left, window_right, softmax_scale, softcap, dropout_p)
+    return o, lse, torch.full((1,), seed, dtype=torch.int64)
+
+
+def _forward(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, max_seqlen_q, max_seqlen_k,
+             layout, causal, window_left, window_right, softmax_scale, softcap, dropout_p):
+    """``forward_impl`` with the seed as an int. Written for host time: it runs on every call."""
     seed = draw_dropout_seed() if dropout_p > 0 else 0
     spec = _spec(causal, window_left, window_right, softmax_scale, softcap, alibi_slopes, dropout_p, seed)
-    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(lse_shape(q, layout), dtype=torch.float32, device=q.device)
-    rng = torch.tensor([seed], dtype=torch.int64)
-    n_keys = k.shape[0] if layout == "packed" else as_bhnd(k, layout).shape[2]
     if o.numel() == 0:
-        return o, lse, rng
-    if n_keys == 0:  # no key at all: every row is fully masked
-        return o.zero_(), lse.fill_(float("-inf")), rng
+        return o, lse, seed
+    if _rows(k, layout) == 0:  # no key at all: every row is fully masked
+        return o.zero_(), lse.fill_(float("-inf")), seed
     q_run, k_run, v_run = runtime.upcast_for_interpreter(q, k, v)  # bf16 → fp32 in the interpreter
     o_run = o if q_run.dtype == o.dtype else torch.empty(q.shape, dtype=q_run.dtype, device=q.device)
     views = _kernel_views(layout, q_run, k_run, v_run, o_run)
@@ -107,7 +131,7 @@ def forward_impl(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, ma
                              max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
     if o_run is not o:
         o.copy_(o_run)
-    return o, lse, rng
+    return o, lse, seed
 
 
 def backward_impl(grad_o, q, k, v, o, lse, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng,
@@ -116,16 +140,15 @@ def backward_impl(grad_o, q, k, v, o, lse, seq_lens, cu_seqlens_q, cu_seqlens_k,
     """(dq, dk, dv) in the inputs' shapes, dtypes and layouts; an empty tensor for each one not needed."""
     spec = _spec(causal, window_left, window_right, softmax_scale, softcap, alibi_slopes, dropout_p,
                  int(rng[0]) if dropout_p > 0 else 0)
-    nothing = q.new_empty(0)
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device) if need_dq else nothing
-    dk, dv = ((torch.empty(k.shape, dtype=k.dtype, device=k.device),
-               torch.empty(v.shape, dtype=v.dtype, device=v.device)) if need_dkdv else (nothing, nothing))
+    contiguous = torch.contiguous_format
+    nothing = q.new_empty(0) if not (need_dq and need_dkdv) else None
+    dq = torch.empty_like(q, memory_format=contiguous) if need_dq else nothing
+    dk, dv = ((torch.empty_like(k, memory_format=contiguous), torch.empty_like(v, memory_format=contiguous))
+              if need_dkdv else (nothing, nothing))
     wanted = [g for g, need in ((dq, need_dq), (dk, need_dkdv), (dv, need_dkdv)) if need]
     if all(g.numel() == 0 for g in wanted):  # nothing wanted, or only empty tensors
         return dq, dk, dv
-    n_queries = q.shape[0] if layout == "packed" else as_bhnd(q, layout).shape[2]
-    n_keys = k.shape[0] if layout == "packed" else as_bhnd(k, layout).shape[2]
-    if n_queries == 0 or n_keys == 0:  # no query or no key: no gradient flows
+    if _rows(q, layout) == 0 or _rows(k, layout) == 0:  # no query or no key: no gradient flows
         for g in wanted:
             g.zero_()
         return dq, dk, dv
@@ -301,15 +324,18 @@ def _refuse_forward_ad(ctx, *tangents):
 class FlashAttentionFunction(torch.autograd.Function):
     """The op for eager calls: ``forward_impl``, and the op's own setup_context and backward.
 
-    Written in the older style (``forward(ctx, ...)``): ``apply`` then skips binding the
-    arguments to a signature, which costs tens of microseconds of host time per call.
+    Written for host time: in the older style (``forward(ctx, ...)``), so ``apply`` skips
+    binding the arguments to a signature, and with the op's settings as one tuple, so it
+    unwraps eight arguments instead of sixteen (each costs host time on every call). Its
+    backward returns the op's sixteen gradients: autograd drops the trailing Nones.
     Under torch.func transforms :class:`FlashAttentionFunctionForTorchFunc` runs instead.
     """
 
     @staticmethod
-    def forward(ctx, *args):
-        output = forward_impl(*args)
-        setup_context(ctx, args, output)
+    def forward(ctx, q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, settings):
+        inputs = (q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *settings)
+        output = forward_impl(*inputs)
+        setup_context(ctx, inputs, output)
         return output
 
     backward = staticmethod(backward)
@@ -333,18 +359,43 @@ def _apply_eagerly(*args):
     """The autograd.Function for eager calls: the torch.func one while a transform (vmap, grad, jvp) is active."""
     if torch._C._are_functorch_transforms_active():
         return FlashAttentionFunctionForTorchFunc.apply(*args)
-    return FlashAttentionFunction.apply(*args)
+    return FlashAttentionFunction.apply(*args[:_N_TENSOR_ARGS], args[_N_TENSOR_ARGS:])
+
+
+def op_settings(spec: AttentionSpec, layout: str, head_dim: int, max_seqlen_q: int = 0,
+                max_seqlen_k: int = 0) -> tuple:
+    """The op's arguments after its seven tensors, for a checked ``spec``: what ``attention_forward_op``,
+    ``setup_context`` and ``backward`` pass on. The front door may keep it per call signature."""
+    left, right = spec.bounds()
+    return (max_seqlen_q, max_seqlen_k, layout, spec.causal, -1 if left is None else left,
+            -1 if right is None else right, spec.scale(head_dim), float(spec.softcap), float(spec.dropout_p))
+
+
+def needs_autograd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether a call must go through autograd: a gradient is wanted, or a torch.func transform or
+    forward-mode AD is active (whose rules live on the autograd.Function: a jvp must raise, not be dropped)."""
+    return ((torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
+            or torch._C._are_functorch_transforms_active() or forward_ad._current_level >= 0)
+
+
+def run(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, settings: tuple):
+    """(O, L, dropout seed) of checked arguments and their ``op_settings``: the custom op while
+    torch.compile traces; the autograd.Function when autograd must see the call; else the forward
+    itself (inference skips the Function's bookkeeping, tens of microseconds of host time)."""
+    if torch.compiler.is_compiling():
+        return attention_forward_op(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *settings)
+    if needs_autograd(q, k, v):
+        return _apply_eagerly(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *settings)
+    o, lse, seed = _forward(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *settings)
+    return o, lse, (_NO_SEED if seed == 0 else torch.full((1,), seed, dtype=torch.int64))
+
+
+#: The seed output of a call without dropout that autograd never sees (shared: nothing writes to it).
+_NO_SEED = torch.zeros(1, dtype=torch.int64)
 
 
 def attention(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, max_seqlen_q, max_seqlen_k, layout,
               spec: AttentionSpec):
-    """(O, L, dropout seed) of checked arguments: the custom op while torch.compile traces, else the
-    autograd.Function."""
-    left, right = spec.bounds()
-    head_dim = q.shape[-1]
-    settings = (max_seqlen_q, max_seqlen_k, layout, spec.causal, -1 if left is None else left,
-                -1 if right is None else right, spec.scale(head_dim), float(spec.softcap), float(spec.dropout_p))
-    tensors = (q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
-    if torch.compiler.is_compiling():
-        return attention_forward_op(*tensors, *settings)
-    return _apply_eagerly(*tensors, *settings)
+    """(O, L, dropout seed) of checked arguments (see ``run``)."""
+    settings = op_settings(spec, layout, q.shape[-1], max_seqlen_q, max_seqlen_k)
+    return run(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, settings)

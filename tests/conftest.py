@@ -18,16 +18,19 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def nan_empty(monkeypatch):
-    """torch.empty returns NaN-filled float tensors: an output or gradient element never
-    written stays NaN (the kernels' outputs are made with torch.empty)."""
-    real_empty, calls = torch.empty, []
+    """torch.empty and torch.empty_like return NaN-filled float tensors: an output or gradient
+    element never written stays NaN (the kernels' outputs are made with them)."""
+    calls = []
 
-    def empty(*args, **kwargs):
-        t = real_empty(*args, **kwargs)
-        calls.append(t)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
+    def nan_filled(real):
+        def empty(*args, **kwargs):
+            t = real(*args, **kwargs)
+            calls.append(t)
+            return t.fill_(float("nan")) if t.is_floating_point() else t
+        return empty
 
-    monkeypatch.setattr(torch, "empty", empty)
+    monkeypatch.setattr(torch, "empty", nan_filled(torch.empty))
+    monkeypatch.setattr(torch, "empty_like", nan_filled(torch.empty_like))
     return calls
 
 

@@ -4,7 +4,7 @@ padding that is never read, and ``flash_attention_v2``."""
 import pytest
 import torch
 
-from flashlib import flash_attention, flash_attention_v2, flash_attention_varlen, naive_attention, ops, runtime
+from flashlib import attention, flash_attention, flash_attention_v2, flash_attention_varlen, naive_attention, ops, runtime
 from flashlib.validation import relative_error, tolerance
 from support.attention import DEVICE, make_inputs, pin_blocks
 
@@ -240,6 +240,74 @@ def test_flash_attention_v2_is_the_bnhd_entry():
     assert relative_error(out.transpose(1, 2), ref) <= tolerance(torch.float32)
     with pytest.raises(TypeError, match="flash_attention_v2 takes \\(B, N, H, D\\) tensors"):
         flash_attention_v2(q, k, v, layout="bhnd")
+
+
+# ---------------------------------------------------------------- host path: checks remembered per call signature
+@pytest.fixture
+def counted_checks(monkeypatch):
+    """Counts the front door's argument checks; starts with no call remembered."""
+    monkeypatch.setattr(attention, "CHECKED_CALLS", {})
+    calls = []
+    checks = attention.check_attention_args
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return checks(*args, **kwargs)
+
+    monkeypatch.setattr(attention, "check_attention_args", counting)
+    return calls
+
+
+def test_a_repeated_call_skips_its_checks_and_gives_the_same_result(counted_checks):
+    q, k, v = make_inputs(2, 4, 2, 24, 40, 16, torch.float32, layout="bnhd")
+    first = flash_attention(q, k, v, causal=True, window=(9, -1), layout="bnhd", return_lse=True)
+    second = flash_attention(q, k, v, causal=True, window=(9, -1), layout="bnhd", return_lse=True)
+    assert len(counted_checks) == 1  # the second call was served by the remembered checks
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    ref = naive_attention(*(t.transpose(1, 2).double().cpu() for t in (q, k, v)), causal=True, window=(9, -1))
+    assert relative_error(second[0].transpose(1, 2), ref) <= tolerance(torch.float32)
+    flash_attention(q, k, v, causal=True, window=(9, 0), layout="bnhd")  # another window: checked anew
+    flash_attention(q[:1], k[:1], v[:1], causal=True, window=(9, -1), layout="bnhd")  # another shape
+    assert len(counted_checks) == 3
+
+
+@pytest.mark.parametrize("valid, invalid, error, message", [
+    ({"causal": True}, {"causal": 1}, TypeError, "causal must be a bool; got 1"),
+    ({"window": (3, 2)}, {"window": (3.0, 2)}, TypeError, "window left bound must be an int"),
+    ({"window": (3, 2)}, {"window": [3, 2.5]}, TypeError, "window right bound must be an int"),
+    ({"softmax_scale": 1.0}, {"softmax_scale": True}, TypeError, "softmax_scale must be a float or None"),
+    ({"dropout_p": 0.0}, {"dropout_p": False}, TypeError, "dropout_p must be a float"),
+    ({"softcap": 0.0}, {"softcap": False}, TypeError, "softcap must be a float"),
+    ({"layout": "bhnd"}, {"layout": "bhnd", "variant": "fa3"}, ValueError, "variant must be one of"),
+], ids=["causal=1", "float window", "list window", "bool scale", "bool dropout", "bool softcap", "variant"])
+def test_a_remembered_call_never_lets_an_equal_but_invalid_argument_through(counted_checks, valid, invalid,
+                                                                            error, message):
+    """Python finds 1 == True and 3.0 == 3 equal: the remembered signature holds each option's type too."""
+    q, k, v = make_inputs(1, 2, 2, 40, 40, 16, torch.float32)  # N_q > 16: FlashAttention-2, remembered
+    flash_attention(q, k, v, **valid)
+    flash_attention(q, k, v, **valid)
+    assert len(counted_checks) == 1
+    with pytest.raises(error, match=message):
+        flash_attention(q, k, v, **invalid)
+
+
+def test_inference_and_training_calls_agree_and_forward_ad_still_raises(counted_checks):
+    """Without a gradient to track the front door calls the forward directly, past autograd; a tangent
+    (forward-mode AD) must still reach the op's rule and raise, even for a remembered signature."""
+    q, k, v, do = make_inputs(1, 2, 1, 20, 20, 16, torch.float32, grad_out=True)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    trained = flash_attention(*leaves, causal=True)
+    assert trained.grad_fn is not None
+    with torch.no_grad():
+        inferred = flash_attention(*leaves, causal=True)
+    assert inferred.grad_fn is None and torch.equal(inferred, trained)
+    assert len(counted_checks) == 1
+    trained.backward(do)
+    assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in leaves)
+    with torch.autograd.forward_ad.dual_level():
+        dual_q = torch.autograd.forward_ad.make_dual(q, torch.ones_like(q))
+        with pytest.raises(NotImplementedError, match="no forward-mode AD"):
+            flash_attention(dual_q, k, v, causal=True)
 
 
 # ---------------------------------------------------------------- GPU

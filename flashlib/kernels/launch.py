@@ -72,7 +72,11 @@ def signature(fn, args, kwargs):
 
 
 def _remember(key, fn, compiled, n_positional, config_kwargs, args, kwargs) -> None:
-    """Store a compiled binary for ``key`` with what a direct launch needs to rebuild its argument list."""
+    """Store a compiled binary for ``key`` with what a direct launch needs to rebuild its argument list.
+
+    The keywords (constexprs and launch options) are part of ``key``, so the arguments after the
+    positional ones are the same for every launch under it: they are resolved once, here.
+    """
     if key is None or compiled is None or not hasattr(compiled, "run"):
         return
     named = {**kwargs, **(config_kwargs or {})}
@@ -80,20 +84,19 @@ def _remember(key, fn, compiled, n_positional, config_kwargs, args, kwargs) -> N
     for param in list(inspect.signature(fn.fn).parameters.values())[n_positional:]:
         if param.name not in named and param.default is inspect.Parameter.empty:
             return  # a parameter this call did not give: leave it to Triton's own path
-        tail.append((param.name, param.default))
+        tail.append(named.get(param.name, param.default))
     shapes = tuple((i, list(a.block_shape)) for i, a in enumerate(args) if type(a) is TensorDescriptor)
     if len(_COMPILED) >= _COMPILED_LIMIT:
         _COMPILED.clear()
-    _COMPILED[key] = (compiled, tuple(tail), shapes, config_kwargs)
+    _COMPILED[key] = (compiled, tuple(tail), shapes, named)
 
 
-def _launch_compiled(entry, grid, args, kwargs) -> None:
+def _launch_compiled(entry, grid, args) -> None:
     """Run a remembered binary: the arguments in the kernel's order, as ``JITFunction.run`` passes them."""
-    compiled, tail, shapes, config_kwargs = entry
+    compiled, tail, shapes, named = entry
     for i, shape in shapes:  # fresh host descriptors carry placeholder block shapes
         args[i].block_shape = shape
-    named = {**kwargs, **config_kwargs} if config_kwargs else kwargs
-    ordered = (*args, *(named.get(name, default) for name, default in tail))
+    ordered = (*args, *tail)
     if callable(grid):
         grid = grid(named)
     grid_x, grid_y, grid_z = (*grid, 1, 1)[:3]
@@ -114,7 +117,7 @@ def _launch_remembered(fn, grid, args, kwargs):
     key = (_current_stream()[0], key)
     entry = _COMPILED.get(key)
     if entry is not None:
-        _launch_compiled(entry, grid, args, kwargs)
+        _launch_compiled(entry, grid, args)
     return entry is not None, key
 
 
