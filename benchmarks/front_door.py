@@ -12,7 +12,8 @@ and what dropout, softcap and ALiBi cost.
    raw launcher(s) (and minus the floor, for a training step). ``--sections profile``
    prints a cProfile of the front door's host path.
 2. Training step (forward + backward) at N = 512, fp16, the FlashAttention-2 benchmark shapes
-   (B * N = 16384, H * D = 2048), flashlib against SDPA's flash backend, ``do_bench`` medians.
+   (B * N = 16384, H * D = 2048), flashlib against SDPA's flash backend, ``do_bench`` medians,
+   and the kernels' own GPU time per step (torch.profiler), which shows a host-bound point.
 3. Score modifiers and dropout at N = 4096: forward and forward + backward with each one on,
    as a ratio to the plain kernel.
 """
@@ -127,6 +128,23 @@ def bench(fn, grads=None) -> float:
     return float(triton.testing.do_bench(fn, warmup=25, rep=100, grad_to_none=grads, return_mode="median"))
 
 
+def kernel_ms(fn, grads, steps: int = 20) -> float:
+    """GPU time of the kernels of one call of ``fn`` (torch.profiler): what the step costs when the host
+    keeps up. Beside do_bench's wall time it says whether a point is bound by the host or the kernels."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            for g in grads:
+                g.grad = None
+            fn()
+        torch.cuda.synchronize()
+    cuda = torch.autograd.DeviceType.CUDA
+    total_us = sum(e.self_device_time_total for e in prof.key_averages() if e.device_type == cuda)
+    return total_us / steps / 1000
+
+
 def train_step_n512(rows: list, save) -> list[dict]:
     for d in (64, 128):
         n, heads = 512, 2048 // d
@@ -144,7 +162,8 @@ def train_step_n512(rows: list, save) -> list[dict]:
 
             t_ours, t_sdpa = bench(ours, leaves), bench(sdpa, leaves)
             rows.append(dict(d=d, n=n, batch=batch, heads=heads, causal=causal, flashlib_ms=t_ours,
-                             sdpa_flash_ms=t_sdpa, speed_vs_sdpa_flash=t_sdpa / t_ours))
+                             sdpa_flash_ms=t_sdpa, speed_vs_sdpa_flash=t_sdpa / t_ours,
+                             flashlib_kernels_ms=kernel_ms(ours, leaves), sdpa_flash_kernels_ms=kernel_ms(sdpa, leaves)))
             print(rows[-1], flush=True)
             save()
     return rows

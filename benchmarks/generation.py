@@ -2,7 +2,8 @@
 
 ``PYTHONPATH=. python3 benchmarks/generation.py --out FILE.json`` (a CUDA GPU). Greedy decoding of
 ``new`` tokens after a ``prompt``-token prompt, batch ``batch``, fp16 weights; the same model
-(weights) for every run. Also checks, in float32, that greedy tokens are identical with and without
+(weights) for every run. The cached runs decode with CUDA graphs (``generate``'s default on a GPU)
+and with eager steps. Also checks, in float32, that greedy tokens are identical with and without
 the cache.
 """
 from __future__ import annotations
@@ -45,7 +46,9 @@ def main():
                        generate(model, prompt[:, :64], 64, temperature=0, kv_cache=True))
     model.half()
     runs = {}
-    runs["flashlib, paged KV cache"], cached = tokens_per_s(model, prompt, args.new, kv_cache=True)
+    runs["flashlib, paged KV cache, CUDA graph"], cached = tokens_per_s(model, prompt, args.new, kv_cache=True)
+    runs["flashlib, paged KV cache, eager steps"], cached_eager = tokens_per_s(model, prompt, args.new, kv_cache=True,
+                                                                             cuda_graph=False)
     runs["flashlib, no cache"], plain = tokens_per_s(model.set_attention("flashlib"), prompt, args.new)
     runs["SDPA, no cache"], _ = tokens_per_s(model.set_attention("sdpa"), prompt, args.new)
     result = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -54,6 +57,7 @@ def main():
                           f"{args.prompt} --new {args.new}", model=CONFIG, dtype="float16", batch=args.batch,
                   prompt=args.prompt, new=args.new, greedy_tokens_same_with_and_without_cache_fp32=same,
                   fp16_greedy_tokens_equal_fraction=float((cached == plain).float().mean()),
+                  fp16_graph_and_eager_cached_tokens_equal=bool(torch.equal(cached, cached_eager)),
                   tokens_per_s=runs)
     print(json.dumps(result, indent=1))
     with open(args.out, "w", encoding="utf-8") as handle:

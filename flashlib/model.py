@@ -220,7 +220,10 @@ class GPT(nn.Module):
         if cache is not None and start + n > cache.capacity:
             raise ValueError(f"the cache holds {cache.capacity} tokens per sequence: {start} cached + {n} new "
                              "do not fit")
-        x = self.tok_emb(idx) + self.pos_emb(torch.arange(start, start + n, device=idx.device))
+        positions = torch.arange(n, device=idx.device)
+        if cache is not None:  # each sequence goes on from its cached length, read on the device (CUDA graphs)
+            positions = cache.lengths.long()[:, None] + positions
+        x = self.tok_emb(idx) + self.pos_emb(positions)
         for layer, block in enumerate(self.blocks):
             x = block(x, cache, layer)
         if cache is not None:
@@ -350,10 +353,52 @@ def _next_token(logits: torch.Tensor, temperature: float, top_k: int | None, gen
     return torch.multinomial(probs.cpu(), 1, generator=generator).to(logits.device)
 
 
+class GraphedDecodeStep:
+    """One decoding step of a :class:`GPT` with a :class:`PagedKVCache` (one new token per sequence),
+    captured in a CUDA graph and replayed for every later step.
+
+    Decoding one token launches about 25 small kernels per layer, each for a few microseconds
+    of GPU work, so an eager step is bound by the host that launches them. A CUDA graph replays
+    all of them with one launch. Every step has the same shapes and reads what changes (the
+    cached lengths, the block table, the new token) from device memory, so one graph serves all
+    steps. Build it after one eager step (which autotunes and compiles every kernel): capture
+    must not run the autotuner. ``cache.tokens``, the host's count, is advanced by :meth:`__call__`
+    (the graph advances ``cache.lengths`` on the device).
+    """
+
+    def __init__(self, model: "GPT", cache: PagedKVCache, batch: int):
+        device = cache.lengths.device
+        if device.type != "cuda":
+            raise ValueError(f"a CUDA graph needs the model and cache on a CUDA device; got {device}")
+        self.model, self.cache = model, cache
+        self.tokens = torch.zeros(batch, 1, dtype=torch.long, device=device)
+        host_count, lengths = cache.tokens, cache.lengths.clone()
+        side = torch.cuda.Stream()  # torch's recipe: one step on a side stream first (lazy library state)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            model(self.tokens, cache=cache)
+        torch.cuda.current_stream().wait_stream(side)
+        cache.lengths.copy_(lengths)  # undo its append: the next real step writes the same slots
+        cache.tokens = host_count
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):  # records kernels, runs none of them (the host side runs once)
+            self.logits = model(self.tokens, cache=cache)[:, -1]
+        cache.tokens = host_count
+
+    def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits (B, vocab) of the next position after ``tokens`` (B, 1), which join the cache."""
+        if self.cache.tokens + 1 > min(self.cache.capacity, self.model.config.context):
+            raise ValueError(f"the cache is full: {self.cache.tokens} tokens of {self.cache.capacity}")
+        self.tokens.copy_(tokens)
+        self.graph.replay()
+        self.cache.tokens += 1
+        return self.logits
+
+
 @torch.no_grad()
 def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
              top_k: int | None = None, generator: torch.Generator | None = None, kv_cache: bool = False,
-             page_size: int = 16) -> torch.Tensor:
+             page_size: int = 16, cuda_graph: bool | None = None) -> torch.Tensor:
     """Append ``max_new_tokens`` tokens to ``idx`` (B, N), one at a time; ``temperature=0`` is greedy.
 
     Without ``kv_cache`` every step recomputes attention over the last ``context`` tokens:
@@ -361,9 +406,19 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature:
     the prompt fills a :class:`PagedKVCache` once and each step feeds only the newest token,
     whose keys and values join the cache: linear, but bounded by the model's context
     (positions are absolute). Greedy decoding gives the same tokens either way.
+
+    ``cuda_graph`` (with ``kv_cache``; default: on a CUDA device) replays the decoding steps
+    from a CUDA graph (:class:`GraphedDecodeStep`): the same tokens, without the host time of
+    launching every kernel of every layer at every step.
     """
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0 (0: greedy); got {temperature}")
+    if cuda_graph is None:
+        cuda_graph = kv_cache and idx.device.type == "cuda"
+    if cuda_graph and not kv_cache:
+        raise ValueError("cuda_graph=True replays the decoding step of the KV cache: pass kv_cache=True too")
+    if cuda_graph and idx.device.type != "cuda":
+        raise ValueError(f"cuda_graph=True needs a CUDA device; idx is on {idx.device}")
     model.eval()
     if not kv_cache:
         for _ in range(max_new_tokens):
@@ -379,11 +434,17 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature:
     cache = PagedKVCache(model.config, idx.shape[0], total, page_size=page_size, device=weight.device,
                          dtype=weight.dtype)
     logits = model(idx, cache=cache)[:, -1]  # prefill: the whole prompt at once
+    step_fn = None
     for step in range(max_new_tokens):
         nxt = _next_token(logits, temperature, top_k, generator)
         idx = torch.cat([idx, nxt], dim=1)
         if step + 1 < max_new_tokens:
-            logits = model(nxt, cache=cache)[:, -1]
+            if step_fn is not None:
+                logits = step_fn(nxt)
+                continue
+            logits = model(nxt, cache=cache)[:, -1]  # eagerly: compiles and autotunes the step's kernels
+            if cuda_graph:
+                step_fn = GraphedDecodeStep(model, cache, idx.shape[0])
     return idx
 
 
@@ -395,6 +456,6 @@ def relative_loss_gap(losses: list[float], reference: list[float]) -> float:
 
 
 __all__ = ["ATTENTION", "EXPERIMENT", "CausalSelfAttention", "CharTokenizer", "GPT", "GPTConfig", "MLP", "Block",
-           "PagedKVCache",
+           "GraphedDecodeStep", "PagedKVCache",
            "attention_function", "flashlib_attend", "generate", "get_batch", "load_text", "naive_attend",
            "relative_loss_gap", "sdpa_attend", "train"]

@@ -197,6 +197,39 @@ def test_greedy_tokens_are_the_same_with_and_without_the_cache(kv_heads):
     assert torch.equal(sampled, sampled_cached)
 
 
+def test_cuda_graph_decoding_needs_the_cache_and_a_gpu():
+    model = _tiny()
+    start = torch.zeros(1, 4, dtype=torch.long, device=DEVICE)
+    with pytest.raises(ValueError, match="cuda_graph=True replays the decoding step of the KV cache"):
+        M.generate(model, start, 3, cuda_graph=True)
+    if DEVICE.type != "cuda":
+        with pytest.raises(ValueError, match="cuda_graph=True needs a CUDA device; idx is on cpu"):
+            M.generate(model, start, 3, kv_cache=True, cuda_graph=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [16, 5])
+def test_gpu_graphed_decoding_gives_the_tokens_and_cache_of_eager_decoding(page_size, monkeypatch):
+    """Greedy tokens from replayed CUDA graphs equal eager cached decoding and plain decoding (float32),
+    and the graph really replaces the eager steps (one capture for all of them)."""
+    captured = []
+    real = M.GraphedDecodeStep.__init__
+
+    def counting(self, *args):
+        captured.append(1)
+        real(self, *args)
+
+    monkeypatch.setattr(M.GraphedDecodeStep, "__init__", counting)
+    model = _tiny(n_heads=4, n_kv_heads=2, context=80)
+    start = torch.randint(0, 20, (3, 7), generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    graphed = M.generate(model, start, 50, temperature=0, kv_cache=True, page_size=page_size)
+    assert captured == [1]
+    eager = M.generate(model, start, 50, temperature=0, kv_cache=True, page_size=page_size, cuda_graph=False)
+    assert captured == [1]
+    plain = M.generate(model, start, 50, temperature=0)
+    assert torch.equal(graphed, eager) and torch.equal(graphed, plain)
+
+
 def test_the_cache_is_bounded_by_the_context_and_says_so():
     model = _tiny(context=16)
     start = torch.zeros(1, 10, dtype=torch.long, device=DEVICE)
