@@ -6,8 +6,8 @@ launchers replaced by no-ops, and whether every launch of a step comes from the 
 One head, N = 128: the GPU stays idle, so each time is the host's. Used in benchmarks/TUNING.md
 (seventh finding).
 """
-import time, torch, sys
-import flashlib, flashlib.ops as ops
+import time, torch
+import flashlib.ops as ops
 from flashlib import flash_attention
 from flashlib.kernels import launch as L
 from flashlib.kernels.attention_fwd import launch_attention_forward

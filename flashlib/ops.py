@@ -13,8 +13,9 @@ arguments and come here. Everything after the checks lives in this module, once:
 * ``FlashAttentionFunction``: the same two functions as a ``torch.autograd.Function``
   for eager calls. A custom op costs 20-60 us of Python dispatch per call on a CPU
   (measured: a do-nothing ``custom_op`` with ``register_autograd`` against a plain
-  function), more than a small attention kernel takes on a GPU; eager calls skip it
-  (``benchmarks/front_door.py`` measures the host time of each route).
+  function), more than a small attention kernel takes on a GPU; eager calls skip it, and
+  calls that autograd need not see (inference) skip the Function too (``run``;
+  ``benchmarks/front_door.py`` measures the host time of each route).
 
 Both routes share ``setup_context``, ``backward`` and ``vmap``, so they cannot drift:
 
