@@ -177,8 +177,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         o, lse = _splitkv(q, k, v, seq_lens, alibi_slopes, layout, spec)
         return (o, lse) if return_lse else o
     settings = ops.op_settings(spec, layout, q.shape[-1])
-    if signature is not None and (variant == "fa2" or (variant == "auto" and
-                                                       preferred_variant(_bhnd_shape(q, layout)[2]) == "fa2")):
+    if signature is not None and _always_fa2(variant, _bhnd_shape(q, layout)[2]):
         if len(CHECKED_CALLS) >= CHECKED_CALLS_LIMIT:
             CHECKED_CALLS.clear()
         CHECKED_CALLS[signature] = settings  # this signature always passes the checks and takes FlashAttention-2
@@ -209,11 +208,16 @@ def _call_signature(q, k, v, causal, window, softmax_scale, layout, softcap, dro
     return key
 
 
+def _always_fa2(variant: str, n_q: int) -> bool:
+    """Whether a call takes FlashAttention-2 whatever its grad state: asked for, or the shape's choice."""
+    return variant == "fa2" or (variant == "auto" and preferred_variant(n_q) == "fa2")
+
+
 def _forward_variant(variant, q, k, v, layout, spec, return_dropout_mask) -> str:
     """"fa2" or "splitkv" for this call; a ValueError where the asked variant cannot serve it."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}; got {variant!r}")
-    if variant == "fa2" or (variant == "auto" and preferred_variant(_bhnd_shape(q, layout)[2]) == "fa2"):
+    if _always_fa2(variant, _bhnd_shape(q, layout)[2]):
         return "fa2"  # serves every call: no refusal to look for
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     refusal = ("q, k or v requires grad (split-KV is forward only; use torch.no_grad() for inference)"

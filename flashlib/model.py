@@ -413,6 +413,8 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature:
     """
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0 (0: greedy); got {temperature}")
+    if cuda_graph is not None and not isinstance(cuda_graph, bool):
+        raise TypeError(f"cuda_graph must be None (on with kv_cache on a GPU) or a bool; got {cuda_graph!r}")
     if cuda_graph is None:
         cuda_graph = kv_cache and idx.device.type == "cuda"
     if cuda_graph and not kv_cache:
@@ -438,10 +440,11 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature:
     for step in range(max_new_tokens):
         nxt = _next_token(logits, temperature, top_k, generator)
         idx = torch.cat([idx, nxt], dim=1)
-        if step + 1 < max_new_tokens:
-            if step_fn is not None:
-                logits = step_fn(nxt)
-                continue
+        if step + 1 == max_new_tokens:
+            break
+        if step_fn is not None:
+            logits = step_fn(nxt)
+        else:
             logits = model(nxt, cache=cache)[:, -1]  # eagerly: compiles and autotunes the step's kernels
             if cuda_graph:
                 step_fn = GraphedDecodeStep(model, cache, idx.shape[0])

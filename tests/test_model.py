@@ -202,6 +202,8 @@ def test_cuda_graph_decoding_needs_the_cache_and_a_gpu():
     start = torch.zeros(1, 4, dtype=torch.long, device=DEVICE)
     with pytest.raises(ValueError, match="cuda_graph=True replays the decoding step of the KV cache"):
         M.generate(model, start, 3, cuda_graph=True)
+    with pytest.raises(TypeError, match="cuda_graph must be None .* or a bool; got 'yes'"):
+        M.generate(model, start, 3, kv_cache=True, cuda_graph="yes")
     if DEVICE.type != "cuda":
         with pytest.raises(ValueError, match="cuda_graph=True needs a CUDA device; idx is on cpu"):
             M.generate(model, start, 3, kv_cache=True, cuda_graph=True)
