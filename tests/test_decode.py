@@ -95,12 +95,22 @@ def test_every_split_count_gives_the_same_answer(num_splits):
 
 
 def test_split_count_follows_the_grid_and_the_keys(monkeypatch):
-    """The heuristic splits only when the grid is short of SMs, into one wave, never into chunks of < 128 keys."""
-    assert decode_kernels.choose_num_splits(programs=264, n_k=1 << 17, sms=132) == 1
-    assert decode_kernels.choose_num_splits(programs=8, n_k=1 << 17, sms=132) == 16
-    assert decode_kernels.choose_num_splits(programs=32, n_k=1 << 17, sms=132) == 4
-    assert decode_kernels.choose_num_splits(programs=8, n_k=512, sms=132) == 4
-    assert decode_kernels.choose_num_splits(programs=1, n_k=1 << 20, sms=132) == decode_kernels.MAX_SPLITS
+    """The heuristic splits only when the grid is short of SMs: into one wave of long chunks, or, where those
+    would be short, into up to four waves of 64 KB chunks with few enough partials; never into chunks of < 128
+    keys or more than MAX_SPLITS."""
+    choose = decode_kernels.choose_num_splits
+    assert choose(programs=264, n_k=1 << 17, sms=132) == 1
+    assert choose(programs=8, n_k=1 << 17, sms=132) == 16  # one wave: chunks of 8192 keys (4 MB at D = 128)
+    assert choose(programs=32, n_k=1 << 17, sms=132) == 4
+    assert choose(programs=32, n_k=4096, sms=132) == 4  # one wave of 512 KB chunks: long enough
+    assert choose(programs=32, n_k=4096, sms=132, head_dim=64) == 16  # 256 KB: cut into 64 KB chunks
+    assert choose(programs=8, n_k=8192, sms=132) == 64  # 4 MB of K/V per head in 64 KB chunks, 512 programs
+    assert choose(programs=100, n_k=1024, sms=132, head_dim=64) == 4  # 256 KB a head: four 64 KB chunks
+    assert choose(programs=200, n_k=1024, sms=132, head_dim=64) == 1  # a full wave already
+    assert choose(programs=64, n_k=1024, sms=132) == 8  # four waves of 128-key chunks
+    assert choose(programs=64, n_k=1024, sms=132, rows=32) == 2  # 32 rows: partials would outweigh K/V
+    assert choose(programs=8, n_k=512, sms=132) == 4  # never below 128 keys a chunk
+    assert choose(programs=1, n_k=1 << 20, sms=132) == decode_kernels.MAX_SPLITS
     seen = []
     real = decode_kernels.merge_splits_kernel
     monkeypatch.setattr(decode_kernels, "merge_splits_kernel",
@@ -113,13 +123,17 @@ def test_split_count_follows_the_grid_and_the_keys(monkeypatch):
 
 
 def test_launch_config_follows_the_grid_and_fits_shared_memory():
-    assert decode_kernels.launch_config(128, 132, 16, 128, 2) == (64, 3, 4)  # one wave: 64-key blocks
-    assert decode_kernels.launch_config(2048, 132, 16, 128, 2) == (32, 3, 4)  # many waves: 32-key blocks
-    assert decode_kernels.launch_config(128, 132, 16, 64, 2) == (128, 3, 4)  # the same tile bytes at D = 64
-    assert decode_kernels.launch_config(2048, 132, 16, 64, 2) == (64, 3, 4)
-    assert decode_kernels.launch_config(128, 132, 16, 64, 2, page_size=64)[0] == 64  # a block within a page
-    assert decode_kernels.launch_config(128, 132, 16, 64, 2, page_size=96)[0] == 32
-    assert decode_kernels.launch_config(128, 132, 16, 64, 2, page_size=16)[0] == 128  # pages < 32: per key
+    config = decode_kernels.launch_config
+    assert config(128, 132, 16, 128, 2, chunk=8192) == (64, 3, 4)  # one wave of long chunks: 16 KB tiles
+    assert config(128, 132, 16, 64, 2, chunk=8192) == (128, 3, 4)  # the same tile bytes at D = 64
+    assert config(512, 132, 16, 64, 2, chunk=256) == (128, 2, 4)  # short chunks: no more stages than blocks
+    assert config(512, 132, 16, 128, 2, chunk=128) == (64, 2, 4)
+    assert config(128, 132, 64, 128, 2) == (64, 3, 4)  # not split, one per SM: 16 KB
+    assert config(256, 132, 16, 128, 2) == (32, 3, 4)  # about two per SM: 8 KB tiles
+    assert config(256, 132, 16, 64, 2) == (64, 3, 4)
+    assert config(512, 132, 16, 64, 2) == (32, 3, 4)  # 2 to 8 per SM: 4 KB tiles
+    assert config(2048, 132, 16, 64, 2) == (32, 2, 4)  # 8 or more per SM: two stages
+    assert config(2048, 132, 16, 128, 2) == (32, 2, 4)  # never under 32 keys
     block_n, stages, _ = decode_kernels.launch_config(128, 132, 64, 256, 4)  # float32, D = 256
     assert 4 * 256 * (64 + 2 * block_n * stages) <= decode_kernels.smem_budget() and stages < 3
 

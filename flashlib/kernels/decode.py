@@ -128,27 +128,33 @@ def splitkv_attention_kernel(
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     offs_n = tl.arange(0, BLOCK_N)
-    # A block that lies in one page needs one table entry, read one block ahead: a K/V load whose address
-    # waits on a table load in the same iteration cannot be pipelined (paged ran 1.3-1.6x slower than
-    # contiguous that way on the H100, 1.02-1.07x with the read ahead: benchmarks/decode_paged.py).
+    # The page of a block's keys is read one block ahead: a K/V load whose address waits on a table load
+    # in the same iteration cannot be pipelined (paged ran 1.3-1.6x slower than contiguous that way on
+    # the H100, 1.02-1.07x with the read ahead: benchmarks/decode_paged.py). A block inside one page
+    # needs one table entry; a block over several pages (small pages, long blocks) one per key.
     ONE_PAGE_PER_BLOCK: tl.constexpr = PAGED and PAGE_SIZE % BLOCK_N == 0
     table_row = BLOCK_TABLE + off_b.to(tl.int64) * stride_tb
     next_page = 0
     if ONE_PAGE_PER_BLOCK:
         next_page = tl.load(table_row + lo // PAGE_SIZE, mask=lo < hi, other=0).to(tl.int64)
+    elif PAGED:
+        next_page = tl.load(table_row + (lo + offs_n) // PAGE_SIZE, mask=lo + offs_n < k_len,
+                            other=0).to(tl.int64)
     for start in range(lo, hi, BLOCK_N):
         cols = start + offs_n
         col_ok = cols < k_len
+        following = start + BLOCK_N
         if ONE_PAGE_PER_BLOCK:
             page = next_page
-            following = start + BLOCK_N
             next_page = tl.load(table_row + following // PAGE_SIZE, mask=following < hi, other=0).to(tl.int64)
             k_rows = page * stride_kb + (start % PAGE_SIZE + offs_n) * stride_kn
             v_rows = page * stride_vb + (start % PAGE_SIZE + offs_n) * stride_vn
-        elif PAGED:  # each key's page through the block table
-            page = tl.load(BLOCK_TABLE + off_b.to(tl.int64) * stride_tb + cols // PAGE_SIZE, mask=col_ok, other=0)
-            k_rows = page.to(tl.int64) * stride_kb + (cols % PAGE_SIZE) * stride_kn
-            v_rows = page.to(tl.int64) * stride_vb + (cols % PAGE_SIZE) * stride_vn
+        elif PAGED:  # each key's page, read one block ahead
+            page = next_page
+            next_page = tl.load(table_row + (following + offs_n) // PAGE_SIZE, mask=following + offs_n < k_len,
+                                other=0).to(tl.int64)
+            k_rows = page * stride_kb + (cols % PAGE_SIZE) * stride_kn
+            v_rows = page * stride_vb + (cols % PAGE_SIZE) * stride_vn
         else:
             k_rows = off_b.to(tl.int64) * stride_kb + cols.to(tl.int64) * stride_kn
             v_rows = off_b.to(tl.int64) * stride_vb + cols.to(tl.int64) * stride_vn
@@ -230,27 +236,44 @@ INTERPRETER_BLOCK_N = 32
 
 
 def launch_config(programs: int, sms: int, block_m: int, block_d: int, elem: int,
-                  page_size: int = 0) -> tuple[int, int, int]:
-    """(BLOCK_N, stages, warps) for a grid of ``programs`` programs on ``sms`` SMs.
+                  chunk: int | None = None) -> tuple[int, int, int]:
+    """(BLOCK_N, stages, warps) for a grid of ``programs`` programs on ``sms`` SMs; ``chunk`` is the keys of
+    each split-KV program (None: the keys are not split).
 
-    Measured on the H100 (benchmarks/decode_configs.py, decode_paged.py, the decoding grid): a
-    grid of about one wave, as split-KV makes it, ran fastest with K and V tiles of 16 KB (64 keys
-    at D = 128 in fp16, 128 keys at D = 64), three stages and 4 warps; 32-key blocks were 5-20%
-    slower there. A grid of several waves ran fastest with 8 KB tiles (64-key blocks were 3-8%
-    slower at D = 128). Three stages beat two and four everywhere. The config is chosen here, not
-    autotuned: an autotuner keyed on the first problem it meets tuned on a small, launch-bound one
-    and kept a config 1.5x slower for long caches. Stages drop where shared memory runs out. With a
-    paged cache (``page_size`` > 0) a block never straddles pages of 32 tokens or more: one table
-    read per block, read ahead (per key, reads cost up to 2x).
+    Measured on the H100 (benchmarks/decode_configs.py; results ``decode_configs_*``), by programs
+    per SM:
+
+    * About one (a split grid of long chunks, or a grid of about one wave): K and V tiles of 16 KB
+      (64 keys at D = 128 in fp16, 128 keys at D = 64) ran fastest; 32-key blocks were 5-20% slower,
+      and 8 KB tiles up to 1.4x slower for MQA's 64-row programs. A finely split grid (up to four
+      short chunks per SM) ran fastest with 16 KB tiles too, and with no more stages than a chunk
+      has blocks (three stages over a chunk of two blocks ran up to 1.27x slower than two: the extra
+      buffers only take shared memory from the other programs of the SM).
+    * More, without a split: smaller tiles, so that more programs fit an SM at once. 8 KB tiles at
+      about two per SM (16 KB tiles were 2-4% slower), 4 KB tiles from there on (8 KB ones were 5%
+      slower at D = 64 with 4 and 16 per SM), and two stages from 8 per SM on (three were 4% slower
+      at 16 per SM). Blocks keep at least 32 keys.
+
+    Three stages beat two and four elsewhere. The config is chosen here, not autotuned: an autotuner
+    keyed on the first problem it meets tuned on a small, launch-bound one and kept a config 1.5x
+    slower for long caches. Stages drop where shared memory runs out. A block may straddle the pages
+    of a paged cache: the kernel then reads one table entry per key, a block ahead (capping blocks at
+    64-token pages was 5-10% slower at D = 64).
     """
-    tile_bytes = 8192 if programs >= 2 * sms else 16384
+    per_sm = programs / sms
+    if chunk is not None or per_sm < 1.5:
+        tile_bytes, stages = 16384, 3
+    elif per_sm < 2:
+        tile_bytes, stages = 8192, 3
+    else:
+        tile_bytes, stages = 4096, 3 if per_sm < 8 else 2
     block_n = max(32, min(128, tile_bytes // (block_d * elem)))
-    while page_size >= 32 and page_size % block_n:
-        block_n //= 2
+    if chunk is not None:  # no more stages than the chunk has blocks
+        stages = max(1, min(stages, triton.cdiv(chunk, block_n)))
     budget = smem_budget()
-    for stages in (3, 2, 1):
-        if elem * block_d * (block_m + 2 * block_n * stages) <= budget:
-            return block_n, stages, 4
+    for fitting in range(stages, 0, -1):
+        if elem * block_d * (block_m + 2 * block_n * fitting) <= budget:
+            return block_n, fitting, 4
     return 32, 1, 4
 
 
@@ -265,18 +288,42 @@ def rows_per_program(rows: int) -> int:
     return max(16, min(64, triton.next_power_of_2(rows)))
 
 
-def choose_num_splits(programs: int, n_k: int, sms: int) -> int:
+#: K and V bytes per chunk under which one wave of chunks is too short to keep an SM streaming, and the
+#: chunk size that such grids are cut into instead (measured on the H100: see choose_num_splits).
+SHORT_CHUNK_BYTES = 256 * 1024
+FINE_CHUNK_BYTES = 64 * 1024
+#: A finely split grid has at most this many programs per SM.
+MAX_WAVES = 4
+
+
+def choose_num_splits(programs: int, n_k: int, sms: int, head_dim: int = 128, elem: int = 2,
+                      rows: int = 1) -> int:
     """How many chunks to cut ``n_k`` keys into, when ``programs`` programs run without splitting.
 
-    One wave: about one program per SM. A program's K/V pipeline (3 stages of 64 keys) takes
-    most of an SM's shared memory, and on the H100 the fastest split count of every shape swept
-    put the grid at 128-132 programs; a grid of 1.5 or 2.2 waves lost up to 15% to the last,
-    partial wave (benchmarks/results/decode_configs_*.json). Chunks keep at least
-    ``CHUNK_GRANULE`` keys, and at most ``MAX_SPLITS`` are merged.
+    ``head_dim`` and ``elem`` (bytes per element) size the chunks' K/V bytes; ``rows`` is the query
+    rows per K/V head (``H // H_kv * N_q``), which sizes the partial results the merge reads back.
+
+    One wave first: about one program per SM. On the H100 the fastest split count of the long
+    caches swept put the grid at 128-132 programs (a grid of 1.5 or 2.2 waves lost up to 15% to the
+    last, partial wave: benchmarks/results/decode_configs_*.json). But a chunk of at most
+    ``SHORT_CHUNK_BYTES`` of K and V is over before an SM's loads stream: there, chunks of
+    ``FINE_CHUNK_BYTES`` over up to ``MAX_WAVES`` programs per SM ran 10-20% faster (D = 64 at
+    4k-16k keys, D = 128 at 1k-8k keys; ``decode_configs_splits_and_tiles_*``), as
+    an SM overlaps one program's start with another's stream. Every partial costs a float32 row
+    written and read again, so the split count keeps those bytes under 1/8 of the K/V bytes.
+    Chunks keep at least ``CHUNK_GRANULE`` keys, and at most ``MAX_SPLITS`` are merged.
     """
     if programs >= sms:
         return 1
-    return max(1, min(sms // programs, triton.cdiv(n_k, CHUNK_GRANULE), MAX_SPLITS))
+    most = min(triton.cdiv(n_k, CHUNK_GRANULE), MAX_SPLITS)
+    one_wave = max(1, min(sms // programs, most))
+    kv_bytes = 2 * n_k * head_dim * elem
+    if kv_bytes > SHORT_CHUNK_BYTES * one_wave:
+        return one_wave
+    # partial bytes / K/V bytes = (rows * splits * D * 4 * 2) / (2 * n_k * D * elem) <= 1/8
+    partial_cap = n_k * elem // (32 * rows)
+    fine = min(triton.cdiv(kv_bytes, FINE_CHUNK_BYTES), MAX_WAVES * sms // programs, most, partial_cap)
+    return max(one_wave, fine)
 
 
 def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
@@ -285,7 +332,7 @@ def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
                              alibi_slopes: torch.Tensor | None = None, k_lens: torch.Tensor | None = None,
                              seq_lens: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
                              max_keys: int | None = None, num_splits: int | None = None,
-                             config: tuple[int, int, int] | None = None) -> None:
+                             config: tuple[int, int, int] | None = None, block_m: int | None = None) -> None:
     """Fill ``o`` (q's shape) and ``lse`` ((B, H, N_q) float32) with split-KV attention; arguments unchecked.
 
     q, o: (B, N_q, H, D) through strides (pass ``.transpose(1, 2)`` views for (B, H, N, D)).
@@ -295,7 +342,8 @@ def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     is (left, right) with None unbounded, ``causal`` caps right at 0. ``max_keys`` bounds the
     keys of any sample (the grid is sized for it; default: what k can hold).
     ``num_splits`` overrides the heuristic (:func:`choose_num_splits`); ``config`` = (BLOCK_N,
-    num_stages, num_warps) overrides :func:`launch_config` (experiments).
+    num_stages, num_warps) overrides :func:`launch_config`, ``block_m`` :func:`rows_per_program`
+    (experiments).
     """
     batch, n_q, heads, head_dim = q.shape
     heads_kv = k.shape[2]
@@ -304,11 +352,11 @@ def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     capacity = block_table.shape[1] * page_size if paged else k.shape[1]
     n_k = capacity if max_keys is None else min(max_keys, capacity)
     rows = (heads // heads_kv) * n_q
-    block_m = rows_per_program(rows)
+    block_m = rows_per_program(rows) if block_m is None else block_m
     row_blocks = triton.cdiv(rows, block_m)
     sms = 16 if runtime.INTERPRET else multiprocessor_count(q.device.index or 0)
     if num_splits is None:
-        num_splits = choose_num_splits(batch * heads_kv * row_blocks, n_k, sms)
+        num_splits = choose_num_splits(batch * heads_kv * row_blocks, n_k, sms, head_dim, q.element_size(), rows)
     chunk = triton.cdiv(triton.cdiv(max(n_k, 1), num_splits), CHUNK_GRANULE) * CHUNK_GRANULE
     num_splits = max(1, triton.cdiv(n_k, chunk))
     split = num_splits > 1
@@ -341,7 +389,7 @@ def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     else:
         if config is None:
             config = launch_config(num_splits * row_blocks * batch * heads_kv, sms, block_m, block_d,
-                                   q.element_size(), page_size)
+                                   q.element_size(), chunk if split else None)
         block_n, stages, warps = config
         launch(splitkv_attention_kernel, grid, *positional, **flags, BLOCK_N=block_n, num_stages=stages,
                num_warps=warps)
