@@ -122,6 +122,25 @@ def test_split_count_follows_the_grid_and_the_keys(monkeypatch):
     assert relative_error(o, _reference(q, k_cache, v_cache, lengths)[0]) < TOL[q.dtype]
 
 
+@pytest.mark.parametrize("block_m", [0, 8, 24, 16.0, True])
+def test_launch_refuses_a_block_m_that_is_not_a_power_of_two_from_16(block_m):
+    q, k_cache, v_cache, _, _, lengths = _problem(batch=1, heads=2, heads_kv=1, n_new=0, capacity=64, lengths=[64])
+    o, lse = torch.empty_like(q), torch.empty(1, 2, q.shape[1], device=q.device)
+    with pytest.raises(ValueError, match=r"block_m must be None .* power of two >= 16.*got"):
+        decode_kernels.launch_splitkv_attention(q, k_cache, v_cache, o, lse, scale=0.25, k_lens=lengths,
+                                                block_m=block_m)
+
+
+@pytest.mark.parametrize("block_m", [16, 32])
+def test_an_explicit_block_m_gives_the_same_attention(block_m):
+    """The experiments' override of rows per program: 8 packed rows (4 heads x 2 queries) in 16 or 32."""
+    q, k_cache, v_cache, _, _, lengths = _problem(batch=2, heads=4, heads_kv=1, n_q=2, n_new=0, lengths=[70, 96])
+    o, lse = torch.full_like(q, float("nan")), torch.empty(2, 4, 2, device=q.device)
+    decode_kernels.launch_splitkv_attention(q, k_cache, v_cache, o, lse, scale=q.shape[-1] ** -0.5, causal=True,
+                                            k_lens=lengths, block_m=block_m)
+    assert relative_error(o, _reference(q, k_cache, v_cache, lengths)[0]) < TOL[q.dtype]
+
+
 def test_launch_config_follows_the_grid_and_fits_shared_memory():
     config = decode_kernels.launch_config
     assert config(128, 132, 16, 128, 2, chunk=8192) == (64, 3, 4)  # one wave of long chunks: 16 KB tiles

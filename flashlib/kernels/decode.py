@@ -352,7 +352,11 @@ def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     capacity = block_table.shape[1] * page_size if paged else k.shape[1]
     n_k = capacity if max_keys is None else min(max_keys, capacity)
     rows = (heads // heads_kv) * n_q
-    block_m = rows_per_program(rows) if block_m is None else block_m
+    if block_m is None:
+        block_m = rows_per_program(rows)
+    elif not isinstance(block_m, int) or isinstance(block_m, bool) or block_m < 16 or block_m & (block_m - 1):
+        raise ValueError(f"block_m must be None (the kernel chooses) or a power of two >= 16 (tl.dot's minimum); "
+                         f"got {block_m!r}")
     row_blocks = triton.cdiv(rows, block_m)
     sms = 16 if runtime.INTERPRET else multiprocessor_count(q.device.index or 0)
     if num_splits is None:
