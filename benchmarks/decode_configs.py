@@ -21,7 +21,7 @@ import torch
 import triton
 
 from flashlib import detect_gpu
-from flashlib.bench_decode import graph_time_us
+from flashlib.bench_decode import graph_time_us, paged_copy
 from flashlib.kernels import decode
 
 #: (batch, H_kv, N_k) of the first sweep (D = 128, N_q = 1), whose results are stored.
@@ -50,14 +50,6 @@ def parse_shapes(text: str) -> list[tuple[int, int, int]]:
     return [tuple(int(x) for x in part.split(",")) for part in text.split(";") if part.strip()]
 
 
-def paged_copy(cache: torch.Tensor, order: torch.Tensor, page_size: int) -> torch.Tensor:
-    """The (B, N_k, H_kv, D) cache as pages of ``page_size`` tokens placed at ``order`` in a pool."""
-    batch, n_k = cache.shape[:2]
-    pool = torch.empty(batch * n_k // page_size, page_size, *cache.shape[2:], dtype=cache.dtype, device=cache.device)
-    pool[order] = cache.reshape(batch * n_k // page_size, page_size, *cache.shape[2:])
-    return pool
-
-
 def sweep_shape(batch, heads_kv, n_k, args, deadline) -> dict:
     dtype = getattr(torch, args.dtype)
     q = torch.randn(batch, args.n_q, HEADS_Q, args.head_dim, device="cuda", dtype=dtype)
@@ -66,9 +58,7 @@ def sweep_shape(batch, heads_kv, n_k, args, deadline) -> dict:
     lengths = torch.full((batch,), n_k, dtype=torch.int32, device="cuda")
     caches = {"contiguous": (k, v, None)}
     if args.paged:
-        order = torch.randperm(batch * n_k // args.page_size, device="cuda")
-        caches["paged"] = (paged_copy(k, order, args.page_size), paged_copy(v, order, args.page_size),
-                           order.view(batch, -1).int())
+        caches["paged"] = paged_copy(k, v, torch.Generator().manual_seed(0), args.page_size)
     row = dict(batch=batch, heads_kv=heads_kv, n_k=n_k, head_dim=args.head_dim, n_q=args.n_q, dtype=args.dtype)
     for name, (kc, vc, table) in caches.items():
         def run(config=None, splits=None):

@@ -70,17 +70,17 @@ def kv_bytes(batch: int, heads_kv: int, n_k: int, head_dim: int, elem: int) -> i
     return 2 * batch * n_k * heads_kv * head_dim * elem
 
 
-def _paged_copy(k: torch.Tensor, v: torch.Tensor, generator: torch.Generator):
-    """The caches' tokens in pages of PAGE_SIZE shuffled over a pool, and the block table."""
+def paged_copy(k: torch.Tensor, v: torch.Tensor, generator: torch.Generator, page_size: int = PAGE_SIZE):
+    """The (B, N_k, H_kv, D) caches' tokens in pages of ``page_size`` shuffled over a pool, and the block table."""
     batch, n_k = k.shape[:2]
-    pages = -(-n_k // PAGE_SIZE)
+    pages = -(-n_k // page_size)
     order = torch.randperm(batch * pages, generator=generator).to(k.device)
 
     def pool_of(cache):
-        padded = torch.zeros(batch, pages * PAGE_SIZE, *cache.shape[2:], dtype=cache.dtype, device=cache.device)
+        padded = torch.zeros(batch, pages * page_size, *cache.shape[2:], dtype=cache.dtype, device=cache.device)
         padded[:, :n_k] = cache
-        pool = torch.empty(batch * pages, PAGE_SIZE, *cache.shape[2:], dtype=cache.dtype, device=cache.device)
-        pool[order] = padded.view(batch * pages, PAGE_SIZE, *cache.shape[2:])
+        pool = torch.empty(batch * pages, page_size, *cache.shape[2:], dtype=cache.dtype, device=cache.device)
+        pool[order] = padded.view(batch * pages, page_size, *cache.shape[2:])
         return pool
 
     return pool_of(k), pool_of(v), order.view(batch, pages).to(torch.int32)
@@ -103,7 +103,7 @@ def _calls(q, k, v, impls, generator) -> dict[str, Callable]:
     if "flashlib" in impls:
         calls["flashlib"] = lambda: flash_attention_with_kvcache(q, k, v, cache_seqlens=lengths, causal=False)
     if "flashlib_paged" in impls and k.numel() * k.element_size() * 2 <= MAX_KV_BYTES / 2:
-        k_pool, v_pool, table = _paged_copy(k, v, generator)
+        k_pool, v_pool, table = paged_copy(k, v, generator)
         calls["flashlib_paged"] = lambda: flash_attention_with_kvcache(q, k_pool, v_pool, cache_seqlens=lengths,
                                                                        block_table=table, causal=False)
     if "flashlib_fa2" in impls:

@@ -379,6 +379,10 @@ def needs_autograd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
             or torch._C._are_functorch_transforms_active() or forward_ad._current_level >= 0)
 
 
+#: The seed output of a call without dropout that autograd never sees (shared: nothing writes to it).
+_NO_SEED = torch.zeros(1, dtype=torch.int64)
+
+
 def run(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, settings: tuple):
     """(O, L, dropout seed) of checked arguments and their ``op_settings``: the custom op while
     torch.compile traces; the autograd.Function when autograd must see the call; else the forward
@@ -389,10 +393,6 @@ def run(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, settings: t
         return _apply_eagerly(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *settings)
     o, lse, seed = _forward(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *settings)
     return o, lse, (_NO_SEED if seed == 0 else torch.full((1,), seed, dtype=torch.int64))
-
-
-#: The seed output of a call without dropout that autograd never sees (shared: nothing writes to it).
-_NO_SEED = torch.zeros(1, dtype=torch.int64)
 
 
 def attention(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, max_seqlen_q, max_seqlen_k, layout,
