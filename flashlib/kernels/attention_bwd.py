@@ -125,7 +125,6 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, q_src, do_src, off_b, of
                          stride_qn, stride_qd, stride_don, stride_dod,
                          offs_n, n0, offs_d, k_len, q_len, offset, window_left, window_right,
                          score_scale, softcap_scale, slope_log2, dropout_seed, dropout_p, stream,
-                         dq_base, stride_dqn, stride_dqd, sm_scale, ATOMIC_DQ: tl.constexpr,
                          MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                          HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                          EVEN_D: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -140,8 +139,6 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, q_src, do_src, off_b, of
     forward's mask Z, ``dV += (P Z / (1 - p))^T dO`` and ``dP`` becomes ``dP Z / (1 - p)``;
     softcap: ``dS`` times ``1 - tanh^2``. ``TMA == "host"``: Q and dO tiles come through the
     host descriptors ``q_src``, ``do_src`` (rows past N_q read as 0; only for unpadded batches).
-    ``ATOMIC_DQ``: also ``dQ += scale * dS K`` for these rows, added into the float32 ``dq_base``
-    with atomic adds (the one-kernel backward; rows past ``q_len`` are never touched).
     """
     offs_m = tl.arange(0, BLOCK_M)
     # Q^T tile (BLOCK_D, BLOCK_M) and dO tile (BLOCK_M, BLOCK_D) of the first block, through strides.
@@ -194,19 +191,7 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, q_src, do_src, off_b, of
         dsT = pT * (dpT - delta[None, :])
         if HAS_SOFTCAP:
             dsT = dsT * (1.0 - tT * tT)
-        dsT = dsT.to(qT.dtype)
-        dk += tl.dot(dsT, tl.trans(qT), input_precision=DOT_PRECISION)
-        if ATOMIC_DQ and TMA == "host":  # one bulk reduction of the tile in L2 (rows past N_q dropped)
-            dq = tl.dot(tl.trans(dsT), k, input_precision=DOT_PRECISION) * sm_scale
-            dq_base.atomic_add([off_b, off_h, start_m, 0], dq.reshape(1, 1, BLOCK_M, BLOCK_D))
-        elif ATOMIC_DQ:
-            dq = tl.dot(tl.trans(dsT), k, input_precision=DOT_PRECISION) * sm_scale
-            dq_ptrs = dq_base + rows[:, None] * stride_dqn + offs_d[None, :] * stride_dqd
-            if MASKED or not EVEN_D:
-                tl.atomic_add(dq_ptrs, dq, mask=(rows[:, None] < q_len) & (offs_d[None, :] < HEAD_DIM),
-                              sem="relaxed")
-            else:
-                tl.atomic_add(dq_ptrs, dq, sem="relaxed")
+        dk += tl.dot(dsT.to(qT.dtype), tl.trans(qT), input_precision=DOT_PRECISION)
         qT_ptrs += BLOCK_M * stride_qn
         do_ptrs += BLOCK_M * stride_don
     return dk, dv
@@ -214,7 +199,7 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, q_src, do_src, off_b, of
 
 @triton.jit(do_not_specialize=["DROPOUT_SEED"])
 def attention_bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC, SEQ_LENS, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI, sm_scale, SOFTCAP,
+    Q, K, V, DO, LSE, DELTA, DK, DV, SEQ_LENS, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI, sm_scale, SOFTCAP,
     DROPOUT_P, DROPOUT_SEED,
     stride_qb, stride_qh, stride_qn, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
@@ -222,15 +207,13 @@ def attention_bwd_dkdv_kernel(
     stride_dob, stride_doh, stride_don, stride_dod,
     stride_dkb, stride_dkh, stride_dkn, stride_dkd,
     stride_dvb, stride_dvh, stride_dvn, stride_dvd,
-    stride_dqab, stride_dqah, stride_dqan, stride_dqad,
     stride_ab, stride_ah,
     H, KV_GROUP, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT,
     Q_BUCKET, K_BUCKET,  # only keys for the autotuner (N rounded up to a power of two)
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_SEQ_LENS: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """dK, dV for key block ``program_id(0)`` of (batch, kv head) ``program_id(1)``.
 
@@ -240,8 +223,6 @@ def attention_bwd_dkdv_kernel(
     block once (zeros for keys that no query sees). IS_VARLEN: packed sequences, as in
     the forward (batch strides 0, LSE and DELTA (H, total_q)). ``TMA == "host"``: Q and DO
     are (B, H, N_q, D) host tensor descriptors with (1, 1, BLOCK_M, BLOCK_D) tiles.
-    ``ATOMIC_DQ``: dQ too, added into DQ_ACC (float32, laid out as Q, zeroed by the caller) with
-    atomic adds: one pass over P instead of two, but the order of the additions varies.
     """
     start_n = tl.program_id(0)
     off_hkv = tl.program_id(1)
@@ -287,18 +268,11 @@ def attention_bwd_dkdv_kernel(
         row_base = row_stats_offset(off_b, off_h, H, N_CTX_Q, q_start, IS_VARLEN)
         lse_ptr = LSE + row_base
         delta_ptr = DELTA + row_base
-        dq_base = LSE  # unused unless ATOMIC_DQ
-        if TMA == "host":
-            dq_base = DQ_ACC  # a host descriptor, like Q and DO
-        elif ATOMIC_DQ:
-            dq_base = (DQ_ACC + off_b.to(tl.int64) * stride_dqab + off_h.to(tl.int64) * stride_dqah
-                       + q_start * stride_dqan)
         if HAS_RIGHT:  # stage 1: the diagonal / the window's right edge
             dk, dv = _attn_bwd_dkdv_inner(
                 dk, dv, k, v, q_base, do_base, Q, DO, off_b, off_h, lse_ptr, delta_ptr, lo, full_lo,
                 stride_qn, stride_qd, stride_don, stride_dod, offs_n, n0, offs_d, k_len, q_len, offset,
                 WINDOW_LEFT, WINDOW_RIGHT, score_scale, softcap_scale, slope_log2, DROPOUT_SEED, DROPOUT_P, stream,
-                dq_base, stride_dqan, stride_dqad, sm_scale, ATOMIC_DQ,
                 True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, HEAD_DIM,
                 DOT_PRECISION, TMA, BLOCK_M, BLOCK_N, BLOCK_D)
         # stage 2: query blocks that see the whole key block, no mask
@@ -306,7 +280,6 @@ def attention_bwd_dkdv_kernel(
             dk, dv, k, v, q_base, do_base, Q, DO, off_b, off_h, lse_ptr, delta_ptr, full_lo, full_hi,
             stride_qn, stride_qd, stride_don, stride_dod, offs_n, n0, offs_d, k_len, q_len, offset,
             WINDOW_LEFT, WINDOW_RIGHT, score_scale, softcap_scale, slope_log2, DROPOUT_SEED, DROPOUT_P, stream,
-            dq_base, stride_dqan, stride_dqad, sm_scale, ATOMIC_DQ,
             False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, HEAD_DIM,
             DOT_PRECISION, TMA, BLOCK_M, BLOCK_N, BLOCK_D)
         # stage 3: the window's left edge, the q_len tail, a key block cut by k_len
@@ -314,7 +287,6 @@ def attention_bwd_dkdv_kernel(
             dk, dv, k, v, q_base, do_base, Q, DO, off_b, off_h, lse_ptr, delta_ptr, full_hi, hi,
             stride_qn, stride_qd, stride_don, stride_dod, offs_n, n0, offs_d, k_len, q_len, offset,
             WINDOW_LEFT, WINDOW_RIGHT, score_scale, softcap_scale, slope_log2, DROPOUT_SEED, DROPOUT_P, stream,
-            dq_base, stride_dqan, stride_dqad, sm_scale, ATOMIC_DQ,
             True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, HEAD_DIM,
             DOT_PRECISION, TMA, BLOCK_M, BLOCK_N, BLOCK_D)
 
@@ -475,13 +447,6 @@ DKDV_GPU_CONFIGS = [
     (32, 64, 3, 4), (64, 64, 3, 4), (32, 128, 3, 4), (64, 128, 3, 8), (64, 128, 2, 8), (32, 128, 3, 8),
     (64, 64, 2, 4), (32, 32, 2, 4), (16, 64, 2, 4),
 ]
-#: The one-kernel backward (``deterministic=False``): the dK/dV kernel that also adds dQ with atomics.
-#: It holds one more (BLOCK_M, D) float32 tile per step, so its tiles are those of FlashAttention-2's
-#: own backward on Hopper rather than the dK/dV kernel's.
-FUSED_GPU_CONFIGS = [
-    (64, 128, 2, 8), (64, 128, 3, 8), (32, 128, 2, 8), (32, 128, 3, 8), (64, 64, 2, 4), (64, 64, 3, 4),
-    (32, 64, 3, 4), (128, 128, 2, 8), (128, 64, 2, 8),
-]
 DQ_GPU_CONFIGS = [
     (128, 64, 3, 8), (128, 32, 3, 8), (128, 32, 3, 4), (128, 64, 2, 8), (64, 64, 3, 4), (64, 64, 2, 4),
     (64, 32, 3, 4), (32, 32, 2, 4), (64, 16, 2, 4),
@@ -504,14 +469,13 @@ def smem_bytes(kernel: str, block_m: int, block_n: int, block_d: int, stages: in
     dK/dV holds K, V (BLOCK_N x D) and streams Q, dO (BLOCK_M x D); dQ holds Q, dO and
     streams K, V.
     """
-    held, streamed = (block_m, block_n) if kernel == "dq" else (block_n, block_m)
+    held, streamed = (block_n, block_m) if kernel == "dkdv" else (block_m, block_n)
     return elem_bytes * block_d * (2 * held + 2 * streamed * stages) + 4 * block_m * block_n
 
 
 def _fits(kernel, bm, bn, stages, warps, block_d, elem_bytes, budget) -> bool:
-    """Registers: float32 accumulators (dK and dV, or dQ) of at most 128 per thread; shared memory.
-    (The fused kernel's dQ tile lives for one step only, like the score tile: not counted.)"""
-    accumulators = bm * block_d if kernel == "dq" else 2 * bn * block_d
+    """Registers: float32 accumulators (dK and dV, or dQ) of at most 128 per thread; shared memory."""
+    accumulators = 2 * bn * block_d if kernel == "dkdv" else bm * block_d
     if accumulators > 4096 * warps:
         return False
     return smem_bytes(kernel, bm, bn, block_d, stages, elem_bytes) <= budget
@@ -536,9 +500,7 @@ def _pruner(kernel):
 
 #: Which block size the rows of each streamed tile take, per kernel: the arguments that are host
 #: descriptors when ``TMA == "host"`` (dK/dV streams Q and dO, dQ streams K and V).
-TILE_ROWS = {"dkdv": {"Q": "BLOCK_M", "DO": "BLOCK_M"},
-             "fused": {"Q": "BLOCK_M", "DO": "BLOCK_M", "DQ_ACC": "BLOCK_M"},
-             "dq": {"K": "BLOCK_N", "V": "BLOCK_N"}}
+TILE_ROWS = {"dkdv": {"Q": "BLOCK_M", "DO": "BLOCK_M"}, "dq": {"K": "BLOCK_N", "V": "BLOCK_N"}}
 
 
 def _set_dkdv_tiles(nargs):
@@ -549,34 +511,24 @@ def _set_dq_tiles(nargs):
     set_block_shapes(nargs, TILE_ROWS["dq"])
 
 
-def _set_fused_tiles_and_clear_dq(nargs):
-    """The fused kernel adds into DQ_ACC: every run the autotuner makes must start from zero."""
-    set_block_shapes(nargs, TILE_ROWS["fused"])
-    tensor_of(nargs["DQ_ACC"]).zero_()
-
-
 #: The configs' pre_hook per kernel: gives host descriptors the config's tile.
-TILE_SHAPES = {"dkdv": _set_dkdv_tiles, "dq": _set_dq_tiles, "fused": _set_fused_tiles_and_clear_dq}
-
-_TUNING_KEYS = ["Q_BUCKET", "K_BUCKET", "HEAD_DIM", "HAS_SEQ_LENS", "IS_VARLEN", "HAS_LEFT", "HAS_RIGHT", "KV_GROUP",
-                "HAS_SOFTCAP", "HAS_ALIBI", "HAS_DROPOUT", "DOT_PRECISION", "TMA"]
+TILE_SHAPES = {"dkdv": _set_dkdv_tiles, "dq": _set_dq_tiles}
 
 
 def _autotuned(kernel, name, configs):
     return triton.autotune(
         configs=[triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=s, num_warps=w,
                                pre_hook=TILE_SHAPES[name]) for bm, bn, s, w in configs],
-        key=_TUNING_KEYS + (["ATOMIC_DQ"] if name != "dq" else []),
+        key=["Q_BUCKET", "K_BUCKET", "HEAD_DIM", "HAS_SEQ_LENS", "IS_VARLEN", "HAS_LEFT", "HAS_RIGHT", "KV_GROUP",
+             "HAS_SOFTCAP", "HAS_ALIBI", "HAS_DROPOUT", "DOT_PRECISION", "TMA"],
         prune_configs_by={"early_config_prune": _pruner(name)},
     )(kernel)
 
 
-#: The main kernels with block sizes, warps and stages chosen by benchmarking on the GPU. The
-#: two of the deterministic backward only store, so the autotuner's repeated runs are harmless;
-#: the fused one adds into its dQ buffer, which its configs' pre_hook zeroes before every run.
+#: The two main kernels with block sizes, warps and stages chosen by benchmarking on the GPU.
+#: They only store (no accumulation into their outputs), so the autotuner's repeated runs are harmless.
 attention_bwd_dkdv_kernel_autotuned = _autotuned(attention_bwd_dkdv_kernel, "dkdv", DKDV_GPU_CONFIGS)
 attention_bwd_dq_kernel_autotuned = _autotuned(attention_bwd_dq_kernel, "dq", DQ_GPU_CONFIGS)
-attention_bwd_fused_kernel_autotuned = _autotuned(attention_bwd_dkdv_kernel, "fused", FUSED_GPU_CONFIGS)
 
 
 def _launch_fixed(kernel, grid, positional, args, block_m, block_n, block_d, elem_bytes):
@@ -585,12 +537,12 @@ def _launch_fixed(kernel, grid, positional, args, block_m, block_n, block_d, ele
     ``smem_bytes`` is an estimate; should Triton still refuse a config for shared memory
     (it does so when compiling, before anything runs), the next shallower one is tried.
     """
-    fn = attention_bwd_dq_kernel if kernel == "dq" else attention_bwd_dkdv_kernel
-    accumulators = block_m * block_d if kernel == "dq" else 2 * block_n * block_d
+    fn = attention_bwd_dkdv_kernel if kernel == "dkdv" else attention_bwd_dq_kernel
+    accumulators = 2 * block_n * block_d if kernel == "dkdv" else block_m * block_d
     budget = smem_budget()
     stages = [s for s in (3, 2) if smem_bytes(kernel, block_m, block_n, block_d, s, elem_bytes) <= budget] + [1]
-    set_block_shapes(dict(zip(fn.arg_names, positional), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d),
-                     TILE_ROWS[kernel])
+    TILE_SHAPES[kernel](dict(zip(("Q", "K", "V", "DO"), positional), BLOCK_M=block_m, BLOCK_N=block_n,
+                             BLOCK_D=block_d))
     for i, num_stages in enumerate(stages):
         try:
             launch(fn, grid, *positional, **args, BLOCK_M=block_m, BLOCK_N=block_n,
@@ -606,7 +558,7 @@ def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec: AttentionSp
                               block_m: int | None = None, block_n: int | None = None,
                               cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
                               max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
-                              use_tma: bool | None = None, deterministic: bool = True):
+                              use_tma: bool | None = None):
     """Fill dq (if not None) and dk, dv (if not None) for checked (B, H, N, D) tensors, any strides.
 
     q, o, do, dq: (B, H, N_q, D); k, v, dk, dv: (B, H_kv, N_k, D); lse: (B, H, N_q) contiguous
@@ -623,22 +575,14 @@ def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec: AttentionSp
     descriptors, by default where head_dim >= 128 (:data:`TMA_MIN_BLOCK_D`), the device and the tensors
     allow it and the batch is not padded or packed (a host descriptor bounds rows by N only; padded rows must not be read).
     ``False`` forces the pointer path (tests compare the two).
-
-    ``deterministic=False`` (with dq, dk and dv all wanted): one kernel instead of two. The dK/dV
-    kernel also adds each step's ``scale * dS K`` into a float32 dQ buffer with atomic adds
-    (FlashAttention-2's backward): P and dP are computed once instead of twice (5 matmuls per tile
-    pair instead of 7), but the order of dQ's additions varies from run to run, so dQ is not
-    bitwise reproducible (dK and dV still are).
     """
-    fused = not deterministic and dq is not None and dk is not None
-    dq_acc = torch.zeros(dq.shape, dtype=torch.float32, device=dq.device) if fused else None
     varlen = cu_seqlens_q is not None
     o_rows, do_rows = o, do  # what the preprocess reads, (B, H, N_q, D)
     if varlen:
         # D = rowsum(dO * O) is per row, blind to sequences: one sample of all the packed rows.
         o_rows, do_rows = packed_as_bhnd(o, 1), packed_as_bhnd(do, 1)
-        q, k, v, do, dq, dk, dv, dq_acc = (None if t is None else packed_as_bhnd(t, cu_seqlens_q.shape[0] - 1)
-                                           for t in (q, k, v, do, dq, dk, dv, dq_acc))
+        q, k, v, do, dq, dk, dv = (None if t is None else packed_as_bhnd(t, cu_seqlens_q.shape[0] - 1)
+                                   for t in (q, k, v, do, dq, dk, dv))
     batch, heads, n_q, head_dim = q.shape
     kv_heads, n_k = k.shape[1], k.shape[2]
     rows_q, rows_k = (max_seqlen_q, max_seqlen_k) if varlen else (n_q, n_k)  # per (batch, head)
@@ -673,28 +617,20 @@ def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec: AttentionSp
     jobs = []
     if dk is not None:
         q_src, do_src = tile_sources(tma, (q, do))
-        dq_dst = (tile_sources(tma, (dq_acc,))[0] if fused else lse)
-        jobs.append(("fused" if fused else "dkdv",
-                     (q_src, k, v, do_src, lse, delta, dk, dv, dq_dst, seq_lens, cu_seqlens_q,
-                      cu_seqlens_k, *modifiers, *strides, *dk.stride(), *dv.stride(),
-                      *(dq_acc.stride() if fused else (0, 0, 0, 0)), *alibi_strides),
+        jobs.append(("dkdv", (q_src, k, v, do_src, lse, delta, dk, dv, seq_lens, cu_seqlens_q, cu_seqlens_k,
+                              *modifiers, *strides, *dk.stride(), *dv.stride(), *alibi_strides),
                      lambda bn: (triton.cdiv(rows_k, bn), batch * kv_heads)))
-    if dq is not None and not fused:
+    if dq is not None:
         k_src, v_src = tile_sources(tma, (k, v))
         jobs.append(("dq", (q, k_src, v_src, do, lse, delta, dq, seq_lens, cu_seqlens_q, cu_seqlens_k,
                             *modifiers, *strides, *dq.stride(), *alibi_strides),
                      lambda bm: (triton.cdiv(rows_q, bm), batch * heads)))
-    tuned_kernels = {"dkdv": attention_bwd_dkdv_kernel_autotuned, "fused": attention_bwd_fused_kernel_autotuned,
-                     "dq": attention_bwd_dq_kernel_autotuned}
     for kernel, positional, grid_of in jobs:
-        program_block = "BLOCK_M" if kernel == "dq" else "BLOCK_N"
-        kernel_args = args if kernel == "dq" else dict(args, ATOMIC_DQ=fused)
+        program_block = "BLOCK_N" if kernel == "dkdv" else "BLOCK_M"
         if block_m is not None:
-            grid = grid_of(block_m if kernel == "dq" else block_n)
-            _launch_fixed(kernel, grid, positional, kernel_args, block_m, block_n, block_d, q.element_size())
+            grid = grid_of(block_n if kernel == "dkdv" else block_m)
+            _launch_fixed(kernel, grid, positional, args, block_m, block_n, block_d, q.element_size())
         else:
-            launch_tuned(tuned_kernels[kernel], lambda meta, g=grid_of, b=program_block: g(meta[b]), *positional,
-                         **kernel_args)
-    if fused:
-        dq.copy_(dq_acc)
+            tuned = attention_bwd_dkdv_kernel_autotuned if kernel == "dkdv" else attention_bwd_dq_kernel_autotuned
+            launch_tuned(tuned, lambda meta, g=grid_of, b=program_block: g(meta[b]), *positional, **args)
     return delta
