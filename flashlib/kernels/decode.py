@@ -44,6 +44,8 @@ import triton.language as tl
 
 from .. import runtime
 from ..spec import window_bounds
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
 from ._common import LN2, LOG2E, band_mask, scores_log2
 from .attention_fwd import smem_budget
 from .launch import launch
@@ -62,6 +64,7 @@ def splitkv_attention_kernel(
     HAS_K_LENS: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, PAGED: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    EARLY_MERGE: tl.constexpr = False,
 ):
     """Rows ``[pid(1) * BLOCK_M, +BLOCK_M)`` of K/V head ``pid(2) % H_kv`` of sample ``pid(2) // H_kv``
     against the keys of chunk ``pid(0)``.
@@ -70,7 +73,9 @@ def splitkv_attention_kernel(
     cache: (pages, PAGE_SIZE, H_kv, D)). LSE is (B, H, N_q) float32, contiguous. With
     ``SPLIT`` the program writes its partial instead: O_PART (B, H_kv, splits, ROWS_PAD, D)
     and LSE_PART (B, H_kv, splits, ROWS_PAD), float32, contiguous, the logsumexp in
-    log2 units (the merge works in them).
+    log2 units (the merge works in them). ``EARLY_MERGE``: once its keys are done, the program lets
+    the merge kernel, launched as its programmatic dependent (Hopper), start up (see
+    :data:`MERGE_LAUNCHES_EARLY`).
     """
     split = tl.program_id(0)
     row_block = tl.program_id(1)
@@ -175,6 +180,8 @@ def splitkv_attention_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
+    if EARLY_MERGE:  # the merge may launch now; it still waits for this grid to finish before reading
+        gdc_launch_dependents()
     # A row that saw no key (an empty chunk, a masked row): O = 0, L = -inf. NaN != 0 propagates.
     seen = l_i != 0.0
     l_safe = tl.where(seen, l_i, 1.0)
@@ -196,12 +203,17 @@ def splitkv_attention_kernel(
 def merge_splits_kernel(O_PART, LSE_PART, O, LSE,
                         stride_ob, stride_on, stride_oh, stride_od,
                         H, H_KV, N_Q, NUM_SPLITS, ROWS_PAD,
-                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr):
+                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr,
+                        EARLY: tl.constexpr = False):
     """Merge the ``NUM_SPLITS`` partials of row ``pid(0)`` of K/V head ``pid(1)`` into O and L.
 
     ``SPLITS`` is ``NUM_SPLITS`` rounded up to a power of two (absent splits count as
-    empty: L = -inf). The partial logsumexps are in log2 units.
+    empty: L = -inf). The partial logsumexps are in log2 units. ``EARLY``: launched as the
+    split kernel's programmatic dependent, so it first waits until that grid has finished
+    and its writes are visible (``griddepcontrol.wait``).
     """
+    if EARLY:
+        gdc_wait()
     row = tl.program_id(0)
     off_bh = tl.program_id(1)
     off_b = off_bh // H_KV
@@ -227,6 +239,11 @@ def merge_splits_kernel(O_PART, LSE_PART, O, LSE,
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=offs_d < HEAD_DIM)
     tl.store(LSE + (off_b * H + head).to(tl.int64) * N_Q + query, lse_out)
 
+
+#: Launch the merge of a split grid as a programmatic dependent launch (PDL, Hopper and later): the
+#: merge's programs are scheduled while the split kernel's last programs still run, and wait for its
+#: results on the GPU, instead of starting only after the split grid has drained.
+MERGE_LAUNCHES_EARLY = True
 
 #: Keys per split come in multiples of this (so every BLOCK_N of the configs divides a chunk).
 CHUNK_GRANULE = 128
@@ -275,6 +292,18 @@ def launch_config(programs: int, sms: int, block_m: int, block_d: int, elem: int
         if elem * block_d * (block_m + 2 * block_n * fitting) <= budget:
             return block_n, fitting, 4
     return 32, 1, 4
+
+
+@functools.lru_cache(maxsize=None)
+def _pdl_supported(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def merges_early(device: torch.device) -> bool:
+    """Whether the merge goes out as a programmatic dependent launch: on a GPU of compute
+    capability 9.0 or later (never in the interpreter), unless :data:`MERGE_LAUNCHES_EARLY` is off."""
+    return (MERGE_LAUNCHES_EARLY and not runtime.INTERPRET and device.type == "cuda"
+            and _pdl_supported(device.index or 0))
 
 
 @functools.lru_cache(maxsize=None)
@@ -387,6 +416,7 @@ def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
                  HAS_SEQ_LENS=seq_lens is not None, PAGED=paged, HAS_LEFT=left is not None,
                  HAS_RIGHT=right is not None, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
                  SPLIT=split, DOT_PRECISION=runtime.dot_precision(q.dtype), BLOCK_M=block_m)
+    early = split and merges_early(q.device)
     grid = (num_splits, row_blocks, batch * heads_kv)
     if runtime.INTERPRET:
         splitkv_attention_kernel[grid](*positional, **flags, BLOCK_N=INTERPRETER_BLOCK_N)
@@ -396,8 +426,9 @@ def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
                                    q.element_size(), chunk if split else None)
         block_n, stages, warps = config
         launch(splitkv_attention_kernel, grid, *positional, **flags, BLOCK_N=block_n, num_stages=stages,
-               num_warps=warps)
+               num_warps=warps, EARLY_MERGE=early)
     if split:
+        pdl = {"EARLY": True, "launch_pdl": True} if early else {}
         launch(merge_splits_kernel, (rows, batch * heads_kv),
                o_part, lse_part, o, lse, *o.stride(), heads, heads_kv, n_q, num_splits, row_blocks * block_m,
-               HEAD_DIM=head_dim, BLOCK_D=block_d, SPLITS=triton.next_power_of_2(num_splits))
+               HEAD_DIM=head_dim, BLOCK_D=block_d, SPLITS=triton.next_power_of_2(num_splits), **pdl)
