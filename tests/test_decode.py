@@ -141,6 +141,40 @@ def test_an_explicit_block_m_gives_the_same_attention(block_m):
     assert relative_error(o, _reference(q, k_cache, v_cache, lengths)[0]) < TOL[q.dtype]
 
 
+def test_the_merge_launches_early_only_where_the_switch_and_the_device_allow(monkeypatch):
+    """On Hopper the merge is a programmatic dependent launch; never in the interpreter or on the CPU."""
+    assert not decode_kernels.merges_early(torch.device("cpu"))
+    if runtime.INTERPRET:
+        assert not decode_kernels.merges_early(torch.device("cuda", 0))
+    monkeypatch.setattr(decode_kernels, "MERGE_LAUNCHES_EARLY", False)
+    assert not decode_kernels.merges_early(torch.device("cuda", 0))
+
+
+def test_an_early_merge_is_launched_with_pdl_and_waits_for_the_split_grid(monkeypatch):
+    """The wiring: a split call launches its merge with ``launch_pdl`` and ``EARLY`` (which waits on the GPU);
+    the interpreter cannot run griddepcontrol, so the spy strips both before launching there."""
+    seen = []
+    real_launch = decode_kernels.launch
+
+    def spy(fn, grid, *args, **kwargs):
+        seen.append((fn, {k: kwargs.get(k) for k in ("EARLY", "launch_pdl", "EARLY_MERGE")}))
+        if runtime.INTERPRET:
+            kwargs = {k: v for k, v in kwargs.items() if k not in ("EARLY", "launch_pdl", "EARLY_MERGE")}
+        return real_launch(fn, grid, *args, **kwargs)
+
+    monkeypatch.setattr(decode_kernels, "launch", spy)
+    monkeypatch.setattr(decode_kernels, "merges_early", lambda device: True)
+    q, k_cache, v_cache, _, _, lengths = _problem(batch=1, heads=2, heads_kv=1, n_new=0, capacity=512, lengths=[500])
+    o, lse = torch.full_like(q, float("nan")), torch.empty(1, 2, 1, device=q.device)
+    decode_kernels.launch_splitkv_attention(q, k_cache, v_cache, o, lse, scale=q.shape[-1] ** -0.5, k_lens=lengths,
+                                            num_splits=4)
+    merges = [flags for fn, flags in seen if fn is decode_kernels.merge_splits_kernel]
+    assert merges == [{"EARLY": True, "launch_pdl": True, "EARLY_MERGE": None}]
+    if not runtime.INTERPRET:  # the split kernel, launched through ``launch`` on a GPU, signals its dependents
+        assert [flags["EARLY_MERGE"] for fn, flags in seen if fn is decode_kernels.splitkv_attention_kernel] == [True]
+    assert relative_error(o, _reference(q, k_cache, v_cache, lengths)[0]) < TOL[q.dtype]
+
+
 def test_launch_config_follows_the_grid_and_fits_shared_memory():
     config = decode_kernels.launch_config
     assert config(128, 132, 16, 128, 2, chunk=8192) == (64, 3, 4)  # one wave of long chunks: 16 KB tiles
@@ -469,3 +503,28 @@ def test_gpu_splitkv_matches_fa2(n_k):
         o_split = flash_attention(q, k, v, causal=True, variant="splitkv")
     assert relative_error(o_split, o_fa2.double()) < TOL[torch.float16]
     assert math.isfinite(float(o_split.float().sum()))
+
+
+@pytest.mark.gpu
+def test_gpu_the_early_merge_gives_the_same_bits_eagerly_and_from_a_cuda_graph(monkeypatch):
+    """PDL changes only when the merge starts: O and L bitwise equal with it, without it, and replayed."""
+    gen = torch.Generator().manual_seed(17)
+    q = _randn(1, 1, 32, 128, gen=gen, dtype=torch.float16)
+    k, v = (_randn(1, 8192, 8, 128, gen=gen, dtype=torch.float16) for _ in range(2))
+    results = {}
+    for early in (True, False):
+        monkeypatch.setattr(decode_kernels, "MERGE_LAUNCHES_EARLY", early)
+        o, lse = torch.full_like(q, float("nan")), torch.empty(1, 32, 1, device=q.device)
+        decode_kernels.launch_splitkv_attention(q, k, v, o, lse, scale=128 ** -0.5)
+        results[early] = (o, lse)
+    assert torch.equal(results[True][0], results[False][0]) and torch.equal(results[True][1], results[False][1])
+    monkeypatch.setattr(decode_kernels, "MERGE_LAUNCHES_EARLY", True)
+    o, lse = torch.full_like(q, float("nan")), torch.empty(1, 32, 1, device=q.device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        decode_kernels.launch_splitkv_attention(q, k, v, o, lse, scale=128 ** -0.5)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(o, results[True][0]) and torch.equal(lse, results[True][1])
+    ref = flash_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), variant="fa2").transpose(1, 2)
+    assert relative_error(o, ref.double()) < TOL[torch.float16]
