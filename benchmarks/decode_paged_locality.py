@@ -7,8 +7,7 @@ stored three ways: contiguous; paged with the pages in order in the pool (the bl
 with the pages shuffled over the pool (as ``python -m flashlib.bench --mode decode`` stores them). If
 in-order pages run as fast as contiguous and shuffled ones do not, the gap comes from where the pages
 lie (DRAM and TLB locality of small pages), not from the kernel's table reads. Page sizes 64 and 256
-tokens; shapes where the decoding grid's paged times trailed most (MQA, D = 64). Each paged way is timed
-with the block table read one and two blocks ahead (``--lookahead``, ``decode.PAGE_LOOKAHEAD``).
+tokens; shapes where the decoding grid's paged times trailed most (MQA, D = 64).
 """
 from __future__ import annotations
 
@@ -39,24 +38,10 @@ def pool_of(cache: torch.Tensor, page_size: int, order: torch.Tensor) -> torch.T
     return pool
 
 
-def paged_call(ahead: int, *args, **kwargs) -> None:
-    """The library's paged call with the block table read ``ahead`` blocks ahead (decode.PAGE_LOOKAHEAD)."""
-    decode.PAGE_LOOKAHEAD = ahead
-    try:
-        decode.launch_splitkv_attention(*args, **kwargs)
-    finally:
-        decode.PAGE_LOOKAHEAD = DEFAULT_LOOKAHEAD
-
-
-DEFAULT_LOOKAHEAD = decode.PAGE_LOOKAHEAD
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--lookahead", type=lambda text: [int(x) for x in text.split(",")], default=[1, 2],
-                        help="blocks ahead the kernel reads the block table, each timed (default 1,2)")
     args = parser.parse_args()
     rows = []
     for batch, heads_kv, n_q, n_k, d in SHAPES:
@@ -76,10 +61,9 @@ def main() -> None:
                 kp, vp = pool_of(k, page_size, order), pool_of(v, page_size, order)
                 table = order.view(batch, -1).to(torch.int32)
                 pools[(page_size, order_name)] = (kp, vp, table)
-                for ahead in args.lookahead:
-                    calls[f"paged{page_size}_{order_name}_ahead{ahead}"] = (
-                        lambda kp=kp, vp=vp, table=table, ahead=ahead: paged_call(
-                            ahead, q, kp, vp, o, lse, scale=d ** -0.5, k_lens=lengths, block_table=table))
+                calls[f"paged{page_size}_{order_name}"] = (
+                    lambda kp=kp, vp=vp, table=table: decode.launch_splitkv_attention(
+                        q, kp, vp, o, lse, scale=d ** -0.5, k_lens=lengths, block_table=table))
         outputs = {}
         for name, call in calls.items():
             call()
@@ -100,8 +84,7 @@ def main() -> None:
         torch.cuda.empty_cache()
     meta = dict(gpu=detect_gpu().name, torch=torch.__version__, triton=triton.__version__,
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
-                command=f"PYTHONPATH=. python3 benchmarks/decode_paged_locality.py --rounds {args.rounds} "
-                        f"--lookahead {','.join(map(str, args.lookahead))}")
+                command=f"PYTHONPATH=. python3 benchmarks/decode_paged_locality.py --rounds {args.rounds}")
     with open(args.out, "w", encoding="utf-8") as handle:
         json.dump(dict(meta=meta, rows=rows), handle, indent=1)
 

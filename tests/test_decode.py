@@ -236,12 +236,9 @@ def test_splitkv_never_reads_the_padding_past_seq_lens():
 
 
 # ------------------------------------------------------------------ paged cache
-@pytest.mark.parametrize("lookahead", [1, 2], ids=["table-1-ahead", "table-2-ahead"])
 @pytest.mark.parametrize("page_size", [16, 8, 48, 64], ids=["16", "8", "48", "64-one-page-per-block"])
-def test_paged_cache_matches_the_contiguous_one(page_size, lookahead, monkeypatch):
-    """Pages smaller than a key block, not dividing it, and holding whole blocks (one table read per block),
-    with the block table read one or two blocks ahead (the last blocks' reads run past the table: masked)."""
-    monkeypatch.setattr(decode_kernels, "PAGE_LOOKAHEAD", lookahead)
+def test_paged_cache_matches_the_contiguous_one(page_size):
+    """Pages smaller than a key block, not dividing it, and holding whole blocks (one table read per block)."""
     gen = torch.Generator().manual_seed(3)
     q, k_cache, v_cache, k, v, lengths = _problem(n_q=2, n_new=2, capacity=192, lengths=[0, 45, 150], seed=2)
     k_pool, table = _paged(k_cache, page_size, gen)

@@ -64,7 +64,7 @@ def splitkv_attention_kernel(
     HAS_K_LENS: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, PAGED: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    EARLY_MERGE: tl.constexpr = False, PAGE_AHEAD: tl.constexpr = 1,
+    EARLY_MERGE: tl.constexpr = False,
 ):
     """Rows ``[pid(1) * BLOCK_M, +BLOCK_M)`` of K/V head ``pid(2) % H_kv`` of sample ``pid(2) // H_kv``
     against the keys of chunk ``pid(0)``.
@@ -137,47 +137,27 @@ def splitkv_attention_kernel(
     # in the same iteration cannot be pipelined (paged ran 1.3-1.6x slower than contiguous that way on
     # the H100, 1.02-1.07x with the read ahead: benchmarks/decode_paged.py). A block inside one page
     # needs one table entry; a block over several pages (small pages, long blocks) one per key.
-    # With PAGE_AHEAD == 2 the pages of the next two blocks are held, so that a pipeline of three stages
-    # can issue a block's K/V loads two iterations before it is used.
     ONE_PAGE_PER_BLOCK: tl.constexpr = PAGED and PAGE_SIZE % BLOCK_N == 0
     table_row = BLOCK_TABLE + off_b.to(tl.int64) * stride_tb
     next_page = 0
-    after_next = 0
     if ONE_PAGE_PER_BLOCK:
         next_page = tl.load(table_row + lo // PAGE_SIZE, mask=lo < hi, other=0).to(tl.int64)
-        if PAGE_AHEAD == 2:
-            after_next = tl.load(table_row + (lo + BLOCK_N) // PAGE_SIZE, mask=lo + BLOCK_N < hi,
-                                 other=0).to(tl.int64)
     elif PAGED:
         next_page = tl.load(table_row + (lo + offs_n) // PAGE_SIZE, mask=lo + offs_n < k_len,
                             other=0).to(tl.int64)
-        if PAGE_AHEAD == 2:
-            after_next = tl.load(table_row + (lo + BLOCK_N + offs_n) // PAGE_SIZE,
-                                 mask=lo + BLOCK_N + offs_n < k_len, other=0).to(tl.int64)
     for start in range(lo, hi, BLOCK_N):
         cols = start + offs_n
         col_ok = cols < k_len
-        following = start + PAGE_AHEAD * BLOCK_N  # the block whose page this iteration reads
+        following = start + BLOCK_N
         if ONE_PAGE_PER_BLOCK:
             page = next_page
-            if PAGE_AHEAD == 2:
-                next_page = after_next
-                after_next = tl.load(table_row + following // PAGE_SIZE, mask=following < hi,
-                                     other=0).to(tl.int64)
-            else:
-                next_page = tl.load(table_row + following // PAGE_SIZE, mask=following < hi,
-                                    other=0).to(tl.int64)
+            next_page = tl.load(table_row + following // PAGE_SIZE, mask=following < hi, other=0).to(tl.int64)
             k_rows = page * stride_kb + (start % PAGE_SIZE + offs_n) * stride_kn
             v_rows = page * stride_vb + (start % PAGE_SIZE + offs_n) * stride_vn
-        elif PAGED:  # each key's page, read PAGE_AHEAD blocks ahead
+        elif PAGED:  # each key's page, read one block ahead
             page = next_page
-            if PAGE_AHEAD == 2:
-                next_page = after_next
-                after_next = tl.load(table_row + (following + offs_n) // PAGE_SIZE,
-                                     mask=following + offs_n < k_len, other=0).to(tl.int64)
-            else:
-                next_page = tl.load(table_row + (following + offs_n) // PAGE_SIZE,
-                                    mask=following + offs_n < k_len, other=0).to(tl.int64)
+            next_page = tl.load(table_row + (following + offs_n) // PAGE_SIZE, mask=following + offs_n < k_len,
+                                other=0).to(tl.int64)
             k_rows = page * stride_kb + (cols % PAGE_SIZE) * stride_kn
             v_rows = page * stride_vb + (cols % PAGE_SIZE) * stride_vn
         else:
@@ -264,10 +244,6 @@ def merge_splits_kernel(O_PART, LSE_PART, O, LSE,
 #: merge's programs are scheduled while the split kernel's last programs still run, and wait for its
 #: results on the GPU, instead of starting only after the split grid has drained.
 MERGE_LAUNCHES_EARLY = True
-
-#: How many blocks ahead a paged program reads the block table (1 or 2): the pages of the next
-#: PAGE_LOOKAHEAD blocks are held in registers, so their K/V loads can be issued that many iterations early.
-PAGE_LOOKAHEAD = 2
 
 #: Keys per split come in multiples of this (so every BLOCK_N of the configs divides a chunk).
 CHUNK_GRANULE = 128
@@ -439,8 +415,7 @@ def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     flags = dict(PAGE_SIZE=page_size, HEAD_DIM=head_dim, BLOCK_D=block_d, HAS_K_LENS=k_lens is not None,
                  HAS_SEQ_LENS=seq_lens is not None, PAGED=paged, HAS_LEFT=left is not None,
                  HAS_RIGHT=right is not None, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
-                 SPLIT=split, DOT_PRECISION=runtime.dot_precision(q.dtype), BLOCK_M=block_m,
-                 PAGE_AHEAD=PAGE_LOOKAHEAD if paged else 1)
+                 SPLIT=split, DOT_PRECISION=runtime.dot_precision(q.dtype), BLOCK_M=block_m)
     early = split and merges_early(q.device)
     grid = (num_splits, row_blocks, batch * heads_kv)
     if runtime.INTERPRET:
