@@ -296,12 +296,13 @@ def launch_config(programs: int, sms: int, block_m: int, block_d: int, elem: int
 
 @functools.lru_cache(maxsize=None)
 def _pdl_supported(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index)[0] >= 9
+    """NVIDIA compute capability 9.0 or later (ROCm reports capabilities too, but has no PDL)."""
+    return torch.version.hip is None and torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
 def merges_early(device: torch.device) -> bool:
     """Whether the merge goes out as a programmatic dependent launch: on a GPU of compute
-    capability 9.0 or later (never in the interpreter), unless :data:`MERGE_LAUNCHES_EARLY` is off."""
+    capability 9.0 or later (never in the interpreter or on ROCm), unless :data:`MERGE_LAUNCHES_EARLY` is off."""
     return (MERGE_LAUNCHES_EARLY and not runtime.INTERPRET and device.type == "cuda"
             and _pdl_supported(device.index or 0))
 
