@@ -224,10 +224,18 @@ def stored_decode_results(directory=None) -> list[Path]:
 
 
 def load_decode_results(path) -> tuple[dict, list[dict]]:
-    """(meta, rows) of a decoding results file."""
+    """(meta, rows) of a decoding results file: a run of ``python -m flashlib.bench --mode decode``.
+
+    Other scripts' files beside it (``decode_*.json`` of the A/B and sweep scripts in ``benchmarks/``)
+    raise ValueError: their rows have no ``impl`` and their meta no GPU description.
+    """
     data = json.loads(Path(path).read_text(encoding="utf-8"))
     if not isinstance(data, dict) or "meta" not in data or "rows" not in data:
         raise ValueError(f"{path}: expected a decoding results file with 'meta' and 'rows'")
+    if not isinstance(data["meta"].get("gpu"), dict) or not all(
+            isinstance(r, dict) and "impl" in r and "dtype" in r for r in data["rows"]):
+        raise ValueError(f"{path}: not a run of `python -m flashlib.bench --mode decode` (its meta needs a GPU "
+                         f"description and every row an 'impl' and a 'dtype')")
     return data["meta"], [{**{f: None for f in ROW_FIELDS}, **r} for r in data["rows"]]
 
 

@@ -52,3 +52,19 @@ def test_the_stored_h100_runs_summarise_and_plot():
         assert lines[-2].startswith("flashlib / fastest SDPA (us_graph): min ")
         figure = bench_decode.plot_decode(rows, dtype=rows[0]["dtype"])
         assert len(figure.axes) == 4  # (D, N_q) panels
+
+
+def test_other_scripts_files_beside_the_grids_are_refused_not_misread(tmp_path):
+    """The A/B and sweep scripts also write ``decode_*.json`` files with 'meta' and 'rows'; notebook 09 picks the
+    newest loadable file, so those must raise ValueError rather than pass as a grid."""
+    ab = {"meta": {"gpu": "NVIDIA H100 80GB HBM3", "date": "2099-01-01"}, "rows": [{"batch": 1, "early_us": 4.7}]}
+    (tmp_path / "decode_merge_pdl.json").write_text(json.dumps(ab))
+    with pytest.raises(ValueError, match="not a run of `python -m flashlib.bench --mode decode`"):
+        bench_decode.load_decode_results(tmp_path / "decode_merge_pdl.json")
+    loaded = []
+    for path in bench_decode.stored_decode_results():
+        try:
+            loaded.append(bench_decode.load_decode_results(path))
+        except ValueError:
+            continue
+    assert loaded and all(meta["gpu"]["name"] and all(r["impl"] for r in rows) for meta, rows in loaded)
