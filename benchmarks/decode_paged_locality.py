@@ -20,22 +20,13 @@ import torch
 import triton
 
 from flashlib import detect_gpu
-from flashlib.bench_decode import graph_time_us
+from flashlib.bench_decode import graph_time_us, paged_copy
 from flashlib.kernels import decode
 
 #: (batch, H_kv, N_q, N_k, D), H_q = 32.
 SHAPES = [(64, 1, 4, 32768, 64), (64, 1, 1, 16384, 64), (8, 1, 4, 131072, 64), (1, 1, 1, 131072, 64),
           (64, 1, 4, 32768, 128), (8, 8, 1, 32768, 64)]
 HEADS_Q = 32
-
-
-def pool_of(cache: torch.Tensor, page_size: int, order: torch.Tensor) -> torch.Tensor:
-    """The (B, N_k, H_kv, D) cache cut into pages, page ``i`` of the flat list stored at ``order[i]``."""
-    batch, n_k = cache.shape[:2]
-    pages = cache.reshape(batch * (n_k // page_size), page_size, *cache.shape[2:])
-    pool = torch.empty_like(pages)
-    pool[order] = pages
-    return pool
 
 
 def main() -> None:
@@ -55,11 +46,8 @@ def main() -> None:
                                                                         k_lens=lengths)}
         pools = {}
         for page_size in (64, 256):
-            count = batch * (n_k // page_size)
-            for order_name, order in (("in_order", torch.arange(count, device="cuda")),
-                                      ("shuffled", torch.randperm(count, device="cuda", generator=gen))):
-                kp, vp = pool_of(k, page_size, order), pool_of(v, page_size, order)
-                table = order.view(batch, -1).to(torch.int32)
+            for order_name, shuffle in (("in_order", False), ("shuffled", True)):
+                kp, vp, table = paged_copy(k, v, torch.Generator().manual_seed(0), page_size, shuffle=shuffle)
                 pools[(page_size, order_name)] = (kp, vp, table)
                 calls[f"paged{page_size}_{order_name}"] = (
                     lambda kp=kp, vp=vp, table=table: decode.launch_splitkv_attention(

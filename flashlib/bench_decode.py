@@ -70,11 +70,13 @@ def kv_bytes(batch: int, heads_kv: int, n_k: int, head_dim: int, elem: int) -> i
     return 2 * batch * n_k * heads_kv * head_dim * elem
 
 
-def paged_copy(k: torch.Tensor, v: torch.Tensor, generator: torch.Generator, page_size: int = PAGE_SIZE):
-    """The (B, N_k, H_kv, D) caches' tokens in pages of ``page_size`` shuffled over a pool, and the block table."""
+def paged_copy(k: torch.Tensor, v: torch.Tensor, generator: torch.Generator, page_size: int = PAGE_SIZE,
+               shuffle: bool = True):
+    """The (B, N_k, H_kv, D) caches' tokens in pages of ``page_size`` shuffled over a pool (in order with
+    ``shuffle=False``: the block table is then ``arange``), and the block table."""
     batch, n_k = k.shape[:2]
     pages = -(-n_k // page_size)
-    order = torch.randperm(batch * pages, generator=generator).to(k.device)
+    order = (torch.randperm(batch * pages, generator=generator) if shuffle else torch.arange(batch * pages)).to(k.device)
 
     def pool_of(cache):
         padded = torch.zeros(batch, pages * page_size, *cache.shape[2:], dtype=cache.dtype, device=cache.device)
@@ -86,8 +88,9 @@ def paged_copy(k: torch.Tensor, v: torch.Tensor, generator: torch.Generator, pag
     return pool_of(k), pool_of(v), order.view(batch, pages).to(torch.int32)
 
 
-def _sdpa(backend: str, q, k, v):
-    """SDPA on (B, H, N, D) views of the (B, N, H, D) tensors, one backend."""
+def sdpa_call(backend: str, q, k, v):
+    """A call of SDPA on (B, H, N, D) views of the (B, N, H, D) tensors, one backend (a ``SDPBackend``
+    name), GQA through ``enable_gqa``: how the decoding bench and its A/B scripts time SDPA."""
     q_t, k_t, v_t = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     gqa = k.shape[2] != q.shape[2]
 
@@ -110,7 +113,7 @@ def _calls(q, k, v, impls, generator) -> dict[str, Callable]:
         calls["flashlib_fa2"] = lambda: flash_attention(q, k, v, layout="bnhd", variant="fa2")
     for name, backend in SDPA_IMPLS.items():
         if name in impls:
-            calls[name] = _sdpa(backend, q, k, v)
+            calls[name] = sdpa_call(backend, q, k, v)
     return calls
 
 

@@ -41,11 +41,10 @@ import functools
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .. import runtime
 from ..spec import window_bounds
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-
 from ._common import LN2, LOG2E, band_mask, scores_log2
 from .attention_fwd import smem_budget
 from .launch import launch
