@@ -169,7 +169,7 @@ def train_step_n512(rows: list, save) -> list[dict]:
     return rows
 
 
-def modifiers_n4096(rows: list, save) -> list[dict]:
+def modifiers_n4096(rows: list, save, only=None) -> list[dict]:
     for d in (64, 128):
         n, heads, batch = 4096, 2048 // d, 4
         q, k, v, do = (torch.randn(batch, heads, n, d, device="cuda", dtype=torch.float16) for _ in range(4))
@@ -177,6 +177,7 @@ def modifiers_n4096(rows: list, save) -> list[dict]:
         slopes = torch.tensor([2.0 ** (-8 * (h + 1) / heads) for h in range(heads)], device="cuda")
         variants = {"plain": {}, "dropout 0.1": dict(dropout_p=0.1), "softcap 30": dict(softcap=30.0),
                     "alibi": dict(alibi_slopes=slopes)}
+        variants = {name: extra for name, extra in variants.items() if only is None or name in only}
         for causal in (False, True):
             base = {}
             for name, extra in variants.items():
@@ -196,6 +197,8 @@ def main():
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--sections", default="host,train,modifiers",
                         help="comma list of host, profile, train, modifiers (default host, train, modifiers)")
+    parser.add_argument("--modifiers", help="comma list of the modifier rows to run (default all: "
+                        "'plain,dropout 0.1,softcap 30,alibi'; plain is the baseline, keep it)")
     args = parser.parse_args()
     results = dict(
         gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
@@ -219,7 +222,8 @@ def main():
     if "train" in sections:
         train_step_n512(results["train_step_n512"], save)
     if "modifiers" in sections:
-        modifiers_n4096(results["modifiers_n4096"], save)
+        modifiers_n4096(results["modifiers_n4096"], save,
+                        args.modifiers.split(",") if args.modifiers else None)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ Both routes share ``setup_context``, ``backward`` and ``vmap``, so they cannot d
 * vmap folds the mapped dimension into the batch (one launch, no loop);
 * forward-mode AD (jvp) raises a clear error.
 
-Dropout draws its Philox seed from torch's default CPU generator (``torch.manual_seed``
+Dropout draws its seed from torch's default CPU generator (``torch.manual_seed``
 makes it reproducible) inside the forward and returns it as a third output, which the
 backward reads: the mask is never stored.
 """
@@ -76,7 +76,7 @@ def lse_shape(q: torch.Tensor, layout: str) -> tuple[int, ...]:
 
 
 def draw_dropout_seed() -> int:
-    """A Philox seed from torch's default CPU generator (reproducible under ``torch.manual_seed``)."""
+    """A dropout seed from torch's default CPU generator (reproducible under ``torch.manual_seed``)."""
     return int(torch.randint(0, 2**62, (1,), dtype=torch.int64).item())
 
 

@@ -27,7 +27,8 @@ exactly what FlashAttention avoids, and they spell out the mask semantics once:
   ``slope * |i + n_k - n_q - j|`` (flash-attn's ALiBi). The logsumexp is of these scores.
 * dropout: ``dropout_mask`` (B, H, n_q, n_k) bool, True where a weight is kept, scales
   the kept softmax weights by ``1 / (1 - dropout_p)`` before they multiply V (the
-  logsumexp is before dropout).
+  logsumexp is before dropout). :func:`dropout_keep_reference` spells out which weights the
+  kernels keep for a seed.
 
 Shapes are (B, H, N, D) ("bhnd"), the layout of ``torch.nn.functional.scaled_dot_product_attention``.
 """
@@ -122,6 +123,41 @@ def naive_attention(q, k, v, *, causal=False, softmax_scale=None, window=None,
     if seq_lens is not None:  # a padding query is a masked row: no key, logsumexp -inf
         lse = lse.masked_fill(~q_valid[..., 0], float("-inf"))
     return out, lse
+
+
+_WORD = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """lowbias32 on int64 tensors holding uint32 values (every product reduced to 32 bits)."""
+    x = x ^ (x >> 16)
+    x = (x * 0x21F0AAAD) & _WORD
+    x = x ^ (x >> 15)
+    x = (x * 0x735A2D97) & _WORD
+    return x ^ (x >> 15)
+
+
+def dropout_keep_reference(seed: int, stream: int, n_q: int, n_k: int, dropout_p: float) -> torch.Tensor:
+    """(n_q, n_k) bool: the weights the attention kernels keep in stream ``sample * H + head`` (CPU, int64).
+
+    Weight (i, j) takes byte ``2 * ((i // 8) % 2) + (j // 8) % 2`` of the 32-bit word of its query group
+    ``a = 8 (i // 16) + i % 8`` and key group ``b = 8 (j // 16) + j % 8``::
+
+        key  = mix32(mix32(mix32(stream + 0x68E31DA4) ^ (seed >> 32)) ^ (seed & 0xFFFFFFFF))
+        word = mix32(((a * 0x9E3779B9 + key) mod 2^32) ^ ((b * 0x85EBCA6B) mod 2^32))
+
+    and is kept when that byte is at least ``dropout_p * 256`` (``dropout_p`` a multiple of 1/256,
+    as :func:`flashlib.kernels.dropout.effective_dropout_p` rounds it).
+    """
+    def one(value):
+        return _mix32(torch.tensor([value & _WORD], dtype=torch.int64))
+
+    key = _mix32(_mix32(one(stream + 0x68E31DA4) ^ ((seed >> 32) & _WORD)) ^ (seed & _WORD))
+    i, j = torch.arange(n_q).view(-1, 1), torch.arange(n_k).view(1, -1)
+    a, b = 8 * (i // 16) + i % 8, 8 * (j // 16) + j % 8
+    word = _mix32(((a * 0x9E3779B9 + key) & _WORD) ^ ((b * 0x85EBCA6B) & _WORD))
+    byte = (word >> (8 * (2 * ((i // 8) % 2) + (j // 8) % 2))) & 0xFF
+    return byte >= round(dropout_p * 256)
 
 
 def cached_keys(cache: torch.Tensor, b: int, length: int, block_table: torch.Tensor | None = None) -> torch.Tensor:

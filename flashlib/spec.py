@@ -8,7 +8,7 @@ Everything the attention kernels need beyond the tensors they read and write:
   (``softcap * tanh(s / softcap)``, as Gemma 2 and Grok), then the ALiBi bias
   ``-slope * |i + N_k - N_q - j|`` (flash-attn's definition; the slopes are a
   tensor, passed beside the spec);
-* ``dropout_p``, and the Philox ``dropout_seed`` the forward drew, so that the
+* ``dropout_p``, and the ``dropout_seed`` the forward drew, so that the
   backward recomputes the very same mask.
 
 The front door (:mod:`flashlib.attention`, :mod:`flashlib.varlen`) checks the

@@ -78,7 +78,7 @@ from ._common import (INTERPRETER_BLOCKS, LOG2E, band_mask, descriptor_ready, de
                       key_block_range, load_rows, packed_as_bhnd, query_block_range, row_stats_offset,
                       sample_bounds, scores_log2, set_block_shapes, tensor_of, tile_sources)
 from .attention_fwd import full_float32_config, modifier_args, smem_budget
-from .dropout import dropout_keep
+from .dropout import dropout_keep, dropout_keep_t, dropout_stream_key
 from .launch import launch, launch_tuned
 
 
@@ -124,7 +124,7 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, q_src, do_src, off_b, of
                          lse_ptr, delta_ptr, start, end,
                          stride_qn, stride_qd, stride_don, stride_dod,
                          offs_n, n0, offs_d, k_len, q_len, offset, window_left, window_right,
-                         score_scale, softcap_scale, slope_log2, dropout_seed, dropout_p, stream,
+                         score_scale, softcap_scale, slope_log2, dropout_key, dropout_p,
                          MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                          HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                          EVEN_D: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -182,7 +182,7 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, q_src, do_src, off_b, of
         pT = tl.math.exp2(qkT - lse2[None, :])
         dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
         if HAS_DROPOUT:
-            keepT = tl.trans(dropout_keep(dropout_seed, stream, rows, n0, dropout_p, BLOCK_N))
+            keepT = dropout_keep_t(dropout_key, start_m, n0, dropout_p, BLOCK_M, BLOCK_N)
             dv += tl.dot(tl.where(keepT, pT / (1.0 - dropout_p), 0.0).to(do.dtype), do,
                          input_precision=DOT_PRECISION)
             dpT = tl.where(keepT, dpT / (1.0 - dropout_p), 0.0)
@@ -259,7 +259,7 @@ def attention_bwd_dkdv_kernel(
         slope_log2 = 0.0
         if HAS_ALIBI:
             slope_log2 = tl.load(ALIBI + off_b * stride_ab + off_h * stride_ah).to(tl.float32) * LOG2E
-        stream = off_b * H + off_h
+        dropout_key = dropout_stream_key(DROPOUT_SEED, off_b * H + off_h)
         if TMA == "host":  # the pointers are unused: tiles come through the descriptors
             q_base, do_base = LSE, LSE
         else:
@@ -272,21 +272,21 @@ def attention_bwd_dkdv_kernel(
             dk, dv = _attn_bwd_dkdv_inner(
                 dk, dv, k, v, q_base, do_base, Q, DO, off_b, off_h, lse_ptr, delta_ptr, lo, full_lo,
                 stride_qn, stride_qd, stride_don, stride_dod, offs_n, n0, offs_d, k_len, q_len, offset,
-                WINDOW_LEFT, WINDOW_RIGHT, score_scale, softcap_scale, slope_log2, DROPOUT_SEED, DROPOUT_P, stream,
+                WINDOW_LEFT, WINDOW_RIGHT, score_scale, softcap_scale, slope_log2, dropout_key, DROPOUT_P,
                 True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, HEAD_DIM,
                 DOT_PRECISION, TMA, BLOCK_M, BLOCK_N, BLOCK_D)
         # stage 2: query blocks that see the whole key block, no mask
         dk, dv = _attn_bwd_dkdv_inner(
             dk, dv, k, v, q_base, do_base, Q, DO, off_b, off_h, lse_ptr, delta_ptr, full_lo, full_hi,
             stride_qn, stride_qd, stride_don, stride_dod, offs_n, n0, offs_d, k_len, q_len, offset,
-            WINDOW_LEFT, WINDOW_RIGHT, score_scale, softcap_scale, slope_log2, DROPOUT_SEED, DROPOUT_P, stream,
+            WINDOW_LEFT, WINDOW_RIGHT, score_scale, softcap_scale, slope_log2, dropout_key, DROPOUT_P,
             False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, HEAD_DIM,
             DOT_PRECISION, TMA, BLOCK_M, BLOCK_N, BLOCK_D)
         # stage 3: the window's left edge, the q_len tail, a key block cut by k_len
         dk, dv = _attn_bwd_dkdv_inner(
             dk, dv, k, v, q_base, do_base, Q, DO, off_b, off_h, lse_ptr, delta_ptr, full_hi, hi,
             stride_qn, stride_qd, stride_don, stride_dod, offs_n, n0, offs_d, k_len, q_len, offset,
-            WINDOW_LEFT, WINDOW_RIGHT, score_scale, softcap_scale, slope_log2, DROPOUT_SEED, DROPOUT_P, stream,
+            WINDOW_LEFT, WINDOW_RIGHT, score_scale, softcap_scale, slope_log2, dropout_key, DROPOUT_P,
             True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, HEAD_DIM,
             DOT_PRECISION, TMA, BLOCK_M, BLOCK_N, BLOCK_D)
 
@@ -303,8 +303,8 @@ def attention_bwd_dkdv_kernel(
 @triton.jit
 def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, k_src, v_src, off_b, off_kvh, start, end,
                        stride_kn, stride_kd, stride_vn, stride_vd,
-                       offs_m, offs_d, k_len, offset, window_left, window_right,
-                       score_scale, softcap_scale, slope_log2, dropout_seed, dropout_p, stream,
+                       offs_m, m0, offs_d, k_len, offset, window_left, window_right,
+                       score_scale, softcap_scale, slope_log2, dropout_key, dropout_p,
                        MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                        HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                        EVEN_D: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -340,7 +340,7 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, k_src, v_src, off
         p = tl.math.exp2(qk - lse2[:, None])
         dp = tl.dot(do, vT, input_precision=DOT_PRECISION)
         if HAS_DROPOUT:
-            keep = dropout_keep(dropout_seed, stream, offs_m, start_n, dropout_p, BLOCK_N)
+            keep = dropout_keep(dropout_key, m0, start_n, dropout_p, offs_m.shape[0], BLOCK_N)
             dp = tl.where(keep, dp / (1.0 - dropout_p), 0.0)
         ds = p * (dp - delta[:, None])
         if HAS_SOFTCAP:
@@ -412,24 +412,24 @@ def attention_bwd_dq_kernel(
     slope_log2 = 0.0
     if HAS_ALIBI:
         slope_log2 = tl.load(ALIBI + off_b * stride_ab + off_h * stride_ah).to(tl.float32) * LOG2E
-    stream = off_b * H + off_h
+    dropout_key = dropout_stream_key(DROPOUT_SEED, off_b * H + off_h)
     if HAS_LEFT:  # stage 1: blocks cut by the window's left edge
         dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, K, V, off_b, off_kvh, lo, full_lo,
-                                stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d, k_len, offset,
-                                WINDOW_LEFT, WINDOW_RIGHT, score_scale, softcap_scale, slope_log2, DROPOUT_SEED,
-                                DROPOUT_P, stream, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
+                                stride_kn, stride_kd, stride_vn, stride_vd, offs_m, m0, offs_d, k_len, offset,
+                                WINDOW_LEFT, WINDOW_RIGHT, score_scale, softcap_scale, slope_log2, dropout_key,
+                                DROPOUT_P, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
                                 EVEN_D, HEAD_DIM, DOT_PRECISION, TMA, BLOCK_N, BLOCK_D)
     # stage 2: blocks every row sees whole, no mask
     dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, K, V, off_b, off_kvh, full_lo, full_hi,
-                            stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d, k_len, offset,
-                            WINDOW_LEFT, WINDOW_RIGHT, score_scale, softcap_scale, slope_log2, DROPOUT_SEED,
-                            DROPOUT_P, stream, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
+                            stride_kn, stride_kd, stride_vn, stride_vd, offs_m, m0, offs_d, k_len, offset,
+                            WINDOW_LEFT, WINDOW_RIGHT, score_scale, softcap_scale, slope_log2, dropout_key,
+                            DROPOUT_P, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
                             EVEN_D, HEAD_DIM, DOT_PRECISION, TMA, BLOCK_N, BLOCK_D)
     # stage 3: the diagonal / window's right edge, and the key tail (N_k or seq_len)
     dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, K, V, off_b, off_kvh, full_hi, hi,
-                            stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d, k_len, offset,
-                            WINDOW_LEFT, WINDOW_RIGHT, score_scale, softcap_scale, slope_log2, DROPOUT_SEED,
-                            DROPOUT_P, stream, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
+                            stride_kn, stride_kd, stride_vn, stride_vd, offs_m, m0, offs_d, k_len, offset,
+                            WINDOW_LEFT, WINDOW_RIGHT, score_scale, softcap_scale, slope_log2, dropout_key,
+                            DROPOUT_P, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
                             EVEN_D, HEAD_DIM, DOT_PRECISION, TMA, BLOCK_N, BLOCK_D)
 
     dq = tl.where((offs_m < q_len)[:, None], dq * sm_scale, 0.0)  # padding rows: exactly 0

@@ -41,15 +41,15 @@ from ._common import (INTERPRETER_BLOCKS, LN2, LOG2E, band_mask, descriptor_mode
                       descriptors_supported, key_block_range, load_rows, packed_as_bhnd, row_stats_offset,
                       sample_bounds, scores_log2, set_block_shapes, store_rows, tensor_of, tile_sources,
                       use_torch_scratch)
-from .dropout import dropout_keep, effective_dropout_p
+from .dropout import dropout_keep, dropout_stream_key, effective_dropout_p
 from .launch import launch, launch_tuned
 
 
 @triton.jit
 def _attn_fwd_inner(acc, l_i, m_i, q, k_src, v_src, off_b, off_kvh, start, end,
                     stride_kn, stride_kd, stride_vn, stride_vd,
-                    offs_m, offs_d, k_len, offset, window_left, window_right,
-                    score_scale, softcap_scale, slope_log2, dropout_seed, dropout_p, stream,
+                    offs_m, m0, offs_d, k_len, offset, window_left, window_right,
+                    score_scale, softcap_scale, slope_log2, dropout_key, dropout_p,
                     tile_ptr,
                     MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
@@ -119,7 +119,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_src, v_src, off_b, off_kvh, start, end,
         alpha = tl.math.exp2(m_i - m_sub)  # rescale of what was accumulated so far
         l_i = l_i * alpha + tl.sum(p, 1)
         if HAS_DROPOUT:
-            p = tl.where(dropout_keep(dropout_seed, stream, offs_m, start_n, dropout_p, BLOCK_N), p, 0.0)
+            p = tl.where(dropout_keep(dropout_key, m0, start_n, dropout_p, offs_m.shape[0], BLOCK_N), p, 0.0)
         # Rescale, then let the tensor cores add P V into acc in place (no second accumulator).
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
@@ -162,7 +162,7 @@ def attention_fwd_kernel(
     1 for a block visited without mask, 2 with mask (skipped blocks untouched).
     Score modifiers (:class:`flashlib.spec.AttentionSpec`): SOFTCAP > 0 when HAS_SOFTCAP;
     ALIBI slopes float32 at ``b * stride_ab + h * stride_ah`` when HAS_ALIBI; dropout of
-    probability DROPOUT_P with Philox seed DROPOUT_SEED when HAS_DROPOUT.
+    probability DROPOUT_P with seed DROPOUT_SEED when HAS_DROPOUT (:mod:`.dropout`).
     TMA (Hopper and later, 16-byte aligned rows, unit stride along D): Q, K, V, O move
     through tensor descriptors. ``"host"``: Q, K, V, O *are* (B, H, N, D) descriptors made
     by the launcher (no padding, nothing packed). ``"device"``: the program makes one per
@@ -242,7 +242,7 @@ def attention_fwd_kernel(
     slope_log2 = 0.0
     if HAS_ALIBI:
         slope_log2 = tl.load(ALIBI + off_b * stride_ab + off_h * stride_ah).to(tl.float32) * LOG2E
-    stream = off_b * H + off_h  # dropout's Philox stream: one per (sample, head)
+    dropout_key = dropout_stream_key(DROPOUT_SEED, off_b * H + off_h)  # dropout's: one per (sample, head)
     tile_ptr = TILES
     if RECORD_TILES:
         tile_ptr = TILES + (off_hz * tl.cdiv(N_CTX_Q, BLOCK_M) + start_m) * tl.cdiv(N_CTX_K, BLOCK_N)
@@ -250,15 +250,15 @@ def attention_fwd_kernel(
     if HAS_LEFT:  # stage 1: blocks cut by the window's left edge
         acc, l_i, m_i = _attn_fwd_inner(
             acc, l_i, m_i, q, k_src, v_src, off_b, off_kvh, lo, full_lo, stride_kn, stride_kd, stride_vn, stride_vd,
-            offs_m, offs_d, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
-            score_scale, softcap_scale, slope_log2, DROPOUT_SEED, DROPOUT_P, stream, tile_ptr,
+            offs_m, m0, offs_d, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
+            score_scale, softcap_scale, slope_log2, dropout_key, DROPOUT_P, tile_ptr,
             True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, HEAD_DIM, BLOCK_D, RECORD_TILES,
             DOT_PRECISION, TMA, NEGATIVE_SCALE, BLOCK_N, V_TRANSPOSED)
     # stage 2: blocks every row sees whole, no mask
     acc, l_i, m_i = _attn_fwd_inner(
         acc, l_i, m_i, q, k_src, v_src, off_b, off_kvh, full_lo, full_hi, stride_kn, stride_kd, stride_vn, stride_vd,
-        offs_m, offs_d, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
-        score_scale, softcap_scale, slope_log2, DROPOUT_SEED, DROPOUT_P, stream, tile_ptr,
+        offs_m, m0, offs_d, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
+        score_scale, softcap_scale, slope_log2, dropout_key, DROPOUT_P, tile_ptr,
         False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, HEAD_DIM, BLOCK_D, RECORD_TILES,
         DOT_PRECISION, TMA, NEGATIVE_SCALE, BLOCK_N, V_TRANSPOSED)
     # stage 3: the diagonal / window's right edge, and the key tail (N_k or seq_len). With no
@@ -267,8 +267,8 @@ def attention_fwd_kernel(
     if HAS_RIGHT or HAS_SEQ_LENS or IS_VARLEN or not K_MULTIPLE_OF_128 or 128 % BLOCK_N != 0:
         acc, l_i, m_i = _attn_fwd_inner(
             acc, l_i, m_i, q, k_src, v_src, off_b, off_kvh, full_hi, hi, stride_kn, stride_kd, stride_vn, stride_vd,
-            offs_m, offs_d, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
-            score_scale, softcap_scale, slope_log2, DROPOUT_SEED, DROPOUT_P, stream, tile_ptr,
+            offs_m, m0, offs_d, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
+            score_scale, softcap_scale, slope_log2, dropout_key, DROPOUT_P, tile_ptr,
             True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, HEAD_DIM, BLOCK_D, RECORD_TILES,
             DOT_PRECISION, TMA, NEGATIVE_SCALE, BLOCK_N, V_TRANSPOSED)
 

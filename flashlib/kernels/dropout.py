@@ -1,17 +1,32 @@
 """Dropout inside the attention kernels: which weights are kept, from a seed, recomputable anywhere.
 
 The kernels never store a dropout mask. Each of them (forward, dK/dV, dQ) recomputes the
-mask of the tile it works on with :func:`dropout_keep`, a pure function of (seed, sample
-and head, query row, key column): the backward drops exactly what the forward dropped.
+mask of the tile it works on, a pure function of (seed, sample and head, query row, key
+column): the backward drops exactly what the forward dropped.
 
-Cost. Philox-4x32 (Salmon et al., 2011, the generator of cuRAND and of torch's CUDA
-dropout) gives 128 random bits per call, and each call is about a hundred integer
-operations. One call per attention weight made a forward 4.9x slower on an H100
-(benchmarks/results/front_door_*.json). Here one call serves 8 consecutive keys of a
-row, 16 bits each, and runs 7 rounds (Philox4x32-7 passes BigCrush; 10 is the default
-safety margin): about 1/11 of the work. The price of 16 bits: ``dropout_p`` is rounded
-to a multiple of 1/65536 (:func:`effective_dropout_p`), and the kept weights are scaled
-by 1 / (1 - that p), so the expectation stays exact. (flash-attn keeps 8 bits, 1/256.)
+**The draw.** Weight (i, j) of stream ``s = sample * H + head`` is kept when its 8-bit draw
+is at least ``p * 256`` (flash-attn's resolution): ``dropout_p`` is rounded to a multiple of
+1/256 (:func:`effective_dropout_p`) and the kept weights are scaled by 1 / (1 - that p), so
+the expectation stays exact. One 32-bit word serves the four weights
+
+    (i, j), (i + 8, j), (i, j + 8), (i + 8, j + 8)     (i, j with bit 3 clear: a "square")
+
+as its bytes ``8 * (2 * [row + 8] + [column + 8])``. The word of query group
+``a = 8 (i // 16) + i % 8`` and key group ``b = 8 (j // 16) + j % 8`` is
+``mix32((a * G_Q + key(seed, s)) ^ (b * G_K))``: two Weyl sequences (odd multipliers)
+combined by XOR, then :func:`mix32`. ``key`` hashes the stream and both halves of the
+64-bit seed. :func:`flashlib.reference.dropout_keep_reference` writes the same in PyTorch;
+the tests hold the kernels to it bit for bit, and check the draws' statistics.
+
+**Why squares.** On Hopper the tensor cores' accumulator gives each thread, of every 16 x 16
+square of a tile, rows r and r + 8 by columns 2c, 2c + 1, 2c + 8 and 2c + 9. The four bytes
+of a word therefore land in one thread, and the tile of draws, built with joins and a
+permute, maps onto the accumulator's layout without moving data. The square is symmetric,
+so the same holds for the dK/dV kernel, whose tiles have keys along rows
+(:func:`dropout_keep_t`). The first version made one Philox-4x32-7 call per 8 keys of a row
+(16-bit draws): its draws had to be rearranged through shared memory. At N = 4096, fp16, fixed
+128 x 64 blocks, the forward with dropout took 2.2x (D = 64) and 2.5x (D = 128) the time without
+it; with the squares 1.4x and 1.24x (benchmarks/TUNING.md, thirteenth finding).
 
 :func:`dropout_mask` writes the mask out for tests (O(B H N_q N_k) memory: never in a model).
 """
@@ -21,47 +36,106 @@ import torch
 import triton
 import triton.language as tl
 
-#: Random bits per weight, and Philox rounds (see the module's docstring).
-DROPOUT_BITS = 16
-PHILOX_ROUNDS = tl.constexpr(7)
+#: Random bits per weight (see the module's docstring).
+DROPOUT_BITS = 8
+#: Odd multipliers of the query-group and key-group Weyl sequences, and the stream's offset.
+QUERY_MULTIPLIER = tl.constexpr(0x9E3779B9)
+KEY_MULTIPLIER = tl.constexpr(0x85EBCA6B)
+STREAM_OFFSET = tl.constexpr(0x68E31DA4)
 
 
 def effective_dropout_p(dropout_p: float) -> float:
-    """The probability the kernels really drop with: ``dropout_p`` rounded to a multiple of 2^-16
-    (at most 1 - 2^-16)."""
+    """The probability the kernels really drop with: ``dropout_p`` rounded to a multiple of 2^-8
+    (at most 1 - 2^-8)."""
     levels = 1 << DROPOUT_BITS
     return min(round(dropout_p * levels), levels - 1) / levels
 
 
 @triton.jit
-def dropout_keep(seed, stream, q_pos, k_start, dropout_p, BLOCK_N: tl.constexpr):
-    """(len(q_pos), BLOCK_N) bool: whether weight (q_pos[i], k_start + j) of ``stream`` is kept.
+def mix32(x):
+    """A bijective 32-bit hash: "lowbias32", two multiply-xorshift rounds (constants from Chris
+    Wellons' hash prospector). ``x`` is uint32; every output bit depends on every input bit."""
+    x = x ^ (x >> 16)
+    x = x * 0x21F0AAAD
+    x = x ^ (x >> 15)
+    x = x * 0x735A2D97
+    return x ^ (x >> 15)
 
-    ``stream`` is ``batch * H + head``; positions are rows and columns within the sample;
-    ``k_start`` is a multiple of 8. One Philox call on the counter (key group of 8, query
-    row, stream, 0) gives the 8 keys of a group their 16-bit draws; a weight is kept
-    when its draw is at least ``dropout_p * 65536`` (``dropout_p`` is the effective p).
+
+@triton.jit
+def dropout_stream_key(seed, stream):
+    """uint32 key of (seed, stream): both 32-bit halves of the seed and the stream, hashed in turn.
+    A kernel computes it once, before its loops, and passes it to :func:`dropout_keep`."""
+    seed64 = tl.full((), 0, tl.uint64) + seed
+    stream32 = tl.full((), 0, tl.uint32) + stream
+    high = (seed64 >> 32).to(tl.uint32)
+    low = (seed64 & 0xFFFFFFFF).to(tl.uint32)
+    return mix32(mix32(mix32(stream32 + STREAM_OFFSET) ^ high) ^ low)
+
+
+@triton.jit
+def _squares(b00, b01, b10, b11, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """(ROWS, COLS) tile from four (ROWS // 2, COLS // 2) byte tensors of word (u, w): ``b_xy`` goes to
+    row 16 (u // 8) + 8x + u % 8, column 16 (w // 8) + 8y + w % 8."""
+    t = tl.join(tl.join(b00, b01), tl.join(b10, b11))  # (u, w, y, x)
+    t = tl.reshape(t, (ROWS // 16, 8, COLS // 16, 8, 2, 2))  # (s, r, G, c, y, x)
+    return tl.reshape(tl.permute(t, (0, 5, 1, 2, 4, 3)), (ROWS, COLS))  # (s, x, r, G, y, c)
+
+
+@triton.jit
+def _square_words(key, q_start, k_start, ROWS: tl.constexpr, COLS: tl.constexpr, KEYS_ALONG_ROWS: tl.constexpr):
+    """(ROWS // 2, COLS // 2) uint32 words of the squares of a tile (queries along rows unless
+    ``KEYS_ALONG_ROWS``). Tile starts are multiples of 16, so a tile's groups are consecutive."""
+    if KEYS_ALONG_ROWS:
+        kg = (k_start // 2 + tl.arange(0, ROWS // 2))[:, None]
+        qg = (q_start // 2 + tl.arange(0, COLS // 2))[None, :]
+    else:
+        qg = (q_start // 2 + tl.arange(0, ROWS // 2))[:, None]
+        kg = (k_start // 2 + tl.arange(0, COLS // 2))[None, :]
+    a = qg.to(tl.uint32) * QUERY_MULTIPLIER + key
+    return mix32(a ^ (kg.to(tl.uint32) * KEY_MULTIPLIER))
+
+
+@triton.jit
+def _threshold(dropout_p):
+    """``dropout_p * 256`` as uint32 (exact: ``dropout_p`` is a multiple of 1/256)."""
+    return (tl.full((), 0.0, tl.float32) + dropout_p * 256.0).to(tl.uint32)
+
+
+@triton.jit
+def dropout_keep(key, q_start, k_start, dropout_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(BLOCK_M, BLOCK_N) bool: whether weight (q_start + i, k_start + j) is kept.
+
+    ``key`` is :func:`dropout_stream_key` of the seed and the stream ``batch * H + head``;
+    positions are rows and columns within the sample;
+    ``q_start`` and ``k_start`` are multiples of 16, and so are the block sizes; ``dropout_p``
+    is the effective p (see the module's docstring for the draw).
     """
-    BLOCK_M: tl.constexpr = q_pos.shape[0]
-    groups = k_start // 8 + tl.arange(0, BLOCK_N // 8)
-    zero = (q_pos[:, None] * 0 + groups[None, :] * 0).to(tl.uint32)
-    r0, r1, r2, r3 = tl.philox(seed, zero + groups[None, :].to(tl.uint32), zero + q_pos[:, None].to(tl.uint32),
-                               zero + stream.to(tl.uint32), zero, PHILOX_ROUNDS)
-    low = 0xFFFF
-    draws = tl.join(tl.join(tl.join(r0 & low, r0 >> 16), tl.join(r1 & low, r1 >> 16)),
-                    tl.join(tl.join(r2 & low, r2 >> 16), tl.join(r3 & low, r3 >> 16)))
-    draws = tl.reshape(draws, (BLOCK_M, BLOCK_N))
-    return draws.to(tl.float32) >= dropout_p * 65536.0  # exact: both are integers below 2^24
+    x = _square_words(key, q_start, k_start, BLOCK_M, BLOCK_N, False)
+    # byte 2 * (row + 8) + (column + 8)
+    draws = _squares(x & 0xFF, (x >> 8) & 0xFF, (x >> 16) & 0xFF, x >> 24, BLOCK_M, BLOCK_N)
+    return draws >= _threshold(dropout_p)
+
+
+@triton.jit
+def dropout_keep_t(key, q_start, k_start, dropout_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(BLOCK_N, BLOCK_M) bool, keys along rows: the transpose of :func:`dropout_keep`'s tile, made in
+    this orientation (the dK/dV kernel's tiles), so it needs no transpose of the draws."""
+    x = _square_words(key, q_start, k_start, BLOCK_N, BLOCK_M, True)
+    # rows are keys now: byte 2 * (column + 8) + (row + 8)
+    draws = _squares(x & 0xFF, (x >> 16) & 0xFF, (x >> 8) & 0xFF, x >> 24, BLOCK_N, BLOCK_M)
+    return draws >= _threshold(dropout_p)
 
 
 @triton.jit(do_not_specialize=["seed"])
 def dropout_mask_kernel(MASK, seed, dropout_p, N_Q, N_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """MASK[stream, i, j] = whether weight (i, j) of stream ``b * H + h`` is kept (int8 0/1, contiguous)."""
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    q_start = tl.program_id(0) * BLOCK_M
     k_start = tl.program_id(1) * BLOCK_N
+    rows = q_start + tl.arange(0, BLOCK_M)
     cols = k_start + tl.arange(0, BLOCK_N)
     stream = tl.program_id(2)
-    keep = dropout_keep(seed, stream, rows, k_start, dropout_p, BLOCK_N)
+    keep = dropout_keep(dropout_stream_key(seed, stream), q_start, k_start, dropout_p, BLOCK_M, BLOCK_N)
     ptrs = MASK + (stream.to(tl.int64) * N_Q + rows[:, None]) * N_K + cols[None, :]
     tl.store(ptrs, keep.to(tl.int8), mask=(rows[:, None] < N_Q) & (cols[None, :] < N_K))
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from flashlib import flash_attention, flash_attention_varlen, ops
-from flashlib.kernels.dropout import effective_dropout_p
-from flashlib.reference import naive_attention
+from flashlib.kernels.dropout import dropout_mask, effective_dropout_p
+from flashlib.reference import dropout_keep_reference, naive_attention
 from flashlib.validation import relative_error, tolerance
 from support.attention import DEVICE, as_bhnd, make_inputs, pin_blocks
 
@@ -54,7 +54,7 @@ def run(q, k, v, do, layout, mask, **modifiers):
     ref_leaves = [as_bhnd(t, layout).detach().double().cpu().requires_grad_() for t in (q, k, v)]
     ref_mods = {name: (value.double().cpu() if isinstance(value, torch.Tensor) else value)
                 for name, value in modifiers.items()}
-    if dropout_mask is not None:  # the kernel's own mask, and the p it really drops with (a multiple of 2^-16)
+    if dropout_mask is not None:  # the kernel's own mask, and the p it really drops with (a multiple of 2^-8)
         ref_mods["dropout_mask"] = dropout_mask.cpu()
         ref_mods["dropout_p"] = effective_dropout_p(modifiers["dropout_p"])
     ref_mask = {name: (value.cpu() if isinstance(value, torch.Tensor) else value) for name, value in mask.items()}
@@ -124,10 +124,43 @@ def test_dropout_matches_the_reference_with_the_kernels_own_mask(mask, layout):
     assert_close(*run(q, k, v, do, layout, MASKS[mask], dropout_p=0.3, softcap=3.0), torch.float32)
 
 
-def test_effective_dropout_p_is_p_rounded_to_sixteen_bits():
+def test_effective_dropout_p_is_p_rounded_to_eight_bits():
     assert effective_dropout_p(0.25) == 0.25 and effective_dropout_p(0.0) == 0.0
-    assert abs(effective_dropout_p(0.1) - 0.1) <= 2 ** -17 and effective_dropout_p(0.1) * 65536 == 6554
-    assert effective_dropout_p(0.9999999) == 1 - 2 ** -16  # never 1: the scale 1 / (1 - p) stays finite
+    assert abs(effective_dropout_p(0.1) - 0.1) <= 2 ** -9 and effective_dropout_p(0.1) * 256 == 26
+    assert effective_dropout_p(0.9999999) == 1 - 2 ** -8  # never 1: the scale 1 / (1 - p) stays finite
+
+
+@pytest.mark.parametrize("seed", [0, 1234, 2 ** 61 + 977])
+def test_the_kernels_keep_exactly_the_reference_draw(seed):
+    """flashlib.reference.dropout_keep_reference spells the draw out in PyTorch: the kernels' mask is that,
+    bit for bit, for every stream, at lengths that end inside a 16 x 16 square, and for both halves of a
+    64-bit seed."""
+    p = effective_dropout_p(0.3)
+    mask = dropout_mask(seed, 0.3, 2, 3, 40, 72, torch.device(DEVICE)).cpu()
+    for stream in range(6):
+        expected = dropout_keep_reference(seed, stream, 40, 72, p)
+        assert torch.equal(mask[stream // 3, stream % 3], expected), f"stream {stream}"
+    assert not torch.equal(dropout_mask(seed ^ (1 << 40), 0.3, 1, 1, 40, 72, torch.device(DEVICE)).cpu()[0, 0],
+                           mask[0, 0]), "the seed's high half must change the mask"
+
+
+def test_the_draw_is_fair_and_has_no_correlation_a_square_could_leave():
+    """4096 x 4096 weights of one stream (16.8M draws; one standard deviation of a mean of +-1 values is
+    2.4e-4): rates at several p, correlations at the lags a square or a Weyl sequence could couple, the
+    four-point parity of the XOR that combines the groups, and two streams against each other."""
+    n, bound = 4096, 2e-3  # about 8 standard deviations: deterministic draws, no flaky margin needed
+    for p in (1 / 256, 0.1, 0.5, 0.9):
+        rate = dropout_keep_reference(99, 5, n, n, effective_dropout_p(p)).double().mean().item()
+        assert abs(rate - (1 - effective_dropout_p(p))) < bound, (p, rate)
+    s = dropout_keep_reference(99, 5, n, n, 0.5).double() * 2 - 1
+    for dq, dk in [(0, 1), (0, 8), (1, 0), (8, 0), (8, 8), (1, 1), (0, 16), (16, 0), (16, 16)]:
+        correlation = (s[:n - dq, :n - dk] * s[dq:, dk:]).mean().item()
+        assert abs(correlation) < bound, f"lag ({dq}, {dk}): {correlation:.2e}"
+    for dq, dk in [(1, 1), (8, 8), (16, 16), (1, 16), (16, 1)]:
+        parity = (s[:n - dq, :n - dk] * s[dq:, dk:] * s[:n - dq, dk:] * s[dq:, :n - dk]).mean().item()
+        assert abs(parity) < bound, f"four-point parity ({dq}, {dk}): {parity:.2e}"
+    other = dropout_keep_reference(99, 6, n, n, 0.5).double() * 2 - 1
+    assert abs((s * other).mean().item()) < bound
 
 
 def test_dropout_zero_is_exactly_the_dropout_free_kernel():
@@ -154,12 +187,16 @@ def test_dropout_mask_statistics_and_independence_from_the_layout():
     # 32768 Bernoulli(0.75) draws: the standard deviation of the mean is 0.0024
     assert abs(kept - 0.75) < 0.01, f"kept fraction {kept:.4f}, expected 0.75"
     assert mask.float().mean(dim=(0, 1, 2)).std() < 0.1 and mask[0, 0].float().mean() != mask[0, 1].float().mean()
-    # One Philox call serves 8 keys: each of the 8 places must be a fair draw, independent of its neighbour.
-    by_place = mask.float().reshape(2, 4, 64, 8, 8).mean(dim=(0, 1, 2, 3))
+    # One word serves a square of four weights, (i, j), (i + 8, j), (i, j + 8), (i + 8, j + 8): each of
+    # the four places must be a fair draw, independent of the others and of its neighbours.
+    squares = mask.float().reshape(2, 4, 4, 2, 8, 4, 2, 8)  # (b, h, i // 16, row + 8, i % 8, j // 16, ...)
+    by_place = squares.mean(dim=(0, 1, 2, 4, 5, 7))
     assert (by_place - 0.75).abs().max() < 0.03, by_place
-    pairs = mask[..., :-1].float(), mask[..., 1:].float()
-    correlation = torch.corrcoef(torch.stack([pairs[0].flatten(), pairs[1].flatten()]))[0, 1]
-    assert correlation.abs() < 0.03, f"neighbouring keys' draws are correlated ({correlation:.3f})"
+    for name, (a, b) in {"key + 1": (mask[..., :-1], mask[..., 1:]), "key + 8": (mask[..., :-8], mask[..., 8:]),
+                         "query + 1": (mask[..., :-1, :], mask[..., 1:, :]),
+                         "query + 8": (mask[..., :-8, :], mask[..., 8:, :])}.items():
+        correlation = torch.corrcoef(torch.stack([a.float().flatten(), b.float().flatten()]))[0, 1]
+        assert correlation.abs() < 0.03, f"draws of weights at {name} are correlated ({correlation:.3f})"
     torch.manual_seed(3)
     other = flash_attention(*(t.transpose(1, 2).contiguous() for t in (q, k, v)), dropout_p=0.25, layout="bnhd")
     assert torch.equal(other.transpose(1, 2), out)
