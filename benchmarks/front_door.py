@@ -177,6 +177,9 @@ def modifiers_n4096(rows: list, save, only=None) -> list[dict]:
         slopes = torch.tensor([2.0 ** (-8 * (h + 1) / heads) for h in range(heads)], device="cuda")
         variants = {"plain": {}, "dropout 0.1": dict(dropout_p=0.1), "softcap 30": dict(softcap=30.0),
                     "alibi": dict(alibi_slopes=slopes)}
+        if only is not None and ("plain" not in only or not set(only) <= set(variants)):
+            raise SystemExit(f"--modifiers: expected names among {sorted(variants)}, 'plain' included (the "
+                             f"baseline); got {only}")
         variants = {name: extra for name, extra in variants.items() if only is None or name in only}
         for causal in (False, True):
             base = {}
