@@ -1,22 +1,30 @@
 """Host time per call of each route into the attention kernels, and where it goes (cProfile).
 
-    PYTHONPATH=. python benchmarks/launch_host_time.py ["raw fwd launcher" ...]
+    PYTHONPATH=.:benchmarks python benchmarks/launch_host_time.py ["raw fwd launcher" ...]
+    PYTHONPATH=.:benchmarks python benchmarks/launch_host_time.py --direct-ab [--rounds 5]
 
 One head, N = 128, fp16: the GPU work is tiny and queued asynchronously, so a loop of calls
 is bound by the host and the time per call is the host's (``front_door.host_us``, best of 3
 loops of 1000 calls). The names given on the command line are then profiled with cProfile
 (1000 calls each). benchmarks/TUNING.md, sixth finding, quotes the results
 (benchmarks/results/launch_host_time_nvidia_h100_80gb_hbm3.txt).
+
+``--direct-ab`` compares, in one process and interleaved round by round (the GPU machine's
+host varies from one call to the next), every route with remembered binaries launched through
+Triton's own launcher (``launch.DIRECT_LAUNCH = False``) and through :mod:`flashlib.kernels.direct_launch`,
+and prints the median of the rounds (TUNING.md, fourteenth finding).
 """
+import argparse
 import cProfile
 import io
 import pstats
-import sys
+import statistics
 
 import torch
 import triton
 
-from flashlib import flash_attention
+from flashlib import flash_attention, flash_attention_with_kvcache
+from flashlib.kernels import launch as launch_module
 from flashlib.kernels.attention_bwd import launch_attention_backward
 from flashlib.kernels.attention_fwd import launch_attention_forward
 from flashlib.spec import AttentionSpec
@@ -33,24 +41,62 @@ def routes() -> dict:
     q, k, v, do = (torch.randn(1, 1, 128, 64, device="cuda", dtype=torch.float16) for _ in range(4))
     o, lse = torch.empty_like(q), torch.empty(1, 1, 128, device="cuda")
     spec = AttentionSpec(causal=True)
+    dropout = AttentionSpec(causal=True, dropout_p=0.1, dropout_seed=2**40 + 12345)
     gq, gk, gv = (t.clone().requires_grad_() for t in (q, k, v))
     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+    # head_dim 128: the backward's streamed tiles come through host descriptors too
+    q2, k2, v2, do2, o2, dq2, dk2, dv2 = (torch.randn(1, 1, 128, 128, device="cuda", dtype=torch.float16)
+                                          for _ in range(8))
+    launch_attention_forward(q2, k2, v2, o2, lse, spec=spec)
+    # one decoding step: 4 sequences, 8 query heads on 2 K/V heads, 1024 cached keys
+    cache_k, cache_v = (torch.randn(4, 1024, 2, 64, device="cuda", dtype=torch.float16) for _ in range(2))
+    q_new, lens = torch.randn(4, 1, 8, 64, device="cuda", dtype=torch.float16), torch.full(
+        (4,), 1000, dtype=torch.int32, device="cuda")
     return {
         "noop triton kernel": lambda: noop[(1,)](q),
         "empty_like": lambda: torch.empty_like(q),
         "raw fwd launcher": lambda: launch_attention_forward(q, k, v, o, lse, spec=spec),
         "raw fwd launcher tma off": lambda: launch_attention_forward(q, k, v, o, lse, spec=spec, use_tma=False),
+        "raw fwd launcher dropout": lambda: launch_attention_forward(q, k, v, o, lse, spec=dropout),
         "raw bwd launcher": lambda: launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec=spec),
+        "raw bwd launcher d128": lambda: launch_attention_backward(q2, k2, v2, o2, lse, do2, dq2, dk2, dv2,
+                                                                   spec=spec),
+        "flash_attention_with_kvcache": lambda: flash_attention_with_kvcache(q_new, cache_k, cache_v,
+                                                                             cache_seqlens=lens),
         "flash_attention nograd": lambda: flash_attention(q, k, v, causal=True),
         "flash_attention fwd+bwd": lambda: flash_attention(gq, gk, gv, causal=True).backward(do),
+        "flash_attention nograd dropout": lambda: flash_attention(q, k, v, causal=True, dropout_p=0.1),
     }
 
 
+def direct_ab(fns: dict, rounds: int) -> None:
+    """Each route's host time with Triton's launcher and with the direct one, interleaved; medians."""
+    times = {(name, direct): [] for name in fns for direct in (False, True)}
+    for _ in range(rounds):
+        for direct in (False, True):
+            launch_module.DIRECT_LAUNCH = direct
+            for name, fn in fns.items():
+                times[name, direct].append(host_us(fn, calls=1000))
+    launch_module.DIRECT_LAUNCH = True
+    print(f"{'route':32s} {'Triton launcher':>16s} {'direct':>10s}   (median of {rounds} rounds, us)")
+    for name in fns:
+        before, after = (statistics.median(times[name, d]) for d in (False, True))
+        print(f"{name:32s} {before:16.1f} {after:10.1f}   {before - after:+6.1f}", flush=True)
+
+
 def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("profile", nargs="*", help="routes to profile with cProfile after timing them all")
+    parser.add_argument("--direct-ab", action="store_true", help="Triton's launcher against the direct one")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
     fns = routes()
+    if args.direct_ab:
+        direct_ab(fns, args.rounds)
+        return
     for name, fn in fns.items():
         print(f"{name:30s} {host_us(fn, calls=1000):8.1f} us", flush=True)
-    for name in sys.argv[1:]:
+    for name in args.profile:
         profile = cProfile.Profile()
         profile.enable()
         for _ in range(1000):

@@ -33,7 +33,6 @@ backward reads: the mask is never stored.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import torch
@@ -89,7 +88,7 @@ def _seedless_spec(causal, window_left, window_right, softmax_scale, softcap, ha
 
 def _spec(causal, window_left, window_right, softmax_scale, softcap, alibi, dropout_p, seed) -> AttentionSpec:
     spec = _seedless_spec(causal, window_left, window_right, softmax_scale, softcap, alibi is not None, dropout_p)
-    return dataclasses.replace(spec, dropout_seed=seed) if seed else spec
+    return spec.with_seed(seed) if seed else spec
 
 
 def _kernel_views(layout, *tensors):

@@ -109,6 +109,14 @@ class AttentionSpec:
         return cls(causal=causal, window=window, softmax_scale=softmax_scale, softcap=float(softcap),
                    has_alibi=has_alibi, dropout_p=float(dropout_p))
 
+    def with_seed(self, seed: int) -> "AttentionSpec":
+        """This spec with another ``dropout_seed``. Every dropout call draws a seed, and
+        ``dataclasses.replace`` (which re-runs ``__init__``) costs microseconds of host time."""
+        spec = object.__new__(AttentionSpec)
+        spec.__dict__.update(self.__dict__)
+        spec.__dict__["dropout_seed"] = int(seed)
+        return spec
+
     def bounds(self) -> tuple[int | None, int | None]:
         """(left, right) reach of the band, None where unbounded (causal caps the right at 0)."""
         return window_bounds(self.causal, self.window)

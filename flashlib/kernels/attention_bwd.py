@@ -74,9 +74,9 @@ from triton.runtime.errors import OutOfResources
 
 from .. import runtime
 from ..spec import AttentionSpec
-from ._common import (INTERPRETER_BLOCKS, LOG2E, band_mask, descriptor_ready, descriptors_supported,
-                      key_block_range, load_rows, packed_as_bhnd, query_block_range, row_stats_offset,
-                      sample_bounds, scores_log2, set_block_shapes, tensor_of, tile_sources)
+from ._common import (INTERPRETER_BLOCKS, LOG2E, band_mask, ceil_div, descriptor_ready, descriptors_supported,
+                      key_block_range, load_rows, packed_as_bhnd, power_of_two_at_least, query_block_range,
+                      row_stats_offset, sample_bounds, scores_log2, set_block_shapes, tensor_of, tile_sources)
 from .attention_fwd import full_float32_config, modifier_args, smem_budget
 from .dropout import dropout_keep, dropout_keep_t, dropout_stream_key
 from .launch import launch, launch_tuned
@@ -588,14 +588,14 @@ def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec: AttentionSp
     rows_q, rows_k = (max_seqlen_q, max_seqlen_k) if varlen else (n_q, n_k)  # per (batch, head)
     left, right = spec.bounds()
     alibi, alibi_strides, scalars, flags = modifier_args(spec, alibi_slopes, head_dim, lse)
-    block_d = max(16, triton.next_power_of_2(head_dim))
+    block_d = max(16, power_of_two_at_least(head_dim))
     if use_tma is None:  # measured: a gain from head_dim 128 only (benchmarks/TUNING.md, sixth finding)
         use_tma = (block_d >= TMA_MIN_BLOCK_D and descriptors_supported(q.device)
                    and all(descriptor_ready(t) for t in (q, k, v, do)))
     tma = "host" if use_tma and seq_lens is None and not varlen else "none"
 
     delta = torch.empty((o_rows.shape[0], heads, n_q), dtype=torch.float32, device=q.device)
-    launch(attention_bwd_preprocess_kernel, (triton.cdiv(n_q, PREPROCESS_BLOCK_M), o_rows.shape[0] * heads),
+    launch(attention_bwd_preprocess_kernel, (ceil_div(n_q, PREPROCESS_BLOCK_M), o_rows.shape[0] * heads),
         o_rows, do_rows, delta, *o_rows.stride(), *do_rows.stride(), heads, n_q,
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=PREPROCESS_BLOCK_M, num_warps=4 if block_d <= 128 else 8)
     if varlen:
@@ -604,7 +604,7 @@ def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec: AttentionSp
     args = dict(
         H=heads, KV_GROUP=heads // kv_heads, N_CTX_Q=n_q, N_CTX_K=n_k,
         WINDOW_LEFT=left or 0, WINDOW_RIGHT=right or 0,
-        Q_BUCKET=triton.next_power_of_2(rows_q), K_BUCKET=triton.next_power_of_2(rows_k),
+        Q_BUCKET=power_of_two_at_least(rows_q), K_BUCKET=power_of_two_at_least(rows_k),
         HEAD_DIM=head_dim, BLOCK_D=block_d,
         HAS_SEQ_LENS=seq_lens is not None, IS_VARLEN=varlen,
         HAS_LEFT=left is not None, HAS_RIGHT=right is not None, **flags,
@@ -619,12 +619,12 @@ def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec: AttentionSp
         q_src, do_src = tile_sources(tma, (q, do))
         jobs.append(("dkdv", (q_src, k, v, do_src, lse, delta, dk, dv, seq_lens, cu_seqlens_q, cu_seqlens_k,
                               *modifiers, *strides, *dk.stride(), *dv.stride(), *alibi_strides),
-                     lambda bn: (triton.cdiv(rows_k, bn), batch * kv_heads)))
+                     lambda bn: (ceil_div(rows_k, bn), batch * kv_heads)))
     if dq is not None:
         k_src, v_src = tile_sources(tma, (k, v))
         jobs.append(("dq", (q, k_src, v_src, do, lse, delta, dq, seq_lens, cu_seqlens_q, cu_seqlens_k,
                             *modifiers, *strides, *dq.stride(), *alibi_strides),
-                     lambda bm: (triton.cdiv(rows_q, bm), batch * heads)))
+                     lambda bm: (ceil_div(rows_q, bm), batch * heads)))
     for kernel, positional, grid_of in jobs:
         program_block = "BLOCK_N" if kernel == "dkdv" else "BLOCK_M"
         if block_m is not None:

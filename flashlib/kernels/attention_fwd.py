@@ -37,10 +37,10 @@ import triton.language as tl
 
 from .. import runtime
 from ..spec import AttentionSpec
-from ._common import (INTERPRETER_BLOCKS, LN2, LOG2E, band_mask, descriptor_mode, descriptor_ready,
+from ._common import (INTERPRETER_BLOCKS, LN2, LOG2E, band_mask, ceil_div, descriptor_mode, descriptor_ready,
                       descriptors_supported, key_block_range, load_rows, packed_as_bhnd, row_stats_offset,
-                      sample_bounds, scores_log2, set_block_shapes, store_rows, tensor_of, tile_sources,
-                      use_torch_scratch)
+                      power_of_two_at_least, sample_bounds, scores_log2, set_block_shapes, store_rows,
+                      tensor_of, tile_sources, use_torch_scratch)
 from .dropout import dropout_keep, dropout_stream_key, effective_dropout_p
 from .launch import launch, launch_tuned
 
@@ -468,8 +468,8 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     args = dict(
         H=heads, KV_GROUP=heads // k.shape[1], N_CTX_Q=n_q, N_CTX_K=n_k,
         WINDOW_LEFT=left or 0, WINDOW_RIGHT=right or 0, DESCALE_STRIDE=batch * k.shape[1],
-        Q_BUCKET=triton.next_power_of_2(rows_q), K_BUCKET=triton.next_power_of_2(rows_k),
-        HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        Q_BUCKET=power_of_two_at_least(rows_q), K_BUCKET=power_of_two_at_least(rows_k),
+        HEAD_DIM=head_dim, BLOCK_D=max(16, power_of_two_at_least(head_dim)),
         HAS_SEQ_LENS=seq_lens is not None, IS_VARLEN=varlen,
         HAS_LEFT=left is not None, HAS_RIGHT=right is not None, **flags,
         RECORD_TILES=tiles is not None, DOT_PRECISION=runtime.dot_precision(q.dtype), TMA=tma,
@@ -486,7 +486,7 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         # Fixed blocks: the deepest pipeline (3 stages at most) that fits shared memory.
         block_d, budget = args["BLOCK_D"], smem_budget()
         stages = next((s for s in (3, 2) if smem_bytes(block_m, block_n, block_d, s, q.element_size()) <= budget), 1)
-        grid = (triton.cdiv(rows_q, block_m), batch * heads)
+        grid = (ceil_div(rows_q, block_m), batch * heads)
         _set_tile_shapes(dict(zip("QKVO", positional), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
                               V_TRANSPOSED=v_transposed))
         launch(attention_fwd_kernel, grid, *positional, **args, BLOCK_M=block_m, BLOCK_N=block_n,
@@ -496,7 +496,7 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             raise ValueError("tiles needs fixed block sizes: pass block_m and block_n")
 
         def grid(meta):
-            return (triton.cdiv(rows_q, meta["BLOCK_M"]), batch * heads)
+            return (ceil_div(rows_q, meta["BLOCK_M"]), batch * heads)
 
         launch_tuned(attention_fwd_kernel_autotuned, grid, *positional, **args)
     return filled

@@ -45,7 +45,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .. import runtime
 from ..spec import window_bounds
-from ._common import LN2, LOG2E, band_mask, scores_log2
+from ._common import LN2, LOG2E, band_mask, ceil_div, power_of_two_at_least, scores_log2
 from .attention_fwd import smem_budget
 from .launch import launch
 
@@ -285,7 +285,7 @@ def launch_config(programs: int, sms: int, block_m: int, block_d: int, elem: int
         tile_bytes, stages = 4096, 3 if per_sm < 8 else 2
     block_n = max(32, min(128, tile_bytes // (block_d * elem)))
     if chunk is not None:  # no more stages than the chunk has blocks
-        stages = max(1, min(stages, triton.cdiv(chunk, block_n)))
+        stages = max(1, min(stages, ceil_div(chunk, block_n)))
     budget = smem_budget()
     for fitting in range(stages, 0, -1):
         if elem * block_d * (block_m + 2 * block_n * fitting) <= budget:
@@ -314,7 +314,7 @@ def multiprocessor_count(device_index: int) -> int:
 
 def rows_per_program(rows: int) -> int:
     """BLOCK_M for ``rows`` packed query rows: all of them up to 64 (at least 16, ``tl.dot``'s minimum)."""
-    return max(16, min(64, triton.next_power_of_2(rows)))
+    return max(16, min(64, power_of_two_at_least(rows)))
 
 
 #: K and V bytes per chunk under which one wave of chunks is too short to keep an SM streaming, and the
@@ -344,14 +344,14 @@ def choose_num_splits(programs: int, n_k: int, sms: int, head_dim: int = 128, el
     """
     if programs >= sms:
         return 1
-    most = min(triton.cdiv(n_k, CHUNK_GRANULE), MAX_SPLITS)
+    most = min(ceil_div(n_k, CHUNK_GRANULE), MAX_SPLITS)
     one_wave = max(1, min(sms // programs, most))
     kv_bytes = 2 * n_k * head_dim * elem
     if kv_bytes > SHORT_CHUNK_BYTES * one_wave:
         return one_wave
     # partial bytes / K/V bytes = (rows * splits * D * 4 * 2) / (2 * n_k * D * elem) <= 1/8
     partial_cap = n_k * elem // (32 * rows)
-    fine = min(triton.cdiv(kv_bytes, FINE_CHUNK_BYTES), MAX_WAVES * sms // programs, most, partial_cap)
+    fine = min(ceil_div(kv_bytes, FINE_CHUNK_BYTES), MAX_WAVES * sms // programs, most, partial_cap)
     return max(one_wave, fine)
 
 
@@ -386,15 +386,15 @@ def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     elif not isinstance(block_m, int) or isinstance(block_m, bool) or block_m < 16 or block_m & (block_m - 1):
         raise ValueError(f"block_m must be None (the kernel chooses) or a power of two >= 16 (tl.dot's minimum); "
                          f"got {block_m!r}")
-    row_blocks = triton.cdiv(rows, block_m)
+    row_blocks = ceil_div(rows, block_m)
     sms = 16 if runtime.INTERPRET else multiprocessor_count(q.device.index or 0)
     if num_splits is None:
         num_splits = choose_num_splits(batch * heads_kv * row_blocks, n_k, sms, head_dim, q.element_size(), rows)
-    chunk = triton.cdiv(triton.cdiv(max(n_k, 1), num_splits), CHUNK_GRANULE) * CHUNK_GRANULE
-    num_splits = max(1, triton.cdiv(n_k, chunk))
+    chunk = ceil_div(ceil_div(max(n_k, 1), num_splits), CHUNK_GRANULE) * CHUNK_GRANULE
+    num_splits = max(1, ceil_div(n_k, chunk))
     split = num_splits > 1
     left, right = window_bounds(causal, window)
-    block_d = max(16, triton.next_power_of_2(head_dim))
+    block_d = max(16, power_of_two_at_least(head_dim))
     if split:
         o_part = torch.empty((batch, heads_kv, num_splits, row_blocks * block_m, head_dim),
                              dtype=torch.float32, device=q.device)
@@ -431,4 +431,4 @@ def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         pdl = {"EARLY": True, "launch_pdl": True} if early else {}
         launch(merge_splits_kernel, (rows, batch * heads_kv),
                o_part, lse_part, o, lse, *o.stride(), heads, heads_kv, n_q, num_splits, row_blocks * block_m,
-               HEAD_DIM=head_dim, BLOCK_D=block_d, SPLITS=triton.next_power_of_2(num_splits), **pdl)
+               HEAD_DIM=head_dim, BLOCK_D=block_d, SPLITS=power_of_two_at_least(num_splits), **pdl)

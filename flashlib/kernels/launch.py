@@ -16,12 +16,18 @@ launch path are repeated on every call although their answer rarely changes:
    integer width), each tensor's dtype and 16-byte alignment, each host descriptor's
    dtype, alignment, shape, strides and block shape, the type of each float, and the
    constexpr and launch keywords. The same signature therefore always means the same
-   binary, and a hit calls the binary's launcher directly.
+   binary, and a hit calls the binary's launcher directly. Integers beyond 32 bits (a
+   dropout seed, new on every call) count by what Triton specializes them on (64-bit signed
+   or unsigned, divisibility by 16), not by value, so they hit too.
+3. On Triton 3.6 a hit skips the launcher's own Python wrapper as well, and the copy engine's
+   tensor maps of host descriptors are encoded once per address and shape
+   (:mod:`.direct_launch`).
 
 Anything else (an unknown argument type, the interpreter) takes Triton's own path.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -30,17 +36,27 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .. import runtime
 from ._common import tensor_of
+from .direct_launch import direct_launcher
 
 #: (autotuner, key values..., dtypes...) -> the triton.Config it chose.
 _CHOSEN: dict = {}
 
 #: signature -> (compiled kernel, names and defaults of the parameters after the positional ones,
-#: block shapes of host descriptors by position, the config's keywords). Bounded: cleared when full.
+#: block shapes of host descriptors by position, the config's keywords, the direct launcher or None).
+#: Bounded: cleared when full.
 _COMPILED: dict = {}
 _COMPILED_LIMIT = 4096
 
 #: Whether launches go through the compiled-binary cache: on a GPU, never in the interpreter.
 COMPILED_CACHE = not runtime.INTERPRET
+
+#: Whether a remembered binary launches through :mod:`.direct_launch` where Triton's launcher allows it
+#: (False: always through the binary's own ``run``; ``benchmarks/launch_host_time.py --direct-ab`` compares).
+DIRECT_LAUNCH = True
+
+
+#: The smallest integer Triton passes as 64-bit, and the smallest it passes as unsigned 64-bit.
+INT32_END, UINT64_START = 2**31, 2**63
 
 
 def _current_stream() -> tuple[int, int]:
@@ -50,21 +66,32 @@ def _current_stream() -> tuple[int, int]:
     return device, driver.get_current_stream(device)
 
 
+def _integer_key(a: int):
+    """An integer as the signature counts it: by value within 32 bits (Triton specializes on
+    ``== 1`` and divisibility by 16 there), else by what Triton specializes on: signed or unsigned
+    64-bit, divisible by 16 or not. A dropout seed, new on every call, thus keeps its binary."""
+    if -INT32_END <= a < INT32_END:
+        return a
+    return ("u64" if a >= UINT64_START else "i64", a % 16 == 0)
+
+
 def signature(fn, args, kwargs):
     """A hashable key that decides which binary Triton runs ``fn`` with, or None (unknown argument type)."""
     key = [fn]
+    append = key.append  # the loop runs over ~45 arguments per launch: written for host time
     for a in args:
         kind = type(a)
-        if a is None or kind is int or kind is bool:
-            key.append(a)
+        if kind is int:
+            append(a if -INT32_END <= a < INT32_END else _integer_key(a))
+        elif a is None or kind is bool:
+            append(a)
         elif kind is float:
-            key.append(float)
-        elif isinstance(a, torch.Tensor):
-            key.append((a.dtype, a.data_ptr() % 16 == 0))
+            append(float)
+        elif kind is torch.Tensor or isinstance(a, torch.Tensor):
+            append((a.dtype, a.data_ptr() % 16 == 0))
         elif kind is TensorDescriptor:
             base = a.base
-            key.append((base.dtype, base.data_ptr() % 16 == 0, tuple(a.shape), tuple(a.strides),
-                        tuple(a.block_shape)))
+            append((base.dtype, base.data_ptr() % 16 == 0, tuple(a.shape), tuple(a.strides), tuple(a.block_shape)))
         else:
             return None
     key.extend(kwargs.items())
@@ -81,30 +108,39 @@ def _remember(key, fn, compiled, n_positional, config_kwargs, args, kwargs) -> N
         return
     named = {**kwargs, **(config_kwargs or {})}
     tail = []
-    for param in list(inspect.signature(fn.fn).parameters.values())[n_positional:]:
+    for param in _parameters(fn.fn)[n_positional:]:
         if param.name not in named and param.default is inspect.Parameter.empty:
             return  # a parameter this call did not give: leave it to Triton's own path
         tail.append(named.get(param.name, param.default))
     shapes = tuple((i, list(a.block_shape)) for i, a in enumerate(args) if type(a) is TensorDescriptor)
     if len(_COMPILED) >= _COMPILED_LIMIT:
         _COMPILED.clear()
-    _COMPILED[key] = (compiled, tuple(tail), shapes, named)
+    _COMPILED[key] = (compiled, tuple(tail), shapes, named, direct_launcher(compiled))
 
 
-def _launch_compiled(entry, grid, args) -> None:
+@functools.lru_cache(maxsize=None)
+def _parameters(function) -> list:
+    """The parameters of a kernel's Python function, in order (asked once per kernel)."""
+    return list(inspect.signature(function).parameters.values())
+
+
+def _launch_compiled(entry, grid, args, stream) -> None:
     """Run a remembered binary: the arguments in the kernel's order, as ``JITFunction.run`` passes them."""
-    compiled, tail, shapes, named = entry
+    compiled, tail, shapes, named, direct = entry
     for i, shape in shapes:  # fresh host descriptors carry placeholder block shapes
         args[i].block_shape = shape
     ordered = (*args, *tail)
     if callable(grid):
         grid = grid(named)
     grid_x, grid_y, grid_z = (*grid, 1, 1)[:3]
-    _, stream = _current_stream()
     hooks = triton.knobs.runtime
+    enter_hook = hooks.launch_enter_hook
+    if direct is not None and DIRECT_LAUNCH:  # Triton 3.6: launch metadata is None unless a hook is set
+        metadata = None if enter_hook is None else compiled.launch_metadata(grid, stream, *ordered)
+        direct(grid_x, grid_y, grid_z, stream, metadata, enter_hook, hooks.launch_exit_hook, ordered)
+        return
     compiled.run(grid_x, grid_y, grid_z, stream, compiled.function, compiled.packed_metadata,
-                 compiled.launch_metadata(grid, stream, *ordered), hooks.launch_enter_hook, hooks.launch_exit_hook,
-                 *ordered)
+                 compiled.launch_metadata(grid, stream, *ordered), enter_hook, hooks.launch_exit_hook, *ordered)
 
 
 def _launch_remembered(fn, grid, args, kwargs):
@@ -114,10 +150,11 @@ def _launch_remembered(fn, grid, args, kwargs):
     key = signature(fn, args, kwargs)
     if key is None:
         return False, None
-    key = (_current_stream()[0], key)
+    device, stream = _current_stream()
+    key = (device, key)
     entry = _COMPILED.get(key)
     if entry is not None:
-        _launch_compiled(entry, grid, args)
+        _launch_compiled(entry, grid, args, stream)
     return entry is not None, key
 
 

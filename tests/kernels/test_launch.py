@@ -236,3 +236,139 @@ def test_a_tuned_launch_remembers_the_chosen_configs_binary_and_descriptor_tiles
 def test_the_cache_is_off_in_the_interpreter():
     import flashlib.runtime as runtime
     assert launch_module.COMPILED_CACHE is (not runtime.INTERPRET)
+
+
+def test_integers_beyond_32_bits_count_by_what_triton_specializes_on():
+    """A dropout seed is new on every call: seeds must share a binary, yet never cross the lines Triton
+    draws between 64-bit signed and unsigned integers or between divisible by 16 and not."""
+    x = torch.zeros(64, dtype=torch.float16)
+
+    def key(n):
+        return signature("fn", (x, n), {})
+    assert key(2**40 + 5) == key(2**61 + 977) == key(-(2**40) - 3)
+    assert key(2**40 + 16) == key(2**62)
+    assert key(2**40 + 5) != key(2**40 + 16), "divisibility by 16"
+    assert key(2**63 + 5) != key(2**40 + 5), "unsigned 64-bit"
+    assert key(2**31 - 1) != key(2**31 + 1), "32-bit and 64-bit"
+    assert key(7) != key(9), "within 32 bits an integer counts by value"
+
+
+# ---------------------------------------------------------------- the direct launcher (a model of Triton 3.6)
+class Descriptorish:
+    """What a launch reads of a host TensorDescriptor: base, shape, strides, padding."""
+
+    def __init__(self, tensor, padding="zero"):
+        self.base, self.shape, self.strides, self.padding = tensor, list(tensor.shape), list(tensor.stride()), padding
+
+
+@pytest.fixture
+def model():
+    from support import triton36_launcher as model
+    model.ENCODED.clear()
+    model.LAUNCHED.clear()
+    return model
+
+
+META = [dict(swizzle=3, elem_size=2, elem_type=9, block_size=[1, 1, 64, 64], fp4_padded=False),
+        dict(swizzle=2, elem_size=2, elem_type=10, block_size=[1, 1, 32, 64], fp4_padded=False)]
+KINDS = ["tensordesc", "i32", "tensordesc", "*fp32", "i32", "constexpr"]
+
+
+def test_the_direct_launcher_passes_the_c_launcher_what_tritons_wrapper_does(model, monkeypatch):
+    from flashlib.kernels import direct_launch
+    monkeypatch.setattr(direct_launch, "fill_tensor_map", model.fill_tma_descriptor)
+    compiled = model.compiled_kernel(KINDS, META)
+    direct = direct_launch.direct_launcher(compiled)
+    assert direct is not None
+    q, k, lse = torch.zeros(2, 3, 128, 64), torch.zeros(2, 1, 96, 64)[..., :64], torch.zeros(6)
+    args = (Descriptorish(q), 128, Descriptorish(k, padding="nan"), lse, 96, 64)
+    compiled.run(4, 6, 1, 77, compiled.function, compiled.packed_metadata, "meta", "enter", "exit", *args)
+    direct(4, 6, 1, 77, "meta", "enter", "exit", args)
+    assert len(model.LAUNCHED) == 2 and model.LAUNCHED[0] == model.LAUNCHED[1]
+    assert model.LAUNCHED[1][:13] == (4, 6, 1, 77, 0xF00, False, True, None, None, ("packed",), "meta", "enter",
+                                      "exit")
+
+
+def test_a_tensor_map_is_encoded_once_per_address_shape_and_strides(model, monkeypatch):
+    from flashlib.kernels import direct_launch
+    monkeypatch.setattr(direct_launch, "fill_tensor_map", model.fill_tma_descriptor)
+    compiled = model.compiled_kernel(KINDS, META)
+    direct = direct_launch.direct_launcher(compiled)
+    q, k, other = torch.zeros(2, 3, 128, 64), torch.zeros(2, 1, 96, 64), torch.zeros(2, 3, 128, 64)
+
+    def call(first, second):
+        direct(1, 1, 1, 0, None, None, None, (Descriptorish(first), 128, Descriptorish(second), q, 96, 64))
+        return model.LAUNCHED[-1]
+    first = call(q, k)
+    assert len(model.ENCODED) == 2
+    assert call(q, k) == first and len(model.ENCODED) == 2, "the same tensors: the remembered maps"
+    call(other, k)
+    assert model.ENCODED[2:] == [other.data_ptr()], "a new address: a new map, the other one remembered"
+    call(q, k[:, :, :64])
+    assert model.ENCODED[3:] == [k.data_ptr()], "the same address with another shape: a new map"
+    # the remembered maps are keyed by position too: q's map is not k's, though both start at q's address
+    direct(1, 1, 1, 0, None, None, None, (Descriptorish(q), 128, Descriptorish(q), q, 96, 64))
+    launched = model.LAUNCHED[-1]
+    second_map = 13 + 1 + 4 + 4 + 1  # after the first map, its shape and strides, and the integer
+    assert launched[13][5] == (1, 1, 64, 64) and launched[second_map][5] == (1, 1, 32, 64)
+
+
+@pytest.mark.parametrize("change", ["scratch", "fp4", "frontend_descriptors", "other_wrapper", "other_format"])
+def test_anything_but_triton_36s_launcher_keeps_tritons_own_path(model, monkeypatch, change):
+    from flashlib.kernels import direct_launch
+    metas = [dict(m) for m in META]
+    if change == "fp4":
+        metas[1]["fp4_padded"] = True
+    if change == "frontend_descriptors":
+        metas = [None, None]
+    compiled = model.compiled_kernel(KINDS, metas, global_scratch_size=128 if change == "scratch" else 0)
+    if change == "other_wrapper":
+        compiled.run.launch = lambda *args: None
+    if change == "other_format":
+        monkeypatch.setattr(model, "_BASE_ARGS_FORMAT", "iiiKKOOOOOO")
+    assert direct_launch.direct_launcher(compiled) is None
+    assert direct_launch.direct_launcher(FakeCompiled()) is None
+
+
+@pytest.mark.gpu
+def test_gpu_remembered_launches_follow_each_new_seed_address_and_content():
+    """The forward with dropout, fixed blocks and host descriptors, called again and again: after the first
+    call every launch runs the remembered binary (on Triton 3.6 through the direct launcher), and each new
+    64-bit seed, each tensor at a new address and new contents at an old address give the reference's O."""
+    from flashlib.kernels.attention_fwd import launch_attention_forward
+    from flashlib.kernels.dropout import dropout_mask, effective_dropout_p
+    from flashlib.spec import AttentionSpec
+
+    torch.manual_seed(0)
+    shape, p = (2, 3, 200, 64), 0.25
+
+    def fresh():
+        return [torch.randn(shape, device="cuda", dtype=torch.float16) for _ in range(3)]
+
+    def check(q, k, v, seed):
+        o, lse = torch.empty_like(q), torch.empty(shape[:3], device="cuda")
+        launch_attention_forward(q, k, v, o, lse, AttentionSpec(causal=True, dropout_p=p, dropout_seed=seed),
+                                 block_m=64, block_n=64)
+        mask = dropout_mask(seed, p, *shape[:2], shape[2], shape[2], q.device).cpu()
+        ref = naive_attention(*(t.double().cpu() for t in (q, k, v)), causal=True,
+                              dropout_p=effective_dropout_p(p), dropout_mask=mask)
+        assert relative_error(o.cpu(), ref) < tolerance(torch.float16), f"seed {seed}"
+        return o
+
+    q, k, v = fresh()
+    first = check(q, k, v, 2**40 + 1)
+    assert torch.equal(check(q, k, v, 2**40 + 1), first)
+    assert not torch.equal(check(q, k, v, 2**61 + 977), first), "a new seed draws a new mask"
+    check(*fresh(), 2**50 + 3)  # new addresses
+    q.copy_(torch.randn_like(q))  # new contents at the same address
+    check(q, k, v, 2**40 + 1)
+    if triton.__version__.startswith("3.6."):
+        assert any(entry[4] is not None for entry in launch_module._COMPILED.values()), "the direct launcher"
+
+
+def test_a_binary_without_host_descriptors_keeps_tritons_launcher(model):
+    """Triton calls the C launcher itself there: nothing for a direct launch to save."""
+    from flashlib.kernels import direct_launch
+    compiled = model.compiled_kernel(["i32", "*fp16"], [])
+    compiled.run.launch = model.c_launcher
+    assert direct_launch.direct_launcher(compiled) is None
