@@ -13,7 +13,8 @@ and what dropout, softcap and ALiBi cost.
    prints a cProfile of the front door's host path.
 2. Training step (forward + backward) at N = 512, fp16, the FlashAttention-2 benchmark shapes
    (B * N = 16384, H * D = 2048), flashlib against SDPA's flash backend, ``do_bench`` medians,
-   and the kernels' own GPU time per step (torch.profiler), which shows a host-bound point.
+   and the kernels' own GPU time per step (torch.profiler), which shows a host-bound point;
+   ``--train-dropout P`` gives both the same ``dropout_p``.
 3. Score modifiers and dropout at N = 4096: forward and forward + backward with each one on,
    as a ratio to the plain kernel.
 """
@@ -23,6 +24,7 @@ import argparse
 import datetime
 import json
 import platform
+import sys
 import time
 
 import torch
@@ -145,7 +147,8 @@ def kernel_ms(fn, grads, steps: int = 20) -> float:
     return total_us / steps / 1000
 
 
-def train_step_n512(rows: list, save) -> list[dict]:
+def train_step_n512(rows: list, save, dropout_p: float = 0.0) -> list[dict]:
+    """Training steps at N = 512 (``dropout_p`` for both flashlib and SDPA flash, which supports it)."""
     for d in (64, 128):
         n, heads = 512, 2048 // d
         batch = 16384 // n
@@ -154,14 +157,15 @@ def train_step_n512(rows: list, save) -> list[dict]:
             leaves = [t.requires_grad_() for t in (q, k, v)]
 
             def ours():
-                flash_attention(*leaves, causal=causal).backward(do)
+                flash_attention(*leaves, causal=causal, dropout_p=dropout_p).backward(do)
 
             def sdpa():
                 with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                    F.scaled_dot_product_attention(*leaves, is_causal=causal).backward(do)
+                    F.scaled_dot_product_attention(*leaves, is_causal=causal, dropout_p=dropout_p).backward(do)
 
             t_ours, t_sdpa = bench(ours, leaves), bench(sdpa, leaves)
-            rows.append(dict(d=d, n=n, batch=batch, heads=heads, causal=causal, flashlib_ms=t_ours,
+            rows.append(dict(d=d, n=n, batch=batch, heads=heads, causal=causal, dropout_p=dropout_p,
+                             flashlib_ms=t_ours,
                              sdpa_flash_ms=t_sdpa, speed_vs_sdpa_flash=t_sdpa / t_ours,
                              flashlib_kernels_ms=kernel_ms(ours, leaves), sdpa_flash_kernels_ms=kernel_ms(sdpa, leaves)))
             print(rows[-1], flush=True)
@@ -200,13 +204,15 @@ def main():
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--sections", default="host,train,modifiers",
                         help="comma list of host, profile, train, modifiers (default host, train, modifiers)")
+    parser.add_argument("--train-dropout", type=float, default=0.0,
+                        help="dropout_p of the N = 512 training steps, for flashlib and SDPA flash (default 0)")
     parser.add_argument("--modifiers", help="comma list of the modifier rows to run (default all: "
                         "'plain,dropout 0.1,softcap 30,alibi'; plain is the baseline, keep it)")
     args = parser.parse_args()
     results = dict(
         gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
         flashlib=flashlib.__version__, python=platform.python_version(),
-        date=datetime.date.today().isoformat(), command="python benchmarks/front_door.py",
+        date=datetime.date.today().isoformat(), command="python benchmarks/front_door.py " + " ".join(sys.argv[1:]),
         host_overhead_us={}, train_step_n512=[], modifiers_n4096=[],
     )
 
@@ -223,7 +229,7 @@ def main():
     if "profile" in sections:
         host_profile()
     if "train" in sections:
-        train_step_n512(results["train_step_n512"], save)
+        train_step_n512(results["train_step_n512"], save, args.train_dropout)
     if "modifiers" in sections:
         modifiers_n4096(results["modifiers_n4096"], save,
                         args.modifiers.split(",") if args.modifiers else None)
