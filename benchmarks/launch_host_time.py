@@ -90,6 +90,8 @@ def main():
     parser.add_argument("--direct-ab", action="store_true", help="Triton's launcher against the direct one")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1; got {args.rounds}")
     fns = routes()
     if args.direct_ab:
         direct_ab(fns, args.rounds)

@@ -29,6 +29,8 @@ import dataclasses
 
 import numpy as np
 
+from .integer_math import ceil_div
+
 #: Bytes of one float32 statistic (m, l or the logsumexp L).
 STATS_BYTES = 4
 
@@ -46,10 +48,6 @@ class Traffic:
     @property
     def total(self) -> int:
         return self.reads + self.writes
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _times(t: Traffic, count: int) -> Traffic:
@@ -111,7 +109,7 @@ def _keys_read(n_q: int, n_k: int, block_m: int, block_n: int, causal: bool) -> 
         if causal:
             last_row = min(m0 + block_m, n_q) - 1
             hi = min(last_row + 1 + n_k - n_q, n_k)  # keys the last row sees
-            keys_read += min(n_k, _cdiv(hi, block_n) * block_n) if hi > 0 else 0
+            keys_read += min(n_k, ceil_div(hi, block_n) * block_n) if hi > 0 else 0
         else:
             keys_read += n_k
     return keys_read
@@ -174,7 +172,7 @@ def flash1_traffic(n_q: int, head_dim: int, *, n_k: int | None = None, block_n: 
             raise ValueError("give block_n, or sram_bytes to derive it from")
         block_n = paper_block_sizes(sram_bytes, head_dim, dtype_bytes)[0]
     _check_sizes(block_n=block_n)
-    outer = _cdiv(n_k, block_n)
+    outer = ceil_div(n_k, block_n)
     rows = n_q * head_dim * dtype_bytes
     stats = 2 * n_q * STATS_BYTES  # m and l
     reads = 2 * n_k * head_dim * dtype_bytes + outer * (2 * rows + stats)  # K, V once; Q, O, m, l per block
@@ -186,7 +184,7 @@ def programs(loop_order: str, n_q: int, *, block_m: int, batch: int = 1, heads: 
     """Programs (thread blocks) launched: FA2 order, one per (query block, batch, head); FA1, one per (batch, head)."""
     _check_sizes(n_q=n_q, block_m=block_m, batch=batch, heads=heads)
     if loop_order == "fa2":
-        return _cdiv(n_q, block_m) * batch * heads
+        return ceil_div(n_q, block_m) * batch * heads
     if loop_order == "fa1":
         return batch * heads
     raise ValueError(f"loop_order must be 'fa1' or 'fa2', got {loop_order!r}")
@@ -203,9 +201,9 @@ def kernel_traffic(tiles, n_q: int, n_k: int, head_dim: int, block_m: int, block
     masked lanes move nothing).
     """
     record = np.asarray(tiles.cpu() if hasattr(tiles, "cpu") else tiles)
-    if record.ndim != 3 or record.shape[1:] != (_cdiv(n_q, block_m), _cdiv(n_k, block_n)):
+    if record.ndim != 3 or record.shape[1:] != (ceil_div(n_q, block_m), ceil_div(n_k, block_n)):
         raise ValueError(f"tiles must have shape (B*H, cdiv(n_q, block_m), cdiv(n_k, block_n)) = "
-                         f"(B*H, {_cdiv(n_q, block_m)}, {_cdiv(n_k, block_n)}); got {record.shape}")
+                         f"(B*H, {ceil_div(n_q, block_m)}, {ceil_div(n_k, block_n)}); got {record.shape}")
     slices = record.shape[0]
     lens = None if seq_lens is None else [int(x) for x in (seq_lens.tolist() if hasattr(seq_lens, "tolist")
                                                             else seq_lens)]

@@ -23,12 +23,9 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from .integer_math import ceil_div
 from .spec import window_bounds
 from .tiles import TILE_COMPUTED, TILE_MASKED, TILE_SKIPPED
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _check_ints(positive=(), non_negative=(), **values) -> None:
@@ -44,9 +41,9 @@ def _check_ints(positive=(), non_negative=(), **values) -> None:
 def _check_block(start_m: int, block_m: int, block_n: int, n_q: int, n_k: int) -> None:
     _check_ints(positive=("block_m", "block_n", "n_q"), non_negative=("start_m", "n_k"),
                 start_m=start_m, block_m=block_m, block_n=block_n, n_q=n_q, n_k=n_k)
-    if start_m >= _cdiv(n_q, block_m):
+    if start_m >= ceil_div(n_q, block_m):
         raise ValueError(f"start_m must be a query block index in [0, cdiv(n_q, block_m)) = "
-                         f"[0, {_cdiv(n_q, block_m)}), got start_m={start_m}")
+                         f"[0, {ceil_div(n_q, block_m)}), got start_m={start_m}")
 
 
 def causal_block_range(start_m: int, block_m: int, block_n: int, n_q: int, n_k: int) -> tuple[int, int]:
@@ -113,8 +110,8 @@ def block_range(start_m: int, block_m: int, block_n: int, n_q: int, n_k: int, *,
     # Keys every row sees: from the last row's left bound to the first row's right bound.
     all_lo = 0 if left is None else max(last - left, 0)
     all_hi = k_len if right is None else min(first + right + 1, k_len)
-    lo, hi = key_lo // block_n, _cdiv(key_hi, block_n)
-    full_lo = min(max(_cdiv(all_lo, block_n), lo), hi)  # first block starting at or after all_lo
+    lo, hi = key_lo // block_n, ceil_div(key_hi, block_n)
+    full_lo = min(max(ceil_div(all_lo, block_n), lo), hi)  # first block starting at or after all_lo
     full_hi = min(max(all_hi // block_n, full_lo), hi)  # last block ending at or before all_hi
     return BlockRange(lo, full_lo, full_hi, hi)
 
@@ -129,7 +126,7 @@ def predicted_tiles(n_q: int, n_k: int, block_m: int, block_n: int, *, causal: b
     """
     _check_ints(positive=("n_q", "block_m", "block_n"), non_negative=("n_k",),
                 n_q=n_q, n_k=n_k, block_m=block_m, block_n=block_n)
-    status = np.full((_cdiv(n_q, block_m), _cdiv(n_k, block_n)), TILE_SKIPPED, dtype=int)
+    status = np.full((ceil_div(n_q, block_m), ceil_div(n_k, block_n)), TILE_SKIPPED, dtype=int)
     for i in range(status.shape[0]):
         r = block_range(i, block_m, block_n, n_q, n_k, causal=causal, window=window, seq_len=seq_len)
         status[i, r.lo:r.hi] = TILE_MASKED
@@ -152,7 +149,7 @@ def tile_status(allowed, block_m: int, block_n: int, *, q_len: int | None = None
     _check_ints(positive=("block_m", "block_n"), block_m=block_m, block_n=block_n)
     n_q, n_k = allowed.shape
     q_len = n_q if q_len is None else min(q_len, n_q)
-    rows, cols = _cdiv(n_q, block_m), _cdiv(n_k, block_n)
+    rows, cols = ceil_div(n_q, block_m), ceil_div(n_k, block_n)
     padded = np.zeros((rows * block_m, cols * block_n), dtype=bool)  # keys past N_k: never allowed
     padded[:q_len, :n_k] = allowed[:q_len]
     tiles = padded.reshape(rows, block_m, cols, block_n).transpose(0, 2, 1, 3)

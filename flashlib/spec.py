@@ -112,7 +112,7 @@ class AttentionSpec:
     def with_seed(self, seed: int) -> "AttentionSpec":
         """This spec with another ``dropout_seed``. Every dropout call draws a seed, and
         ``dataclasses.replace`` (which re-runs ``__init__``) costs microseconds of host time."""
-        spec = object.__new__(AttentionSpec)
+        spec = object.__new__(type(self))
         spec.__dict__.update(self.__dict__)
         spec.__dict__["dropout_seed"] = int(seed)
         return spec

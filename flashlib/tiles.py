@@ -16,15 +16,13 @@ import dataclasses
 
 import numpy as np
 
+from .integer_math import ceil_div
+
 # Colours shared by the pictures: the program's own tile, the tiles it reads, the rest.
 OWN_COLOUR = "#d62728"
 READ_CMAP = "Blues"
 DONE_COLOUR = "#d9d9d9"
 MASK_HATCH = "////"
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _check_positive(**values) -> None:
@@ -58,17 +56,17 @@ class MatmulTiling:
     @property
     def num_pid_m(self) -> int:
         """Rows of tiles in C."""
-        return _cdiv(self.m, self.block_m)
+        return ceil_div(self.m, self.block_m)
 
     @property
     def num_pid_n(self) -> int:
         """Columns of tiles in C."""
-        return _cdiv(self.n, self.block_n)
+        return ceil_div(self.n, self.block_n)
 
     @property
     def num_k_steps(self) -> int:
         """Iterations of the k-loop: tiles of A (and of B) each program reads."""
-        return _cdiv(self.k, self.block_k)
+        return ceil_div(self.k, self.block_k)
 
     @property
     def num_programs(self) -> int:
@@ -264,7 +262,7 @@ def plot_vector_blocks(n: int, block: int):
     from matplotlib.patches import Rectangle
 
     _check_positive(n=n, block=block)
-    programs = _cdiv(n, block)
+    programs = ceil_div(n, block)
     cmap = colormaps["tab10"]
     fig = _figure(figsize=(max(6, 0.5 * programs * block + 1), 2.0), layout="constrained")
     ax = fig.add_subplot()
@@ -388,7 +386,7 @@ def record_attention_tiles(n_q: int, n_k: int, *, block_m: int, block_n: int, ca
     k, v = (torch.randn(1, 1, n_k, head_dim, generator=gen).to(runtime.DEVICE) for _ in range(2))
     out = torch.empty_like(q)
     lse = torch.empty(1, 1, n_q, device=runtime.DEVICE)
-    tiles = torch.zeros(1, _cdiv(n_q, block_m), _cdiv(n_k, block_n), dtype=torch.int8, device=runtime.DEVICE)
+    tiles = torch.zeros(1, ceil_div(n_q, block_m), ceil_div(n_k, block_n), dtype=torch.int8, device=runtime.DEVICE)
     lens = None if seq_len is None else torch.tensor([seq_len], dtype=torch.int32)
     launch_attention_forward(q, k, v, out, lse, AttentionSpec(causal=causal, window=window),
                              block_m=block_m, block_n=block_n,

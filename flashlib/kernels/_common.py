@@ -40,18 +40,6 @@ DESCRIPTOR_ALIGNMENT = 16
 INTERPRETER_BLOCKS = dict(BLOCK_M=32, BLOCK_N=32)
 
 
-def ceil_div(a: int, b: int) -> int:
-    """ceil(a / b) of host integers. ``triton.cdiv`` does the same, but as a constexpr function it
-    unwraps its arguments on every call: several microseconds a launch on the H100 host."""
-    return -(-a // b)
-
-
-def power_of_two_at_least(n: int) -> int:
-    """The smallest power of two >= n (0 for n <= 0), as ``triton.next_power_of_2`` gives it, at a
-    plain function's host cost (see :func:`ceil_div`)."""
-    return 1 << (n - 1).bit_length() if n > 0 else 0
-
-
 def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
     """Triton's allocator protocol: ``size`` bytes on the current device (CPU in the interpreter)."""
     device = "cpu" if runtime.INTERPRET else "cuda"

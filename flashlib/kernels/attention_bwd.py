@@ -73,10 +73,11 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from .. import runtime
+from ..integer_math import ceil_div, power_of_two_at_least
 from ..spec import AttentionSpec
-from ._common import (INTERPRETER_BLOCKS, LOG2E, band_mask, ceil_div, descriptor_ready, descriptors_supported,
-                      key_block_range, load_rows, packed_as_bhnd, power_of_two_at_least, query_block_range,
-                      row_stats_offset, sample_bounds, scores_log2, set_block_shapes, tensor_of, tile_sources)
+from ._common import (INTERPRETER_BLOCKS, LOG2E, band_mask, descriptor_ready, descriptors_supported, key_block_range,
+                      load_rows, packed_as_bhnd, query_block_range, row_stats_offset, sample_bounds, scores_log2,
+                      set_block_shapes, tensor_of, tile_sources)
 from .attention_fwd import full_float32_config, modifier_args, smem_budget
 from .dropout import dropout_keep, dropout_keep_t, dropout_stream_key
 from .launch import launch, launch_tuned

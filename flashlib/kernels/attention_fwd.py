@@ -36,11 +36,12 @@ import triton
 import triton.language as tl
 
 from .. import runtime
+from ..integer_math import ceil_div, power_of_two_at_least
 from ..spec import AttentionSpec
-from ._common import (INTERPRETER_BLOCKS, LN2, LOG2E, band_mask, ceil_div, descriptor_mode, descriptor_ready,
+from ._common import (INTERPRETER_BLOCKS, LN2, LOG2E, band_mask, descriptor_mode, descriptor_ready,
                       descriptors_supported, key_block_range, load_rows, packed_as_bhnd, row_stats_offset,
-                      power_of_two_at_least, sample_bounds, scores_log2, set_block_shapes, store_rows,
-                      tensor_of, tile_sources, use_torch_scratch)
+                      sample_bounds, scores_log2, set_block_shapes, store_rows, tensor_of, tile_sources,
+                      use_torch_scratch)
 from .dropout import dropout_keep, dropout_stream_key, effective_dropout_p
 from .launch import launch, launch_tuned
 

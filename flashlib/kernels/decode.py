@@ -44,8 +44,9 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .. import runtime
+from ..integer_math import ceil_div, power_of_two_at_least
 from ..spec import window_bounds
-from ._common import LN2, LOG2E, band_mask, ceil_div, power_of_two_at_least, scores_log2
+from ._common import LN2, LOG2E, band_mask, scores_log2
 from .attention_fwd import smem_budget
 from .launch import launch
 

@@ -73,7 +73,7 @@ def direct_launcher(compiled):
     if type(run).__name__ != "CudaLauncher":
         return None
     driver = sys.modules.get(type(run).__module__)
-    if getattr(driver, "BASE_ARGS_FORMAT", getattr(driver, "_BASE_ARGS_FORMAT", None)) != BASE_ARGS_FORMAT:
+    if getattr(driver, "_BASE_ARGS_FORMAT", None) != BASE_ARGS_FORMAT:
         return None
     make_arg = getattr(driver, "make_tensordesc_arg", None)
     if make_arg is None or len(inspect.signature(make_arg).parameters) != 2:
@@ -86,12 +86,12 @@ def direct_launcher(compiled):
     c_launch, positions, metas = parts
     to_host = driver.TMA_DTYPE_DEVICE_TO_HOST
     encodings = [(m["swizzle"], m["elem_size"], to_host[m["elem_type"]], list(m["block_size"])) for m in metas]
-    leading = (run.launch_cooperative_grid, run.launch_pdl, None, None, compiled.function, compiled.packed_metadata)
-    cooperative, pdl, global_scratch, profile_scratch, function, packed = leading
+    cooperative, pdl = run.launch_cooperative_grid, run.launch_pdl
+    function, packed = compiled.function, compiled.packed_metadata
     maps: dict = {}
 
     def launch(grid_x, grid_y, grid_z, stream, launch_metadata, enter_hook, exit_hook, args):
-        final = [grid_x, grid_y, grid_z, stream, function, cooperative, pdl, global_scratch, profile_scratch,
+        final = [grid_x, grid_y, grid_z, stream, function, cooperative, pdl, None, None,  # no scratch buffers
                  packed, launch_metadata, enter_hook, exit_hook]
         start = 0
         for position, (swizzle, elem_size, elem_type, block) in zip(positions, encodings):

@@ -38,6 +38,7 @@ import numbers
 import torch
 
 from ... import reference
+from ...integer_math import ceil_div
 from .framework import Case, Check, Mistake, register, run_check
 
 NOTEBOOK = "06_masking"
@@ -46,10 +47,6 @@ CAUSAL_BLOCK_RANGE = register(NOTEBOOK, "causal_block_range", 2,
                               "that is needed, nothing visited that is not")
 PADDING_MASK = register(NOTEBOOK, "padding_mask", 2,
                         "The padding mask of a batch with seq_lens: keys and queries past each sample's length")
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 # ------------------------------------------------------------------ causal block range
@@ -115,7 +112,7 @@ RANGE_MISTAKES = (
         "the diagonal itself included, not j < i + n_k - n_q), or hi = cdiv(last_key, block_n) rounds up "
         "the last key's index instead of the number of keys up to it: hi = cdiv(last_key + 1, block_n) "
         "= last_key // block_n + 1",
-        lambda s, bm, bn, nq, nk: (0, _cdiv(_last_key(s, bm, bn, nq, nk), bn))),
+        lambda s, bm, bn, nq, nk: (0, ceil_div(_last_key(s, bm, bn, nq, nk), bn))),
     _range_mistake(
         "last row one past",
         "off by one in the block's last row: rows are numbered from 0, so the last row of query block "
@@ -130,7 +127,7 @@ RANGE_MISTAKES = (
         "(the newest token) sees every key",
         lambda s, bm, bn, nq, nk: (0, min(min((s + 1) * bm, nq) - 1, nk - 1) // bn + 1),
         lambda s, bm, bn, nq, nk: (0, (min((s + 1) * bm, nq) - 1) // bn + 1),
-        lambda s, bm, bn, nq, nk: (0, _cdiv(min((s + 1) * bm, nq), bn))),
+        lambda s, bm, bn, nq, nk: (0, ceil_div(min((s + 1) * bm, nq), bn))),
     _range_mistake(
         "not rounded up",
         "the last, partly visible key block is dropped: hi must round up to a whole block, "
@@ -142,7 +139,7 @@ RANGE_MISTAKES = (
         "it is every key block: nothing above the diagonal is skipped, and skipping it (about half "
         "the work) is the point. Stop after the block holding the last row's last key, "
         "last_key = last_row + n_k - n_q",
-        lambda s, bm, bn, nq, nk: (0, _cdiv(nk, bn))),
+        lambda s, bm, bn, nq, nk: (0, ceil_div(nk, bn))),
     _range_mistake(
         "past n_k",
         "hi goes past the last key block: the query tail cuts the last query block, so its last row "
@@ -150,7 +147,7 @@ RANGE_MISTAKES = (
         "is at most n_k - 1 and hi at most cdiv(n_k, block_n) (a block starting at n_k or later "
         "holds no key)",
         lambda s, bm, bn, nq, nk: (0, (_last_row_ignoring_tail(s, bm, bn, nq, nk) + nk - nq) // bn + 1),
-        lambda s, bm, bn, nq, nk: (0, _cdiv(_last_row_ignoring_tail(s, bm, bn, nq, nk) + nk - nq, bn))),
+        lambda s, bm, bn, nq, nk: (0, ceil_div(_last_row_ignoring_tail(s, bm, bn, nq, nk) + nk - nq, bn))),
     _range_mistake(
         "a block that sees no key",
         "with more queries than keys (n_q > n_k) the first n_q - n_k queries see no key at all: "
@@ -177,7 +174,7 @@ RANGE_MISTAKES = (
 
 
 def _every_block(n_q, n_k, block_m, block_n):
-    return [(s, block_m, block_n, n_q, n_k) for s in range(_cdiv(n_q, block_m))]
+    return [(s, block_m, block_n, n_q, n_k) for s in range(ceil_div(n_q, block_m))]
 
 
 def _range_case(description: str, configs) -> Case:
@@ -219,7 +216,7 @@ def _range_cases(gen):
     for _ in range(200):
         bm, bn = choice([16, 32, 64, 128]), choice([16, 32, 64, 128])
         n_q, n_k = integer(1, 500), integer(1, 500)
-        configs.append((integer(0, _cdiv(n_q, bm) - 1), bm, bn, n_q, n_k))
+        configs.append((integer(0, ceil_div(n_q, bm) - 1), bm, bn, n_q, n_k))
     cases.append(_range_case("200 random (start_m, block_m, block_n, n_q, n_k), n_q and n_k from 1 to 500",
                              configs))
     return cases
@@ -271,7 +268,7 @@ def _explain_range(case: Case, out: torch.Tensor) -> list[str]:
                      "wasted loads (the element mask would hide them)")
     if past:
         lines.append(f"your range visits {_blocks(past, bn, n_k)}: there is no key there, hi is at most "
-                     f"cdiv(n_k, block_n) = {_cdiv(n_k, bn)}")
+                     f"cdiv(n_k, block_n) = {ceil_div(n_k, bn)}")
     return lines
 
 
