@@ -56,7 +56,8 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_src, v_src, off_b, off_kvh, start, end,
                     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                     EVEN_D: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, RECORD_TILES: tl.constexpr,
                     DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, NEGATIVE_SCALE: tl.constexpr,
-                    BLOCK_N: tl.constexpr, V_TRANSPOSED: tl.constexpr = False):
+                    BLOCK_N: tl.constexpr, V_TRANSPOSED: tl.constexpr = False,
+                    WARP_SPECIALIZE: tl.constexpr = False):
     """Online-softmax update of (acc, l_i, m_i) over the key blocks [start, end).
 
     ``MASKED`` blocks get an element mask (band edges, key tail) and loads masked
@@ -68,6 +69,8 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_src, v_src, off_b, off_kvh, start, end,
     ``V_TRANSPOSED`` (FP8 with host descriptors): ``v_src`` is a (B, H, D, N) descriptor, V stored with
     N contiguous, as FP8 tensor cores need P V's reduction dimension contiguous; tiles are read
     (BLOCK_D, BLOCK_N) and transposed in place.
+    ``WARP_SPECIALIZE``: ask Triton to split the loop into producer and consumer warps
+    (``tl.range(..., warp_specialize=True)``; benchmarks/schedule_ab.py measures it).
     """
     offs_n = tl.arange(0, BLOCK_N)
     PLAIN: tl.constexpr = not (HAS_SOFTCAP or HAS_ALIBI)
@@ -76,7 +79,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_src, v_src, off_b, off_kvh, start, end,
         k_ptrs = k_src + (start + offs_n)[None, :] * stride_kn + offs_d[:, None] * stride_kd
         v_ptrs = v_src + (start + offs_n)[:, None] * stride_vn + offs_d[None, :] * stride_vd
     rows = offs_m[:, None] + offset  # i' = i + N_k - N_q (bottom-right alignment)
-    for start_n in range(start, end, BLOCK_N):
+    for start_n in tl.range(start, end, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
         cols = start_n + offs_n
         if TMA != "none":
             k = load_rows(k_src, off_b, off_kvh, start_n, TMA, BLOCK_N, BLOCK_D).T
@@ -150,8 +153,12 @@ def attention_fwd_kernel(
     RECORD_TILES: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, NEGATIVE_SCALE: tl.constexpr,
     K_MULTIPLE_OF_128: tl.constexpr, FP8: tl.constexpr, V_TRANSPOSED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    LONGEST_FIRST: tl.constexpr = False, WARP_SPECIALIZE: tl.constexpr = False,
 ):
-    """O, LSE for query block ``program_id(0)`` of (batch, head) ``program_id(1)``.
+    """O, LSE for query block ``program_id(0)`` of (batch, head) ``program_id(1)``, or, with
+    ``LONGEST_FIRST``, for block ``num_programs(0) - 1 - program_id(0)``: under a causal mask the
+    last query blocks see the most keys, and programs start in grid order, so the longest run first
+    and the short ones fill the tail (:data:`LONGEST_FIRST`).
 
     Q, K, V, O are (B, H, N, D) through their strides (any layout); K, V have
     ``H // KV_GROUP`` heads (GQA: query head h reads kv head h // KV_GROUP).
@@ -174,6 +181,8 @@ def attention_fwd_kernel(
     O by v's, and P enters the tensor cores as float8 too. V_TRANSPOSED: see :func:`_attn_fwd_inner`.
     """
     start_m = tl.program_id(0)
+    if LONGEST_FIRST:
+        start_m = tl.num_programs(0) - 1 - start_m
     off_hz = tl.program_id(1)
     off_b = off_hz // H
     off_h = off_hz % H
@@ -261,7 +270,7 @@ def attention_fwd_kernel(
         offs_m, m0, offs_d, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
         score_scale, softcap_scale, slope_log2, dropout_key, DROPOUT_P, tile_ptr,
         False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, HEAD_DIM, BLOCK_D, RECORD_TILES,
-        DOT_PRECISION, TMA, NEGATIVE_SCALE, BLOCK_N, V_TRANSPOSED)
+        DOT_PRECISION, TMA, NEGATIVE_SCALE, BLOCK_N, V_TRANSPOSED, WARP_SPECIALIZE)
     # stage 3: the diagonal / window's right edge, and the key tail (N_k or seq_len). With no
     # right edge and N_k a multiple of 128 (so of a BLOCK_N that divides 128) it is empty: it is
     # then not even compiled, which spares its registers (the masked loop needs more than the plain one).
@@ -401,6 +410,12 @@ attention_fwd_kernel_autotuned = triton.autotune(
 
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 
+#: Whether grids with a right bound (causal, or a window's right edge without a left one) run their
+#: query blocks last to first: those see the most keys, and programs start in grid order, so the
+#: longest are dispatched first and the short ones fill the GPU's tail (FlashAttention's "longest
+#: processing time first"). benchmarks/schedule_ab.py measures it against grid order.
+LONGEST_FIRST = True
+
 
 def modifier_args(spec: AttentionSpec, alibi_slopes: torch.Tensor | None, head_dim: int, dummy: torch.Tensor):
     """The kernel arguments of the score modifiers and dropout, shared by the forward and backward launchers:
@@ -475,6 +490,7 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         HAS_LEFT=left is not None, HAS_RIGHT=right is not None, **flags,
         RECORD_TILES=tiles is not None, DOT_PRECISION=runtime.dot_precision(q.dtype), TMA=tma,
         NEGATIVE_SCALE=scalars[0] < 0, K_MULTIPLE_OF_128=n_k % 128 == 0, FP8=fp8, V_TRANSPOSED=v_transposed,
+        LONGEST_FIRST=LONGEST_FIRST and right is not None and left is None,
     )
     q_src, k_src, v_src, o_src = tile_sources(tma, (q, k, v_tiles if v_transposed else v, o))
     tensors = (q_src, k_src, v_src, o_src, lse, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi, tiles,

@@ -158,6 +158,15 @@ def _launch_remembered(fn, grid, args, kwargs):
     return entry is not None, key
 
 
+def forget() -> None:
+    """Forget every chosen config and remembered binary, and the autotuners' own choices: for
+    benchmarks that change an autotuner's configs or a launcher's switch between two runs."""
+    for choice in _CHOSEN:
+        choice[0].cache.clear()
+    _CHOSEN.clear()
+    _COMPILED.clear()
+
+
 def launch(fn, grid, *args, **kwargs) -> None:
     """``fn[grid](*args, **kwargs)`` for a ``triton.jit`` function, from the compiled-binary cache on a GPU."""
     launched, key = _launch_remembered(fn, grid, args, kwargs)

@@ -1,0 +1,237 @@
+"""Same-process A/B of two scheduling choices on Hopper, in pure GPU time (CUDA graphs), FA2 shapes.
+
+- ``longest``: causal grids run their query blocks last to first, forward and dQ
+  (``attention_fwd.LONGEST_FIRST``); ``grid`` runs them in grid order.
+- ``ws``: as ``longest``, and the unmasked key loop of the forward and of both backward kernels is a
+  ``tl.range(..., warp_specialize=True)``: Triton's automatic split into producer and consumer warps.
+
+    PYTHONPATH=. python benchmarks/schedule_ab.py [--variants grid,longest,ws] [--d 64,128]
+        [--N 1024,4096,16384] [--causal both] [--dtype fp16] [--time-budget S]
+
+Each variant autotunes over the library's own configs. Compiling is the slow part, so worker
+processes first compile every variant's configs in parallel, one config at a time (a config that
+does not compile is reported and left out of that variant), and the timed process then reads the
+binaries from Triton's disk cache. For every shape the variants are timed interleaved
+(``do_bench_cudagraph``: the host is out of the measurement); O, dQ, dK and dV of every variant are
+compared with SDPA's (flash backend) by relative error, and with the first variant's bitwise.
+benchmarks/TUNING.md quotes the results.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+import triton.testing
+
+from flashlib.kernels import attention_bwd, attention_fwd, launch
+from flashlib.spec import AttentionSpec
+
+VARIANTS = ("grid", "longest", "ws")
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+TUNED = {"fwd": attention_fwd.attention_fwd_kernel_autotuned,
+         "dkdv": attention_bwd.attention_bwd_dkdv_kernel_autotuned,
+         "dq": attention_bwd.attention_bwd_dq_kernel_autotuned}
+#: Seconds the compiling workers get, all together (a compiler that hangs must not take the whole call).
+WARM_TIMEOUT = 300
+ORIGINAL_CONFIGS = {name: list(tuned.configs) for name, tuned in TUNED.items()}
+
+
+def configs_of(variant: str, kernel: str) -> list[triton.Config]:
+    """The kernel's library configs, with ``WARP_SPECIALIZE=True`` for the ``ws`` variant."""
+    if variant != "ws":
+        return list(ORIGINAL_CONFIGS[kernel])
+    return [triton.Config({**c.kwargs, "WARP_SPECIALIZE": True}, num_stages=c.num_stages, num_warps=c.num_warps,
+                          pre_hook=c.pre_hook) for c in ORIGINAL_CONFIGS[kernel]]
+
+
+def use(variant: str, configs: dict[str, list[triton.Config]]) -> None:
+    """Switch the library to ``variant`` and forget every earlier choice and binary."""
+    attention_fwd.LONGEST_FIRST = variant != "grid"
+    for kernel, tuned in TUNED.items():
+        tuned.configs = configs[kernel]
+    launch.forget()
+
+
+def tensors(n: int, d: int, dtype: torch.dtype, seed: int = 0):
+    b, h = 16384 // n, 2048 // d
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v, do = (torch.randn(b, h, n, d, device="cuda", dtype=dtype, generator=g) for _ in range(4))
+    return q, k, v, do
+
+
+def calls(q, k, v, do, causal: bool):
+    """(forward, backward) closures over preallocated outputs, and the outputs."""
+    o, lse = torch.empty_like(q), torch.empty(q.shape[:3], device="cuda")
+    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+    spec = AttentionSpec(causal=causal)
+
+    def forward():
+        attention_fwd.launch_attention_forward(q, k, v, o, lse, spec=spec)
+
+    def backward():
+        attention_bwd.launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec=spec)
+    return forward, backward, (o, dq, dk, dv)
+
+
+def warm(variant: str, d: int, causal: bool, dtype: str) -> dict:
+    """Compile (and run once) every config of every kernel for ``variant``, one at a time."""
+    q, k, v, do = tensors(4096, d, DTYPES[dtype])
+    forward, backward, _ = calls(q, k, v, do, causal)
+    report = {}
+    for kernel in TUNED:
+        ok, failed = [], []
+        for config in configs_of(variant, kernel):
+            single = {name: configs_of("grid", name)[:1] for name in TUNED}  # the others: a plain config
+            single[kernel] = [config]
+            use(variant, single)
+            label = f"{config.kwargs['BLOCK_M']}x{config.kwargs['BLOCK_N']} s{config.num_stages} w{config.num_warps}"
+            try:
+                forward()
+                backward()
+                torch.cuda.synchronize()
+                ok.append(label)
+            except Exception as error:  # a config the compiler refuses: reported, left out
+                failed.append(f"{label}: {type(error).__name__}: {str(error).splitlines()[0][:160]}")
+        report[kernel] = {"ok": ok, "failed": failed}
+    return report
+
+
+def warm_all(variants, head_dims, causals, dtype, out: Path) -> dict:
+    """Run :func:`warm` for every (variant, D, causal) in parallel worker processes."""
+    jobs = {}
+    for variant in variants:
+        for d in head_dims:
+            for causal in causals:
+                path = out / f"warm_{variant}_{d}_{int(causal)}.json"
+                cmd = [sys.executable, __file__, "--warm", f"{variant},{d},{int(causal)},{dtype}", "--warm-out", str(path)]
+                jobs[(variant, d, causal)] = (subprocess.Popen(cmd), path)
+    reports = {}
+    deadline = time.time() + WARM_TIMEOUT
+    for key, (proc, path) in jobs.items():
+        try:
+            proc.wait(timeout=max(1.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        reports[key] = json.loads(path.read_text()) if path.exists() else {"error": f"worker exit {proc.returncode}"}
+    return reports
+
+
+def compiled_with_warp_specialize(cache_dir: Path) -> dict[str, list[int]]:
+    """Per kernel name: [binaries whose TTGIR has a ``ttg.warp_specialize`` op, binaries] in the cache."""
+    counts: dict[str, list[int]] = {}
+    for ttgir in cache_dir.rglob("*.ttgir"):
+        entry = counts.setdefault(ttgir.stem, [0, 0])
+        entry[0] += "ttg.warp_specialize" in ttgir.read_text()
+        entry[1] += 1
+    return counts
+
+
+def relative_error(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((x.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--d", default="64,128")
+    parser.add_argument("--N", default="1024,4096,16384")
+    parser.add_argument("--causal", default="both", choices=("both", "yes", "no"))
+    parser.add_argument("--dtype", default="fp16", choices=tuple(DTYPES))
+    parser.add_argument("--time-budget", type=float, default=480.0, help="seconds; later shapes are skipped")
+    parser.add_argument("--out", default=os.environ.get("OUT", "."), help="folder of the JSON results")
+    parser.add_argument("--warm", help=argparse.SUPPRESS)
+    parser.add_argument("--warm-out", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.warm:
+        variant, d, causal, dtype = args.warm.split(",")
+        report = warm(variant, int(d), bool(int(causal)), dtype)
+        Path(args.warm_out).write_text(json.dumps(report))
+        return
+
+    start = time.time()
+    variants = args.variants.split(",")
+    head_dims = [int(x) for x in args.d.split(",")]
+    ns = [int(x) for x in args.N.split(",")]
+    causals = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
+          f"{time.strftime('%Y-%m-%d')}; {' '.join(sys.argv)}", flush=True)
+    reports = warm_all(variants, head_dims, causals, args.dtype, out)
+    print(f"# compiled in {time.time() - start:.0f} s", flush=True)
+    usable = {}
+    for (variant, d, causal), report in reports.items():
+        if "error" in report:
+            print(f"warm {variant} D{d} causal={causal}: {report['error']}")
+            continue
+        for kernel, r in report.items():
+            print(f"warm {variant} D{d} causal={causal} {kernel}: {len(r['ok'])} compiled"
+                  + "".join(f"\n    refused {f}" for f in r["failed"]))
+    cache = Path(triton.knobs.cache.dir)
+    print("# binaries with ttg.warp_specialize / all, per kernel:", compiled_with_warp_specialize(cache), flush=True)
+
+    rows = []
+    for d in head_dims:
+        for causal in causals:
+            # a variant's configs: those that compiled for every kernel at this (D, causal)
+            for variant in variants:
+                report = reports.get((variant, d, causal), {})
+                usable[(variant, d, causal)] = {
+                    kernel: [c for c in configs_of(variant, kernel)
+                             if f"{c.kwargs['BLOCK_M']}x{c.kwargs['BLOCK_N']} s{c.num_stages} w{c.num_warps}"
+                             in report.get(kernel, {}).get("ok", ())]
+                    for kernel in TUNED}
+            for n in ns:
+                if time.time() - start > args.time_budget:
+                    print(f"# time budget reached: D{d} causal={causal} N{n} skipped", flush=True)
+                    continue
+                q, k, v, do = tensors(n, d, DTYPES[args.dtype], seed=n + d)
+                qr, kr, vr = (t.detach().clone().requires_grad_() for t in (q, k, v))
+                with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
+                    o_ref = torch.nn.functional.scaled_dot_product_attention(qr, kr, vr, is_causal=causal)
+                o_ref.backward(do)
+                refs = (o_ref.detach(), qr.grad, kr.grad, vr.grad)
+                b, h = q.shape[:2]
+                flops = 4 * b * h * n * n * d / (2 if causal else 1)
+                first = None
+                for variant in variants:
+                    configs = usable[(variant, d, causal)]
+                    if not all(configs.values()):
+                        print(f"D{d} N{n} causal={causal} {variant}: no config compiled for some kernel", flush=True)
+                        continue
+                    use(variant, configs)
+                    forward, backward, outs = calls(q, k, v, do, causal)
+                    forward()
+                    backward()
+                    torch.cuda.synchronize()
+                    errors = [relative_error(x, r) for x, r in zip(outs, refs)]
+                    same = None if first is None else all(torch.equal(x, y) for x, y in zip(outs, first))
+                    first = first or tuple(x.clone() for x in outs)
+                    fwd_ms = triton.testing.do_bench_cudagraph(forward, rep=100)
+                    bwd_ms = triton.testing.do_bench_cudagraph(backward, rep=100)
+                    chosen = {kernel: str(tuned.best_config) for kernel, tuned in TUNED.items()}
+                    row = dict(variant=variant, d=d, n=n, causal=causal, dtype=args.dtype,
+                               fwd_us=fwd_ms * 1e3, bwd_us=bwd_ms * 1e3,
+                               fwd_tflops=flops / fwd_ms / 1e9, bwd_tflops=2.5 * flops / bwd_ms / 1e9,
+                               rel_err_vs_sdpa=dict(zip(("o", "dq", "dk", "dv"), errors)),
+                               bitwise_equal_to_first=same, configs=chosen)
+                    rows.append(row)
+                    print(f"D{d} N{n:5d} causal={causal!s:5} {variant:8s} fwd {row['fwd_tflops']:5.0f} TF "
+                          f"bwd {row['bwd_tflops']:5.0f} TF  err o/dq/dk/dv "
+                          + "/".join(f"{e:.1e}" for e in errors) + f"  same={same}", flush=True)
+    use("longest", dict(ORIGINAL_CONFIGS))
+    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                date=time.strftime("%Y-%m-%d"), command=" ".join(sys.argv))
+    name = torch.cuda.get_device_name().lower().replace(" ", "_")
+    (out / f"schedule_ab_{args.dtype}_{name}.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+
+
+if __name__ == "__main__":
+    main()
