@@ -1,12 +1,15 @@
-"""Same-process A/B of two scheduling choices on Hopper, in pure GPU time (CUDA graphs), FA2 shapes.
+"""Same-process A/B of the order of a causal grid's programs, in pure GPU time (CUDA graphs), FA2 shapes.
 
 - ``longest``: causal grids run their query blocks last to first, forward and dQ
-  (``attention_fwd.LONGEST_FIRST``); ``grid`` runs them in grid order.
-- ``ws``: as ``longest``, and the unmasked key loop of the forward and of both backward kernels is a
-  ``tl.range(..., warp_specialize=True)``: Triton's automatic split into producer and consumer warps.
+  (``attention_fwd.LONGEST_FIRST``, the library's default);
+- ``grid``: in grid order, the first query block first.
 
-    PYTHONPATH=. python benchmarks/schedule_ab.py [--variants grid,longest,ws] [--d 64,128]
+    PYTHONPATH=. python benchmarks/schedule_ab.py [--variants grid,longest] [--d 64,128]
         [--N 1024,4096,16384] [--causal both] [--dtype fp16] [--time-budget S]
+
+(At commit 68fb205 this script also had a ``ws`` variant: the unmasked key loops as
+``tl.range(..., warp_specialize=True)``. Triton 3.6 on the H100 refused it at 4 warps and gained
+nothing at 8; benchmarks/TUNING.md, fifteenth finding. The switch was taken out of the kernels.)
 
 Each variant autotunes over the library's own configs. Compiling is the slow part, so worker
 processes first compile every variant's configs in parallel, one config at a time (a config that
@@ -33,7 +36,7 @@ import triton.testing
 from flashlib.kernels import attention_bwd, attention_fwd, launch
 from flashlib.spec import AttentionSpec
 
-VARIANTS = ("grid", "longest", "ws")
+VARIANTS = ("grid", "longest")
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 TUNED = {"fwd": attention_fwd.attention_fwd_kernel_autotuned,
          "dkdv": attention_bwd.attention_bwd_dkdv_kernel_autotuned,
@@ -41,14 +44,6 @@ TUNED = {"fwd": attention_fwd.attention_fwd_kernel_autotuned,
 #: Seconds the compiling workers get, all together (a compiler that hangs must not take the whole call).
 WARM_TIMEOUT = 300
 ORIGINAL_CONFIGS = {name: list(tuned.configs) for name, tuned in TUNED.items()}
-
-
-def configs_of(variant: str, kernel: str) -> list[triton.Config]:
-    """The kernel's library configs, with ``WARP_SPECIALIZE=True`` for the ``ws`` variant."""
-    if variant != "ws":
-        return list(ORIGINAL_CONFIGS[kernel])
-    return [triton.Config({**c.kwargs, "WARP_SPECIALIZE": True}, num_stages=c.num_stages, num_warps=c.num_warps,
-                          pre_hook=c.pre_hook) for c in ORIGINAL_CONFIGS[kernel]]
 
 
 def use(variant: str, configs: dict[str, list[triton.Config]]) -> None:
@@ -87,8 +82,8 @@ def warm(variant: str, d: int, causal: bool, dtype: str) -> dict:
     report = {}
     for kernel in TUNED:
         ok, failed = [], []
-        for config in configs_of(variant, kernel):
-            single = {name: configs_of("grid", name)[:1] for name in TUNED}  # the others: a plain config
+        for config in ORIGINAL_CONFIGS[kernel]:
+            single = {name: ORIGINAL_CONFIGS[name][:1] for name in TUNED}  # the others: a plain config
             single[kernel] = [config]
             use(variant, single)
             label = f"{config.kwargs['BLOCK_M']}x{config.kwargs['BLOCK_N']} s{config.num_stages} w{config.num_warps}"
@@ -121,16 +116,6 @@ def warm_all(variants, head_dims, causals, dtype, out: Path) -> dict:
             proc.kill()
         reports[key] = json.loads(path.read_text()) if path.exists() else {"error": f"worker exit {proc.returncode}"}
     return reports
-
-
-def compiled_with_warp_specialize(cache_dir: Path) -> dict[str, list[int]]:
-    """Per kernel name: [binaries whose TTGIR has a ``ttg.warp_specialize`` op, binaries] in the cache."""
-    counts: dict[str, list[int]] = {}
-    for ttgir in cache_dir.rglob("*.ttgir"):
-        entry = counts.setdefault(ttgir.stem, [0, 0])
-        entry[0] += "ttg.warp_specialize" in ttgir.read_text()
-        entry[1] += 1
-    return counts
 
 
 def relative_error(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -174,8 +159,6 @@ def main(argv=None) -> None:
         for kernel, r in report.items():
             print(f"warm {variant} D{d} causal={causal} {kernel}: {len(r['ok'])} compiled"
                   + "".join(f"\n    refused {f}" for f in r["failed"]))
-    cache = Path(triton.knobs.cache.dir)
-    print("# binaries with ttg.warp_specialize / all, per kernel:", compiled_with_warp_specialize(cache), flush=True)
 
     rows = []
     for d in head_dims:
@@ -184,7 +167,7 @@ def main(argv=None) -> None:
             for variant in variants:
                 report = reports.get((variant, d, causal), {})
                 usable[(variant, d, causal)] = {
-                    kernel: [c for c in configs_of(variant, kernel)
+                    kernel: [c for c in ORIGINAL_CONFIGS[kernel]
                              if f"{c.kwargs['BLOCK_M']}x{c.kwargs['BLOCK_N']} s{c.num_stages} w{c.num_warps}"
                              in report.get(kernel, {}).get("ok", ())]
                     for kernel in TUNED}

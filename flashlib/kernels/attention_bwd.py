@@ -131,7 +131,7 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, q_src, do_src, off_b, of
                          HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                          EVEN_D: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr,
                          TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_D: tl.constexpr, WARP_SPECIALIZE: tl.constexpr = False):
+                         BLOCK_D: tl.constexpr):
     """Add to (dk, dv) the terms of the query blocks [start, end) of one query head.
 
     Works on transposed tiles (keys along rows): ``P^T = exp2(K Q^T - L)`` (BLOCK_N, BLOCK_M),
@@ -146,7 +146,7 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, q_src, do_src, off_b, of
     # Q^T tile (BLOCK_D, BLOCK_M) and dO tile (BLOCK_M, BLOCK_D) of the first block, through strides.
     qT_ptrs = q_base + (start + offs_m)[None, :] * stride_qn + offs_d[:, None] * stride_qd
     do_ptrs = do_base + (start + offs_m)[:, None] * stride_don + offs_d[None, :] * stride_dod
-    for start_m in tl.range(start, end, BLOCK_M, warp_specialize=WARP_SPECIALIZE):
+    for start_m in range(start, end, BLOCK_M):
         rows = start_m + offs_m
         if TMA == "host":
             qT = tl.trans(load_rows(q_src, off_b, off_h, start_m, TMA, BLOCK_M, BLOCK_D))
@@ -216,7 +216,6 @@ def attention_bwd_dkdv_kernel(
     HAS_SEQ_LENS: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr = False,
 ):
     """dK, dV for key block ``program_id(0)`` of (batch, kv head) ``program_id(1)``.
 
@@ -284,7 +283,7 @@ def attention_bwd_dkdv_kernel(
             stride_qn, stride_qd, stride_don, stride_dod, offs_n, n0, offs_d, k_len, q_len, offset,
             WINDOW_LEFT, WINDOW_RIGHT, score_scale, softcap_scale, slope_log2, dropout_key, DROPOUT_P,
             False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, HEAD_DIM,
-            DOT_PRECISION, TMA, BLOCK_M, BLOCK_N, BLOCK_D, WARP_SPECIALIZE)
+            DOT_PRECISION, TMA, BLOCK_M, BLOCK_N, BLOCK_D)
         # stage 3: the window's left edge, the q_len tail, a key block cut by k_len
         dk, dv = _attn_bwd_dkdv_inner(
             dk, dv, k, v, q_base, do_base, Q, DO, off_b, off_h, lse_ptr, delta_ptr, full_hi, hi,
@@ -311,8 +310,7 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, k_src, v_src, off
                        MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                        HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                        EVEN_D: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                       TMA: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                       WARP_SPECIALIZE: tl.constexpr = False):
+                       TMA: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """Add to dq the terms of the key blocks [start, end): ``P = exp2(Q K^T - L)``,
     ``dP = dO V^T``, ``dS = P * (dP - D)``, ``dQ += dS K`` (scale applied at the end).
     ``TMA == "host"``: K and V tiles come through the host descriptors ``k_src``, ``v_src``."""
@@ -320,7 +318,7 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, k_src, v_src, off
     # K^T and V^T tiles (BLOCK_D, BLOCK_N) of the first block, through strides.
     kT_ptrs = k_base + (start + offs_n)[None, :] * stride_kn + offs_d[:, None] * stride_kd
     vT_ptrs = v_base + (start + offs_n)[None, :] * stride_vn + offs_d[:, None] * stride_vd
-    for start_n in tl.range(start, end, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+    for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n
         if TMA == "host":  # rows past N_k read as 0, as the pointer path's mask gives
             kT = tl.trans(load_rows(k_src, off_b, off_kvh, start_n, TMA, BLOCK_N, BLOCK_D))
@@ -371,12 +369,13 @@ def attention_bwd_dq_kernel(
     HAS_SEQ_LENS: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    LONGEST_FIRST: tl.constexpr = False, WARP_SPECIALIZE: tl.constexpr = False,
+    LONGEST_FIRST: tl.constexpr = False,
 ):
     """dQ for query block ``program_id(0)`` of (batch, head) ``program_id(1)``: the forward's
-    loop (same key interval, same three stages), with dQ in place of O. ``LONGEST_FIRST``: blocks
-    last to first, as the forward's (the dK/dV kernel's longest key blocks come first already). ``TMA == "host"``: K and
-    V are (B, H_kv, N_k, D) host tensor descriptors with (1, 1, BLOCK_N, BLOCK_D) tiles."""
+    loop (same key interval, same three stages), with dQ in place of O. ``TMA == "host"``: K and
+    V are (B, H_kv, N_k, D) host tensor descriptors with (1, 1, BLOCK_N, BLOCK_D) tiles.
+    ``LONGEST_FIRST``: query blocks last to first, as the forward's (``attention_fwd.LONGEST_FIRST``;
+    the dK/dV kernel's longest key blocks, the first ones under a causal mask, start first already)."""
     start_m = tl.program_id(0)
     if LONGEST_FIRST:
         start_m = tl.num_programs(0) - 1 - start_m
@@ -432,7 +431,7 @@ def attention_bwd_dq_kernel(
                             stride_kn, stride_kd, stride_vn, stride_vd, offs_m, m0, offs_d, k_len, offset,
                             WINDOW_LEFT, WINDOW_RIGHT, score_scale, softcap_scale, slope_log2, dropout_key,
                             DROPOUT_P, False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
-                            EVEN_D, HEAD_DIM, DOT_PRECISION, TMA, BLOCK_N, BLOCK_D, WARP_SPECIALIZE)
+                            EVEN_D, HEAD_DIM, DOT_PRECISION, TMA, BLOCK_N, BLOCK_D)
     # stage 3: the diagonal / window's right edge, and the key tail (N_k or seq_len)
     dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, K, V, off_b, off_kvh, full_hi, hi,
                             stride_kn, stride_kd, stride_vn, stride_vd, offs_m, m0, offs_d, k_len, offset,

@@ -56,8 +56,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_src, v_src, off_b, off_kvh, start, end,
                     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                     EVEN_D: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, RECORD_TILES: tl.constexpr,
                     DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, NEGATIVE_SCALE: tl.constexpr,
-                    BLOCK_N: tl.constexpr, V_TRANSPOSED: tl.constexpr = False,
-                    WARP_SPECIALIZE: tl.constexpr = False):
+                    BLOCK_N: tl.constexpr, V_TRANSPOSED: tl.constexpr = False):
     """Online-softmax update of (acc, l_i, m_i) over the key blocks [start, end).
 
     ``MASKED`` blocks get an element mask (band edges, key tail) and loads masked
@@ -69,8 +68,6 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_src, v_src, off_b, off_kvh, start, end,
     ``V_TRANSPOSED`` (FP8 with host descriptors): ``v_src`` is a (B, H, D, N) descriptor, V stored with
     N contiguous, as FP8 tensor cores need P V's reduction dimension contiguous; tiles are read
     (BLOCK_D, BLOCK_N) and transposed in place.
-    ``WARP_SPECIALIZE``: ask Triton to split the loop into producer and consumer warps
-    (``tl.range(..., warp_specialize=True)``; benchmarks/schedule_ab.py measures it).
     """
     offs_n = tl.arange(0, BLOCK_N)
     PLAIN: tl.constexpr = not (HAS_SOFTCAP or HAS_ALIBI)
@@ -79,7 +76,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_src, v_src, off_b, off_kvh, start, end,
         k_ptrs = k_src + (start + offs_n)[None, :] * stride_kn + offs_d[:, None] * stride_kd
         v_ptrs = v_src + (start + offs_n)[:, None] * stride_vn + offs_d[None, :] * stride_vd
     rows = offs_m[:, None] + offset  # i' = i + N_k - N_q (bottom-right alignment)
-    for start_n in tl.range(start, end, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+    for start_n in range(start, end, BLOCK_N):
         cols = start_n + offs_n
         if TMA != "none":
             k = load_rows(k_src, off_b, off_kvh, start_n, TMA, BLOCK_N, BLOCK_D).T
@@ -153,7 +150,7 @@ def attention_fwd_kernel(
     RECORD_TILES: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, NEGATIVE_SCALE: tl.constexpr,
     K_MULTIPLE_OF_128: tl.constexpr, FP8: tl.constexpr, V_TRANSPOSED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    LONGEST_FIRST: tl.constexpr = False, WARP_SPECIALIZE: tl.constexpr = False,
+    LONGEST_FIRST: tl.constexpr = False,
 ):
     """O, LSE for query block ``program_id(0)`` of (batch, head) ``program_id(1)``, or, with
     ``LONGEST_FIRST``, for block ``num_programs(0) - 1 - program_id(0)``: under a causal mask the
@@ -270,7 +267,7 @@ def attention_fwd_kernel(
         offs_m, m0, offs_d, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
         score_scale, softcap_scale, slope_log2, dropout_key, DROPOUT_P, tile_ptr,
         False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, HEAD_DIM, BLOCK_D, RECORD_TILES,
-        DOT_PRECISION, TMA, NEGATIVE_SCALE, BLOCK_N, V_TRANSPOSED, WARP_SPECIALIZE)
+        DOT_PRECISION, TMA, NEGATIVE_SCALE, BLOCK_N, V_TRANSPOSED)
     # stage 3: the diagonal / window's right edge, and the key tail (N_k or seq_len). With no
     # right edge and N_k a multiple of 128 (so of a BLOCK_N that divides 128) it is empty: it is
     # then not even compiled, which spares its registers (the masked loop needs more than the plain one).

@@ -92,6 +92,38 @@ def run_and_check(batch, heads, kv_heads, n_q, n_k, head_dim, dtype, layout="bhn
     return grads
 
 
+# ---------------------------------------------------------------- the order of the grid
+@pytest.mark.parametrize("mask, longest", [(dict(causal=True), True), (dict(window=(-1, 2)), True),
+                                           (dict(window=(3, 0)), False), (dict(), False)],
+                         ids=["causal", "right-edge", "window", "full"])
+def test_longest_first_is_taken_for_right_bounded_grids_and_changes_no_bit(monkeypatch, mask, longest):
+    """With a right bound and no left one (causal), the forward and dQ grids run their query blocks last
+    to first (attention_fwd.LONGEST_FIRST; dK/dV's longest blocks come first already). Each program
+    computes the same block either way: O and every gradient are bitwise those of grid order."""
+    seen = []
+    for module in (attention_fwd, attention_bwd):
+        def spy(fn, grid, *args, _real=module.launch, **kwargs):
+            seen.append((fn, kwargs.get("LONGEST_FIRST")))
+            return _real(fn, grid, *args, **kwargs)
+        monkeypatch.setattr(module, "launch", spy)
+    q, k, v, do = make_inputs(2, 3, 1, 75, 75, 16, torch.float32, seed=11)
+    results = {}
+    for flag in (True, False):
+        monkeypatch.setattr(attention_fwd, "LONGEST_FIRST", flag)
+        seen.clear()
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        out = flash_attention(*leaves, **mask)
+        out.backward(do)
+        results[flag] = [out.detach(), *(t.grad for t in leaves)]
+        orders = {fn: order for fn, order in seen}
+        assert orders[attention_fwd.attention_fwd_kernel] is (flag and longest)
+        assert orders[attention_bwd.attention_bwd_dq_kernel] is (flag and longest)
+        assert orders[attention_bwd.attention_bwd_dkdv_kernel] is None
+    for first, second in zip(results[True], results[False]):
+        assert torch.equal(first, second)
+    assert_grads_match(results[True][1:], reference_grads(q, k, v, do, **mask), torch.float32)
+
+
 # ---------------------------------------------------------------- a grid against autograd
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("n_q, n_k", [(48, 48), (20, 70), (70, 20)], ids=["self", "decode-like", "q-longer"])
