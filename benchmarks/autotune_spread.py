@@ -7,7 +7,7 @@ For each FA2 shape (fp16) and each of the three tuned kernels (forward, dK/dV, d
 launched alone:
 
 1. **reference**: every config of the library's list, timed in a CUDA graph (``do_bench_cudagraph``,
-   the host out of the measurement), median of a long run;
+   the host out of the measurement), median;
 2. **picks**: the autotuner run ``--repeats`` times from scratch (``launch.forget()``), once with
    Triton's default benchmarker (``do_bench``: L2 flushed before each run, CUDA events around each
    launch) and once with ``do_bench_cudagraph``; each pick is scored by its reference time.
@@ -100,12 +100,15 @@ def main(argv=None) -> None:
                     continue
                 calls = kernel_calls(n, d, causal)
                 for kernel, call in calls.items():
+                    if time.time() - start > args.time_budget:
+                        print(f"# time budget reached: D{d} causal={causal} N{n} {kernel} skipped", flush=True)
+                        continue
                     configs = [c for c in ORIGINAL_CONFIGS[kernel] if label(c) in report.get(kernel, {}).get("ok", ())]
                     reference = {}
                     for config in configs:
                         only(kernel, [config])
                         call()
-                        reference[label(config)] = triton.testing.do_bench_cudagraph(call, rep=200,
+                        reference[label(config)] = triton.testing.do_bench_cudagraph(call, rep=100,
                                                                                      return_mode="median") * 1e3
                     best = min(reference, key=reference.get)
                     for name, bench in BENCHMARKERS.items():
@@ -124,12 +127,17 @@ def main(argv=None) -> None:
                                   f"{p} (+{loss * 100:.1f}%)" for p, loss in zip(picks, losses)), flush=True)
                     vars(TUNED[kernel]).pop("do_bench", None)
                     only(kernel, ORIGINAL_CONFIGS[kernel])
+                    write_results(out, rows)
     for name in BENCHMARKERS:
         losses = [loss for r in rows if r["benchmarker"] == name for loss in r["losses"]]
         if losses:
             print(f"# {name}: mean loss {statistics.mean(losses) * 100:.2f}%, max {max(losses) * 100:.1f}%, "
                   f"picks off the best {sum(loss > 0 for loss in losses)} of {len(losses)}, "
                   f"over 2% {sum(loss > 0.02 for loss in losses)}", flush=True)
+
+
+def write_results(out: Path, rows: list[dict]) -> None:
+    """The rows so far, with the GPU, versions, date and command (rewritten after every kernel)."""
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 date=time.strftime("%Y-%m-%d"), command=" ".join(sys.argv))
     name = torch.cuda.get_device_name().lower().replace(" ", "_")

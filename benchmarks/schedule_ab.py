@@ -14,9 +14,11 @@ nothing at 8; benchmarks/TUNING.md, fifteenth finding. The switch was taken out 
 Each variant autotunes over the library's own configs. Compiling is the slow part, so worker
 processes first compile every variant's configs in parallel, one config at a time (a config that
 does not compile is reported and left out of that variant), and the timed process then reads the
-binaries from Triton's disk cache. For every shape the variants are timed interleaved
-(``do_bench_cudagraph``: the host is out of the measurement); O, dQ, dK and dV of every variant are
-compared with SDPA's (flash backend) by relative error, and with the first variant's bitwise.
+binaries from Triton's disk cache. For every shape the first variant autotunes and the others run the
+configs it chose, so that only the variant differs; the variants are then timed in ``--rounds``
+interleaved rounds (``do_bench_cudagraph``: the host is out of the measurement; medians reported).
+O, dQ, dK and dV of every variant are compared with SDPA's (flash backend) by relative error, and with
+the first variant's bitwise.
 benchmarks/TUNING.md quotes the results.
 """
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -129,6 +132,7 @@ def main(argv=None) -> None:
     parser.add_argument("--N", default="1024,4096,16384")
     parser.add_argument("--causal", default="both", choices=("both", "yes", "no"))
     parser.add_argument("--dtype", default="fp16", choices=tuple(DTYPES))
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (medians reported)")
     parser.add_argument("--time-budget", type=float, default=480.0, help="seconds; later shapes are skipped")
     parser.add_argument("--out", default=os.environ.get("OUT", "."), help="folder of the JSON results")
     parser.add_argument("--warm", help=argparse.SUPPRESS)
@@ -183,9 +187,10 @@ def main(argv=None) -> None:
                 refs = (o_ref.detach(), qr.grad, kr.grad, vr.grad)
                 b, h = q.shape[:2]
                 flops = 4 * b * h * n * n * d / (2 if causal else 1)
-                first = None
+                first, chosen, timed = None, None, {}
                 for variant in variants:
-                    configs = usable[(variant, d, causal)]
+                    # The first variant autotunes; the others run its choices, so that only the variant differs.
+                    configs = usable[(variant, d, causal)] if chosen is None else chosen
                     if not all(configs.values()):
                         print(f"D{d} N{n} causal={causal} {variant}: no config compiled for some kernel", flush=True)
                         continue
@@ -194,26 +199,43 @@ def main(argv=None) -> None:
                     forward()
                     backward()
                     torch.cuda.synchronize()
+                    chosen = chosen or {kernel: [tuned.best_config] for kernel, tuned in TUNED.items()}
                     errors = [relative_error(x, r) for x, r in zip(outs, refs)]
                     same = None if first is None else all(torch.equal(x, y) for x, y in zip(outs, first))
                     first = first or tuple(x.clone() for x in outs)
-                    fwd_ms = triton.testing.do_bench_cudagraph(forward, rep=100)
-                    bwd_ms = triton.testing.do_bench_cudagraph(backward, rep=100)
-                    chosen = {kernel: str(tuned.best_config) for kernel, tuned in TUNED.items()}
+                    timed[variant] = (forward, backward, errors, same)
+                times = {variant: ([], []) for variant in timed}
+                for _ in range(args.rounds):  # rounds interleaved: a drift of the GPU's clock hits every variant
+                    for variant, (forward, backward, _, _) in timed.items():
+                        use(variant, chosen)
+                        forward()
+                        backward()
+                        times[variant][0].append(triton.testing.do_bench_cudagraph(forward, rep=100))
+                        times[variant][1].append(triton.testing.do_bench_cudagraph(backward, rep=100))
+                for variant, (_, _, errors, same) in timed.items():
+                    fwd_ms, bwd_ms = (statistics.median(t) for t in times[variant])
                     row = dict(variant=variant, d=d, n=n, causal=causal, dtype=args.dtype,
                                fwd_us=fwd_ms * 1e3, bwd_us=bwd_ms * 1e3,
                                fwd_tflops=flops / fwd_ms / 1e9, bwd_tflops=2.5 * flops / bwd_ms / 1e9,
+                               fwd_us_rounds=[t * 1e3 for t in times[variant][0]],
+                               bwd_us_rounds=[t * 1e3 for t in times[variant][1]],
                                rel_err_vs_sdpa=dict(zip(("o", "dq", "dk", "dv"), errors)),
-                               bitwise_equal_to_first=same, configs=chosen)
+                               bitwise_equal_to_first=same,
+                               configs={kernel: str(c[0]) for kernel, c in chosen.items()})
                     rows.append(row)
                     print(f"D{d} N{n:5d} causal={causal!s:5} {variant:8s} fwd {row['fwd_tflops']:5.0f} TF "
                           f"bwd {row['bwd_tflops']:5.0f} TF  err o/dq/dk/dv "
                           + "/".join(f"{e:.1e}" for e in errors) + f"  same={same}", flush=True)
+                write_results(out, args.dtype, rows)
     use("longest", dict(ORIGINAL_CONFIGS))
+
+
+def write_results(out: Path, dtype: str, rows: list[dict]) -> None:
+    """The rows so far, with the GPU, versions, date and command (rewritten after every shape)."""
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 date=time.strftime("%Y-%m-%d"), command=" ".join(sys.argv))
     name = torch.cuda.get_device_name().lower().replace(" ", "_")
-    (out / f"schedule_ab_{args.dtype}_{name}.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    (out / f"schedule_ab_{dtype}_{name}.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
 
 
 if __name__ == "__main__":
