@@ -1,7 +1,7 @@
 """How far the autotuner's pick lands from the best config, and how much it changes from run to run.
 
     PYTHONPATH=.:benchmarks python benchmarks/autotune_spread.py [--d 64,128] [--N 4096,16384]
-        [--causal both] [--repeats 3] [--time-budget S]
+        [--causal both] [--kernels fwd,dkdv,dq] [--repeats 3] [--extra-stages 4,5] [--time-budget S]
 
 For each FA2 shape (fp16) and each of the three tuned kernels (forward, dK/dV, dQ), each kernel
 launched alone:
@@ -12,6 +12,8 @@ launched alone:
    Triton's default benchmarker (``do_bench``: L2 flushed before each run, CUDA events around each
    launch) and once with ``do_bench_cudagraph``; each pick is scored by its reference time.
 
+``--extra-stages``: the reference also times each listed config at these pipeline depths (a sweep
+for configs the list lacks; the picks still choose among the list's own). ``--repeats 0``: no picks.
 Compiling comes first, in parallel worker processes (``schedule_ab.warm_all``). Output: one line per
 (shape, kernel, benchmarker) and a JSON file in --out. benchmarks/TUNING.md quotes the results.
 """
@@ -31,7 +33,7 @@ import triton.testing
 
 from flashlib.kernels import attention_bwd, attention_fwd, launch
 from flashlib.spec import AttentionSpec
-from schedule_ab import ORIGINAL_CONFIGS, TUNED, tensors, warm_all
+from schedule_ab import ORIGINAL_CONFIGS, TUNED, candidates, label, tensors, warm_all
 
 
 def triton_default(fn, quantiles):
@@ -61,10 +63,6 @@ def kernel_calls(n: int, d: int, causal: bool):
     }
 
 
-def label(config: triton.Config) -> str:
-    return f"{config.kwargs['BLOCK_M']}x{config.kwargs['BLOCK_N']} s{config.num_stages} w{config.num_warps}"
-
-
 def only(kernel: str, configs) -> None:
     """Give ``kernel``'s autotuner these configs and forget every earlier choice."""
     TUNED[kernel].configs = list(configs)
@@ -76,7 +74,9 @@ def main(argv=None) -> None:
     parser.add_argument("--d", default="64,128")
     parser.add_argument("--N", default="4096,16384")
     parser.add_argument("--causal", default="both", choices=("both", "yes", "no"))
+    parser.add_argument("--kernels", default=",".join(TUNED))
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--extra-stages", default="", help="e.g. 4,5: also time the list's configs at these depths")
     parser.add_argument("--time-budget", type=float, default=520.0)
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args(argv)
@@ -88,7 +88,9 @@ def main(argv=None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
           f"{time.strftime('%Y-%m-%d')}; {' '.join(sys.argv)}", flush=True)
-    reports = warm_all(["longest"], head_dims, causals, "fp16", out)
+    extra_stages = [int(x) for x in args.extra_stages.split(",") if x]
+    kernels = args.kernels.split(",")
+    reports = warm_all(["longest"], head_dims, causals, "fp16", out, extra_stages, kernels)
     print(f"# compiled in {time.time() - start:.0f} s", flush=True)
     rows = []
     for d in head_dims:
@@ -100,18 +102,29 @@ def main(argv=None) -> None:
                     continue
                 calls = kernel_calls(n, d, causal)
                 for kernel, call in calls.items():
+                    if kernel not in kernels:
+                        continue
                     if time.time() - start > args.time_budget:
                         print(f"# time budget reached: D{d} causal={causal} N{n} {kernel} skipped", flush=True)
                         continue
-                    configs = [c for c in ORIGINAL_CONFIGS[kernel] if label(c) in report.get(kernel, {}).get("ok", ())]
+                    compiled = set(report.get(kernel, {}).get("ok", ()))
+                    configs = [c for c in ORIGINAL_CONFIGS[kernel] if label(c) in compiled]
                     reference = {}
-                    for config in configs:
+                    for config in [c for c in candidates(kernel, extra_stages) if label(c) in compiled]:
                         only(kernel, [config])
                         call()
                         reference[label(config)] = triton.testing.do_bench_cudagraph(call, rep=100,
                                                                                      return_mode="median") * 1e3
-                    best = min(reference, key=reference.get)
-                    for name, bench in BENCHMARKERS.items():
+                    best = min((label(c) for c in configs), key=reference.get)
+                    swept = min(reference, key=reference.get)
+                    if swept != best:
+                        print(f"D{d} N{n:5d} causal={causal!s:5} {kernel:4s} sweep: {swept} {reference[swept]:8.1f} us, "
+                              f"{(1 - reference[swept] / reference[best]) * 100:.1f}% under the list's best {best}",
+                              flush=True)
+                    rows.append(dict(d=d, n=n, causal=causal, kernel=kernel, benchmarker=None, best=best,
+                                     best_us=reference[best], swept=swept, swept_us=reference[swept], picks=[],
+                                     losses=[], reference_us=reference))
+                    for name, bench in BENCHMARKERS.items() if args.repeats else ():
                         vars(TUNED[kernel])["do_bench"] = bench  # the autotuner's benchmarker (a cached property)
                         picks = []
                         for _ in range(args.repeats):

@@ -78,46 +78,67 @@ def calls(q, k, v, do, causal: bool):
     return forward, backward, (o, dq, dk, dv)
 
 
-def warm(variant: str, d: int, causal: bool, dtype: str) -> dict:
-    """Compile (and run once) every config of every kernel for ``variant``, one at a time."""
+def label(config: triton.Config) -> str:
+    """A config as ``BLOCK_MxBLOCK_N s<stages> w<warps>``."""
+    return f"{config.kwargs['BLOCK_M']}x{config.kwargs['BLOCK_N']} s{config.num_stages} w{config.num_warps}"
+
+
+def candidates(kernel: str, extra_stages=()) -> list[triton.Config]:
+    """The kernel's library configs, then each of them again with every pipeline depth in ``extra_stages``."""
+    configs = list(ORIGINAL_CONFIGS[kernel])
+    seen = {label(c) for c in configs}
+    for config in ORIGINAL_CONFIGS[kernel]:
+        for stages in extra_stages:
+            deeper = triton.Config(dict(config.kwargs), num_stages=stages, num_warps=config.num_warps,
+                                   pre_hook=config.pre_hook)
+            if label(deeper) not in seen:
+                seen.add(label(deeper))
+                configs.append(deeper)
+    return configs
+
+
+def warm(variant: str, d: int, causal: bool, dtype: str, kernel: str, extra_stages=()) -> dict:
+    """Compile (and run once) every candidate config of ``kernel`` for ``variant``, one at a time."""
     q, k, v, do = tensors(4096, d, DTYPES[dtype])
     forward, backward, _ = calls(q, k, v, do, causal)
-    report = {}
-    for kernel in TUNED:
-        ok, failed = [], []
-        for config in ORIGINAL_CONFIGS[kernel]:
-            single = {name: ORIGINAL_CONFIGS[name][:1] for name in TUNED}  # the others: a plain config
-            single[kernel] = [config]
-            use(variant, single)
-            label = f"{config.kwargs['BLOCK_M']}x{config.kwargs['BLOCK_N']} s{config.num_stages} w{config.num_warps}"
-            try:
-                forward()
+    ok, failed = [], []
+    for config in candidates(kernel, extra_stages):
+        single = {name: ORIGINAL_CONFIGS[name][:1] for name in TUNED}  # the others: a plain config
+        single[kernel] = [config]
+        use(variant, single)
+        try:
+            forward()
+            if kernel != "fwd":
                 backward()
-                torch.cuda.synchronize()
-                ok.append(label)
-            except Exception as error:  # a config the compiler refuses: reported, left out
-                failed.append(f"{label}: {type(error).__name__}: {str(error).splitlines()[0][:160]}")
-        report[kernel] = {"ok": ok, "failed": failed}
-    return report
+            torch.cuda.synchronize()
+            ok.append(label(config))
+        except Exception as error:  # a config the compiler refuses: reported, left out
+            failed.append(f"{label(config)}: {type(error).__name__}: {str(error).splitlines()[0][:160]}")
+    return {"ok": ok, "failed": failed}
 
 
-def warm_all(variants, head_dims, causals, dtype, out: Path) -> dict:
-    """Run :func:`warm` for every (variant, D, causal) in parallel worker processes."""
+def warm_all(variants, head_dims, causals, dtype, out: Path, extra_stages=(), kernels=tuple(TUNED)) -> dict:
+    """Run :func:`warm` for every (variant, D, causal, kernel) in parallel worker processes:
+    {(variant, D, causal): {kernel: {"ok": [labels], "failed": [reasons]}}}."""
     jobs = {}
+    stages = "-".join(map(str, extra_stages))
     for variant in variants:
         for d in head_dims:
             for causal in causals:
-                path = out / f"warm_{variant}_{d}_{int(causal)}.json"
-                cmd = [sys.executable, __file__, "--warm", f"{variant},{d},{int(causal)},{dtype}", "--warm-out", str(path)]
-                jobs[(variant, d, causal)] = (subprocess.Popen(cmd), path)
-    reports = {}
+                for kernel in kernels:
+                    path = out / f"warm_{variant}_{d}_{int(causal)}_{kernel}.json"
+                    cmd = [sys.executable, __file__, "--warm", f"{variant},{d},{int(causal)},{dtype},{kernel},{stages}",
+                           "--warm-out", str(path)]
+                    jobs[(variant, d, causal, kernel)] = (subprocess.Popen(cmd), path)
+    reports: dict = {}
     deadline = time.time() + WARM_TIMEOUT
-    for key, (proc, path) in jobs.items():
+    for (variant, d, causal, kernel), (proc, path) in jobs.items():
         try:
             proc.wait(timeout=max(1.0, deadline - time.time()))
         except subprocess.TimeoutExpired:
             proc.kill()
-        reports[key] = json.loads(path.read_text()) if path.exists() else {"error": f"worker exit {proc.returncode}"}
+        report = json.loads(path.read_text()) if path.exists() else {"ok": [], "failed": [f"worker exit {proc.returncode}"]}
+        reports.setdefault((variant, d, causal), {})[kernel] = report
     return reports
 
 
@@ -139,8 +160,8 @@ def main(argv=None) -> None:
     parser.add_argument("--warm-out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.warm:
-        variant, d, causal, dtype = args.warm.split(",")
-        report = warm(variant, int(d), bool(int(causal)), dtype)
+        variant, d, causal, dtype, kernel, stages = args.warm.split(",")
+        report = warm(variant, int(d), bool(int(causal)), dtype, kernel, [int(x) for x in stages.split("-") if x])
         Path(args.warm_out).write_text(json.dumps(report))
         return
 
@@ -157,9 +178,6 @@ def main(argv=None) -> None:
     print(f"# compiled in {time.time() - start:.0f} s", flush=True)
     usable = {}
     for (variant, d, causal), report in reports.items():
-        if "error" in report:
-            print(f"warm {variant} D{d} causal={causal}: {report['error']}")
-            continue
         for kernel, r in report.items():
             print(f"warm {variant} D{d} causal={causal} {kernel}: {len(r['ok'])} compiled"
                   + "".join(f"\n    refused {f}" for f in r["failed"]))
@@ -171,9 +189,7 @@ def main(argv=None) -> None:
             for variant in variants:
                 report = reports.get((variant, d, causal), {})
                 usable[(variant, d, causal)] = {
-                    kernel: [c for c in ORIGINAL_CONFIGS[kernel]
-                             if f"{c.kwargs['BLOCK_M']}x{c.kwargs['BLOCK_N']} s{c.num_stages} w{c.num_warps}"
-                             in report.get(kernel, {}).get("ok", ())]
+                    kernel: [c for c in ORIGINAL_CONFIGS[kernel] if label(c) in report.get(kernel, {}).get("ok", ())]
                     for kernel in TUNED}
             for n in ns:
                 if time.time() - start > args.time_budget:
