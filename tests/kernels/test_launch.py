@@ -233,6 +233,25 @@ def test_a_tuned_launch_remembers_the_chosen_configs_binary_and_descriptor_tiles
     assert run["grid"] == (1, 1, 1)
 
 
+def test_forget_sends_the_next_launch_back_to_the_autotuner_and_tritons_path(compiled_cache):
+    """launch.forget() drops the chosen configs, the remembered binaries and the autotuner's own cache:
+    what a benchmark needs after changing an autotuner's configs."""
+    base = torch.zeros(4, 128, dtype=torch.float16)
+    tuner = FakeAutotuner()
+    tuner.cache = {"a key": "a config"}
+    tuner.fn = FakeCompilingJIT()
+    tuner.fn.fn = lambda X, N_BUCKET, BLOCK: None
+    for _ in range(3):
+        launch_tuned(tuner, (1,), base, N_BUCKET=512)
+    assert tuner.runs == 1 and len(tuner.fn.calls) == 1, "tuned once, then Triton's path once, then remembered"
+    launch_module.forget()
+    assert tuner.cache == {}
+    launch_tuned(tuner, (1,), base, N_BUCKET=512)
+    assert tuner.runs == 2, "the autotuner is asked again"
+    launch_tuned(tuner, (1,), base, N_BUCKET=512)
+    assert len(tuner.fn.calls) == 2, "the binary is looked up through Triton's path again"
+
+
 def test_the_cache_is_off_in_the_interpreter():
     import flashlib.runtime as runtime
     assert launch_module.COMPILED_CACHE is (not runtime.INTERPRET)
