@@ -2,9 +2,7 @@
 
 - ``longest``: causal grids run their query blocks last to first, forward and dQ
   (``attention_fwd.LONGEST_FIRST``, the library's default);
-- ``grid``: in grid order, the first query block first;
-- ``exp2``: as ``longest``, and half of the forward's exponentials in unmasked key blocks computed as
-  a polynomial on the FMA units (``attention_fwd.SOFTWARE_EXP2``, :mod:`flashlib.kernels.exp2`).
+- ``grid``: in grid order, the first query block first.
 
     PYTHONPATH=. python benchmarks/schedule_ab.py [--variants grid,longest] [--d 64,128]
         [--N 1024,4096,16384] [--causal both] [--dtype fp16] [--time-budget S]
@@ -41,7 +39,7 @@ import triton.testing
 from flashlib.kernels import attention_bwd, attention_fwd, launch
 from flashlib.spec import AttentionSpec
 
-VARIANTS = ("grid", "longest", "exp2")
+VARIANTS = ("grid", "longest")
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 TUNED = {"fwd": attention_fwd.attention_fwd_kernel_autotuned,
          "dkdv": attention_bwd.attention_bwd_dkdv_kernel_autotuned,
@@ -54,7 +52,6 @@ ORIGINAL_CONFIGS = {name: list(tuned.configs) for name, tuned in TUNED.items()}
 def use(variant: str, configs: dict[str, list[triton.Config]]) -> None:
     """Switch the library to ``variant`` and forget every earlier choice and binary."""
     attention_fwd.LONGEST_FIRST = variant != "grid"
-    attention_fwd.SOFTWARE_EXP2 = variant == "exp2"
     for kernel, tuned in TUNED.items():
         tuned.configs = configs[kernel]
     launch.forget()

@@ -43,7 +43,6 @@ from ._common import (INTERPRETER_BLOCKS, LN2, LOG2E, band_mask, descriptor_mode
                       sample_bounds, scores_log2, set_block_shapes, store_rows, tensor_of, tile_sources,
                       use_torch_scratch)
 from .dropout import dropout_keep, dropout_stream_key, effective_dropout_p
-from .exp2 import exp2_shared
 from .launch import launch, launch_tuned
 
 
@@ -57,8 +56,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_src, v_src, off_b, off_kvh, start, end,
                     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DROPOUT: tl.constexpr,
                     EVEN_D: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, RECORD_TILES: tl.constexpr,
                     DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, NEGATIVE_SCALE: tl.constexpr,
-                    BLOCK_N: tl.constexpr, V_TRANSPOSED: tl.constexpr = False,
-                    SOFTWARE_EXP2: tl.constexpr = False):
+                    BLOCK_N: tl.constexpr, V_TRANSPOSED: tl.constexpr = False):
     """Online-softmax update of (acc, l_i, m_i) over the key blocks [start, end).
 
     ``MASKED`` blocks get an element mask (band edges, key tail) and loads masked
@@ -70,8 +68,6 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_src, v_src, off_b, off_kvh, start, end,
     ``V_TRANSPOSED`` (FP8 with host descriptors): ``v_src`` is a (B, H, D, N) descriptor, V stored with
     N contiguous, as FP8 tensor cores need P V's reduction dimension contiguous; tiles are read
     (BLOCK_D, BLOCK_N) and transposed in place.
-    ``SOFTWARE_EXP2``: in unmasked blocks without score modifiers, half of the exponentials are a
-    polynomial on the FMA units (:mod:`.exp2`).
     """
     offs_n = tl.arange(0, BLOCK_N)
     PLAIN: tl.constexpr = not (HAS_SOFTCAP or HAS_ALIBI)
@@ -120,10 +116,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_src, v_src, off_b, off_kvh, start, end,
                 m_new = tl.maximum(m_i, tl.max(qk, 1) * score_scale)
             m_sub = m_new
             qk = qk * score_scale - m_sub[:, None]
-        if SOFTWARE_EXP2 and PLAIN and not MASKED:
-            p = exp2_shared(qk)
-        else:
-            p = tl.math.exp2(qk)
+        p = tl.math.exp2(qk)
         alpha = tl.math.exp2(m_i - m_sub)  # rescale of what was accumulated so far
         l_i = l_i * alpha + tl.sum(p, 1)
         if HAS_DROPOUT:
@@ -157,7 +150,7 @@ def attention_fwd_kernel(
     RECORD_TILES: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, NEGATIVE_SCALE: tl.constexpr,
     K_MULTIPLE_OF_128: tl.constexpr, FP8: tl.constexpr, V_TRANSPOSED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    LONGEST_FIRST: tl.constexpr = False, SOFTWARE_EXP2: tl.constexpr = False,
+    LONGEST_FIRST: tl.constexpr = False,
 ):
     """O, LSE for query block ``program_id(0)`` of (batch, head) ``program_id(1)``, or, with
     ``LONGEST_FIRST``, for block ``num_programs(0) - 1 - program_id(0)``: under a causal mask the
@@ -274,7 +267,7 @@ def attention_fwd_kernel(
         offs_m, m0, offs_d, k_len, offset, WINDOW_LEFT, WINDOW_RIGHT,
         score_scale, softcap_scale, slope_log2, dropout_key, DROPOUT_P, tile_ptr,
         False, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, HEAD_DIM, BLOCK_D, RECORD_TILES,
-        DOT_PRECISION, TMA, NEGATIVE_SCALE, BLOCK_N, V_TRANSPOSED, SOFTWARE_EXP2)
+        DOT_PRECISION, TMA, NEGATIVE_SCALE, BLOCK_N, V_TRANSPOSED)
     # stage 3: the diagonal / window's right edge, and the key tail (N_k or seq_len). With no
     # right edge and N_k a multiple of 128 (so of a BLOCK_N that divides 128) it is empty: it is
     # then not even compiled, which spares its registers (the masked loop needs more than the plain one).
@@ -420,11 +413,6 @@ MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 #: processing time first"). benchmarks/schedule_ab.py measures it against grid order.
 LONGEST_FIRST = True
 
-#: Whether the forward computes half of the exponentials of its unmasked key blocks as a polynomial on
-#: the FMA units instead of the special-function unit (:mod:`.exp2`), for 16-bit and FP8 inputs.
-#: benchmarks/schedule_ab.py measures it (variant ``exp2``).
-SOFTWARE_EXP2 = False
-
 
 def modifier_args(spec: AttentionSpec, alibi_slopes: torch.Tensor | None, head_dim: int, dummy: torch.Tensor):
     """The kernel arguments of the score modifiers and dropout, shared by the forward and backward launchers:
@@ -500,7 +488,6 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         RECORD_TILES=tiles is not None, DOT_PRECISION=runtime.dot_precision(q.dtype), TMA=tma,
         NEGATIVE_SCALE=scalars[0] < 0, K_MULTIPLE_OF_128=n_k % 128 == 0, FP8=fp8, V_TRANSPOSED=v_transposed,
         LONGEST_FIRST=LONGEST_FIRST and right is not None and left is None,
-        SOFTWARE_EXP2=SOFTWARE_EXP2 and q.element_size() <= 2,
     )
     q_src, k_src, v_src, o_src = tile_sources(tma, (q, k, v_tiles if v_transposed else v, o))
     tensors = (q_src, k_src, v_src, o_src, lse, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi, tiles,
