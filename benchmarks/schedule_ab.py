@@ -9,7 +9,9 @@
 
 (At commit 68fb205 this script also had a ``ws`` variant: the unmasked key loops as
 ``tl.range(..., warp_specialize=True)``. Triton 3.6 on the H100 refused it at 4 warps and gained
-nothing at 8; benchmarks/TUNING.md, fifteenth finding. The switch was taken out of the kernels.)
+nothing at 8; benchmarks/TUNING.md, fifteenth finding. The switch was taken out of the kernels.
+At commit 2285dd8 it had an ``exp2`` variant: half of the forward's exponentials in unmasked blocks as a
+cubic on the FMA units, as FlashAttention-4 does; 14-20% slower in fp16 and in FP8, taken out too.)
 
 Each variant autotunes over the library's own configs. Compiling is the slow part, so worker
 processes first compile every variant's configs in parallel, one config at a time (a config that
