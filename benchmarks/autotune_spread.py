@@ -20,12 +20,9 @@ Compiling comes first, in parallel worker processes (``schedule_ab.warm_all``). 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 import triton
@@ -33,7 +30,7 @@ import triton.testing
 
 from flashlib.kernels import attention_bwd, attention_fwd, launch
 from flashlib.spec import AttentionSpec
-from schedule_ab import ORIGINAL_CONFIGS, TUNED, candidates, label, tensors, warm_all
+from schedule_ab import ORIGINAL_CONFIGS, TUNED, candidates, label, shape_grid, tensors, warm_all, write_results
 
 
 def triton_default(fn, quantiles):
@@ -81,13 +78,7 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args(argv)
     start = time.time()
-    head_dims = [int(x) for x in args.d.split(",")]
-    ns = [int(x) for x in args.N.split(",")]
-    causals = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
-          f"{time.strftime('%Y-%m-%d')}; {' '.join(sys.argv)}", flush=True)
+    head_dims, ns, causals, out = shape_grid(args)
     extra_stages = [int(x) for x in args.extra_stages.split(",") if x]
     kernels = args.kernels.split(",")
     reports = warm_all(["longest"], head_dims, causals, "fp16", out, extra_stages, kernels)
@@ -140,7 +131,7 @@ def main(argv=None) -> None:
                                   f"{p} (+{loss * 100:.1f}%)" for p, loss in zip(picks, losses)), flush=True)
                     vars(TUNED[kernel]).pop("do_bench", None)
                     only(kernel, ORIGINAL_CONFIGS[kernel])
-                    write_results(out, rows)
+                    write_results(out, "autotune_spread_fp16", rows)
     for name in BENCHMARKERS:
         losses = [loss for r in rows if r["benchmarker"] == name for loss in r["losses"]]
         if losses:
@@ -148,13 +139,6 @@ def main(argv=None) -> None:
                   f"picks off the best {sum(loss > 0 for loss in losses)} of {len(losses)}, "
                   f"over 2% {sum(loss > 0.02 for loss in losses)}", flush=True)
 
-
-def write_results(out: Path, rows: list[dict]) -> None:
-    """The rows so far, with the GPU, versions, date and command (rewritten after every kernel)."""
-    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                date=time.strftime("%Y-%m-%d"), command=" ".join(sys.argv))
-    name = torch.cuda.get_device_name().lower().replace(" ", "_")
-    (out / f"autotune_spread_fp16_{name}.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
 
 
 if __name__ == "__main__":

@@ -144,6 +144,19 @@ def warm_all(variants, head_dims, causals, dtype, out: Path, extra_stages=(), ke
     return reports
 
 
+def shape_grid(args) -> tuple[list[int], list[int], list[bool], Path]:
+    """(head dims, sequence lengths, causal flags, output folder) from ``--d``, ``--N``, ``--causal`` and
+    ``--out``; prints the run's header line (GPU, versions, date, command) and makes the folder."""
+    head_dims = [int(x) for x in args.d.split(",")]
+    ns = [int(x) for x in args.N.split(",")]
+    causals = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
+          f"{time.strftime('%Y-%m-%d')}; {' '.join(sys.argv)}", flush=True)
+    return head_dims, ns, causals, out
+
+
 def relative_error(x: torch.Tensor, ref: torch.Tensor) -> float:
     return ((x.float() - ref.float()).norm() / ref.float().norm()).item()
 
@@ -169,13 +182,7 @@ def main(argv=None) -> None:
 
     start = time.time()
     variants = args.variants.split(",")
-    head_dims = [int(x) for x in args.d.split(",")]
-    ns = [int(x) for x in args.N.split(",")]
-    causals = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
-          f"{time.strftime('%Y-%m-%d')}; {' '.join(sys.argv)}", flush=True)
+    head_dims, ns, causals, out = shape_grid(args)
     reports = warm_all(variants, head_dims, causals, args.dtype, out)
     print(f"# compiled in {time.time() - start:.0f} s", flush=True)
     usable = {}
@@ -244,16 +251,17 @@ def main(argv=None) -> None:
                     print(f"D{d} N{n:5d} causal={causal!s:5} {variant:8s} fwd {row['fwd_tflops']:5.0f} TF "
                           f"bwd {row['bwd_tflops']:5.0f} TF  err o/dq/dk/dv "
                           + "/".join(f"{e:.1e}" for e in errors) + f"  same={same}", flush=True)
-                write_results(out, args.dtype, rows)
+                write_results(out, f"schedule_ab_{args.dtype}", rows)
     use("longest", dict(ORIGINAL_CONFIGS))
 
 
-def write_results(out: Path, dtype: str, rows: list[dict]) -> None:
-    """The rows so far, with the GPU, versions, date and command (rewritten after every shape)."""
+def write_results(out: Path, stem: str, rows: list[dict]) -> None:
+    """``out/<stem>_<gpu>.json``: the rows so far, with the GPU, versions, date and command (scripts
+    rewrite it as they go, so that a call cut by its time limit still leaves what it measured)."""
     meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 date=time.strftime("%Y-%m-%d"), command=" ".join(sys.argv))
     name = torch.cuda.get_device_name().lower().replace(" ", "_")
-    (out / f"schedule_ab_{dtype}_{name}.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    (out / f"{stem}_{name}.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
 
 
 if __name__ == "__main__":
