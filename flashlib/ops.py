@@ -29,7 +29,10 @@ Both routes share ``setup_context``, ``backward`` and ``vmap``, so they cannot d
 
 Dropout draws its seed from torch's default CPU generator (``torch.manual_seed``
 makes it reproducible) inside the forward and returns it as a third output, which the
-backward reads: the mask is never stored.
+backward reads: the mask is never stored. Because the seed is drawn on the host, a call with
+dropout refuses CUDA-graph capture (:data:`DROPOUT_CAPTURE_MESSAGE`): a replay would repeat
+the mask. Without dropout the op's seed output lives on q's device, so a compiled graph holds
+no CPU tensor and ``torch.compile(mode="reduce-overhead")`` can capture it whole.
 """
 from __future__ import annotations
 
@@ -74,6 +77,15 @@ def lse_shape(q: torch.Tensor, layout: str) -> tuple[int, ...]:
     return tuple(q.shape[:3]) if layout == "bhnd" else (q.shape[0], q.shape[2], q.shape[1])
 
 
+#: Why dropout refuses CUDA-graph capture: its seed is drawn on the host when the call runs, so a captured
+#: call would replay one dropout mask forever.
+DROPOUT_CAPTURE_MESSAGE = (
+    "flash_attention with dropout_p > 0 cannot be captured in a CUDA graph (torch.cuda.graph, "
+    "torch.compile(mode=\"reduce-overhead\")): its dropout seed is drawn on the host when the call runs, "
+    "so every replay would drop the same weights. Use dropout_p=0 inside the graph, or compile without "
+    "CUDA graphs (mode=\"default\" or \"max-autotune-no-cudagraphs\").")
+
+
 def draw_dropout_seed() -> int:
     """A dropout seed from torch's default CPU generator (reproducible under ``torch.manual_seed``)."""
     return int(torch.randint(0, 2**62, (1,), dtype=torch.int64).item())
@@ -115,7 +127,12 @@ def forward_impl(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, ma
 def _forward(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, max_seqlen_q, max_seqlen_k,
              layout, causal, window_left, window_right, softmax_scale, softcap, dropout_p):
     """``forward_impl`` with the seed as an int. Written for host time: it runs on every call."""
-    seed = draw_dropout_seed() if dropout_p > 0 else 0
+    if dropout_p > 0:
+        if q.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(DROPOUT_CAPTURE_MESSAGE)
+        seed = draw_dropout_seed()
+    else:
+        seed = 0
     spec = _spec(causal, window_left, window_right, softmax_scale, softcap, alibi_slopes, dropout_p, seed)
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(lse_shape(q, layout), dtype=torch.float32, device=q.device)
@@ -175,9 +192,16 @@ def attention_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_
                          alibi_slopes: torch.Tensor | None, max_seqlen_q: int, max_seqlen_k: int, layout: str,
                          causal: bool, window_left: int, window_right: int, softmax_scale: float, softcap: float,
                          dropout_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """flash_attention's forward as an op: (O, logsumexp, dropout seed)."""
-    return forward_impl(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, max_seqlen_q, max_seqlen_k,
-                        layout, causal, window_left, window_right, softmax_scale, softcap, dropout_p)
+    """flash_attention's forward as an op: (O, logsumexp, dropout seed).
+
+    The seed is a CPU int64 (1,) with dropout (the backward reads it on the host) and a zero on q's
+    device without: a compiled graph without dropout then holds no CPU tensor, which CUDA-graph
+    capture (``torch.compile(mode="reduce-overhead")``) would have to split the graph around."""
+    o, lse, seed = _forward(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, max_seqlen_q, max_seqlen_k,
+                            layout, causal, window_left, window_right, softmax_scale, softcap, dropout_p)
+    if dropout_p > 0:
+        return o, lse, torch.full((1,), seed, dtype=torch.int64)
+    return o, lse, torch.zeros(1, dtype=torch.int64, device=q.device)
 
 
 @attention_forward_op.register_fake
@@ -185,7 +209,7 @@ def _forward_fake(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, m
                   layout, causal, window_left, window_right, softmax_scale, softcap, dropout_p):
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
             q.new_empty(lse_shape(q, layout), dtype=torch.float32),
-            torch.empty(1, dtype=torch.int64, device="cpu"))
+            torch.empty(1, dtype=torch.int64, device="cpu" if dropout_p > 0 else q.device))
 
 
 @torch.library.custom_op("flashlib::attention_backward", mutates_args=())

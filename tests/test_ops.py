@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from flashlib import attention, flash_attention, flash_attention_v2, flash_attention_varlen, naive_attention, ops, runtime
+from flashlib.spec import AttentionSpec
 from flashlib.validation import relative_error, tolerance
 from support.attention import DEVICE, make_inputs, pin_blocks
 
@@ -326,3 +327,46 @@ def test_gpu_compiled_model_matches_eager_in_bfloat16():
     for p, expected in zip(model.parameters(), eager_grads):
         assert relative_error(p.grad, expected) <= 4 * tolerance(torch.bfloat16)
     assert runtime.DEVICE.type == "cuda"
+
+
+@pytest.mark.gpu
+def test_gpu_reduce_overhead_captures_training_without_dropout_and_refuses_dropout():
+    """torch.compile(mode="reduce-overhead") captures the forward and backward in CUDA graphs: without
+    dropout the replays equal eager, bit for bit; with dropout the capture raises the clear error instead
+    of replaying one mask forever (the seed is drawn on the host)."""
+    torch._dynamo.reset()
+    q, k, v = make_inputs(2, 4, 4, 256, 256, 64, torch.float16, seed=3)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    compiled = torch.compile(lambda q, k, v: flash_attention(q, k, v, causal=True), mode="reduce-overhead")
+    for _ in range(3):  # warm-up, capture, replay
+        out = compiled(*leaves)
+        out.float().square().sum().backward()
+        grads = [t.grad.clone() for t in leaves]
+        for t in leaves:
+            t.grad = None
+    eager_leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    eager = flash_attention(*eager_leaves, causal=True)
+    eager.float().square().sum().backward()
+    assert torch.equal(out, eager)
+    for got, want in zip(grads, eager_leaves):
+        assert torch.equal(got, want.grad)
+    torch._dynamo.reset()
+    dropping = torch.compile(lambda q, k, v: flash_attention(q, k, v, dropout_p=0.2), mode="reduce-overhead")
+    with pytest.raises(RuntimeError, match="cannot be captured in a CUDA graph"):
+        for _ in range(3):
+            dropping(*leaves)
+    torch._dynamo.reset()
+
+
+def test_the_ops_seed_output_is_on_qs_device_without_dropout_and_on_the_cpu_with_it():
+    """The fake (what torch.compile plans with) and the op agree: without dropout no CPU tensor enters a
+    compiled graph (CUDA-graph capture would split around it); with dropout the backward reads it on the host."""
+    meta = torch.empty(1, 2, 16, 32, device="meta")
+    real = make_inputs(1, 2, 2, 16, 16, 32, torch.float32, seed=1)
+    for dropout_p in (0.0, 0.25):
+        settings = ops.op_settings(AttentionSpec(dropout_p=dropout_p), "bhnd", 32)
+        _, _, planned = ops.attention_forward_op(meta, meta, meta, None, None, None, None, *settings)
+        _, _, seed = ops.attention_forward_op(*real, None, None, None, None, *settings)
+        assert planned.shape == seed.shape == (1,) and planned.dtype == seed.dtype == torch.int64
+        assert planned.device.type == ("cpu" if dropout_p > 0 else "meta")
+        assert seed.device.type == ("cpu" if dropout_p > 0 else real[0].device.type)
