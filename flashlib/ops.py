@@ -86,6 +86,11 @@ DROPOUT_CAPTURE_MESSAGE = (
     "CUDA graphs (mode=\"default\" or \"max-autotune-no-cudagraphs\").")
 
 
+def is_capturing(q: torch.Tensor) -> bool:
+    """Whether q's device is capturing a CUDA graph on the current stream (where a dropout call must refuse)."""
+    return q.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 def draw_dropout_seed() -> int:
     """A dropout seed from torch's default CPU generator (reproducible under ``torch.manual_seed``)."""
     return int(torch.randint(0, 2**62, (1,), dtype=torch.int64).item())
@@ -128,7 +133,7 @@ def _forward(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, max_se
              layout, causal, window_left, window_right, softmax_scale, softcap, dropout_p):
     """``forward_impl`` with the seed as an int. Written for host time: it runs on every call."""
     if dropout_p > 0:
-        if q.is_cuda and torch.cuda.is_current_stream_capturing():
+        if is_capturing(q):
             raise RuntimeError(DROPOUT_CAPTURE_MESSAGE)
         seed = draw_dropout_seed()
     else:

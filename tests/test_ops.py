@@ -370,3 +370,20 @@ def test_the_ops_seed_output_is_on_qs_device_without_dropout_and_on_the_cpu_with
         assert planned.shape == seed.shape == (1,) and planned.dtype == seed.dtype == torch.int64
         assert planned.device.type == ("cpu" if dropout_p > 0 else "meta")
         assert seed.device.type == ("cpu" if dropout_p > 0 else real[0].device.type)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_dropout_refuses_cuda_graph_capture_with_the_clear_error_and_without_dropout_runs(monkeypatch, grad):
+    """Under capture (ops.is_capturing, simulated here; the GPU test captures for real) a call with dropout
+    raises DROPOUT_CAPTURE_MESSAGE, eager or compiled op alike, before drawing a seed; without dropout it runs."""
+    monkeypatch.setattr(ops, "is_capturing", lambda q: True)
+    q, k, v = (t.requires_grad_(grad) for t in make_inputs(1, 2, 2, 16, 16, 32, torch.float32, seed=2))
+    state = torch.get_rng_state()
+    with pytest.raises(RuntimeError, match="cannot be captured in a CUDA graph"):
+        flash_attention(q, k, v, dropout_p=0.1)
+    assert torch.equal(torch.get_rng_state(), state), "no seed was drawn"
+    settings = ops.op_settings(AttentionSpec(dropout_p=0.1), "bhnd", 32)
+    with pytest.raises(RuntimeError, match="cannot be captured in a CUDA graph"):
+        ops.attention_forward_op(q.detach(), k.detach(), v.detach(), None, None, None, None, *settings)
+    out = flash_attention(q, k, v)
+    assert relative_error(out, naive_attention(q, k, v)) <= tolerance(torch.float32)
