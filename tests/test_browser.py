@@ -309,8 +309,12 @@ def test_a_learner_follows_notebook_01_to_its_exercise_answers_and_reads_the_ver
         page.goto(url, wait_until="domcontentloaded", timeout=PAGE_LOAD_S * 1000)
         _wait_for(page, KERNEL_IDLE, None, PAGE_LOAD_S, "notebook 01 to open with an idle kernel", lab)
 
-        # The link at the end of notebook 01 opens the exercise inside JupyterLab.
-        link = page.locator(f'.jp-RenderedMarkdown a[href*="exercises/{EXERCISE.name}"]')
+        # The link at the end of notebook 01 opens the exercise inside JupyterLab. Markdown cells are
+        # rendered after the kernel may already be idle: wait for the link rather than count at once.
+        selector = f'.jp-RenderedMarkdown a[href*="exercises/{EXERCISE.name}"]'
+        _wait_for(page, "(selector) => document.querySelector(selector) !== null", selector, PAGE_LOAD_S,
+                  "notebook 01 to show its link to the exercise notebook", lab)
+        link = page.locator(selector)
         assert link.count() >= 1, "notebook 01 shows no link to its exercise notebook"
         link.first.scroll_into_view_if_needed()
         link.first.click()
