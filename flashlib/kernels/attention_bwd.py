@@ -78,8 +78,7 @@ from ..spec import AttentionSpec
 from ._common import (INTERPRETER_BLOCKS, LOG2E, band_mask, descriptor_ready, descriptors_supported, key_block_range,
                       load_rows, packed_as_bhnd, query_block_range, row_stats_offset, sample_bounds, scores_log2,
                       set_block_shapes, tensor_of, tile_sources)
-from . import attention_fwd
-from .attention_fwd import full_float32_config, modifier_args, smem_budget
+from .attention_fwd import full_float32_config, longest_first, modifier_args, smem_budget
 from .dropout import dropout_keep, dropout_keep_t, dropout_stream_key
 from .launch import launch, launch_tuned
 
@@ -632,8 +631,7 @@ def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec: AttentionSp
         jobs.append(("dq", (q, k_src, v_src, do, lse, delta, dq, seq_lens, cu_seqlens_q, cu_seqlens_k,
                             *modifiers, *strides, *dq.stride(), *alibi_strides),
                      lambda bm: (ceil_div(rows_q, bm), batch * heads)))
-    # dQ's query blocks last to first under a causal mask, as the forward's (attention_fwd.LONGEST_FIRST)
-    dq_args = dict(args, LONGEST_FIRST=attention_fwd.LONGEST_FIRST and right is not None and left is None)
+    dq_args = dict(args, LONGEST_FIRST=longest_first(left, right))  # dQ's query blocks, as the forward's
     for kernel, positional, grid_of in jobs:
         program_block = "BLOCK_N" if kernel == "dkdv" else "BLOCK_M"
         kernel_args = args if kernel == "dkdv" else dq_args

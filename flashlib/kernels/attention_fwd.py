@@ -414,6 +414,12 @@ MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 LONGEST_FIRST = True
 
 
+def longest_first(left: int | None, right: int | None) -> bool:
+    """Whether a grid over query blocks runs them last to first for the band (left, right) of
+    ``AttentionSpec.bounds``: with a right bound and no left one, under :data:`LONGEST_FIRST`."""
+    return LONGEST_FIRST and right is not None and left is None
+
+
 def modifier_args(spec: AttentionSpec, alibi_slopes: torch.Tensor | None, head_dim: int, dummy: torch.Tensor):
     """The kernel arguments of the score modifiers and dropout, shared by the forward and backward launchers:
     ``(ALIBI, (stride_ab, stride_ah), (sm_scale, SOFTCAP, DROPOUT_P, DROPOUT_SEED), flags)``, the scalars in
@@ -487,7 +493,7 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         HAS_LEFT=left is not None, HAS_RIGHT=right is not None, **flags,
         RECORD_TILES=tiles is not None, DOT_PRECISION=runtime.dot_precision(q.dtype), TMA=tma,
         NEGATIVE_SCALE=scalars[0] < 0, K_MULTIPLE_OF_128=n_k % 128 == 0, FP8=fp8, V_TRANSPOSED=v_transposed,
-        LONGEST_FIRST=LONGEST_FIRST and right is not None and left is None,
+        LONGEST_FIRST=longest_first(left, right),
     )
     q_src, k_src, v_src, o_src = tile_sources(tma, (q, k, v_tiles if v_transposed else v, o))
     tensors = (q_src, k_src, v_src, o_src, lse, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi, tiles,
