@@ -14,7 +14,8 @@ and what dropout, softcap and ALiBi cost.
 2. Training step (forward + backward) at N = 512, fp16, the FlashAttention-2 benchmark shapes
    (B * N = 16384, H * D = 2048), flashlib against SDPA's flash backend, ``do_bench`` medians,
    and the kernels' own GPU time per step (torch.profiler), which shows a host-bound point;
-   ``--train-dropout P`` gives both the same ``dropout_p``.
+   ``--train-dropout P`` gives both the same ``dropout_p``; ``--train-modes eager,reduce-overhead``
+   also runs both under ``torch.compile(mode="reduce-overhead")`` (CUDA graphs: no host in the step).
 3. Score modifiers and dropout at N = 4096: forward and forward + backward with each one on,
    as a ratio to the plain kernel.
 """
@@ -147,29 +148,42 @@ def kernel_ms(fn, grads, steps: int = 20) -> float:
     return total_us / steps / 1000
 
 
-def train_step_n512(rows: list, save, dropout_p: float = 0.0) -> list[dict]:
-    """Training steps at N = 512 (``dropout_p`` for both flashlib and SDPA flash, which supports it)."""
-    for d in (64, 128):
-        n, heads = 512, 2048 // d
-        batch = 16384 // n
-        for causal in (False, True):
-            q, k, v, do = (torch.randn(batch, heads, n, d, device="cuda", dtype=torch.float16) for _ in range(4))
-            leaves = [t.requires_grad_() for t in (q, k, v)]
+def train_step_n512(rows: list, save, dropout_p: float = 0.0, modes=("eager",)) -> list[dict]:
+    """Training steps at N = 512 (``dropout_p`` for both flashlib and SDPA flash, which supports it), in each
+    of ``modes``: "eager", or a ``torch.compile`` mode (both sides compiled alike; "reduce-overhead"
+    replays forward and backward from CUDA graphs, which takes the host out of the step)."""
+    for mode in modes:
+        for d in (64, 128):
+            n, heads = 512, 2048 // d
+            batch = 16384 // n
+            for causal in (False, True):
+                q, k, v, do = (torch.randn(batch, heads, n, d, device="cuda", dtype=torch.float16) for _ in range(4))
+                leaves = [t.requires_grad_() for t in (q, k, v)]
 
-            def ours():
-                flash_attention(*leaves, causal=causal, dropout_p=dropout_p).backward(do)
+                def attend(q, k, v, causal=causal):
+                    return flash_attention(q, k, v, causal=causal, dropout_p=dropout_p)
 
-            def sdpa():
-                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                    F.scaled_dot_product_attention(*leaves, is_causal=causal, dropout_p=dropout_p).backward(do)
+                def sdpa_attend(q, k, v, causal=causal):
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, dropout_p=dropout_p)
 
-            t_ours, t_sdpa = bench(ours, leaves), bench(sdpa, leaves)
-            rows.append(dict(d=d, n=n, batch=batch, heads=heads, causal=causal, dropout_p=dropout_p,
-                             flashlib_ms=t_ours,
-                             sdpa_flash_ms=t_sdpa, speed_vs_sdpa_flash=t_sdpa / t_ours,
-                             flashlib_kernels_ms=kernel_ms(ours, leaves), sdpa_flash_kernels_ms=kernel_ms(sdpa, leaves)))
-            print(rows[-1], flush=True)
-            save()
+                if mode != "eager":
+                    torch._dynamo.reset()
+                    attend, sdpa_attend = torch.compile(attend, mode=mode), torch.compile(sdpa_attend, mode=mode)
+
+                def ours(attend=attend):
+                    attend(*leaves).backward(do)
+
+                def sdpa(sdpa_attend=sdpa_attend):
+                    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                        sdpa_attend(*leaves).backward(do)
+
+                t_ours, t_sdpa = bench(ours, leaves), bench(sdpa, leaves)
+                rows.append(dict(mode=mode, d=d, n=n, batch=batch, heads=heads, causal=causal, dropout_p=dropout_p,
+                                 flashlib_ms=t_ours, sdpa_flash_ms=t_sdpa, speed_vs_sdpa_flash=t_sdpa / t_ours,
+                                 flashlib_kernels_ms=kernel_ms(ours, leaves),
+                                 sdpa_flash_kernels_ms=kernel_ms(sdpa, leaves)))
+                print(rows[-1], flush=True)
+                save()
     return rows
 
 
@@ -206,6 +220,9 @@ def main():
                         help="comma list of host, profile, train, modifiers (default host, train, modifiers)")
     parser.add_argument("--train-dropout", type=float, default=0.0,
                         help="dropout_p of the N = 512 training steps, for flashlib and SDPA flash (default 0)")
+    parser.add_argument("--train-modes", default="eager",
+                        help="comma list of eager and torch.compile modes (e.g. reduce-overhead) for the training "
+                        "steps, both sides alike (default eager)")
     parser.add_argument("--modifiers", help="comma list of the modifier rows to run (default all: "
                         "'plain,dropout 0.1,softcap 30,alibi'; plain is the baseline, keep it)")
     args = parser.parse_args()
@@ -229,7 +246,7 @@ def main():
     if "profile" in sections:
         host_profile()
     if "train" in sections:
-        train_step_n512(results["train_step_n512"], save, args.train_dropout)
+        train_step_n512(results["train_step_n512"], save, args.train_dropout, args.train_modes.split(","))
     if "modifiers" in sections:
         modifiers_n4096(results["modifiers_n4096"], save,
                         args.modifiers.split(",") if args.modifiers else None)

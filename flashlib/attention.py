@@ -119,8 +119,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     (default 1/sqrt(D)); ``softcap > 0`` makes it ``softcap * tanh(s / softcap)``;
     ``alibi_slopes`` (H,) or (B, H) (used in float32) subtract ``slope * |i + N_k - N_q - j|``.
     ``dropout_p`` drops each attention weight with that probability and scales the
-    kept ones by 1 / (1 - p) (a counter-based hash in the kernel, seeded from torch's
-    default generator, recomputed by the backward; the mask is never stored; p is rounded to a
+    kept ones by 1 / (1 - p) (a counter-based hash in the kernel, its seed drawn on q's device
+    by torch's generator there, so ``torch.manual_seed`` reproduces it and a CUDA graph's replays
+    redraw it; recomputed by the backward; the mask is never stored; p is rounded to a
     multiple of 1/256, as in flash-attn); ``dropout_p=0``
     gives exactly the dropout-free result. ``return_dropout_mask=True`` also returns the
     (B, H, N_q, N_k) bool mask of kept weights, for tests (O(N^2) memory).

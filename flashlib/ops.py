@@ -27,12 +27,11 @@ Both routes share ``setup_context``, ``backward`` and ``vmap``, so they cannot d
 * vmap folds the mapped dimension into the batch (one launch, no loop);
 * forward-mode AD (jvp) raises a clear error.
 
-Dropout draws its seed from torch's default CPU generator (``torch.manual_seed``
-makes it reproducible) inside the forward and returns it as a third output, which the
-backward reads: the mask is never stored. Because the seed is drawn on the host, a call with
-dropout refuses CUDA-graph capture (:data:`DROPOUT_CAPTURE_MESSAGE`): a replay would repeat
-the mask. Without dropout the op's seed output lives on q's device, so a compiled graph holds
-no CPU tensor and ``torch.compile(mode="reduce-overhead")`` can capture it whole.
+Dropout draws its seed with torch's generator of q's device (``torch.manual_seed`` makes it
+reproducible), on that device, inside the forward, and returns it as a third output; the kernels
+and the backward read it there, and the mask is never stored. The seed never visits the host, so
+a CUDA graph (``torch.cuda.graph``, ``torch.compile(mode="reduce-overhead")``) captures the draw
+too: torch's CUDA generator is graph-safe, and each replay draws a new seed, hence a new mask.
 """
 from __future__ import annotations
 
@@ -77,23 +76,10 @@ def lse_shape(q: torch.Tensor, layout: str) -> tuple[int, ...]:
     return tuple(q.shape[:3]) if layout == "bhnd" else (q.shape[0], q.shape[2], q.shape[1])
 
 
-#: Why dropout refuses CUDA-graph capture: its seed is drawn on the host when the call runs, so a captured
-#: call would replay one dropout mask forever.
-DROPOUT_CAPTURE_MESSAGE = (
-    "flash_attention with dropout_p > 0 cannot be captured in a CUDA graph (torch.cuda.graph, "
-    "torch.compile(mode=\"reduce-overhead\")): its dropout seed is drawn on the host when the call runs, "
-    "so every replay would drop the same weights. Use dropout_p=0 inside the graph, or compile without "
-    "CUDA graphs (mode=\"default\" or \"max-autotune-no-cudagraphs\").")
-
-
-def is_capturing(q: torch.Tensor) -> bool:
-    """Whether q's device is capturing a CUDA graph on the current stream (where a dropout call must refuse)."""
-    return q.is_cuda and torch.cuda.is_current_stream_capturing()
-
-
-def draw_dropout_seed() -> int:
-    """A dropout seed from torch's default CPU generator (reproducible under ``torch.manual_seed``)."""
-    return int(torch.randint(0, 2**62, (1,), dtype=torch.int64).item())
+def draw_dropout_seed(device: torch.device) -> torch.Tensor:
+    """A dropout seed, int64 (1,) on ``device``, from torch's generator there: reproducible under
+    ``torch.manual_seed``, and redrawn by every replay of a CUDA graph that captured the call."""
+    return torch.randint(0, 2**62, (1,), dtype=torch.int64, device=device)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -103,9 +89,8 @@ def _seedless_spec(causal, window_left, window_right, softmax_scale, softcap, ha
                          softcap=softcap, has_alibi=has_alibi, dropout_p=dropout_p)
 
 
-def _spec(causal, window_left, window_right, softmax_scale, softcap, alibi, dropout_p, seed) -> AttentionSpec:
-    spec = _seedless_spec(causal, window_left, window_right, softmax_scale, softcap, alibi is not None, dropout_p)
-    return spec.with_seed(seed) if seed else spec
+def _spec(causal, window_left, window_right, softmax_scale, softcap, alibi, dropout_p) -> AttentionSpec:
+    return _seedless_spec(causal, window_left, window_right, softmax_scale, softcap, alibi is not None, dropout_p)
 
 
 def _kernel_views(layout, *tensors):
@@ -123,22 +108,31 @@ def _rows(t: torch.Tensor, layout: str) -> int:
 def forward_impl(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, max_seqlen_q, max_seqlen_k,
                  layout, causal, window_left, window_right, softmax_scale, softcap, dropout_p):
     """O in q's shape, dtype and layout (contiguous), L float32 (see ``lse_shape``), and the dropout seed
-    (int64 (1,), CPU)."""
+    (int64 (1,) on q's device; a shared 0 without dropout)."""
     o, lse, seed = _forward(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, max_seqlen_q,
                             max_seqlen_k, layout, causal, window_left, window_right, softmax_scale, softcap, dropout_p)
-    return o, lse, torch.full((1,), seed, dtype=torch.int64)
+    return o, lse, no_seed(q.device) if seed is None else seed
+
+
+#: The seed output, by device, of eager calls without dropout (shared: nothing reads or writes it).
+_NO_SEED: dict = {}
+
+
+def no_seed(device: torch.device) -> torch.Tensor:
+    """The seed output of an eager call without dropout: one zero per device, made once (a new tensor
+    on a GPU costs a launch of host time per call)."""
+    seed = _NO_SEED.get(device)
+    if seed is None:
+        seed = _NO_SEED[device] = torch.zeros(1, dtype=torch.int64, device=device)
+    return seed
 
 
 def _forward(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, max_seqlen_q, max_seqlen_k,
              layout, causal, window_left, window_right, softmax_scale, softcap, dropout_p):
-    """``forward_impl`` with the seed as an int. Written for host time: it runs on every call."""
-    if dropout_p > 0:
-        if is_capturing(q):
-            raise RuntimeError(DROPOUT_CAPTURE_MESSAGE)
-        seed = draw_dropout_seed()
-    else:
-        seed = 0
-    spec = _spec(causal, window_left, window_right, softmax_scale, softcap, alibi_slopes, dropout_p, seed)
+    """``forward_impl`` with None for the seed of a call without dropout. Written for host time: it runs
+    on every call."""
+    seed = draw_dropout_seed(q.device) if dropout_p > 0 else None
+    spec = _spec(causal, window_left, window_right, softmax_scale, softcap, alibi_slopes, dropout_p)
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(lse_shape(q, layout), dtype=torch.float32, device=q.device)
     if o.numel() == 0:
@@ -150,7 +144,7 @@ def _forward(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, max_se
     views = _kernel_views(layout, q_run, k_run, v_run, o_run)
     launch_attention_forward(*views, lse, spec=spec, seq_lens=seq_lens, alibi_slopes=alibi_slopes,
                              cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+                             max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, dropout_seed=seed)
     if o_run is not o:
         o.copy_(o_run)
     return o, lse, seed
@@ -160,8 +154,7 @@ def backward_impl(grad_o, q, k, v, o, lse, seq_lens, cu_seqlens_q, cu_seqlens_k,
                   max_seqlen_q, max_seqlen_k, layout, causal, window_left, window_right, softmax_scale, softcap,
                   dropout_p, need_dq, need_dkdv):
     """(dq, dk, dv) in the inputs' shapes, dtypes and layouts; an empty tensor for each one not needed."""
-    spec = _spec(causal, window_left, window_right, softmax_scale, softcap, alibi_slopes, dropout_p,
-                 int(rng[0]) if dropout_p > 0 else 0)
+    spec = _spec(causal, window_left, window_right, softmax_scale, softcap, alibi_slopes, dropout_p)
     contiguous = torch.contiguous_format
     nothing = q.new_empty(0) if not (need_dq and need_dkdv) else None
     dq = torch.empty_like(q, memory_format=contiguous) if need_dq else nothing
@@ -182,7 +175,8 @@ def backward_impl(grad_o, q, k, v, o, lse, seq_lens, cu_seqlens_q, cu_seqlens_k,
     launch_attention_backward(q_v, k_v, v_v, o_v, lse, do_v, *_kernel_views(layout, *outs), spec=spec,
                               seq_lens=seq_lens, alibi_slopes=alibi_slopes,
                               cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                              max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+                              max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                              dropout_seed=rng if dropout_p > 0 else None)
     for g, out in zip((dq, dk, dv), outs):
         if out is not None and out is not g:
             g.copy_(out)
@@ -197,16 +191,11 @@ def attention_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_
                          alibi_slopes: torch.Tensor | None, max_seqlen_q: int, max_seqlen_k: int, layout: str,
                          causal: bool, window_left: int, window_right: int, softmax_scale: float, softcap: float,
                          dropout_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """flash_attention's forward as an op: (O, logsumexp, dropout seed).
-
-    The seed is a CPU int64 (1,) with dropout (the backward reads it on the host) and a zero on q's
-    device without: a compiled graph without dropout then holds no CPU tensor, which CUDA-graph
-    capture (``torch.compile(mode="reduce-overhead")``) would have to split the graph around."""
+    """flash_attention's forward as an op: (O, logsumexp, dropout seed), the seed an int64 (1,) on q's device
+    (a fresh zero without dropout: an op's outputs are its own)."""
     o, lse, seed = _forward(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, max_seqlen_q, max_seqlen_k,
                             layout, causal, window_left, window_right, softmax_scale, softcap, dropout_p)
-    if dropout_p > 0:
-        return o, lse, torch.full((1,), seed, dtype=torch.int64)
-    return o, lse, torch.zeros(1, dtype=torch.int64, device=q.device)
+    return o, lse, torch.zeros(1, dtype=torch.int64, device=q.device) if seed is None else seed
 
 
 @attention_forward_op.register_fake
@@ -214,7 +203,7 @@ def _forward_fake(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, m
                   layout, causal, window_left, window_right, softmax_scale, softcap, dropout_p):
     return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
             q.new_empty(lse_shape(q, layout), dtype=torch.float32),
-            torch.empty(1, dtype=torch.int64, device="cpu" if dropout_p > 0 else q.device))
+            torch.empty(1, dtype=torch.int64, device=q.device))
 
 
 @torch.library.custom_op("flashlib::attention_backward", mutates_args=())
@@ -407,10 +396,6 @@ def needs_autograd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
             or torch._C._are_functorch_transforms_active() or forward_ad._current_level >= 0)
 
 
-#: The seed output of a call without dropout that autograd never sees (shared: nothing writes to it).
-_NO_SEED = torch.zeros(1, dtype=torch.int64)
-
-
 def run(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, settings: tuple):
     """(O, L, dropout seed) of checked arguments and their ``op_settings``: the custom op while
     torch.compile traces; the autograd.Function when autograd must see the call; else the forward
@@ -419,8 +404,7 @@ def run(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, settings: t
         return attention_forward_op(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *settings)
     if needs_autograd(q, k, v):
         return _apply_eagerly(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *settings)
-    o, lse, seed = _forward(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *settings)
-    return o, lse, (_NO_SEED if seed == 0 else torch.full((1,), seed, dtype=torch.int64))
+    return forward_impl(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *settings)
 
 
 def attention(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, max_seqlen_q, max_seqlen_k, layout,

@@ -8,8 +8,8 @@ Everything the attention kernels need beyond the tensors they read and write:
   (``softcap * tanh(s / softcap)``, as Gemma 2 and Grok), then the ALiBi bias
   ``-slope * |i + N_k - N_q - j|`` (flash-attn's definition; the slopes are a
   tensor, passed beside the spec);
-* ``dropout_p``, and the ``dropout_seed`` the forward drew, so that the
-  backward recomputes the very same mask.
+* ``dropout_p``, and a ``dropout_seed`` for callers of the launchers (the op
+  draws its seed on the device and hands the launchers that tensor instead).
 
 The front door (:mod:`flashlib.attention`, :mod:`flashlib.varlen`) checks the
 arguments and builds one spec; the launchers of :mod:`flashlib.kernels` take it
@@ -108,14 +108,6 @@ class AttentionSpec:
                      "an attention weight")
         return cls(causal=causal, window=window, softmax_scale=softmax_scale, softcap=float(softcap),
                    has_alibi=has_alibi, dropout_p=float(dropout_p))
-
-    def with_seed(self, seed: int) -> "AttentionSpec":
-        """This spec with another ``dropout_seed``. Every dropout call draws a seed, and
-        ``dataclasses.replace`` (which re-runs ``__init__``) costs microseconds of host time."""
-        spec = object.__new__(type(self))
-        spec.__dict__.update(self.__dict__)
-        spec.__dict__["dropout_seed"] = int(seed)
-        return spec
 
     def bounds(self) -> tuple[int | None, int | None]:
         """(left, right) reach of the band, None where unbounded (causal caps the right at 0)."""

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from flashlib import attention, flash_attention, flash_attention_v2, flash_attention_varlen, naive_attention, ops, runtime
+from flashlib.kernels.dropout import dropout_mask
 from flashlib.spec import AttentionSpec
 from flashlib.validation import relative_error, tolerance
 from support.attention import DEVICE, make_inputs, pin_blocks
@@ -330,37 +331,74 @@ def test_gpu_compiled_model_matches_eager_in_bfloat16():
 
 
 @pytest.mark.gpu
-def test_gpu_reduce_overhead_captures_training_without_dropout_and_refuses_dropout():
-    """torch.compile(mode="reduce-overhead") captures the forward and backward in CUDA graphs: without
-    dropout the replays equal eager, bit for bit; with dropout the capture raises the clear error instead
-    of replaying one mask forever (the seed is drawn on the host)."""
-    torch._dynamo.reset()
+def test_gpu_reduce_overhead_captures_training_with_and_without_dropout():
+    """torch.compile(mode="reduce-overhead") captures the forward and backward in CUDA graphs. Without
+    dropout the replays equal eager, bit for bit. With dropout the seed is drawn on the device by torch's
+    graph-safe generator: each replay draws its own mask (outputs differ from step to step), and a replay
+    after ``torch.manual_seed(s)`` equals an eager call after ``torch.manual_seed(s)``, output and gradients."""
     q, k, v = make_inputs(2, 4, 4, 256, 256, 64, torch.float16, seed=3)
+    for dropout_p in (0.0, 0.2):
+        torch._dynamo.reset()
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        compiled = torch.compile(lambda q, k, v: flash_attention(q, k, v, causal=True, dropout_p=dropout_p),
+                                 mode="reduce-overhead")
+        outs = []
+        for step in range(4):  # warm-up, capture, replays
+            torch.manual_seed(100 + step)
+            out = compiled(*leaves)
+            out.float().square().sum().backward()
+            grads = [t.grad.clone() for t in leaves]
+            for t in leaves:
+                t.grad = None
+            torch.manual_seed(100 + step)
+            eager_leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+            eager = flash_attention(*eager_leaves, causal=True, dropout_p=dropout_p)
+            eager.float().square().sum().backward()
+            assert torch.equal(out, eager), (dropout_p, step)
+            for got, want in zip(grads, eager_leaves):
+                assert torch.equal(got, want.grad), (dropout_p, step)
+            outs.append(out.clone())
+        if dropout_p > 0:
+            assert not any(torch.equal(outs[-1], earlier) for earlier in outs[:-1]), "a replay repeated a mask"
+    torch._dynamo.reset()
+
+
+@pytest.mark.gpu
+def test_gpu_dropout_never_syncs_and_a_captured_graph_redraws_its_mask():
+    """A training step with dropout makes no host-device sync (the seed stays on the device), and a
+    ``torch.cuda.graph`` of a dropout call drops other weights on every replay."""
+    q, k, v = make_inputs(2, 4, 2, 256, 256, 64, torch.float16, seed=4)
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    compiled = torch.compile(lambda q, k, v: flash_attention(q, k, v, causal=True), mode="reduce-overhead")
-    for _ in range(3):  # warm-up, capture, replay
-        out = compiled(*leaves)
-        out.float().square().sum().backward()
-        grads = [t.grad.clone() for t in leaves]
-        for t in leaves:
-            t.grad = None
-    eager_leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    eager = flash_attention(*eager_leaves, causal=True)
-    eager.float().square().sum().backward()
-    assert torch.equal(out, eager)
-    for got, want in zip(grads, eager_leaves):
-        assert torch.equal(got, want.grad)
-    torch._dynamo.reset()
-    dropping = torch.compile(lambda q, k, v: flash_attention(q, k, v, dropout_p=0.2), mode="reduce-overhead")
-    with pytest.raises(RuntimeError, match="cannot be captured in a CUDA graph"):
-        for _ in range(3):
-            dropping(*leaves)
-    torch._dynamo.reset()
+    flash_attention(*leaves, causal=True, dropout_p=0.1).sum().backward()  # compile and tune first
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        flash_attention(*leaves, causal=True, dropout_p=0.1).sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        flash_attention(q, k, v, dropout_p=0.3)  # warm up on the side stream
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = flash_attention(q, k, v, dropout_p=0.3)
+    replays = []
+    for s in (7, 8, 7):
+        torch.manual_seed(s)
+        graph.replay()
+        replays.append(captured.clone())
+    torch.manual_seed(7)
+    eager = flash_attention(q, k, v, dropout_p=0.3)
+    assert torch.equal(replays[0], eager) and torch.equal(replays[2], eager)
+    assert not torch.equal(replays[0], replays[1])
 
 
-def test_the_ops_seed_output_is_on_qs_device_without_dropout_and_on_the_cpu_with_it():
-    """The fake (what torch.compile plans with) and the op agree: without dropout no CPU tensor enters a
-    compiled graph (CUDA-graph capture would split around it); with dropout the backward reads it on the host."""
+def test_the_ops_seed_output_lives_on_qs_device():
+    """The fake (what torch.compile plans with) and the op agree: the seed output is an int64 (1,) on q's
+    device, with or without dropout, so no CPU tensor enters a compiled graph (CUDA-graph capture would
+    split around it) and the backward reads the seed where the kernels run."""
     meta = torch.empty(1, 2, 16, 32, device="meta")
     real = make_inputs(1, 2, 2, 16, 16, 32, torch.float32, seed=1)
     for dropout_p in (0.0, 0.25):
@@ -368,22 +406,41 @@ def test_the_ops_seed_output_is_on_qs_device_without_dropout_and_on_the_cpu_with
         _, _, planned = ops.attention_forward_op(meta, meta, meta, None, None, None, None, *settings)
         _, _, seed = ops.attention_forward_op(*real, None, None, None, None, *settings)
         assert planned.shape == seed.shape == (1,) and planned.dtype == seed.dtype == torch.int64
-        assert planned.device.type == ("cpu" if dropout_p > 0 else "meta")
-        assert seed.device.type == ("cpu" if dropout_p > 0 else real[0].device.type)
+        assert planned.device.type == "meta" and seed.device == real[0].device
 
 
-@pytest.mark.parametrize("grad", [False, True])
-def test_dropout_refuses_cuda_graph_capture_with_the_clear_error_and_without_dropout_runs(monkeypatch, grad):
-    """Under capture (ops.is_capturing, simulated here; the GPU test captures for real) a call with dropout
-    raises DROPOUT_CAPTURE_MESSAGE, eager or compiled op alike, before drawing a seed; without dropout it runs."""
-    monkeypatch.setattr(ops, "is_capturing", lambda q: True)
-    q, k, v = (t.requires_grad_(grad) for t in make_inputs(1, 2, 2, 16, 16, 32, torch.float32, seed=2))
-    state = torch.get_rng_state()
-    with pytest.raises(RuntimeError, match="cannot be captured in a CUDA graph"):
-        flash_attention(q, k, v, dropout_p=0.1)
-    assert torch.equal(torch.get_rng_state(), state), "no seed was drawn"
-    settings = ops.op_settings(AttentionSpec(dropout_p=0.1), "bhnd", 32)
-    with pytest.raises(RuntimeError, match="cannot be captured in a CUDA graph"):
-        ops.attention_forward_op(q.detach(), k.detach(), v.detach(), None, None, None, None, *settings)
-    out = flash_attention(q, k, v)
-    assert relative_error(out, naive_attention(q, k, v)) <= tolerance(torch.float32)
+def test_dropout_draws_its_seed_with_the_generator_of_qs_device_and_the_kernels_read_it_there(monkeypatch):
+    """The seed comes from torch's generator of q's device (reproducible under torch.manual_seed), is
+    handed to the kernels as that tensor, and the backward recomputes the mask from the very tensor the
+    forward returned: overwriting it between forward and backward changes the gradients."""
+    q, k, v, do = make_inputs(1, 2, 2, 32, 32, 32, torch.float32, seed=5, grad_out=True)
+    torch.manual_seed(11)
+    expected = torch.randint(0, 2**62, (1,), dtype=torch.int64, device=q.device)
+    torch.manual_seed(11)
+    settings = ops.op_settings(AttentionSpec(dropout_p=0.25), "bhnd", 32)
+    o, _, seed = ops.attention_forward_op(q, k, v, None, None, None, None, *settings)
+    assert torch.equal(seed, expected) and seed.device == q.device
+    mask = dropout_mask(int(seed[0]), 0.25, 1, 2, 32, 32, q.device)
+    reference = naive_attention(*(t.double() for t in (q, k, v)), dropout_mask=mask, dropout_p=0.25)
+    assert relative_error(o, reference) <= tolerance(torch.float32)
+
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    seen = []
+    real_launch = ops.launch_attention_backward
+    monkeypatch.setattr(ops, "launch_attention_backward",
+                        lambda *a, **kw: seen.append(kw["dropout_seed"]) or real_launch(*a, **kw))
+    torch.manual_seed(11)
+    out = flash_attention(*leaves, dropout_p=0.25)
+    assert torch.equal(out, o)
+    out.backward(do)
+    assert len(seen) == 1 and torch.equal(seen[0], expected)
+    first = [t.grad.clone() for t in leaves]
+    for t in leaves:
+        t.grad = None
+    torch.manual_seed(11)
+    out = flash_attention(*leaves, dropout_p=0.25)
+    seen[-1] = None
+    out.grad_fn.saved_tensors[-1].data.fill_(12345)  # the seed the backward will read (.data: no version bump)
+    out.backward(do)
+    assert torch.equal(seen[-1], torch.tensor([12345]))
+    assert not torch.equal(leaves[0].grad, first[0])

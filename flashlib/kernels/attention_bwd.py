@@ -198,7 +198,7 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, q_src, do_src, off_b, of
     return dk, dv
 
 
-@triton.jit(do_not_specialize=["DROPOUT_SEED"])
+@triton.jit
 def attention_bwd_dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, SEQ_LENS, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI, sm_scale, SOFTCAP,
     DROPOUT_P, DROPOUT_SEED,
@@ -255,12 +255,15 @@ def attention_bwd_dkdv_kernel(
     dk = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
     score_scale, softcap_scale = _score_constants(sm_scale, SOFTCAP, HAS_SOFTCAP)
+    seed = 0
+    if HAS_DROPOUT:  # the forward's seed, read on the device (see attention_fwd_kernel)
+        seed = tl.load(DROPOUT_SEED)
     for g in range(0, KV_GROUP):  # GQA: the query heads that read this kv head
         off_h = off_kvh * KV_GROUP + g
         slope_log2 = 0.0
         if HAS_ALIBI:
             slope_log2 = tl.load(ALIBI + off_b * stride_ab + off_h * stride_ah).to(tl.float32) * LOG2E
-        dropout_key = dropout_stream_key(DROPOUT_SEED, off_b * H + off_h)
+        dropout_key = dropout_stream_key(seed, off_b * H + off_h)
         if TMA == "host":  # the pointers are unused: tiles come through the descriptors
             q_base, do_base = LSE, LSE
         else:
@@ -352,7 +355,7 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, k_src, v_src, off
     return dq
 
 
-@triton.jit(do_not_specialize=["DROPOUT_SEED"])
+@triton.jit
 def attention_bwd_dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, SEQ_LENS, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI, sm_scale, SOFTCAP,
     DROPOUT_P, DROPOUT_SEED,
@@ -418,7 +421,10 @@ def attention_bwd_dq_kernel(
     slope_log2 = 0.0
     if HAS_ALIBI:
         slope_log2 = tl.load(ALIBI + off_b * stride_ab + off_h * stride_ah).to(tl.float32) * LOG2E
-    dropout_key = dropout_stream_key(DROPOUT_SEED, off_b * H + off_h)
+    seed = 0
+    if HAS_DROPOUT:  # the forward's seed, read on the device (see attention_fwd_kernel)
+        seed = tl.load(DROPOUT_SEED)
+    dropout_key = dropout_stream_key(seed, off_b * H + off_h)
     if HAS_LEFT:  # stage 1: blocks cut by the window's left edge
         dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, K, V, off_b, off_kvh, lo, full_lo,
                                 stride_kn, stride_kd, stride_vn, stride_vd, offs_m, m0, offs_d, k_len, offset,
@@ -564,12 +570,12 @@ def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec: AttentionSp
                               block_m: int | None = None, block_n: int | None = None,
                               cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
                               max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
-                              use_tma: bool | None = None):
+                              use_tma: bool | None = None, dropout_seed: torch.Tensor | None = None):
     """Fill dq (if not None) and dk, dv (if not None) for checked (B, H, N, D) tensors, any strides.
 
     q, o, do, dq: (B, H, N_q, D); k, v, dk, dv: (B, H_kv, N_k, D); lse: (B, H, N_q) contiguous
-    float32 from the forward; ``spec`` and ``alibi_slopes`` those of the forward (the same
-    ``spec.dropout_seed`` recomputes the forward's dropout mask). Arguments are *not* checked
+    float32 from the forward; ``spec``, ``alibi_slopes`` and ``dropout_seed`` those of the forward (the
+    same seed recomputes the forward's dropout mask; see ``launch_attention_forward``). Arguments are *not* checked
     here (:mod:`flashlib.attention` does it).
     Block sizes: given ones (for both kernels), else the interpreter's fixed ones, else
     autotuned on the GPU (each kernel its own). Returns D = rowsum(dO * O) (B, H, N_q) float32.
@@ -593,7 +599,7 @@ def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec: AttentionSp
     kv_heads, n_k = k.shape[1], k.shape[2]
     rows_q, rows_k = (max_seqlen_q, max_seqlen_k) if varlen else (n_q, n_k)  # per (batch, head)
     left, right = spec.bounds()
-    alibi, alibi_strides, scalars, flags = modifier_args(spec, alibi_slopes, head_dim, lse)
+    alibi, alibi_strides, scalars, flags = modifier_args(spec, alibi_slopes, head_dim, lse, dropout_seed)
     block_d = max(16, power_of_two_at_least(head_dim))
     if use_tma is None:  # measured: a gain from head_dim 128 only (benchmarks/TUNING.md, sixth finding)
         use_tma = (block_d >= TMA_MIN_BLOCK_D and descriptors_supported(q.device)

@@ -133,7 +133,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_src, v_src, off_b, off_kvh, start, end,
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=["DROPOUT_SEED"])
+@triton.jit
 def attention_fwd_kernel(
     Q, K, V, O, LSE, SEQ_LENS, CU_SEQLENS_Q, CU_SEQLENS_K, ALIBI, TILES, DESCALE, sm_scale, SOFTCAP,
     DROPOUT_P, DROPOUT_SEED,
@@ -167,7 +167,8 @@ def attention_fwd_kernel(
     1 for a block visited without mask, 2 with mask (skipped blocks untouched).
     Score modifiers (:class:`flashlib.spec.AttentionSpec`): SOFTCAP > 0 when HAS_SOFTCAP;
     ALIBI slopes float32 at ``b * stride_ab + h * stride_ah`` when HAS_ALIBI; dropout of
-    probability DROPOUT_P with seed DROPOUT_SEED when HAS_DROPOUT (:mod:`.dropout`).
+    probability DROPOUT_P when HAS_DROPOUT (:mod:`.dropout`), its seed the int64 at DROPOUT_SEED
+    (read on the device, so a CUDA graph's replays can each draw their own).
     TMA (Hopper and later, 16-byte aligned rows, unit stride along D): Q, K, V, O move
     through tensor descriptors. ``"host"``: Q, K, V, O *are* (B, H, N, D) descriptors made
     by the launcher (no padding, nothing packed). ``"device"``: the program makes one per
@@ -249,7 +250,10 @@ def attention_fwd_kernel(
     slope_log2 = 0.0
     if HAS_ALIBI:
         slope_log2 = tl.load(ALIBI + off_b * stride_ab + off_h * stride_ah).to(tl.float32) * LOG2E
-    dropout_key = dropout_stream_key(DROPOUT_SEED, off_b * H + off_h)  # dropout's: one per (sample, head)
+    seed = 0
+    if HAS_DROPOUT:
+        seed = tl.load(DROPOUT_SEED)
+    dropout_key = dropout_stream_key(seed, off_b * H + off_h)  # dropout's: one per (sample, head)
     tile_ptr = TILES
     if RECORD_TILES:
         tile_ptr = TILES + (off_hz * tl.cdiv(N_CTX_Q, BLOCK_M) + start_m) * tl.cdiv(N_CTX_K, BLOCK_N)
@@ -420,16 +424,24 @@ def longest_first(left: int | None, right: int | None) -> bool:
     return LONGEST_FIRST and right is not None and left is None
 
 
-def modifier_args(spec: AttentionSpec, alibi_slopes: torch.Tensor | None, head_dim: int, dummy: torch.Tensor):
+def modifier_args(spec: AttentionSpec, alibi_slopes: torch.Tensor | None, head_dim: int, dummy: torch.Tensor,
+                  dropout_seed: torch.Tensor | None = None):
     """The kernel arguments of the score modifiers and dropout, shared by the forward and backward launchers:
-    ``(ALIBI, (stride_ab, stride_ah), (sm_scale, SOFTCAP, DROPOUT_P, DROPOUT_SEED), flags)``, the scalars in
-    the kernels' argument order; ``dummy`` stands in for absent slopes."""
+    ``(ALIBI, (stride_ab, stride_ah), (sm_scale, SOFTCAP, DROPOUT_P, DROPOUT_SEED), flags)`` in the kernels'
+    argument order; ``dummy`` stands in for absent slopes and seed. DROPOUT_SEED is ``dropout_seed``, an int64
+    tensor on the device whose first element is the seed; without one, ``spec.dropout_seed`` is copied to one."""
     if alibi_slopes is None:
         alibi, alibi_strides = dummy, (0, 0)
     else:  # (H,) or (B, H) float32: a batch stride of 0 for (H,)
         alibi = alibi_slopes
         alibi_strides = (0, alibi.stride(0)) if alibi.dim() == 1 else tuple(alibi.stride())
-    scalars = (spec.scale(head_dim), float(spec.softcap), effective_dropout_p(spec.dropout_p), int(spec.dropout_seed))
+    if spec.dropout_p <= 0:
+        seed = dummy  # never read
+    elif dropout_seed is not None:
+        seed = dropout_seed
+    else:
+        seed = torch.full((1,), spec.dropout_seed, dtype=torch.int64, device=dummy.device)
+    scalars = (spec.scale(head_dim), float(spec.softcap), effective_dropout_p(spec.dropout_p), seed)
     flags = dict(HAS_SOFTCAP=spec.softcap > 0, HAS_ALIBI=alibi_slopes is not None, HAS_DROPOUT=spec.dropout_p > 0)
     return alibi, alibi_strides, scalars, flags
 
@@ -441,12 +453,15 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              tiles: torch.Tensor | None = None,
                              cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
                              max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
-                             use_tma: bool | None = None, descale: torch.Tensor | None = None):
+                             use_tma: bool | None = None, descale: torch.Tensor | None = None,
+                             dropout_seed: torch.Tensor | None = None):
     """Run the forward kernel on checked (B, H, N, D) tensors (any strides); fill o and lse.
 
     q, o: (B, H, N_q, D); k, v: (B, H_kv, N_k, D); lse: (B, H, N_q) contiguous float32.
     ``spec`` says what each query sees and how scores are formed (``alibi_slopes``, (H,)
-    or (B, H) float32, comes with ``spec.has_alibi``). Arguments are *not* checked here
+    or (B, H) float32, comes with ``spec.has_alibi``; ``dropout_seed``, an int64 tensor on q's device,
+    overrides ``spec.dropout_seed`` with its first element, read by the kernel: :mod:`flashlib.ops`
+    draws it on the device, so the seed never visits the host). Arguments are *not* checked here
     (:mod:`flashlib.attention` does it). Block sizes: given ones, else the interpreter's
     fixed ones, else autotuned on the GPU. ``tiles`` (int8, zeros, (B*H, cdiv(N_q,
     block_m), cdiv(N_k, block_n))) records which key blocks each program visited:
@@ -474,7 +489,7 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     n_k = k.shape[2]
     rows_q, rows_k = (max_seqlen_q, max_seqlen_k) if varlen else (n_q, n_k)  # per (batch, head)
     left, right = spec.bounds()
-    alibi, alibi_strides, scalars, flags = modifier_args(spec, alibi_slopes, head_dim, lse)
+    alibi, alibi_strides, scalars, flags = modifier_args(spec, alibi_slopes, head_dim, lse, dropout_seed)
     fp8 = descale is not None
     v_transposed = fp8 and v.stride(2) == 1 and v.stride(3) != 1
     v_tiles = v.transpose(2, 3) if v_transposed else v  # what a V descriptor covers

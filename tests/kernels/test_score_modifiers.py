@@ -318,13 +318,3 @@ def test_gpu_autotuned_dropout_and_modifiers(head_dim):
     torch.manual_seed(0)
     mods = dict(softcap=30.0, alibi_slopes=slopes("(B, H)", 2, 4), dropout_p=0.2)
     assert_close(*run(q, k, v, do, "bnhd", dict(causal=True), **mods), torch.float16)
-
-
-def test_a_spec_with_a_new_seed_equals_the_one_dataclasses_replace_builds():
-    """ops gives each dropout call its seed through AttentionSpec.with_seed (cheaper than a dataclass copy)."""
-    import dataclasses
-    from flashlib.spec import AttentionSpec
-    spec = AttentionSpec(causal=True, window=(5, -1), softcap=2.0, dropout_p=0.1)
-    seeded = spec.with_seed(2**61 + 977)
-    assert seeded == dataclasses.replace(spec, dropout_seed=2**61 + 977) and seeded is not spec
-    assert spec.dropout_seed == 0 and seeded.window == (5, None) and hash(seeded) != hash(spec)
