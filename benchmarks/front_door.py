@@ -170,10 +170,22 @@ def train_step_n512(rows: list, save, dropout_p: float = 0.0, modes=("eager",)) 
                     torch._dynamo.reset()
                     attend, sdpa_attend = torch.compile(attend, mode=mode), torch.compile(sdpa_attend, mode=mode)
 
+                graphed = mode in ("reduce-overhead", "max-autotune")
+
+                def new_step():
+                    """Under CUDA graphs a step may reuse the last one's memory, the grads included (do_bench's
+                    first runs keep them): drop them, as an optimizer's zero_grad(set_to_none=True) does."""
+                    if graphed:
+                        torch.compiler.cudagraph_mark_step_begin()
+                        for t in leaves:
+                            t.grad = None
+
                 def ours(attend=attend):
+                    new_step()
                     attend(*leaves).backward(do)
 
                 def sdpa(sdpa_attend=sdpa_attend):
+                    new_step()
                     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
                         sdpa_attend(*leaves).backward(do)
 
