@@ -444,3 +444,25 @@ def test_dropout_draws_its_seed_with_the_generator_of_qs_device_and_the_kernels_
     out.backward(do)
     assert torch.equal(seen[-1], torch.tensor([12345]))
     assert not torch.equal(leaves[0].grad, first[0])
+
+
+@pytest.mark.parametrize("preserve", [True, False])
+def test_activation_checkpointing_recomputes_the_same_dropout_mask(preserve):
+    """torch.utils.checkpoint runs the forward again in the backward. The seed is drawn from the generator of
+    q's device, whose state checkpoint saves and restores (``preserve_rng_state=True``, its default): the
+    recomputed forward drops the same weights and the gradients equal those without checkpointing. Without
+    that restore the recomputation draws another seed, and the gradients differ: the test can tell."""
+    q, k, v, do = make_inputs(1, 2, 2, 32, 32, 32, torch.float32, seed=6, grad_out=True)
+    grads = {}
+    for name in ("plain", "checkpointed"):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        torch.manual_seed(21)
+        if name == "plain":
+            out = flash_attention(*leaves, dropout_p=0.3)
+        else:
+            out = torch.utils.checkpoint.checkpoint(lambda *t: flash_attention(*t, dropout_p=0.3), *leaves,
+                                                    use_reentrant=False, preserve_rng_state=preserve)
+        out.backward(do)
+        grads[name] = [t.grad for t in leaves]
+    same = all(torch.equal(a, b) for a, b in zip(grads["plain"], grads["checkpointed"]))
+    assert same == preserve
