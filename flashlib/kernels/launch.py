@@ -16,9 +16,10 @@ launch path are repeated on every call although their answer rarely changes:
    integer width), each tensor's dtype and 16-byte alignment, each host descriptor's
    dtype, alignment, shape, strides and block shape, the type of each float, and the
    constexpr and launch keywords. The same signature therefore always means the same
-   binary, and a hit calls the binary's launcher directly. Integers beyond 32 bits (a
-   dropout seed, new on every call) count by what Triton specializes them on (64-bit signed
-   or unsigned, divisibility by 16), not by value, so they hit too.
+   binary, and a hit calls the binary's launcher directly. Integers beyond 32 bits (a batch
+   stride of a large tensor; once the dropout seed, new on every call, now read from device
+   memory) count by what Triton specializes them on (64-bit signed or unsigned, divisibility
+   by 16), not by value, so they hit too.
 3. On Triton 3.6 a hit skips the launcher's own Python wrapper as well, and the copy engine's
    tensor maps of host descriptors are encoded once per address and shape
    (:mod:`.direct_launch`).
@@ -69,7 +70,7 @@ def _current_stream() -> tuple[int, int]:
 def _integer_key(a: int):
     """An integer as the signature counts it: by value within 32 bits (Triton specializes on
     ``== 1`` and divisibility by 16 there), else by what Triton specializes on: signed or unsigned
-    64-bit, divisible by 16 or not. A dropout seed, new on every call, thus keeps its binary."""
+    64-bit, divisible by 16 or not. A 64-bit integer that changes from call to call thus keeps its binary."""
     if -INT32_END <= a < INT32_END:
         return a
     return ("u64" if a >= UINT64_START else "i64", a % 16 == 0)
