@@ -243,8 +243,10 @@ def run(variant: str, d: int) -> float:
     heads = 2048 // d
     q, k, v = (torch.randn(4, heads, 4096, d, device="cuda", dtype=torch.float16) for _ in range(3))
     o, lse = torch.empty_like(q), torch.empty(4, heads, 4096, device="cuda")
-    spec = AttentionSpec(dropout_p=0.0 if variant == "plain" else 0.1, dropout_seed=1234)
-    fn = lambda: attention_fwd.launch_attention_forward(q, k, v, o, lse, spec=spec, block_m=128, block_n=64)  # noqa
+    spec = AttentionSpec(dropout_p=0.0 if variant == "plain" else 0.1)
+    seed = torch.full((1,), 1234, dtype=torch.int64, device="cuda")  # on the device, as flashlib.ops draws it
+    fn = lambda: attention_fwd.launch_attention_forward(q, k, v, o, lse, spec=spec, block_m=128, block_n=64,  # noqa
+                                                        dropout_seed=seed)
     return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
 
 
@@ -258,8 +260,10 @@ def run_backward(variant: str, d: int) -> float:
     q, k, v, o, do = (torch.randn(4, heads, 4096, d, device="cuda", dtype=torch.float16) for _ in range(5))
     lse = torch.randn(4, heads, 4096, device="cuda") + 8.0
     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
-    spec = AttentionSpec(dropout_p=0.0 if variant == "plain_bwd" else 0.1, dropout_seed=1234)
-    fn = lambda: launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec=spec, block_m=64, block_n=64)  # noqa
+    spec = AttentionSpec(dropout_p=0.0 if variant == "plain_bwd" else 0.1)
+    seed = torch.full((1,), 1234, dtype=torch.int64, device="cuda")  # on the device, as flashlib.ops draws it
+    fn = lambda: launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec=spec, block_m=64, block_n=64,  # noqa
+                                           dropout_seed=seed)
     return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
 
 

@@ -41,7 +41,8 @@ def routes() -> dict:
     q, k, v, do = (torch.randn(1, 1, 128, 64, device="cuda", dtype=torch.float16) for _ in range(4))
     o, lse = torch.empty_like(q), torch.empty(1, 1, 128, device="cuda")
     spec = AttentionSpec(causal=True)
-    dropout = AttentionSpec(causal=True, dropout_p=0.1, dropout_seed=2**40 + 12345)
+    dropout = AttentionSpec(causal=True, dropout_p=0.1)
+    seed = torch.full((1,), 2**40 + 12345, dtype=torch.int64, device="cuda")  # on the device, as flashlib.ops has it
     gq, gk, gv = (t.clone().requires_grad_() for t in (q, k, v))
     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
     # head_dim 128: the backward's streamed tiles come through host descriptors too
@@ -57,7 +58,8 @@ def routes() -> dict:
         "empty_like": lambda: torch.empty_like(q),
         "raw fwd launcher": lambda: launch_attention_forward(q, k, v, o, lse, spec=spec),
         "raw fwd launcher tma off": lambda: launch_attention_forward(q, k, v, o, lse, spec=spec, use_tma=False),
-        "raw fwd launcher dropout": lambda: launch_attention_forward(q, k, v, o, lse, spec=dropout),
+        "raw fwd launcher dropout": lambda: launch_attention_forward(q, k, v, o, lse, spec=dropout,
+                                                                         dropout_seed=seed),
         "raw bwd launcher": lambda: launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec=spec),
         "raw bwd launcher d128": lambda: launch_attention_backward(q2, k2, v2, o2, lse, do2, dq2, dk2, dv2,
                                                                    spec=spec),
