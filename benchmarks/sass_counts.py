@@ -1,0 +1,175 @@
+"""What the compiler makes of flashlib's attention kernels for Hopper, read on a machine without a GPU.
+
+    python benchmarks/sass_counts.py --kernel fwd --d 64 --dropout 0,0.1
+    python benchmarks/sass_counts.py --kernel dkdv --d 64,128 --configs 32x64/3/4,64x64/3/4,64x64/3/8
+
+Triton compiles for a target it is told, not only for the GPU it runs on, and its wheel carries
+``ptxas`` and ``cuobjdump``. This script compiles the forward, dK/dV or dQ kernel for sm_90a
+(H100) with the arguments flashlib's own launcher would pass (fixed blocks, host tensor
+descriptors as on Hopper unless ``--tma none``), disassembles the binary, and prints per
+variant: registers, the stack (spilled registers live there: ``STL``/``LDL``), shared memory, the instruction count
+and the opcodes. With two values of one option (``--dropout 0,0.1``) it also prints the opcodes
+that differ. Static counts cover every copy of a loop the compiler emits and say nothing of
+latency or of the tensor cores' overlap: they predict issue-slot costs, to be measured on the GPU.
+The local Triton may differ from the GPU machine's (this script prints its version). Used in
+benchmarks/TUNING.md (seventeenth finding) to test a dropout rewrite before spending GPU time on it.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import itertools
+import os
+import re
+import subprocess
+import tempfile
+
+os.environ.setdefault("TRITON_INTERPRET", "0")  # flashlib respects a choice made before it is imported
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
+
+from flashlib import runtime  # noqa: E402
+from flashlib.kernels import attention_bwd, attention_fwd  # noqa: E402
+from flashlib.spec import AttentionSpec  # noqa: E402
+
+HOPPER = GPUTarget("cuda", 90, 32)
+TYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.int32: "i32",
+              torch.int64: "i64", torch.int8: "i8"}
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+
+
+def captured_launches(kernel: str, d: int, n: int, dtype, spec: AttentionSpec, block_m: int, block_n: int,
+                      tma: bool) -> list[tuple]:
+    """(kernel function, positional args, keyword args) of each launch flashlib's launcher makes, captured
+    instead of run, on CPU tensors of the FlashAttention-2 benchmark's shape (H = 2048 / D, B = 4)."""
+    calls = []
+
+    def capture(fn, grid, *args, **kwargs):
+        calls.append((fn, args, kwargs))
+
+    for module in (attention_fwd, attention_bwd):
+        module.launch = capture
+        module.descriptors_supported = lambda device: tma  # what an H100 answers
+        module.descriptor_ready = lambda t: tma
+    heads = 2048 // d
+    q, k, v, o, do = (torch.randn(4, heads, n, d, dtype=dtype) for _ in range(5))
+    lse = torch.randn(4, heads, n)
+    seed = torch.zeros(1, dtype=torch.int64)
+    if kernel == "fwd":
+        attention_fwd.launch_attention_forward(q, k, v, o, lse, spec, block_m=block_m, block_n=block_n,
+                                               dropout_seed=seed)
+    else:
+        dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+        attention_bwd.launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec, block_m=block_m,
+                                                block_n=block_n, dropout_seed=seed)
+    wanted = {"fwd": attention_fwd.attention_fwd_kernel, "dkdv": attention_bwd.attention_bwd_dkdv_kernel,
+              "dq": attention_bwd.attention_bwd_dq_kernel}[kernel]
+    return [call for call in calls if call[0] is wanted]
+
+
+def compile_for_hopper(fn, args, kwargs, warps: int | None, stages: int | None):
+    """The kernel compiled for sm_90a with these arguments' types (no integer specialization)."""
+    kwargs = dict(kwargs)
+    num_warps, num_stages = warps or kwargs.pop("num_warps"), stages or kwargs.pop("num_stages")
+    kwargs.pop("num_warps", None), kwargs.pop("num_stages", None)
+    signature, constexprs = {}, {}
+    for name, a in zip(fn.arg_names, args):
+        if isinstance(a, TensorDescriptor):
+            signature[name] = f"tensordesc<{TYPE_NAMES[a.base.dtype]}[{','.join(map(str, a.block_shape))}]>"
+        elif isinstance(a, torch.Tensor):
+            signature[name] = "*" + TYPE_NAMES[a.dtype]
+        elif a is None:
+            signature[name], constexprs[name] = "constexpr", None
+        elif isinstance(a, bool):
+            signature[name] = "i1"
+        elif isinstance(a, int):
+            signature[name] = "i32" if -2**31 <= a < 2**31 else "i64"
+        elif isinstance(a, float):
+            signature[name] = "fp32"
+        else:
+            raise TypeError(f"argument {name}: no Triton type for {type(a).__name__}")
+    for name in fn.arg_names[len(args):]:
+        if name in kwargs:
+            signature[name], constexprs[name] = "constexpr", kwargs[name]
+    source = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+    return triton.compile(source, target=HOPPER, options=dict(num_warps=num_warps, num_stages=num_stages))
+
+
+def disassemble(compiled) -> tuple[collections.Counter, dict]:
+    """(opcode counts, resource usage) of a compiled kernel, from the bundled cuobjdump."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(compiled.asm["cubin"])
+        cubin.flush()
+        sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", cubin.name], capture_output=True,
+                              text=True, check=True).stdout
+        usage = subprocess.run([os.path.join(BIN, "cuobjdump"), "-res-usage", cubin.name], capture_output=True,
+                               text=True, check=True).stdout
+    opcodes = collections.Counter()
+    for line in sass.splitlines():
+        match = re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*)", line)
+        if match:
+            opcodes[match.group(1)] += 1
+    resources = {key: int(value) for key, value in re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", usage)}
+    return opcodes, resources
+
+
+def parse_config(text: str, parser) -> tuple:
+    """(BLOCK_M, BLOCK_N, stages or None, warps or None) of ``MxN[/stages[/warps]]``."""
+    match = re.fullmatch(r"(\d+)x(\d+)(?:/(\d+)(?:/(\d+))?)?", text.strip())
+    if not match:
+        parser.error(f"--configs: expected BLOCK_MxBLOCK_N[/stages[/warps]] such as 64x64/3/8; got {text!r}")
+    return tuple(None if g is None else int(g) for g in match.groups())
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kernel", default="fwd", help="comma list of fwd, dkdv, dq (default fwd)")
+    parser.add_argument("--d", default="64", help="comma list of head dims (default 64)")
+    parser.add_argument("--dropout", default="0", help="comma list of dropout_p (default 0)")
+    parser.add_argument("--causal", default="no", help="comma list of no, yes (default no)")
+    parser.add_argument("--dtype", default="fp16", choices=("fp16", "bf16"))
+    parser.add_argument("--configs", default="128x64",
+                        help="comma list of BLOCK_MxBLOCK_N[/stages[/warps]], e.g. 64x64/3/8 (default 128x64; "
+                        "stages and warps default to the launcher's choice)")
+    parser.add_argument("--tma", default="host", choices=("host", "none"),
+                        help="host tensor descriptors, as on Hopper (default), or pointers")
+    parser.add_argument("--top", type=int, default=14, help="opcodes listed per variant")
+    args = parser.parse_args()
+    if runtime.INTERPRET:
+        parser.error("TRITON_INTERPRET=1 is set: this script compiles for the GPU; unset it")
+    dtype = torch.float16 if args.dtype == "fp16" else torch.bfloat16
+    configs = [parse_config(text, parser) for text in args.configs.split(",")]
+    print(f"triton {triton.__version__}, target sm_90a; {args.dtype}, N = 4096, tma {args.tma}")
+    grid = itertools.product(args.kernel.split(","), map(int, args.d.split(",")), args.causal.split(","),
+                             map(float, args.dropout.split(",")), configs)
+    counted = {}
+    for kernel, d, causal, p, (block_m, block_n, stages, warps) in grid:
+        if causal not in ("no", "yes"):
+            parser.error(f"--causal takes no and yes; got {causal!r}")
+        if kernel not in ("fwd", "dkdv", "dq"):
+            parser.error(f"--kernel takes fwd, dkdv and dq; got {kernel!r}")
+        spec = AttentionSpec(causal=causal == "yes", dropout_p=p)
+        for fn, call_args, call_kwargs in captured_launches(kernel, d, 4096, dtype, spec, block_m, block_n,
+                                                            args.tma == "host"):
+            compiled = compile_for_hopper(fn, call_args, call_kwargs, warps, stages)
+            opcodes, resources = disassemble(compiled)
+            key = (kernel, d, causal, p, (block_m, block_n, stages, warps))
+            counted[key] = opcodes
+            spills = opcodes["STL"] + opcodes["LDL"]
+            print(f"{kernel} D={d} causal={causal} dropout={p} {block_m}x{block_n} "
+                  f"s{compiled.metadata.num_stages} w{compiled.metadata.num_warps}: {sum(opcodes.values())} instructions, "
+                  f"registers {resources.get('REG')}, stack {resources.get('STACK')} B ({spills} STL/LDL), "
+                  f"shared {compiled.metadata.shared} B")
+            print("    " + ", ".join(f"{op} {n}" for op, n in opcodes.most_common(args.top)))
+    for (a_key, a), (b_key, b) in itertools.combinations(counted.items(), 2):
+        if a_key[0] == b_key[0] and sum(x != y for x, y in zip(a_key, b_key)) == 1:  # one kernel, one option
+            changed = sorted(set(a) | set(b), key=lambda op: -abs(b[op] - a[op]))
+            diff = ", ".join(f"{op} {b[op] - a[op]:+d}" for op in changed if b[op] != a[op])
+            print(f"{b_key} against {a_key}: {sum(b.values()) - sum(a.values()):+d} ({diff})")
+
+
+if __name__ == "__main__":
+    main()
