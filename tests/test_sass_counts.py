@@ -1,0 +1,52 @@
+"""benchmarks/sass_counts.py on the CPU machine: flashlib's forward compiled for the H100 (sm_90a) without a GPU.
+
+Besides keeping the script working, this holds what the Hopper forward must compile to: tensor-core
+``wgmma`` (``HGMMA``), tiles through the copy engine with host descriptors (``UTMALDG``), no spilled
+registers in the 128 x 64 config at D = 64, and dropout's draws as extra integer work. The script runs in
+a subprocess: it compiles real kernels, while this process has them in Triton's interpreter.
+"""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "sass_counts.py"
+LINE = re.compile(r"^fwd D=64 causal=no dropout=(?P<p>[\d.]+) 128x64 s\d+ w\d+: (?P<total>\d+) instructions, "
+                  r"registers (?P<regs>\d+), stack \d+ B \((?P<spills>\d+) STL/LDL\)")
+
+
+def run_script(*args: str) -> str:
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["TRITON_INTERPRET"] = "0"
+    done = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env,
+                          timeout=600, cwd=SCRIPT.parents[1])
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_the_hopper_forward_compiles_to_wgmma_and_tma_without_spills_and_dropout_adds_integer_work():
+    out = run_script("--kernel", "fwd", "--d", "64", "--dropout", "0,0.1", "--top", "200")
+    lines = out.splitlines()
+    found = {}
+    for i, line in enumerate(lines):
+        match = LINE.match(line)
+        if match:
+            opcodes = dict((op, int(n)) for op, n in re.findall(r"([A-Z][A-Z0-9_]*) (\d+)", lines[i + 1]))
+            found[float(match["p"])] = (int(match["total"]), int(match["regs"]), int(match["spills"]), opcodes)
+    assert set(found) == {0.0, 0.1}, out
+    plain, dropout = found[0.0], found[0.1]
+    for total, regs, spills, opcodes in (plain, dropout):
+        assert opcodes.get("HGMMA", 0) > 0, "the dots must run on Hopper's wgmma tensor cores"
+        assert opcodes.get("UTMALDG", 0) > 0, "K and V tiles must come through host tensor descriptors (TMA)"
+        assert 0 < regs <= 255 and total == sum(opcodes.values())
+    assert plain[2] == 0, "the plain forward at D = 64, 128 x 64 blocks, spills no register"
+    assert dropout[0] > plain[0] and dropout[3].get("LOP3", 0) > plain[3].get("LOP3", 0)
+    assert "('fwd', 64, 'no', 0.1," in out, "the two variants are compared"
+
+
+def test_a_malformed_config_is_refused_with_its_text():
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, str(SCRIPT), "--configs", "64by64"], capture_output=True, text=True,
+                          env=env, timeout=300, cwd=SCRIPT.parents[1])
+    assert done.returncode == 2 and "64by64" in done.stderr and "BLOCK_MxBLOCK_N" in done.stderr
