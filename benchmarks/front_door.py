@@ -238,6 +238,9 @@ def main():
     parser.add_argument("--modifiers", help="comma list of the modifier rows to run (default all: "
                         "'plain,dropout 0.1,softcap 30,alibi'; plain is the baseline, keep it)")
     args = parser.parse_args()
+    modes = ("eager", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+    if not set(args.train_modes.split(",")) <= set(modes):
+        parser.error(f"--train-modes takes a comma list of {', '.join(modes)}; got {args.train_modes!r}")
     results = dict(
         gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
         flashlib=flashlib.__version__, python=platform.python_version(),

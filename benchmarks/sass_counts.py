@@ -46,13 +46,9 @@ def captured_launches(kernel: str, d: int, n: int, dtype, spec: AttentionSpec, b
     """(kernel function, positional args, keyword args) of each launch flashlib's launcher makes, captured
     instead of run, on CPU tensors of the FlashAttention-2 benchmark's shape (H = 2048 / D, B = 4)."""
     calls = []
-
-    def capture(fn, grid, *args, **kwargs):
-        calls.append((fn, args, kwargs))
-
-    for module in (attention_fwd, attention_bwd):
-        module.launch = capture
-        module.descriptors_supported = lambda device: tma  # what an H100 answers
+    for module in (attention_fwd, attention_bwd):  # record the launches; answer as an H100 would
+        module.launch = lambda fn, grid, *args, **kwargs: calls.append((fn, args, kwargs))
+        module.descriptors_supported = lambda device: tma
         module.descriptor_ready = lambda t: tma
     heads = 2048 // d
     q, k, v, o, do = (torch.randn(4, heads, n, d, dtype=dtype) for _ in range(5))
@@ -73,8 +69,8 @@ def captured_launches(kernel: str, d: int, n: int, dtype, spec: AttentionSpec, b
 def compile_for_hopper(fn, args, kwargs, warps: int | None, stages: int | None):
     """The kernel compiled for sm_90a with these arguments' types (no integer specialization)."""
     kwargs = dict(kwargs)
-    num_warps, num_stages = warps or kwargs.pop("num_warps"), stages or kwargs.pop("num_stages")
-    kwargs.pop("num_warps", None), kwargs.pop("num_stages", None)
+    launcher_warps, launcher_stages = kwargs.pop("num_warps"), kwargs.pop("num_stages")
+    num_warps, num_stages = warps or launcher_warps, stages or launcher_stages
     signature, constexprs = {}, {}
     for name, a in zip(fn.arg_names, args):
         if isinstance(a, TensorDescriptor):
@@ -142,9 +138,12 @@ def main():
         parser.error("TRITON_INTERPRET=1 is set: this script compiles for the GPU; unset it")
     dtype = torch.float16 if args.dtype == "fp16" else torch.bfloat16
     configs = [parse_config(text, parser) for text in args.configs.split(",")]
+    try:
+        heads_dims, dropouts = [int(d) for d in args.d.split(",")], [float(p) for p in args.dropout.split(",")]
+    except ValueError:
+        parser.error(f"--d takes integers and --dropout numbers, comma separated; got {args.d!r} and {args.dropout!r}")
     print(f"triton {triton.__version__}, target sm_90a; {args.dtype}, N = 4096, tma {args.tma}")
-    grid = itertools.product(args.kernel.split(","), map(int, args.d.split(",")), args.causal.split(","),
-                             map(float, args.dropout.split(",")), configs)
+    grid = itertools.product(args.kernel.split(","), heads_dims, args.causal.split(","), dropouts, configs)
     counted = {}
     for kernel, d, causal, p, (block_m, block_n, stages, warps) in grid:
         if causal not in ("no", "yes"):

@@ -83,14 +83,10 @@ def draw_dropout_seed(device: torch.device) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=1024)
-def _seedless_spec(causal, window_left, window_right, softmax_scale, softcap, has_alibi, dropout_p) -> AttentionSpec:
+def _spec(causal, window_left, window_right, softmax_scale, softcap, has_alibi, dropout_p) -> AttentionSpec:
     """The spec of the op's settings, built once per settings (a dataclass costs microseconds per call)."""
     return AttentionSpec(causal=causal, window=(window_left, window_right), softmax_scale=softmax_scale,
                          softcap=softcap, has_alibi=has_alibi, dropout_p=dropout_p)
-
-
-def _spec(causal, window_left, window_right, softmax_scale, softcap, alibi, dropout_p) -> AttentionSpec:
-    return _seedless_spec(causal, window_left, window_right, softmax_scale, softcap, alibi is not None, dropout_p)
 
 
 def _kernel_views(layout, *tensors):
@@ -132,7 +128,7 @@ def _forward(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, max_se
     """``forward_impl`` with None for the seed of a call without dropout. Written for host time: it runs
     on every call."""
     seed = draw_dropout_seed(q.device) if dropout_p > 0 else None
-    spec = _spec(causal, window_left, window_right, softmax_scale, softcap, alibi_slopes, dropout_p)
+    spec = _spec(causal, window_left, window_right, softmax_scale, softcap, alibi_slopes is not None, dropout_p)
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(lse_shape(q, layout), dtype=torch.float32, device=q.device)
     if o.numel() == 0:
@@ -154,7 +150,7 @@ def backward_impl(grad_o, q, k, v, o, lse, seq_lens, cu_seqlens_q, cu_seqlens_k,
                   max_seqlen_q, max_seqlen_k, layout, causal, window_left, window_right, softmax_scale, softcap,
                   dropout_p, need_dq, need_dkdv):
     """(dq, dk, dv) in the inputs' shapes, dtypes and layouts; an empty tensor for each one not needed."""
-    spec = _spec(causal, window_left, window_right, softmax_scale, softcap, alibi_slopes, dropout_p)
+    spec = _spec(causal, window_left, window_right, softmax_scale, softcap, alibi_slopes is not None, dropout_p)
     contiguous = torch.contiguous_format
     nothing = q.new_empty(0) if not (need_dq and need_dkdv) else None
     dq = torch.empty_like(q, memory_format=contiguous) if need_dq else nothing
@@ -175,8 +171,7 @@ def backward_impl(grad_o, q, k, v, o, lse, seq_lens, cu_seqlens_q, cu_seqlens_k,
     launch_attention_backward(q_v, k_v, v_v, o_v, lse, do_v, *_kernel_views(layout, *outs), spec=spec,
                               seq_lens=seq_lens, alibi_slopes=alibi_slopes,
                               cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                              max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                              dropout_seed=rng if dropout_p > 0 else None)
+                              max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, dropout_seed=rng)
     for g, out in zip((dq, dk, dv), outs):
         if out is not None and out is not g:
             g.copy_(out)

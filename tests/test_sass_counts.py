@@ -16,17 +16,17 @@ LINE = re.compile(r"^fwd D=64 causal=no dropout=(?P<p>[\d.]+) 128x64 s\d+ w\d+: 
                   r"registers (?P<regs>\d+), stack \d+ B \((?P<spills>\d+) STL/LDL\)")
 
 
-def run_script(*args: str) -> str:
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    env["TRITON_INTERPRET"] = "0"
-    done = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env,
+def run_script(*args: str) -> subprocess.CompletedProcess:
+    """The script in a process that compiles for the GPU (TRITON_INTERPRET=0), from the repository's root."""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env,
                           timeout=600, cwd=SCRIPT.parents[1])
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
 
 
 def test_the_hopper_forward_compiles_to_wgmma_and_tma_without_spills_and_dropout_adds_integer_work():
-    out = run_script("--kernel", "fwd", "--d", "64", "--dropout", "0,0.1", "--top", "200")
+    done = run_script("--kernel", "fwd", "--d", "64", "--dropout", "0,0.1", "--top", "200")
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
     lines = out.splitlines()
     found = {}
     for i, line in enumerate(lines):
@@ -46,7 +46,5 @@ def test_the_hopper_forward_compiles_to_wgmma_and_tma_without_spills_and_dropout
 
 
 def test_a_malformed_config_is_refused_with_its_text():
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, str(SCRIPT), "--configs", "64by64"], capture_output=True, text=True,
-                          env=env, timeout=300, cwd=SCRIPT.parents[1])
+    done = run_script("--configs", "64by64")
     assert done.returncode == 2 and "64by64" in done.stderr and "BLOCK_MxBLOCK_N" in done.stderr

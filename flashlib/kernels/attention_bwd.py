@@ -79,7 +79,7 @@ from ._common import (INTERPRETER_BLOCKS, LOG2E, band_mask, descriptor_ready, de
                       load_rows, packed_as_bhnd, query_block_range, row_stats_offset, sample_bounds, scores_log2,
                       set_block_shapes, tensor_of, tile_sources)
 from .attention_fwd import full_float32_config, longest_first, modifier_args, smem_budget
-from .dropout import dropout_keep, dropout_keep_t, dropout_stream_key
+from .dropout import dropout_keep, dropout_keep_t, dropout_stream_key, load_dropout_seed
 from .launch import launch, launch_tuned
 
 
@@ -255,9 +255,7 @@ def attention_bwd_dkdv_kernel(
     dk = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
     score_scale, softcap_scale = _score_constants(sm_scale, SOFTCAP, HAS_SOFTCAP)
-    seed = 0
-    if HAS_DROPOUT:  # the forward's seed, read on the device (see attention_fwd_kernel)
-        seed = tl.load(DROPOUT_SEED)
+    seed = load_dropout_seed(DROPOUT_SEED, HAS_DROPOUT)  # the forward's
     for g in range(0, KV_GROUP):  # GQA: the query heads that read this kv head
         off_h = off_kvh * KV_GROUP + g
         slope_log2 = 0.0
@@ -421,10 +419,7 @@ def attention_bwd_dq_kernel(
     slope_log2 = 0.0
     if HAS_ALIBI:
         slope_log2 = tl.load(ALIBI + off_b * stride_ab + off_h * stride_ah).to(tl.float32) * LOG2E
-    seed = 0
-    if HAS_DROPOUT:  # the forward's seed, read on the device (see attention_fwd_kernel)
-        seed = tl.load(DROPOUT_SEED)
-    dropout_key = dropout_stream_key(seed, off_b * H + off_h)
+    dropout_key = dropout_stream_key(load_dropout_seed(DROPOUT_SEED, HAS_DROPOUT), off_b * H + off_h)
     if HAS_LEFT:  # stage 1: blocks cut by the window's left edge
         dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, K, V, off_b, off_kvh, lo, full_lo,
                                 stride_kn, stride_kd, stride_vn, stride_vd, offs_m, m0, offs_d, k_len, offset,

@@ -42,7 +42,7 @@ from ._common import (INTERPRETER_BLOCKS, LN2, LOG2E, band_mask, descriptor_mode
                       descriptors_supported, key_block_range, load_rows, packed_as_bhnd, row_stats_offset,
                       sample_bounds, scores_log2, set_block_shapes, store_rows, tensor_of, tile_sources,
                       use_torch_scratch)
-from .dropout import dropout_keep, dropout_stream_key, effective_dropout_p
+from .dropout import dropout_keep, dropout_stream_key, effective_dropout_p, load_dropout_seed
 from .launch import launch, launch_tuned
 
 
@@ -250,10 +250,8 @@ def attention_fwd_kernel(
     slope_log2 = 0.0
     if HAS_ALIBI:
         slope_log2 = tl.load(ALIBI + off_b * stride_ab + off_h * stride_ah).to(tl.float32) * LOG2E
-    seed = 0
-    if HAS_DROPOUT:
-        seed = tl.load(DROPOUT_SEED)
-    dropout_key = dropout_stream_key(seed, off_b * H + off_h)  # dropout's: one per (sample, head)
+    # dropout's key: one per (sample, head)
+    dropout_key = dropout_stream_key(load_dropout_seed(DROPOUT_SEED, HAS_DROPOUT), off_b * H + off_h)
     tile_ptr = TILES
     if RECORD_TILES:
         tile_ptr = TILES + (off_hz * tl.cdiv(N_CTX_Q, BLOCK_M) + start_m) * tl.cdiv(N_CTX_K, BLOCK_N)
@@ -428,8 +426,9 @@ def modifier_args(spec: AttentionSpec, alibi_slopes: torch.Tensor | None, head_d
                   dropout_seed: torch.Tensor | None = None):
     """The kernel arguments of the score modifiers and dropout, shared by the forward and backward launchers:
     ``(ALIBI, (stride_ab, stride_ah), (sm_scale, SOFTCAP, DROPOUT_P, DROPOUT_SEED), flags)`` in the kernels'
-    argument order; ``dummy`` stands in for absent slopes and seed. DROPOUT_SEED is ``dropout_seed``, an int64
-    tensor on the device whose first element is the seed; without one, ``spec.dropout_seed`` is copied to one."""
+    argument order; ``dummy`` stands in for absent slopes and seed. With dropout, DROPOUT_SEED is ``dropout_seed``,
+    an int64 tensor on the device whose first element is the seed, or else ``spec.dropout_seed`` copied to one;
+    without dropout ``dropout_seed`` is ignored."""
     if alibi_slopes is None:
         alibi, alibi_strides = dummy, (0, 0)
     else:  # (H,) or (B, H) float32: a batch stride of 0 for (H,)

@@ -74,6 +74,16 @@ def dropout_stream_key(seed, stream):
 
 
 @triton.jit
+def load_dropout_seed(SEED, HAS_DROPOUT: tl.constexpr):
+    """The dropout seed, the int64 at ``SEED`` (drawn on the device by :mod:`flashlib.ops`, so a CUDA
+    graph's replays each read their own), or 0 without dropout (``SEED`` is then never read)."""
+    seed = 0
+    if HAS_DROPOUT:
+        seed = tl.load(SEED)
+    return seed
+
+
+@triton.jit
 def _squares(b00, b01, b10, b11, ROWS: tl.constexpr, COLS: tl.constexpr):
     """(ROWS, COLS) tile from four (ROWS // 2, COLS // 2) byte tensors of word (u, w): ``b_xy`` goes to
     row 16 (u // 8) + 8x + u % 8, column 16 (w // 8) + 8y + w % 8."""
