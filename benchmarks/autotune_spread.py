@@ -1,7 +1,8 @@
 """How far the autotuner's pick lands from the best config, and how much it changes from run to run.
 
     PYTHONPATH=.:benchmarks python benchmarks/autotune_spread.py [--d 64,128] [--N 4096,16384]
-        [--causal both] [--kernels fwd,dkdv,dq] [--repeats 3] [--extra-stages 4,5] [--time-budget S]
+        [--causal both] [--kernels fwd,dkdv,dq] [--repeats 3] [--extra-stages 4,5]
+        [--extra-configs 64x64/3/8,32x64/3/8] [--time-budget S]
 
 For each FA2 shape (fp16) and each of the three tuned kernels (forward, dK/dV, dQ), each kernel
 launched alone:
@@ -13,7 +14,8 @@ launched alone:
    launch) and once with ``do_bench_cudagraph``; each pick is scored by its reference time.
 
 ``--extra-stages``: the reference also times each listed config at these pipeline depths (a sweep
-for configs the list lacks; the picks still choose among the list's own). ``--repeats 0``: no picks.
+for configs the list lacks; the picks still choose among the list's own). ``--extra-configs``: configs
+(BLOCK_MxBLOCK_N/stages/warps) the reference also times, for each kernel of ``--kernels``. ``--repeats 0``: no picks.
 Compiling comes first, in parallel worker processes (``schedule_ab.warm_all``). Output: one line per
 (shape, kernel, benchmarker) and a JSON file in --out. benchmarks/TUNING.md quotes the results.
 """
@@ -30,7 +32,8 @@ import triton.testing
 
 from flashlib.kernels import attention_bwd, attention_fwd, launch
 from flashlib.spec import AttentionSpec
-from schedule_ab import ORIGINAL_CONFIGS, TUNED, candidates, label, shape_grid, tensors, warm_all, write_results
+from schedule_ab import (ORIGINAL_CONFIGS, TUNED, candidates, label, parse_configs, shape_grid, tensors, warm_all,
+                         write_results)
 
 
 def triton_default(fn, quantiles):
@@ -74,6 +77,7 @@ def main(argv=None) -> None:
     parser.add_argument("--kernels", default=",".join(TUNED))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--extra-stages", default="", help="e.g. 4,5: also time the list's configs at these depths")
+    parser.add_argument("--extra-configs", default="", help="e.g. 64x64/3/8: also time these configs")
     parser.add_argument("--time-budget", type=float, default=520.0)
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args(argv)
@@ -81,7 +85,8 @@ def main(argv=None) -> None:
     head_dims, ns, causals, out = shape_grid(args)
     extra_stages = [int(x) for x in args.extra_stages.split(",") if x]
     kernels = args.kernels.split(",")
-    reports = warm_all(["longest"], head_dims, causals, "fp16", out, extra_stages, kernels)
+    extra_configs = parse_configs(args.extra_configs)
+    reports = warm_all(["longest"], head_dims, causals, "fp16", out, extra_stages, kernels, extra_configs)
     print(f"# compiled in {time.time() - start:.0f} s", flush=True)
     rows = []
     for d in head_dims:
@@ -101,7 +106,8 @@ def main(argv=None) -> None:
                     compiled = set(report.get(kernel, {}).get("ok", ()))
                     configs = [c for c in ORIGINAL_CONFIGS[kernel] if label(c) in compiled]
                     reference = {}
-                    for config in [c for c in candidates(kernel, extra_stages) if label(c) in compiled]:
+                    for config in [c for c in candidates(kernel, extra_stages, extra_configs)
+                                   if label(c) in compiled]:
                         only(kernel, [config])
                         call()
                         reference[label(config)] = triton.testing.do_bench_cudagraph(call, rep=100,

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -85,26 +86,43 @@ def label(config: triton.Config) -> str:
     return f"{config.kwargs['BLOCK_M']}x{config.kwargs['BLOCK_N']} s{config.num_stages} w{config.num_warps}"
 
 
-def candidates(kernel: str, extra_stages=()) -> list[triton.Config]:
-    """The kernel's library configs, then each of them again with every pipeline depth in ``extra_stages``."""
-    configs = list(ORIGINAL_CONFIGS[kernel])
-    seen = {label(c) for c in configs}
-    for config in ORIGINAL_CONFIGS[kernel]:
-        for stages in extra_stages:
-            deeper = triton.Config(dict(config.kwargs), num_stages=stages, num_warps=config.num_warps,
-                                   pre_hook=config.pre_hook)
-            if label(deeper) not in seen:
-                seen.add(label(deeper))
-                configs.append(deeper)
+def parse_configs(text: str) -> list[tuple[int, int, int, int]]:
+    """``"64x64/3/8,32x64/3/8"`` -> [(BLOCK_M, BLOCK_N, stages, warps), ...]; refuses anything else by name."""
+    configs = []
+    for item in filter(None, text.split(",")):
+        match = re.fullmatch(r"(\d+)x(\d+)/(\d+)/(\d+)", item)
+        if not match:
+            raise SystemExit(f"--extra-configs: expected items like 64x64/3/8 (BLOCK_MxBLOCK_N/stages/warps), got {item!r}")
+        configs.append(tuple(int(x) for x in match.groups()))
     return configs
 
 
-def warm(variant: str, d: int, causal: bool, dtype: str, kernel: str, extra_stages=()) -> dict:
+def candidates(kernel: str, extra_stages=(), extra_configs=()) -> list[triton.Config]:
+    """The kernel's library configs, then each of them again with every pipeline depth in ``extra_stages``,
+    then the (BLOCK_M, BLOCK_N, stages, warps) of ``extra_configs`` that the list lacks."""
+    configs = list(ORIGINAL_CONFIGS[kernel])
+    seen = {label(c) for c in configs}
+    hook = configs[0].pre_hook
+
+    def add(config):
+        if label(config) not in seen:
+            seen.add(label(config))
+            configs.append(config)
+    for config in ORIGINAL_CONFIGS[kernel]:
+        for stages in extra_stages:
+            add(triton.Config(dict(config.kwargs), num_stages=stages, num_warps=config.num_warps,
+                              pre_hook=config.pre_hook))
+    for bm, bn, stages, warps in extra_configs:
+        add(triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=stages, num_warps=warps, pre_hook=hook))
+    return configs
+
+
+def warm(variant: str, d: int, causal: bool, dtype: str, kernel: str, extra_stages=(), extra_configs=()) -> dict:
     """Compile (and run once) every candidate config of ``kernel`` for ``variant``, one at a time."""
     q, k, v, do = tensors(4096, d, DTYPES[dtype])
     forward, backward, _ = calls(q, k, v, do, causal)
     ok, failed = [], []
-    for config in candidates(kernel, extra_stages):
+    for config in candidates(kernel, extra_stages, extra_configs):
         single = {name: ORIGINAL_CONFIGS[name][:1] for name in TUNED}  # the others: a plain config
         single[kernel] = [config]
         use(variant, single)
@@ -119,17 +137,19 @@ def warm(variant: str, d: int, causal: bool, dtype: str, kernel: str, extra_stag
     return {"ok": ok, "failed": failed}
 
 
-def warm_all(variants, head_dims, causals, dtype, out: Path, extra_stages=(), kernels=tuple(TUNED)) -> dict:
+def warm_all(variants, head_dims, causals, dtype, out: Path, extra_stages=(), kernels=tuple(TUNED),
+             extra_configs=()) -> dict:
     """Run :func:`warm` for every (variant, D, causal, kernel) in parallel worker processes:
     {(variant, D, causal): {kernel: {"ok": [labels], "failed": [reasons]}}}."""
     jobs = {}
     stages = "-".join(map(str, extra_stages))
+    more = "+".join(f"{bm}x{bn}/{s}/{w}" for bm, bn, s, w in extra_configs)
     for variant in variants:
         for d in head_dims:
             for causal in causals:
                 for kernel in kernels:
                     path = out / f"warm_{variant}_{d}_{int(causal)}_{kernel}.json"
-                    cmd = [sys.executable, __file__, "--warm", f"{variant},{d},{int(causal)},{dtype},{kernel},{stages}",
+                    cmd = [sys.executable, __file__, "--warm", f"{variant},{d},{int(causal)},{dtype},{kernel},{stages},{more}",
                            "--warm-out", str(path)]
                     jobs[(variant, d, causal, kernel)] = (subprocess.Popen(cmd), path)
     reports: dict = {}
@@ -175,8 +195,9 @@ def main(argv=None) -> None:
     parser.add_argument("--warm-out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.warm:
-        variant, d, causal, dtype, kernel, stages = args.warm.split(",")
-        report = warm(variant, int(d), bool(int(causal)), dtype, kernel, [int(x) for x in stages.split("-") if x])
+        variant, d, causal, dtype, kernel, stages, more = args.warm.split(",")
+        report = warm(variant, int(d), bool(int(causal)), dtype, kernel, [int(x) for x in stages.split("-") if x],
+                      parse_configs(more.replace("+", ",")))
         Path(args.warm_out).write_text(json.dumps(report))
         return
 
