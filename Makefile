@@ -51,7 +51,7 @@ test-lib: install  ## only the library tests, no notebooks (about 10 min on 2 CP
 GPU_TEST_FILES = $(shell grep -rl --include="test_*.py" "mark.gpu" tests)
 GPU_LOG ?= benchmarks/results/gpu_tests.log
 test-gpu: install  ## the GPU tests on a CUDA machine (16 pytest-xdist workers), log and durations in $(GPU_LOG)
-	FLASHLIB_TEST_TIMES=$(GPU_LOG).times $(PY) -m pytest -m gpu -n 16 --dist load -rs -q --durations=15 $(GPU_TEST_FILES) 2>&1 | tee $(GPU_LOG)
+	FLASHLIB_TEST_TIMES=$(GPU_LOG).times $(PY) -m pytest -m gpu -n 16 --dist worksteal -rs -q --durations=15 $(GPU_TEST_FILES) 2>&1 | tee $(GPU_LOG)
 
 test-notebooks: install  ## only nbval over the notebooks
 	$(PY) -m pytest $(PYTEST_NOTEBOOKS) --nbval --nbval-current-env

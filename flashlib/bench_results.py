@@ -22,6 +22,7 @@ import torch
 
 from . import runtime
 from .gpu import detect_gpu
+from .validation import tolerance
 
 #: The dtypes a row names, and the torch dtype of each.
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -29,6 +30,8 @@ ROW_FIELDS = ("impl", "mode", "dtype", "causal", "N", "D", "batch", "heads",
               "ms", "tflops", "peak_mem_bytes", "rel_err", "status")
 OK = "ok"
 OUT_OF_MEMORY = "out of memory"
+#: The status of a row whose output failed the float64 check (see wrong_output_status).
+WRONG = "wrong"
 #: Where measured GPU results live: benchmarks/results of the repository.
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
@@ -113,14 +116,33 @@ def write_results(prefix, meta: dict, rows: list[dict]) -> tuple[Path, Path]:
     return json_path, csv_path
 
 
+def wrong_output_status(rel_err: float | None, dtype: str, interpreter: bool) -> str | None:
+    """"wrong: relative error X > TOL" when an output is off the float64 reference by more than
+    :func:`flashlib.validation.tolerance` allows for ``dtype`` where it ran; else None.
+    A fast wrong answer is no anchor: such a row gets no time and no place in a ratio."""
+    limit = tolerance(DTYPES[dtype], interpreter)
+    if rel_err is not None and rel_err > limit:
+        return f"{WRONG}: relative error {rel_err:.2g} > {limit:.0e}"
+    return None
+
+
 def load_results(path) -> tuple[dict, list[dict]]:
-    """(meta, rows) of a results file written by :func:`write_results`; absent row fields are None."""
+    """(meta, rows) of a results file written by :func:`write_results`; absent row fields are None.
+
+    Rows stored as ok whose output failed the float64 check (files written before the benchmark
+    checked it) come back with :func:`wrong_output_status`, and without their time."""
     data = json.loads(Path(path).read_text(encoding="utf-8"))
     if not isinstance(data, dict) or not isinstance(data.get("meta"), dict) or not isinstance(data.get("rows"), list):
         got = sorted(data) if isinstance(data, dict) else type(data).__name__
         raise ValueError(f"{path}: expected flashlib.bench results, a JSON object with 'meta' (object) and "
                          f"'rows' (list); got {got}")
     rows = [{**{f: None for f in ROW_FIELDS}, **r} for r in data["rows"]]
+    interpreter = bool(data["meta"].get("interpreter", False))
+    for row in rows:
+        wrong = row["status"] == OK and row["dtype"] in DTYPES and wrong_output_status(row["rel_err"], row["dtype"],
+                                                                                       interpreter)
+        if wrong:
+            row.update(status=wrong, ms=None, tflops=None)
     return data["meta"], rows
 
 

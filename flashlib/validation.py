@@ -19,9 +19,11 @@ _TOLERANCE = {torch.float16: 5e-3, torch.bfloat16: 3e-2, torch.float32: 1e-5, to
 _TF32_TOLERANCE = 5e-3
 
 
-def tolerance(dtype: torch.dtype) -> float:
-    """Relative-error tolerance for results computed from ``dtype`` inputs."""
-    if dtype == torch.float32 and not runtime.INTERPRET:
+def tolerance(dtype: torch.dtype, interpreter: bool | None = None) -> float:
+    """Relative-error tolerance for results computed from ``dtype`` inputs, on a GPU or in the
+    interpreter (``interpreter``; default: where this process runs)."""
+    interpreter = runtime.INTERPRET if interpreter is None else interpreter
+    if dtype == torch.float32 and not interpreter:
         return _TF32_TOLERANCE
     return _TOLERANCE[dtype]
 

@@ -1,42 +1,14 @@
-"""Shared pytest set-up: GPU-only tests are skipped (with the reason) on the interpreter, and run
-longest first on a GPU."""
+"""Shared pytest set-up: GPU-only tests are skipped (with the reason) on the interpreter."""
 import os
-from pathlib import Path
 
 import pytest
 import torch
 
 from flashlib import runtime
 
-#: Seconds each GPU test took in the last full run on the H100 (the FLASHLIB_TEST_TIMES log of
-#: ``make test-gpu``, copied here): the order the GPU suite starts its tests in.
-GPU_DURATIONS = Path(__file__).with_name("gpu_durations.txt")
-
-
-def read_durations(path: Path) -> dict[str, float]:
-    """{test id: seconds} from a FLASHLIB_TEST_TIMES log ("seconds outcome id" per line; the last line
-    of an id wins). A missing file gives {}."""
-    durations = {}
-    if path.exists():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            fields = line.split(maxsplit=2)
-            if len(fields) == 3:
-                durations[fields[2]] = float(fields[0])
-    return durations
-
-
-def longest_first(items, durations: dict[str, float]):
-    """The items, longest known duration first; tests with no record (new ones) come before all.
-
-    With ``--dist load`` pytest-xdist deals the first tests round robin, so each worker starts on
-    one of the long ones and the short ones fill in behind: the suite ends near its total time
-    divided by the workers instead of waiting on a long test that started last."""
-    return sorted(items, key=lambda item: -durations.get(item.nodeid, float("inf")))
-
 
 def pytest_collection_modifyitems(config, items):
     if not runtime.INTERPRET:
-        items[:] = longest_first(items, read_durations(GPU_DURATIONS))
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU; kernels run in Triton's interpreter here")
     for item in items:
@@ -63,10 +35,14 @@ def nan_empty(monkeypatch):
 
 
 def pytest_runtest_logreport(report):
-    """With FLASHLIB_TEST_TIMES=FILE, append each test's duration as it ends (a log that survives a kill)."""
+    """With FLASHLIB_TEST_TIMES=FILE, append each test's duration as it ends, and a failure's last 20
+    lines of report under it (a log that survives a kill)."""
     path = os.environ.get("FLASHLIB_TEST_TIMES")
     if os.environ.get("PYTEST_XDIST_WORKER"):  # the controller writes the line once, for every worker
         return
     if path and (report.when == "call" or report.outcome != "passed"):
         with open(path, "a", encoding="utf-8") as handle:
             handle.write(f"{report.duration:8.2f} {report.outcome:7} {report.nodeid}\n")
+            if report.failed:  # the reason too: a run cut by its time limit never prints its summary
+                reason = report.longreprtext.strip().splitlines()[-20:]
+                handle.write("".join(f"    | {line}\n" for line in reason))

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from flashlib import bench, bench_results, runtime
 from flashlib.io_model import attention_flops
+from flashlib.reference import naive_attention
 from flashlib.validation import tolerance
 
 META_FIELDS = {"date", "gpu", "torch", "triton", "flashlib", "python", "interpreter", "method", "command",
@@ -77,9 +78,10 @@ def test_cli_rejects_unknown_values(capsys):
 
 
 class _FailsInBackward(torch.autograd.Function):
+    """A right forward (naive attention) whose backward raises."""
     @staticmethod
-    def forward(ctx, q):
-        return q.clone()
+    def forward(ctx, q, k, v, causal):
+        return naive_attention(q, k, v, causal=causal)
 
     @staticmethod
     def backward(ctx, grad):
@@ -100,7 +102,7 @@ def test_failures_become_statuses(monkeypatch):
         return torch.full_like(q, float("nan"))
 
     for name, fn in [("broken", broken), ("refuses", refuses), ("no_memory", no_memory),
-                     ("nan_output", nan_output), ("bad_backward", lambda q, k, v, c: _FailsInBackward.apply(q))]:
+                     ("nan_output", nan_output), ("bad_backward", _FailsInBackward.apply)]:
         monkeypatch.setitem(bench.ATTENTION_IMPLS, name, fn)
     rows = bench.run_attention_benchmark(
         modes=("fwd", "bwd"), dtypes=("fp16",), causals=(False,), head_dims=(16,), seq_lens=(16,),
@@ -135,6 +137,20 @@ def test_load_results_rejects_other_json(tmp_path):
         bench_results.load_results(path)
 
 
+def test_stored_rows_that_fail_the_check_load_as_wrong(tmp_path):
+    """Files written before the benchmark refused wrong outputs: an ok row off float64 loses its time."""
+    base = dict(mode="fwd", causal=False, N=1024, D=64, batch=16, heads=32, peak_mem_bytes=1)
+    rows = [dict(base, impl="tutorial", dtype="fp16", ms=1.0, tflops=400.0, rel_err=0.86, status="ok"),
+            dict(base, impl="flashlib", dtype="fp16", ms=1.1, tflops=390.0, rel_err=4e-4, status="ok"),
+            dict(base, impl="flashlib", dtype="bf16", ms=1.1, tflops=390.0, rel_err=4e-3, status="ok")]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"meta": {"interpreter": False}, "rows": rows}))
+    _, loaded = bench_results.load_results(path)
+    assert loaded[0]["status"] == "wrong: relative error 0.86 > 5e-03"
+    assert loaded[0]["ms"] is None and loaded[0]["tflops"] is None and loaded[0]["rel_err"] == 0.86
+    assert [r["status"] for r in loaded[1:]] == ["ok", "ok"] and loaded[1]["ms"] == 1.1
+
+
 def test_stored_results_newest_first(tmp_path):
     for name, date in [("attention_a.json", "2026-01-02T00:00:00+00:00"),
                        ("attention_b.json", "2026-03-01T00:00:00+00:00"),
@@ -149,6 +165,52 @@ def test_matmul_table_still_reachable(capsys):
     bench.main(["--kernel", "matmul", "--repeat", "1"])
     out = capsys.readouterr().out
     assert "flashlib ms" in out and "torch ms" in out
+
+
+def test_the_check_covers_the_first_and_the_last_sample():
+    assert bench.checked_corners(1, 2, 2) == [(slice(0, 1), slice(0, 2))]
+    assert bench.checked_corners(16, 32, 2) == [(slice(0, 1), slice(0, 2)), (slice(15, 16), slice(30, 32))]
+
+
+def test_a_wrong_output_is_a_status_and_gets_no_time(monkeypatch):
+    """A fast wrong answer must not land in a table: a batch offset that is wrong only past the first
+    sample (the tutorial's bug), a wrong scale, and a last head left unwritten all fail the check."""
+    def first_sample_everywhere(q, k, v, causal):
+        out = naive_attention(q[:1], k[:1], v[:1], causal=causal)
+        return out.expand_as(q).clone()
+
+    def wrong_scale(q, k, v, causal):
+        return naive_attention(q * 1.1, k, v, causal=causal)
+
+    def last_head_zero(q, k, v, causal):
+        out = naive_attention(q, k, v, causal=causal)
+        out[:, -1] = 0
+        return out
+
+    impls = {"offset": first_sample_everywhere, "scale": wrong_scale, "head": last_head_zero}
+    for name, fn in impls.items():
+        monkeypatch.setitem(bench.ATTENTION_IMPLS, name, fn)
+    rows = bench.run_attention_benchmark(modes=("fwd", "bwd"), dtypes=("fp16",), causals=(False,), head_dims=(16,),
+                                         seq_lens=(32,), impls=(*impls, "naive"), batch=3, heads=4, warmup=1,
+                                         repeat=1, log=lambda _: None)
+    for r in rows:
+        if r["impl"] == "naive":
+            assert r["status"] == "ok" and r["ms"] > 0
+            continue
+        assert r["status"].startswith("wrong: relative error ") and r["status"].endswith("> 5e-03"), r
+        assert r["ms"] is None and r["tflops"] is None and r["rel_err"] > tolerance(torch.float16)
+
+
+def test_the_tutorial_runs_on_one_sample_of_all_heads(monkeypatch, tmp_path):
+    """Folding (B, H) into one sample of B * H heads is exact, and hides the tutorial's batch offset."""
+    fake = tmp_path / "one_sample_tutorial.py"
+    fake.write_text(FAKE_TUTORIAL.replace("def attention(q, k, v, causal, sm_scale):\n",
+                                          "def attention(q, k, v, causal, sm_scale):\n    assert q.shape[0] == 1\n"))
+    monkeypatch.setenv(bench.TUTORIAL_ENV, str(fake))
+    q, k, v = (torch.randn(3, 4, 16, 8, dtype=torch.float64) for _ in range(3))
+    for causal in (False, True):
+        expected = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        torch.testing.assert_close(bench._tutorial(q, k, v, causal), expected)
 
 
 FAKE_TUTORIAL = """import torch.nn.functional as F

@@ -1,0 +1,27 @@
+"""The GPU suite's durations log (FLASHLIB_TEST_TIMES, written by tests/conftest.py): one line per
+test as it ends, and a failure's reason under its line, so that a run cut by its time limit still
+says what failed and why."""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+
+def test_the_log_holds_each_test_and_the_reason_of_a_failure(tmp_path):
+    shutil.copy(Path(__file__).with_name("conftest.py"), tmp_path / "conftest.py")
+    (tmp_path / "test_sample.py").write_text(
+        "def test_passes():\n    assert True\n\n\n"
+        "def test_fails():\n    assert 1 + 1 == 3, 'arithmetic is off by one'\n", encoding="utf-8")
+    log = tmp_path / "times"
+    env = {**os.environ, "FLASHLIB_TEST_TIMES": str(log)}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = log.read_text(encoding="utf-8").splitlines()
+    assert [line.split()[1:] for line in lines if not line.startswith("    |")] == [
+        ["passed", "test_sample.py::test_passes"], ["failed", "test_sample.py::test_fails"]]
+    reason = [line for line in lines if line.startswith("    |")]
+    assert 0 < len(reason) <= 20 and any("arithmetic is off by one" in line for line in reason)
+    assert lines.index(reason[0]) > [i for i, line in enumerate(lines) if "test_fails" in line][0]
