@@ -16,8 +16,9 @@ def test_the_log_holds_each_test_and_the_reason_of_a_failure(tmp_path):
     log = tmp_path / "times"
     env = {**os.environ, "FLASHLIB_TEST_TIMES": str(log)}
     env.pop("PYTEST_XDIST_WORKER", None)
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
-                            env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir",
+                             str(tmp_path), "-c", os.devnull, str(tmp_path)],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 1, result.stdout + result.stderr
     lines = log.read_text(encoding="utf-8").splitlines()
     assert [line.split()[1:] for line in lines if not line.startswith("    |")] == [
