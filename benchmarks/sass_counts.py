@@ -31,6 +31,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
+from config_text import parse_config  # noqa: E402
 from flashlib import runtime  # noqa: E402
 from flashlib.kernels import attention_bwd, attention_fwd  # noqa: E402
 from flashlib.spec import AttentionSpec  # noqa: E402
@@ -112,14 +113,6 @@ def disassemble(compiled) -> tuple[collections.Counter, dict]:
     return opcodes, resources
 
 
-def parse_config(text: str, parser) -> tuple:
-    """(BLOCK_M, BLOCK_N, stages or None, warps or None) of ``MxN[/stages[/warps]]``."""
-    match = re.fullmatch(r"(\d+)x(\d+)(?:/(\d+)(?:/(\d+))?)?", text.strip())
-    if not match:
-        parser.error(f"--configs: expected BLOCK_MxBLOCK_N[/stages[/warps]] such as 64x64/3/8; got {text!r}")
-    return tuple(None if g is None else int(g) for g in match.groups())
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernel", default="fwd", help="comma list of fwd, dkdv, dq (default fwd)")
@@ -137,7 +130,10 @@ def main():
     if runtime.INTERPRET:
         parser.error("TRITON_INTERPRET=1 is set: this script compiles for the GPU; unset it")
     dtype = torch.float16 if args.dtype == "fp16" else torch.bfloat16
-    configs = [parse_config(text, parser) for text in args.configs.split(",")]
+    try:
+        configs = [parse_config(text) for text in args.configs.split(",")]
+    except ValueError as error:
+        parser.error(f"--configs: {error}")
     try:
         heads_dims, dropouts = [int(d) for d in args.d.split(",")], [float(p) for p in args.dropout.split(",")]
     except ValueError:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -39,6 +38,7 @@ import torch
 import triton
 import triton.testing
 
+from config_text import parse_config
 from flashlib.kernels import attention_bwd, attention_fwd, launch
 from flashlib.spec import AttentionSpec
 
@@ -90,10 +90,13 @@ def parse_configs(text: str) -> list[tuple[int, int, int, int]]:
     """``"64x64/3/8,32x64/3/8"`` -> [(BLOCK_M, BLOCK_N, stages, warps), ...]; refuses anything else by name."""
     configs = []
     for item in filter(None, text.split(",")):
-        match = re.fullmatch(r"(\d+)x(\d+)/(\d+)/(\d+)", item)
-        if not match:
+        try:
+            config = parse_config(item)
+        except ValueError:
+            config = (None,)
+        if None in config:
             raise SystemExit(f"--extra-configs: expected items like 64x64/3/8 (BLOCK_MxBLOCK_N/stages/warps), got {item!r}")
-        configs.append(tuple(int(x) for x in match.groups()))
+        configs.append(config)
     return configs
 
 

@@ -138,9 +138,8 @@ def load_results(path) -> tuple[dict, list[dict]]:
                          f"'rows' (list); got {got}")
     rows = [{**{f: None for f in ROW_FIELDS}, **r} for r in data["rows"]]
     interpreter = bool(data["meta"].get("interpreter", False))
-    for row in rows:
-        wrong = row["status"] == OK and row["dtype"] in DTYPES and wrong_output_status(row["rel_err"], row["dtype"],
-                                                                                       interpreter)
+    for row in (r for r in rows if r["status"] == OK and r["dtype"] in DTYPES):
+        wrong = wrong_output_status(row["rel_err"], row["dtype"], interpreter)
         if wrong:
             row.update(status=wrong, ms=None, tflops=None)
     return data["meta"], rows
