@@ -82,8 +82,9 @@ def calls(q, k, v, do, causal: bool):
 
 
 def label(config: triton.Config) -> str:
-    """A config as ``BLOCK_MxBLOCK_N s<stages> w<warps>``."""
-    return f"{config.kwargs['BLOCK_M']}x{config.kwargs['BLOCK_N']} s{config.num_stages} w{config.num_warps}"
+    """A config as ``BLOCK_MxBLOCK_N s<stages> w<warps>``, and `` dP-late`` for dK/dV's ``DP_AFTER_DV``."""
+    late = " dP-late" if config.kwargs.get("DP_AFTER_DV") else ""
+    return f"{config.kwargs['BLOCK_M']}x{config.kwargs['BLOCK_N']} s{config.num_stages} w{config.num_warps}{late}"
 
 
 def parse_configs(text: str) -> list[tuple[int, int, int, int]]:

@@ -7,6 +7,19 @@ import torch
 from flashlib import runtime
 
 
+def worker_threads(cpus: int | None, workers: int) -> int:
+    """torch's CPU threads for one of ``workers`` pytest-xdist processes: an even share of the cores.
+
+    Each worker would otherwise start one thread per core for its float64 CPU references, so 16
+    workers on 16 cores ran 256 threads that fought each other and the Triton compilers
+    (`make test-gpu` hit the device call's 575 s limit)."""
+    return max(1, (cpus or 1) // max(1, workers))
+
+
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    torch.set_num_threads(worker_threads(os.cpu_count(), int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
+
 def pytest_collection_modifyitems(config, items):
     if not runtime.INTERPRET:
         return

@@ -26,3 +26,27 @@ def test_the_log_holds_each_test_and_the_reason_of_a_failure(tmp_path):
     reason = [line for line in lines if line.startswith("    |")]
     assert 0 < len(reason) <= 20 and any("arithmetic is off by one" in line for line in reason)
     assert lines.index(reason[0]) > [i for i, line in enumerate(lines) if "test_fails" in line][0]
+
+
+def test_xdist_workers_share_the_cores_for_torch_threads(tmp_path):
+    """Under pytest-xdist each worker gets cores // workers torch threads (at least 1), not every core."""
+    shutil.copy(Path(__file__).with_name("conftest.py"), tmp_path / "conftest.py")
+    expected = max(1, (os.cpu_count() or 1) // 2)
+    (tmp_path / "test_threads.py").write_text(
+        "import torch\n\n\n"
+        f"def test_threads():\n    assert torch.get_num_threads() == {expected}, torch.get_num_threads()\n",
+        encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    env.pop("FLASHLIB_TEST_TIMES", None)
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider",
+                             "--rootdir", str(tmp_path), "-c", os.devnull, str(tmp_path)],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_worker_threads_is_an_even_share_and_never_zero():
+    from conftest import worker_threads
+    assert worker_threads(16, 16) == 1
+    assert worker_threads(64, 16) == 4
+    assert worker_threads(2, 16) == 1
+    assert worker_threads(None, 4) == 1

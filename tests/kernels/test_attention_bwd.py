@@ -124,6 +124,50 @@ def test_longest_first_is_taken_for_right_bounded_grids_and_changes_no_bit(monke
     assert_grads_match(results[True][1:], reference_grads(q, k, v, do, **mask), torch.float32)
 
 
+# ---------------------------------------------------------------- the order of dK/dV's products
+@pytest.mark.parametrize("mask", [dict(), dict(causal=True), dict(window=(5, 3), softcap=4.0),
+                                  dict(causal=True, dropout_p=0.3)], ids=["full", "causal", "window-softcap", "dropout"])
+def test_dp_after_dv_changes_which_tiles_are_live_not_a_bit(monkeypatch, mask):
+    """``DP_AFTER_DV`` issues dP^T = V dO^T after dV's product (the D >= 128 configs of
+    DKDV_DP_AFTER_DV_CONFIGS; fixed blocks take it from DP_AFTER_DV_MIN_BLOCK_D). The products and their
+    inputs are the same, so dQ, dK and dV are bitwise those of the usual order, dropout included."""
+    seen = []
+
+    def spy(fn, grid, *args, _real=attention_bwd.launch, **kwargs):
+        if fn is attention_bwd.attention_bwd_dkdv_kernel:
+            seen.append(kwargs["DP_AFTER_DV"])
+        return _real(fn, grid, *args, **kwargs)
+    monkeypatch.setattr(attention_bwd, "launch", spy)
+    q, k, v, do = make_inputs(2, 4, 2, 70, 70, 32, torch.float32, seed=12)
+    results = {}
+    for after in (True, False):
+        monkeypatch.setattr(attention_bwd, "DP_AFTER_DV_MIN_BLOCK_D", 0 if after else 1 << 20)
+        seen.clear()
+        torch.manual_seed(5)  # the dropout seed: the same draw for both orders
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        flash_attention(*leaves, **mask).backward(do)
+        assert seen == [after]
+        results[after] = [t.grad for t in leaves]
+    for late, usual in zip(results[True], results[False]):
+        assert torch.equal(late, usual)
+    if "dropout_p" not in mask:
+        assert_grads_match(results[True], reference_grads(q, k, v, do, **mask), torch.float32)
+
+
+def test_dp_after_dv_configs_are_pruned_below_their_head_dim():
+    """The autotuner tries the DP_AFTER_DV configs only where the rounded head_dim reaches
+    DP_AFTER_DV_MIN_BLOCK_D (where they were measured to win); below it the usual order only."""
+    prune = attention_bwd._pruner("dkdv")
+    configs = attention_bwd.attention_bwd_dkdv_kernel_autotuned.configs
+    late = [c for c in configs if c.kwargs.get("DP_AFTER_DV")]
+    assert late and len(late) == len(attention_bwd.DKDV_DP_AFTER_DV_CONFIGS)
+    q, tf32 = torch.empty(1, dtype=torch.float16), {"DOT_PRECISION": "tf32"}
+    below = prune(configs, {"Q": q}, BLOCK_D=attention_bwd.DP_AFTER_DV_MIN_BLOCK_D // 2, **tf32)
+    at = prune(configs, {"Q": q}, BLOCK_D=attention_bwd.DP_AFTER_DV_MIN_BLOCK_D, **tf32)
+    assert below and not any(c.kwargs.get("DP_AFTER_DV") for c in below)
+    assert all(c in at for c in late)
+
+
 # ---------------------------------------------------------------- a grid against autograd
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("n_q, n_k", [(48, 48), (20, 70), (70, 20)], ids=["self", "decode-like", "q-longer"])
