@@ -461,13 +461,20 @@ DKDV_GPU_CONFIGS = [
     (64, 64, 2, 4), (32, 32, 2, 4), (16, 64, 2, 4),
 ]
 #: dK/dV configs that issue dP^T = V dO^T after dV's product instead of before it (``DP_AFTER_DV``),
-#: tried only where the rounded head_dim is at least :data:`DP_AFTER_DV_MIN_BLOCK_D`. The values are the
-#: same; what changes is which tiles are live together. At D = 128 the usual order left 64 x 64 tiles at
-#: 255 registers with spills; after dV they take 244 and none, and without a mask they ran 6-7% faster
-#: than the list's best (32 x 64); with a causal mask, and at D = 64, every config ran 1-6% slower in
-#: that order, so both orders stay and the autotuner picks (benchmarks/TUNING.md, nineteenth finding).
+#: tried only where the rounded head_dim is at least :data:`DP_AFTER_DV_MIN_BLOCK_D` and the band has no
+#: right bound (:func:`dp_after_dv`). The values are the same; what changes is which tiles are live
+#: together. At D = 128 the usual order left 64 x 64 tiles at 255 registers with spills; after dV they
+#: take 244 and none, and without a mask they ran 3-7% faster than the list's best (32 x 64); with a
+#: causal mask, and at D = 64, every config ran 1-6% slower in that order (benchmarks/TUNING.md,
+#: nineteenth finding).
 DKDV_DP_AFTER_DV_CONFIGS = [(64, 64, 2, 4)]
 DP_AFTER_DV_MIN_BLOCK_D = 128
+
+
+def dp_after_dv(block_d: int, has_right: bool) -> bool:
+    """Whether the dK/dV kernel may issue dP^T after dV's product (see :data:`DKDV_DP_AFTER_DV_CONFIGS`)."""
+    return block_d >= DP_AFTER_DV_MIN_BLOCK_D and not has_right
+
 DQ_GPU_CONFIGS = [
     (128, 64, 3, 8), (128, 32, 3, 8), (128, 32, 3, 4), (128, 64, 2, 8), (64, 64, 3, 4), (64, 64, 2, 4),
     (64, 32, 3, 4), (32, 32, 2, 4), (64, 16, 2, 4),
@@ -514,7 +521,7 @@ def _pruner(kernel):
         shape = (args["BLOCK_D"], tensor_of(args["Q"]).element_size(), smem_budget())
         kept = [c for c in configs
                 if _fits(kernel, c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages, c.num_warps, *shape)
-                and (not c.kwargs.get("DP_AFTER_DV") or args["BLOCK_D"] >= DP_AFTER_DV_MIN_BLOCK_D)]
+                and (not c.kwargs.get("DP_AFTER_DV") or dp_after_dv(args["BLOCK_D"], args["HAS_RIGHT"]))]
         return kept or [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_stages=1, num_warps=4,
                                       pre_hook=TILE_SHAPES[kernel])]
     return prune
@@ -569,7 +576,7 @@ def _launch_fixed(kernel, grid, positional, args, block_m, block_n, block_d, ele
     TILE_SHAPES[kernel](dict(zip(("Q", "K", "V", "DO"), positional), BLOCK_M=block_m, BLOCK_N=block_n,
                              BLOCK_D=block_d))
     if kernel == "dkdv":  # fixed blocks (the interpreter, tests): the order by head dim, as the autotuner's
-        args = dict(args, DP_AFTER_DV=block_d >= DP_AFTER_DV_MIN_BLOCK_D)
+        args = dict(args, DP_AFTER_DV=dp_after_dv(block_d, args["HAS_RIGHT"]))
     for i, num_stages in enumerate(stages):
         try:
             launch(fn, grid, *positional, **args, BLOCK_M=block_m, BLOCK_N=block_n,

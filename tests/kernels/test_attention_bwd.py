@@ -128,8 +128,8 @@ def test_longest_first_is_taken_for_right_bounded_grids_and_changes_no_bit(monke
 @pytest.mark.parametrize("mask", [dict(), dict(causal=True), dict(window=(5, 3), softcap=4.0),
                                   dict(causal=True, dropout_p=0.3)], ids=["full", "causal", "window-softcap", "dropout"])
 def test_dp_after_dv_changes_which_tiles_are_live_not_a_bit(monkeypatch, mask):
-    """``DP_AFTER_DV`` issues dP^T = V dO^T after dV's product (the D >= 128 configs of
-    DKDV_DP_AFTER_DV_CONFIGS; fixed blocks take it from DP_AFTER_DV_MIN_BLOCK_D). The products and their
+    """``DP_AFTER_DV`` issues dP^T = V dO^T after dV's product (DKDV_DP_AFTER_DV_CONFIGS; fixed blocks
+    take it from ``dp_after_dv``, forced here both ways for every mask). The products and their
     inputs are the same, so dQ, dK and dV are bitwise those of the usual order, dropout included."""
     seen = []
 
@@ -141,7 +141,7 @@ def test_dp_after_dv_changes_which_tiles_are_live_not_a_bit(monkeypatch, mask):
     q, k, v, do = make_inputs(2, 4, 2, 70, 70, 32, torch.float32, seed=12)
     results = {}
     for after in (True, False):
-        monkeypatch.setattr(attention_bwd, "DP_AFTER_DV_MIN_BLOCK_D", 0 if after else 1 << 20)
+        monkeypatch.setattr(attention_bwd, "dp_after_dv", lambda block_d, has_right, _after=after: _after)
         seen.clear()
         torch.manual_seed(5)  # the dropout seed: the same draw for both orders
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
@@ -154,18 +154,19 @@ def test_dp_after_dv_changes_which_tiles_are_live_not_a_bit(monkeypatch, mask):
         assert_grads_match(results[True], reference_grads(q, k, v, do, **mask), torch.float32)
 
 
-def test_dp_after_dv_configs_are_pruned_below_their_head_dim():
-    """The autotuner tries the DP_AFTER_DV configs only where the rounded head_dim reaches
-    DP_AFTER_DV_MIN_BLOCK_D (where they were measured to win); below it the usual order only."""
+def test_dp_after_dv_configs_are_tried_only_where_they_were_measured_to_win():
+    """The autotuner tries the DP_AFTER_DV configs only from DP_AFTER_DV_MIN_BLOCK_D and without a right
+    bound (no causal mask); elsewhere the usual order only."""
     prune = attention_bwd._pruner("dkdv")
     configs = attention_bwd.attention_bwd_dkdv_kernel_autotuned.configs
     late = [c for c in configs if c.kwargs.get("DP_AFTER_DV")]
     assert late and len(late) == len(attention_bwd.DKDV_DP_AFTER_DV_CONFIGS)
-    q, tf32 = torch.empty(1, dtype=torch.float16), {"DOT_PRECISION": "tf32"}
-    below = prune(configs, {"Q": q}, BLOCK_D=attention_bwd.DP_AFTER_DV_MIN_BLOCK_D // 2, **tf32)
-    at = prune(configs, {"Q": q}, BLOCK_D=attention_bwd.DP_AFTER_DV_MIN_BLOCK_D, **tf32)
-    assert below and not any(c.kwargs.get("DP_AFTER_DV") for c in below)
-    assert all(c in at for c in late)
+    q, tf32, d = torch.empty(1, dtype=torch.float16), {"DOT_PRECISION": "tf32"}, attention_bwd.DP_AFTER_DV_MIN_BLOCK_D
+    for block_d, has_right, wanted in ((d // 2, False, False), (d, True, False), (d, False, True)):
+        kept = prune(configs, {"Q": q}, BLOCK_D=block_d, HAS_RIGHT=has_right, **tf32)
+        assert kept and any(c.kwargs.get("DP_AFTER_DV") for c in kept) is wanted, (block_d, has_right)
+    assert attention_bwd.dp_after_dv(d, False) and not attention_bwd.dp_after_dv(d, True)
+    assert not attention_bwd.dp_after_dv(d // 2, False)
 
 
 # ---------------------------------------------------------------- a grid against autograd
