@@ -142,7 +142,7 @@ def test_full_float32_launches_one_small_config_and_tensor_cores_keep_autotuning
              "dq": (attention_bwd._pruner("dq"), attention_bwd.attention_bwd_dq_kernel_autotuned.configs)}
     budget = attention_fwd.smem_budget()
     for kernel, (prune, configs) in hooks.items():
-        args = dict(BLOCK_D=block_d, Q_BUCKET=1024)
+        args = dict(BLOCK_D=block_d, Q_BUCKET=1024, HAS_RIGHT=False)  # as every launch passes them
         [only] = prune(configs, dict(Q=float32), **args, DOT_PRECISION="ieee")
         assert (only.kwargs["BLOCK_M"], only.kwargs["BLOCK_N"]) == attention_fwd.FULL_FLOAT32_BLOCKS == (32, 32)
         smem = (attention_fwd.smem_bytes(32, 32, block_d, only.num_stages, 4) if kernel == "fwd"
