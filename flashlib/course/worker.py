@@ -26,13 +26,16 @@ import traceback
 def _run_cell(source: str, filename: str, namespace: dict, limit: float, time_limit, timeout_error):
     """Execute one cell; None, or a one-line description of what went wrong."""
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    alarm = None
     try:
         code = compile(source, filename, "exec")
-        with time_limit(limit):
+        with time_limit(limit) as alarm:
             exec(code, namespace)  # noqa: S102 - the course's cells, with regions the grader vetted
     except timeout_error:
         return f"ran past its {limit:g} s limit"
     except BaseException as error:  # noqa: BLE001 - a cell's failure is reported, never fatal
+        if alarm is not None and alarm.fired:  # the timeout, turned into another error on its way out
+            return f"ran past its {limit:g} s limit"
         if isinstance(error, (KeyboardInterrupt,)):
             return "interrupted"
         frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == filename]

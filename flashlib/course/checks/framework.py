@@ -27,6 +27,7 @@ import os
 import signal
 import sysconfig
 import threading
+import types
 import time
 import traceback
 from typing import Any, Callable, Sequence
@@ -97,19 +98,25 @@ def time_limit(seconds: float | None):
 
     Off the main thread, or where SIGALRM does not exist, the body runs without a
     limit (a grader still has its own). An outer alarm is restored afterwards.
+
+    Yields a namespace whose ``fired`` says whether the alarm went off: C code that was
+    running when it did (numpy, torch, Triton's interpreter) can swallow the CheckTimeout
+    and raise an unrelated error instead, which must still count as the timeout.
     """
+    alarm = types.SimpleNamespace(fired=False)
     if not seconds or seconds <= 0 or not _alarm_available():
-        yield
+        yield alarm
         return
 
     def on_alarm(signum, frame):
+        alarm.fired = True
         raise CheckTimeout(seconds)
 
     previous_handler = signal.signal(signal.SIGALRM, on_alarm)
     previous_delay, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
     start = time.monotonic()
     try:
-        yield
+        yield alarm
     finally:
         try:
             signal.setitimer(signal.ITIMER_REAL, 0)
@@ -498,6 +505,10 @@ def _fresh_copy(case: Case) -> Case:
     return dataclasses.replace(case, args=copy_tensors(case.args), context=copy_tensors(case.context))
 
 
+def timeout_reply(limit: float) -> Reply:
+    return Reply("timeout", headline=f"took longer than {limit:g} s (an infinite loop? a too-large grid?)")
+
+
 def run_learner(check: Check, learner, cases: Sequence[Case], limit: float | None = None) -> list[Reply]:
     """Run the learner's object on every case, in order, under a time limit per case.
 
@@ -513,13 +524,15 @@ def run_learner(check: Check, learner, cases: Sequence[Case], limit: float | Non
     for case in cases:
         work = _fresh_copy(case)
         try:
-            with time_limit(limit):
+            with time_limit(limit) as alarm:
                 out = check.call(learner, work)
         except CheckTimeout:
-            replies.append(Reply("timeout", headline=(f"took longer than {limit:g} s "
-                                                      "(an infinite loop? a too-large grid?)")))
+            replies.append(timeout_reply(limit))
             break
         except Exception as raised:  # the learner's code failed: explain, never raise
+            if alarm.fired:  # the timeout, turned into another error by the code it interrupted
+                replies.append(timeout_reply(limit))
+                break
             exc = _unwrap(raised)
             if isinstance(exc, NotImplementedError):
                 replies.append(Reply("not attempted", headline=NOT_ATTEMPTED))
