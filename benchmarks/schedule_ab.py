@@ -94,8 +94,8 @@ def parse_configs(text: str) -> list[tuple[int, int, int, int]]:
         try:
             config = parse_config(item)
         except ValueError:
-            config = (None,)
-        if None in config:
+            config = None
+        if config is None or None in config:  # stages and warps are required here
             raise SystemExit(f"--extra-configs: expected items like 64x64/3/8 (BLOCK_MxBLOCK_N/stages/warps), got {item!r}")
         configs.append(config)
     return configs

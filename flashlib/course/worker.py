@@ -31,10 +31,9 @@ def _run_cell(source: str, filename: str, namespace: dict, limit: float, time_li
         code = compile(source, filename, "exec")
         with time_limit(limit) as alarm:
             exec(code, namespace)  # noqa: S102 - the course's cells, with regions the grader vetted
-    except timeout_error:
-        return f"ran past its {limit:g} s limit"
     except BaseException as error:  # noqa: BLE001 - a cell's failure is reported, never fatal
-        if alarm is not None and alarm.fired:  # the timeout, turned into another error on its way out
+        # the timeout, also when the code it interrupted turned it into another error on its way out
+        if isinstance(error, timeout_error) or (alarm is not None and alarm.fired):
             return f"ran past its {limit:g} s limit"
         if isinstance(error, (KeyboardInterrupt,)):
             return "interrupted"
