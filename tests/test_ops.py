@@ -364,9 +364,19 @@ def test_gpu_reduce_overhead_captures_training_with_and_without_dropout():
 
 
 @pytest.mark.gpu
-def test_gpu_dropout_never_syncs_and_a_captured_graph_redraws_its_mask():
+def test_gpu_dropout_never_syncs_and_a_captured_graph_redraws_its_mask(monkeypatch):
     """A training step with dropout makes no host-device sync (the seed stays on the device), and a
-    ``torch.cuda.graph`` of a dropout call drops other weights on every replay."""
+    ``torch.cuda.graph`` of a dropout call drops other weights on every replay. The seeds are recorded
+    and compared before the outputs, so a failure says whether the draw or the kernel differed (this
+    test failed twice in full-suite runs, on a cold compile cache with 16 workers, and never alone)."""
+    drawn = []
+
+    def recording(device):
+        drawn.append(draw(device))
+        return drawn[-1]
+
+    draw = ops.draw_dropout_seed
+    monkeypatch.setattr(ops, "draw_dropout_seed", recording)
     q, k, v = make_inputs(2, 4, 2, 256, 256, 64, torch.float16, seed=4)
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     flash_attention(*leaves, causal=True, dropout_p=0.1).sum().backward()  # compile and tune first
@@ -384,15 +394,19 @@ def test_gpu_dropout_never_syncs_and_a_captured_graph_redraws_its_mask():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = flash_attention(q, k, v, dropout_p=0.3)
+    captured_seed = drawn[-1]
     replays = []
     for s in (7, 8, 7):
         torch.manual_seed(s)
         graph.replay()
-        replays.append(captured.clone())
+        replays.append((captured.clone(), int(captured_seed[0])))
     torch.manual_seed(7)
     eager = flash_attention(q, k, v, dropout_p=0.3)
-    assert torch.equal(replays[0], eager) and torch.equal(replays[2], eager)
-    assert not torch.equal(replays[0], replays[1])
+    eager_seed = int(drawn[-1][0])
+    seeds = [seed for _, seed in replays]
+    assert seeds[0] == seeds[2] == eager_seed != seeds[1], f"seeds: of the replays {seeds}, eager {eager_seed}"
+    assert torch.equal(replays[0][0], eager) and torch.equal(replays[2][0], eager)
+    assert not torch.equal(replays[0][0], replays[1][0])
 
 
 def test_the_ops_seed_output_lives_on_qs_device():
