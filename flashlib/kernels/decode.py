@@ -64,7 +64,7 @@ def splitkv_attention_kernel(
     HAS_K_LENS: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, PAGED: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    EARLY_MERGE: tl.constexpr = False, COUNTERS=None, LAST_SPLIT_MERGES: tl.constexpr = False,
+    EARLY_MERGE: tl.constexpr = False,
 ):
     """Rows ``[pid(1) * BLOCK_M, +BLOCK_M)`` of K/V head ``pid(2) % H_kv`` of sample ``pid(2) // H_kv``
     against the keys of chunk ``pid(0)``.
@@ -75,9 +75,7 @@ def splitkv_attention_kernel(
     and LSE_PART (B, H_kv, splits, ROWS_PAD), float32, contiguous, the logsumexp in
     log2 units (the merge works in them). ``EARLY_MERGE``: once its keys are done, the program lets
     the merge kernel, launched as its programmatic dependent (Hopper), start up (see
-    :data:`MERGE_LAUNCHES_EARLY`). ``LAST_SPLIT_MERGES``: no merge kernel; each program counts itself
-    done in ``COUNTERS`` (int32, one per row block, zero before the launch, zero again after it), and
-    the last of a row block's splits merges the partials (see :data:`MERGE_IN_SPLIT_KERNEL`).
+    :data:`MERGE_LAUNCHES_EARLY`).
     """
     split = tl.program_id(0)
     row_block = tl.program_id(1)
@@ -189,55 +187,16 @@ def splitkv_attention_kernel(
     l_safe = tl.where(seen, l_i, 1.0)
     out = tl.where(seen[:, None], acc / l_safe[:, None], 0.0)
     lse_log2 = tl.where(seen, m_i + tl.math.log2(l_safe), float("-inf"))
-    o_ptrs = (O + off_b.to(tl.int64) * stride_ob + query[:, None].to(tl.int64) * stride_on
-              + head[:, None].to(tl.int64) * stride_oh + offs_d[None, :] * stride_od)
-    lse_ptrs = LSE + (off_b * H + head).to(tl.int64) * N_Q + query
     if SPLIT:
         rows_pad = tl.num_programs(1) * BLOCK_M
-        first_part = off_bh.to(tl.int64) * tl.num_programs(0) * rows_pad + rows
-        part = first_part + split * rows_pad
+        part = (off_bh.to(tl.int64) * tl.num_programs(0) + split) * rows_pad + rows
         tl.store(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
         tl.store(LSE_PART + part, lse_log2, mask=row_ok)
-        if LAST_SPLIT_MERGES:
-            # Every thread's partial is stored before the count; the count releases them to the GPU, and
-            # the last program's acquire makes the other programs' partials visible to it.
-            tl.debug_barrier()
-            counter = COUNTERS + off_bh * tl.num_programs(1) + row_block
-            finished = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-            if finished == tl.num_programs(0) - 1:
-                out, lse_log2 = _merge_row_block(O_PART, LSE_PART, first_part, rows_pad, tl.num_programs(0), row_ok,
-                                                 offs_d, d_ok, HEAD_DIM, BLOCK_M, BLOCK_D)
-                tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-                tl.store(lse_ptrs, lse_log2 * LN2, mask=row_ok)
-                tl.atomic_xchg(counter, 0)  # ready for the next launch (and the next replay of a CUDA graph)
     else:
+        o_ptrs = (O + off_b.to(tl.int64) * stride_ob + query[:, None].to(tl.int64) * stride_on
+                  + head[:, None].to(tl.int64) * stride_oh + offs_d[None, :] * stride_od)
         tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-        tl.store(lse_ptrs, lse_log2 * LN2, mask=row_ok)
-
-
-@triton.jit
-def _merge_row_block(O_PART, LSE_PART, first_part, rows_pad, num_splits, row_ok, offs_d, d_ok,
-                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    """(O, logsumexp in log2 units) of a row block from its ``num_splits`` partials, which start at
-    ``first_part`` (rows) and lie ``rows_pad`` rows apart. Loads bypass L1 (``.cg``): the partials were
-    written by other SMs during this launch."""
-    m = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
-    for s in range(num_splits):
-        m = tl.maximum(m, tl.load(LSE_PART + first_part + s * rows_pad, mask=row_ok, other=float("-inf"),
-                                  cache_modifier=".cg"))
-    m_sub = tl.where(m == float("-inf"), 0.0, m)  # every split empty: weights 0, O = 0, L = -inf
-    total = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-    for s in range(num_splits):
-        part = first_part + s * rows_pad
-        w = tl.math.exp2(tl.load(LSE_PART + part, mask=row_ok, other=float("-inf"), cache_modifier=".cg") - m_sub)
-        o_part = tl.load(O_PART + part[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :],
-                         other=0.0, cache_modifier=".cg")
-        total += w
-        acc += w[:, None] * o_part
-    seen = total != 0.0
-    safe = tl.where(seen, total, 1.0)
-    return acc / safe[:, None], tl.where(seen, m_sub + tl.math.log2(safe), float("-inf"))
+        tl.store(LSE + (off_b * H + head).to(tl.int64) * N_Q + query, lse_log2 * LN2, mask=row_ok)
 
 
 @triton.jit
@@ -285,11 +244,6 @@ def merge_splits_kernel(O_PART, LSE_PART, O, LSE,
 #: merge's programs are scheduled while the split kernel's last programs still run, and wait for its
 #: results on the GPU, instead of starting only after the split grid has drained.
 MERGE_LAUNCHES_EARLY = True
-
-#: Merge a split grid's partials in the split kernel itself, by the last program of each row block to
-#: finish (counted with an atomic), instead of in a second kernel: no second launch, and each row
-#: block is merged as soon as its own splits are done.
-MERGE_IN_SPLIT_KERNEL = False
 
 #: Keys per split come in multiples of this (so every BLOCK_N of the configs divides a chunk).
 CHUNK_GRANULE = 128
@@ -408,8 +362,7 @@ def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
                              alibi_slopes: torch.Tensor | None = None, k_lens: torch.Tensor | None = None,
                              seq_lens: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
                              max_keys: int | None = None, num_splits: int | None = None,
-                             config: tuple[int, int, int] | None = None, block_m: int | None = None,
-                             counters: torch.Tensor | None = None) -> None:
+                             config: tuple[int, int, int] | None = None, block_m: int | None = None) -> None:
     """Fill ``o`` (q's shape) and ``lse`` ((B, H, N_q) float32) with split-KV attention; arguments unchecked.
 
     q, o: (B, N_q, H, D) through strides (pass ``.transpose(1, 2)`` views for (B, H, N, D)).
@@ -464,13 +417,8 @@ def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
                  HAS_SEQ_LENS=seq_lens is not None, PAGED=paged, HAS_LEFT=left is not None,
                  HAS_RIGHT=right is not None, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
                  SPLIT=split, DOT_PRECISION=runtime.dot_precision(q.dtype), BLOCK_M=block_m)
+    early = split and merges_early(q.device)
     grid = (num_splits, row_blocks, batch * heads_kv)
-    in_kernel = split and MERGE_IN_SPLIT_KERNEL
-    if in_kernel:
-        if counters is None:
-            counters = torch.zeros(row_blocks * batch * heads_kv, dtype=torch.int32, device=q.device)
-        flags.update(COUNTERS=counters, LAST_SPLIT_MERGES=True)
-    early = split and not in_kernel and merges_early(q.device)
     if runtime.INTERPRET:
         splitkv_attention_kernel[grid](*positional, **flags, BLOCK_N=INTERPRETER_BLOCK_N)
     else:
@@ -480,7 +428,7 @@ def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         block_n, stages, warps = config
         launch(splitkv_attention_kernel, grid, *positional, **flags, BLOCK_N=block_n, num_stages=stages,
                num_warps=warps, EARLY_MERGE=early)
-    if split and not in_kernel:
+    if split:
         pdl = {"EARLY": True, "launch_pdl": True} if early else {}
         launch(merge_splits_kernel, (rows, batch * heads_kv),
                o_part, lse_part, o, lse, *o.stride(), heads, heads_kv, n_q, num_splits, row_blocks * block_m,
