@@ -445,7 +445,11 @@ def attention_bwd_dq_kernel(
                             DROPOUT_P, True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT,
                             EVEN_D, HEAD_DIM, DOT_PRECISION, TMA, BLOCK_N, BLOCK_D)
 
-    dq = tl.where((offs_m < q_len)[:, None], dq * sm_scale, 0.0)  # padding rows: exactly 0
+    if HAS_SEQ_LENS:  # padding rows (past seq_len, inside N_q): exactly 0. Selected in float32 before
+        # the scale; after it the compiler moved the select past the packing of dQ to 16 bits (byte
+        # permutes and selects per pair). Without seq_lens every stored row is valid.
+        dq = tl.where(row_mask[:, None], dq, 0.0)
+    dq = dq * sm_scale
     dq_base = DQ + off_b.to(tl.int64) * stride_dqb + off_h.to(tl.int64) * stride_dqh + q_start * stride_dqn
     tl.store(dq_base + offs_m[:, None] * stride_dqn + offs_d[None, :] * stride_dqd,
              dq.to(DQ.dtype.element_ty), mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM))

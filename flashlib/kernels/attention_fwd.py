@@ -287,10 +287,17 @@ def attention_fwd_kernel(
     l_safe = tl.where(valid, l_i, 1.0)
     if HAS_DROPOUT:
         l_safe = l_safe * (1.0 - DROPOUT_P)  # kept weights are scaled by 1 / (1 - p)
+    # The zeros of such rows are selected in float32, before the division: selected after it, the
+    # compiler moved the select past the packing of O to 16 bits, at two byte permutes and two
+    # selects per pair of elements. Without a mask or lengths every stored row sees every key
+    # (l >= 1, or NaN), and there is nothing to select (benchmarks/TUNING.md, twenty-first finding).
+    EVERY_ROW_SEES_KEYS: tl.constexpr = not (HAS_LEFT or HAS_RIGHT or HAS_SEQ_LENS or IS_VARLEN)
+    if not EVERY_ROW_SEES_KEYS:
+        acc = tl.where(valid[:, None], acc, 0.0)
     if FP8:
-        out = tl.where(valid[:, None], acc * (v_descale / l_safe)[:, None], 0.0)
+        out = acc * (v_descale / l_safe)[:, None]
     else:
-        out = tl.where(valid[:, None], acc / l_safe[:, None], 0.0)
+        out = acc / l_safe[:, None]
     lse = tl.where(valid, (m_i + tl.math.log2(tl.where(valid, l_i, 1.0))) * LN2, float("-inf"))
     if TMA == "host":
         store_rows(O, off_b, off_h, m0, out.to(O.dtype), TMA, BLOCK_M, BLOCK_D)

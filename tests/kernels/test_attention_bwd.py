@@ -332,6 +332,19 @@ def test_gradients_past_seq_lens_are_exactly_zero(causal, n_q, n_k):
     assert (dq[0] == 0).all() and (dk[0] == 0).all() and (dv[0] == 0).all(), "an empty sample has none"
 
 
+def test_dq_past_seq_lens_is_zero_even_when_a_valid_value_is_infinite():
+    """dQ of the rows past seq_len is selected to 0, not left to the product: an infinite value at a
+    valid key makes every row's dP NaN there (the valid rows' gradients are NaN, as in PyTorch), and a
+    padding row, whose P is 0, would get 0 * NaN."""
+    q, k, v, do = make_inputs(2, 2, 2, 40, 40, 16, torch.float32, seed=3, grad_out=True)
+    v[0, :, 5, 3] = float("inf")
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    flash_attention(*leaves, seq_lens=torch.tensor([17, 40], dtype=torch.int32, device=q.device)).backward(do)
+    dq = leaves[0].grad
+    assert (dq[0, :, 17:] == 0).all(), "dq of padding queries"
+    assert dq[0, :, :17].isnan().any(), "the valid rows see the infinity"
+
+
 @pytest.mark.parametrize("n_q, n_k, mask", [
     (40, 10, dict(causal=True)),                       # the first 30 rows see no key: their dq is 0
     (20, 50, dict(window=(0, 0))),                     # keys 0..29 seen by nobody: their dk, dv are 0
