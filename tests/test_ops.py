@@ -370,12 +370,12 @@ def test_gpu_dropout_never_syncs_and_a_captured_graph_redraws_its_mask(monkeypat
     and compared before the outputs, so a failure says whether the draw or the kernel differed (this
     test failed twice in full-suite runs, on a cold compile cache with 16 workers, and never alone)."""
     drawn = []
+    draw = ops.draw_dropout_seed
 
     def recording(device):
         drawn.append(draw(device))
         return drawn[-1]
 
-    draw = ops.draw_dropout_seed
     monkeypatch.setattr(ops, "draw_dropout_seed", recording)
     q, k, v = make_inputs(2, 4, 2, 256, 256, 64, torch.float16, seed=4)
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]

@@ -505,7 +505,8 @@ def _fresh_copy(case: Case) -> Case:
     return dataclasses.replace(case, args=copy_tensors(case.args), context=copy_tensors(case.context))
 
 
-def timeout_reply(limit: float) -> Reply:
+def _timeout_reply(limit: float) -> Reply:
+    """The verdict of a case stopped by the time limit (one wording, wherever the timeout surfaced)."""
     return Reply("timeout", headline=f"took longer than {limit:g} s (an infinite loop? a too-large grid?)")
 
 
@@ -527,11 +528,11 @@ def run_learner(check: Check, learner, cases: Sequence[Case], limit: float | Non
             with time_limit(limit) as alarm:
                 out = check.call(learner, work)
         except CheckTimeout:
-            replies.append(timeout_reply(limit))
+            replies.append(_timeout_reply(limit))
             break
         except Exception as raised:  # the learner's code failed: explain, never raise
             if alarm.fired:  # the timeout, turned into another error by the code it interrupted
-                replies.append(timeout_reply(limit))
+                replies.append(_timeout_reply(limit))
                 break
             exc = _unwrap(raised)
             if isinstance(exc, NotImplementedError):
