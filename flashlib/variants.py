@@ -19,7 +19,7 @@ from typing import NamedTuple
 VARIANTS = ("auto", "fa2", "splitkv")
 
 #: Split-KV is chosen up to this many queries per sequence. Its programs hold every query
-#: row of a K/V group (at most 64 rows per program, more rows take more programs), so a
+#: row of a K/V group (64 rows per program, 128 for long MQA chunks; more rows take more programs), so a
 #: problem of few queries reads each K/V block once; past a few dozen queries per sequence
 #: the problem is compute-bound and FlashAttention-2's larger query tiles win. Measured on the
 #: H100 (fp16, D = 128, FA2 time / split-KV time at N_q = 16, 32, 64): one sequence with GQA

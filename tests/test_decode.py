@@ -141,6 +141,39 @@ def test_an_explicit_block_m_gives_the_same_attention(block_m):
     assert relative_error(o, _reference(q, k_cache, v_cache, lengths)[0]) < TOL[q.dtype]
 
 
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_wide_programs_hold_every_row_of_an_mqa_head(num_splits):
+    """128 rows per program (32 query heads x 4 queries of one K/V head), split or not, causal, with a
+    sample whose cache is shorter than a block: every row, of both samples, against float64."""
+    q, k_cache, v_cache, _, _, lengths = _problem(batch=2, heads=32, heads_kv=1, n_q=4, n_new=0, capacity=200,
+                                                  head_dim=16, lengths=[200, 23], seed=5)
+    o, lse = torch.full_like(q, float("nan")), torch.full((2, 32, 4), float("nan"), device=q.device)
+    decode_kernels.launch_splitkv_attention(q, k_cache, v_cache, o, lse, scale=0.25, causal=True, k_lens=lengths,
+                                            block_m=decode_kernels.WIDE_ROWS, num_splits=num_splits)
+    ref_o, ref_lse = _reference(q, k_cache, v_cache, lengths, softmax_scale=0.25)
+    assert relative_error(o, ref_o) < TOL[q.dtype]
+    assert torch.allclose(lse.double(), ref_lse, atol=1e-5, rtol=0)
+
+
+def test_rows_per_program_widen_only_for_long_chunks():
+    """128-row programs where a K/V head has 128 rows and each wide program walks long chunks: at least 1k
+    keys where 64-row programs split anyway, 8k where they would fill the GPU unsplit (H100: 132 SMs)."""
+    choose = decode_kernels.choose_rows_per_program
+    assert choose(rows=32, heads=1, n_k=1 << 17, sms=132) == 32  # fewer rows: all of them, as before
+    assert choose(rows=64, heads=8, n_k=1 << 17, sms=132) == 64
+    assert choose(rows=128, heads=1, n_k=1 << 17, sms=132, head_dim=64) == 128  # 128 chunks of 1024 keys
+    assert choose(rows=128, heads=1, n_k=8192, sms=132, head_dim=64) == 64  # 64 chunks of 128 keys: too short
+    assert choose(rows=128, heads=8, n_k=16384, sms=132) == 128  # 16 chunks of 1024 keys
+    assert choose(rows=128, heads=8, n_k=8192, sms=132) == 64  # 16 chunks of 512 keys
+    assert choose(rows=128, heads=64, n_k=16384, sms=132) == 128  # narrow: 128 programs unsplit; wide: 2 x 8k
+    assert choose(rows=128, heads=64, n_k=4096, sms=132) == 64  # wide would split 4k keys in 2: narrow wins
+    assert choose(rows=256, heads=64, n_k=4096, sms=132) == 64
+    assert choose(rows=256, heads=64, n_k=1 << 15, sms=132) == 128  # two wide programs a head, 32k keys unsplit
+    config = decode_kernels.launch_config
+    assert config(128, 132, 128, 128, 2, chunk=8192) == (64, 3, 8)  # a 128 x 128 accumulator: 8 warps
+    assert config(128, 132, 128, 64, 2, chunk=8192) == (64, 3, 4)  # 128 x 64: scores tile 128 x 64, 4 warps
+
+
 def test_the_merge_launches_early_only_where_the_switch_and_the_device_allow(monkeypatch):
     """On Hopper the merge is a programmatic dependent launch; never in the interpreter or on the CPU."""
     assert not decode_kernels.merges_early(torch.device("cpu"))
@@ -490,6 +523,34 @@ def test_gpu_decoding_matches_the_reference(dtype, head_dim, heads_kv):
     ref, _ = _reference(q, k_cache, v_cache, lengths + 4)
     assert relative_error(o, ref) < TOL[dtype]
     assert relative_error(o_paged, ref) < TOL[dtype]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gpu_wide_programs_match_the_reference(dtype, head_dim):
+    """MQA with 4 new queries (128 rows a K/V head) over 16k keys: the rule picks 128-row programs (8 warps
+    at D = 128); contiguous and paged against float64, and the 64-row programs' result to rounding."""
+    gen = torch.Generator().manual_seed(21)
+    batch, heads, capacity = 8, 32, 16384
+    assert decode_kernels.choose_rows_per_program(heads * 4, batch, capacity, decode_kernels.multiprocessor_count(0),
+                                                  head_dim, 2) == decode_kernels.WIDE_ROWS
+    q, k_cache, v_cache, k, v, lengths = _problem(batch, heads, 1, n_q=4, n_new=4, capacity=capacity,
+                                                  head_dim=head_dim, dtype=dtype,
+                                                  lengths=[capacity - 4, 9000, 5, 16000, 12345, 0, 700, 8192],
+                                                  seed=21)
+    pool, table = _paged(k_cache, 64, gen)
+    v_pool, _ = _paged(v_cache, 64, torch.Generator().manual_seed(21))
+    o = flash_attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lengths)
+    o_paged = flash_attention_with_kvcache(q, pool, v_pool, k, v, cache_seqlens=lengths, block_table=table)
+    ref, ref_lse = _reference(q, k_cache, v_cache, lengths + 4)
+    assert relative_error(o, ref) < TOL[dtype]
+    assert relative_error(o_paged, ref) < TOL[dtype]
+    o64, lse64 = torch.full_like(q, float("nan")), torch.empty(batch, heads, 4, device=q.device)
+    decode_kernels.launch_splitkv_attention(q, k_cache, v_cache, o64, lse64, scale=head_dim ** -0.5, causal=True,
+                                            k_lens=lengths + 4, block_m=64)
+    assert relative_error(o, o64.double()) < TOL[dtype]
+    assert torch.allclose(lse64.double(), ref_lse, atol=1e-3, rtol=0)
 
 
 @pytest.mark.gpu

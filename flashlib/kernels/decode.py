@@ -276,6 +276,10 @@ def launch_config(programs: int, sms: int, block_m: int, block_d: int, elem: int
     slower for long caches. Stages drop where shared memory runs out. A block may straddle the pages
     of a paged cache: the kernel then reads one table entry per key, a block ahead (capping blocks at
     64-token pages was 5-10% slower at D = 64).
+
+    A program of :data:`WIDE_ROWS` query rows keeps its scores tile at 128 x 64 (64-key blocks) and runs
+    8 warps once its accumulator is 128 x 128 (D = 128; 4 warps at D = 64), the best measured for such
+    programs (``decode_configs.py --block-m 128``, ``results/decode_wide_rows_*.json``).
     """
     per_sm = programs / sms
     if chunk is not None or per_sm < 1.5:
@@ -285,13 +289,17 @@ def launch_config(programs: int, sms: int, block_m: int, block_d: int, elem: int
     else:
         tile_bytes, stages = 4096, 3 if per_sm < 8 else 2
     block_n = max(32, min(128, tile_bytes // (block_d * elem)))
+    warps = 4
+    if block_m >= WIDE_ROWS:
+        block_n = min(block_n, 64)
+        warps = 8 if block_m * block_d >= WIDE_ROWS * 128 else 4
     if chunk is not None:  # no more stages than the chunk has blocks
         stages = max(1, min(stages, ceil_div(chunk, block_n)))
     budget = smem_budget()
     for fitting in range(stages, 0, -1):
         if elem * block_d * (block_m + 2 * block_n * fitting) <= budget:
-            return block_n, fitting, 4
-    return 32, 1, 4
+            return block_n, fitting, warps
+    return 32, 1, warps
 
 
 @functools.lru_cache(maxsize=None)
@@ -316,6 +324,15 @@ def multiprocessor_count(device_index: int) -> int:
 def rows_per_program(rows: int) -> int:
     """BLOCK_M for ``rows`` packed query rows: all of them up to 64 (at least 16, ``tl.dot``'s minimum)."""
     return max(16, min(64, power_of_two_at_least(rows)))
+
+
+#: Query rows of a wide program: one K/V head with at least this many rows (MQA with 32 query heads
+#: and 4 new queries, say) may run them all in one program that reads each K/V block once.
+WIDE_ROWS = 128
+#: Keys each wide program must walk for wide programs to be chosen: when 64-row programs would split the
+#: keys anyway, and when they would not (wide ones then pay a split and a merge that narrow ones do not).
+WIDE_MIN_KEYS_SPLIT = 1024
+WIDE_MIN_KEYS_UNSPLIT = 8192
 
 
 #: K and V bytes per chunk under which one wave of chunks is too short to keep an SM streaming, and the
@@ -356,6 +373,28 @@ def choose_num_splits(programs: int, n_k: int, sms: int, head_dim: int = 128, el
     return max(one_wave, fine)
 
 
+def choose_rows_per_program(rows: int, heads: int, n_k: int, sms: int, head_dim: int = 128, elem: int = 2) -> int:
+    """BLOCK_M for ``rows`` query rows per K/V head, ``heads`` K/V heads over the batch (B * H_kv) and
+    ``n_k`` keys: :data:`WIDE_ROWS` where wide programs walk long enough chunks, else
+    :func:`rows_per_program`.
+
+    With 128 rows (MQA, 32 query heads, 4 new queries) two 64-row programs each read the whole K/V
+    head; one 128-row program reads it once and does twice the work per byte, as the forward's
+    128-row tiles do. Measured on the H100 (``decode_configs.py --block-m 128``, fp16, D = 64 and 128;
+    ``results/decode_wide_rows_*.json``): 10-21% faster contiguous and up to 1.4x paged where each
+    wide program walks 1k-8k keys or more; slower where it would walk short chunks (B = 1, N_k = 8k:
+    128 keys, 10-15%), or where narrow programs fill the GPU unsplit and wide ones would need a split
+    and a merge for chunks of 2k keys (B = 64, N_k = 4k: 4-17%; 1k: 1.4-1.6x).
+    """
+    narrow = rows_per_program(rows)
+    if rows < WIDE_ROWS:
+        return narrow
+    narrow_splits = choose_num_splits(heads * ceil_div(rows, narrow), n_k, sms, head_dim, elem, rows)
+    wide_splits = choose_num_splits(heads * ceil_div(rows, WIDE_ROWS), n_k, sms, head_dim, elem, rows)
+    least = WIDE_MIN_KEYS_SPLIT if narrow_splits > 1 else WIDE_MIN_KEYS_UNSPLIT
+    return WIDE_ROWS if n_k // wide_splits >= least else narrow
+
+
 def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                              lse: torch.Tensor, *, scale: float, causal: bool = False,
                              window: tuple[int | None, int | None] = (None, None), softcap: float = 0.0,
@@ -372,7 +411,7 @@ def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     is (left, right) with None unbounded, ``causal`` caps right at 0. ``max_keys`` bounds the
     keys of any sample (the grid is sized for it; default: what k can hold).
     ``num_splits`` overrides the heuristic (:func:`choose_num_splits`); ``config`` = (BLOCK_N,
-    num_stages, num_warps) overrides :func:`launch_config`, ``block_m`` :func:`rows_per_program`
+    num_stages, num_warps) overrides :func:`launch_config`, ``block_m`` :func:`choose_rows_per_program`
     (experiments).
     """
     batch, n_q, heads, head_dim = q.shape
@@ -382,13 +421,13 @@ def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     capacity = block_table.shape[1] * page_size if paged else k.shape[1]
     n_k = capacity if max_keys is None else min(max_keys, capacity)
     rows = (heads // heads_kv) * n_q
+    sms = 16 if runtime.INTERPRET else multiprocessor_count(q.device.index or 0)
     if block_m is None:
-        block_m = rows_per_program(rows)
+        block_m = choose_rows_per_program(rows, batch * heads_kv, n_k, sms, head_dim, q.element_size())
     elif not isinstance(block_m, int) or isinstance(block_m, bool) or block_m < 16 or block_m & (block_m - 1):
         raise ValueError(f"block_m must be None (the kernel chooses) or a power of two >= 16 (tl.dot's minimum); "
                          f"got {block_m!r}")
     row_blocks = ceil_div(rows, block_m)
-    sms = 16 if runtime.INTERPRET else multiprocessor_count(q.device.index or 0)
     if num_splits is None:
         num_splits = choose_num_splits(batch * heads_kv * row_blocks, n_k, sms, head_dim, q.element_size(), rows)
     chunk = ceil_div(ceil_div(max(n_k, 1), num_splits), CHUNK_GRANULE) * CHUNK_GRANULE
