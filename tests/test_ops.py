@@ -366,9 +366,13 @@ def test_gpu_reduce_overhead_captures_training_with_and_without_dropout():
 @pytest.mark.gpu
 def test_gpu_dropout_never_syncs_and_a_captured_graph_redraws_its_mask(monkeypatch):
     """A training step with dropout makes no host-device sync (the seed stays on the device), and a
-    ``torch.cuda.graph`` of a dropout call drops other weights on every replay. The seeds are recorded
-    and compared before the outputs, so a failure says whether the draw or the kernel differed (this
-    test failed twice in full-suite runs, on a cold compile cache with 16 workers, and never alone)."""
+    ``torch.cuda.graph`` of a dropout call drops other weights on every replay: each replay's O is the
+    eager O of the seed that replay drew, and replays after the same ``torch.manual_seed`` draw the same.
+
+    The first replay of a fresh graph is checked for the first two only: under load (16 processes on a
+    cold compile cache) torch 2.11 let 29 of 64 first replays draw with the generator's seed of capture
+    time at the new offset, not the seed just set (``benchmarks/dropout_graph_seed_race.py``; TUNING.md,
+    twenty-third finding). That is torch's replay, not flashlib's draw: the later replays were right."""
     drawn = []
     draw = ops.draw_dropout_seed
 
@@ -396,17 +400,28 @@ def test_gpu_dropout_never_syncs_and_a_captured_graph_redraws_its_mask(monkeypat
         captured = flash_attention(q, k, v, dropout_p=0.3)
     captured_seed = drawn[-1]
     replays = []
-    for s in (7, 8, 7):
-        torch.manual_seed(s)
+    for s in (None, 7, 8, 7):  # None: the fresh graph's first replay
+        if s is not None:
+            torch.manual_seed(s)
         graph.replay()
-        replays.append((captured.clone(), int(captured_seed[0])))
+        replays.append((captured.clone(), captured_seed.clone()))
+
+    def eager_with(seed):  # the kernels' O for a given seed tensor: the draw replaced by that seed
+        monkeypatch.setattr(ops, "draw_dropout_seed", lambda device: seed.clone())
+        try:
+            return flash_attention(q, k, v, dropout_p=0.3)
+        finally:
+            monkeypatch.setattr(ops, "draw_dropout_seed", recording)
+
+    for out, seed in replays:
+        assert torch.equal(out, eager_with(seed)), f"a replay's O is not the O of its own seed {int(seed[0])}"
     torch.manual_seed(7)
     eager = flash_attention(q, k, v, dropout_p=0.3)
     eager_seed = int(drawn[-1][0])
-    seeds = [seed for _, seed in replays]
+    seeds = [int(seed[0]) for _, seed in replays[1:]]
     assert seeds[0] == seeds[2] == eager_seed != seeds[1], f"seeds: of the replays {seeds}, eager {eager_seed}"
-    assert torch.equal(replays[0][0], eager) and torch.equal(replays[2][0], eager)
-    assert not torch.equal(replays[0][0], replays[1][0])
+    assert torch.equal(replays[1][0], eager) and torch.equal(replays[3][0], eager)
+    assert not torch.equal(replays[1][0], replays[2][0])
 
 
 def test_the_ops_seed_output_lives_on_qs_device():
