@@ -506,23 +506,29 @@ def test_num_splits_must_be_a_positive_int(num_splits):
 
 
 # ------------------------------------------------------------------ GPU
+def _appended_contiguous_and_paged_match(q, k_cache, v_cache, k, v, lengths, seed):
+    """Append k, v and attend, on the contiguous cache and on the same tokens in shuffled 64-token pages;
+    both against float64. Returns the contiguous O and the reference's L (the cache holds the appended tokens)."""
+    pool, table = _paged(k_cache, 64, torch.Generator().manual_seed(seed))
+    v_pool, _ = _paged(v_cache, 64, torch.Generator().manual_seed(seed))
+    o = flash_attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lengths)
+    o_paged = flash_attention_with_kvcache(q, pool, v_pool, k, v, cache_seqlens=lengths, block_table=table)
+    ref, ref_lse = _reference(q, k_cache, v_cache, lengths + k.shape[1])
+    assert relative_error(o, ref) < TOL[q.dtype]
+    assert relative_error(o_paged, ref) < TOL[q.dtype]
+    return o, ref_lse
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("heads_kv", [32, 8, 1])
 def test_gpu_decoding_matches_the_reference(dtype, head_dim, heads_kv):
-    gen = torch.Generator().manual_seed(12)
     batch, heads, capacity = 3, 32, 4096
     q, k_cache, v_cache, k, v, lengths = _problem(batch, heads, heads_kv, n_q=4, n_new=4, capacity=capacity,
                                                   head_dim=head_dim, dtype=dtype, lengths=[0, 1000, capacity - 4],
                                                   seed=12)
-    pool, table = _paged(k_cache, 64, gen)
-    v_pool, _ = _paged(v_cache, 64, torch.Generator().manual_seed(12))
-    o = flash_attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lengths)
-    o_paged = flash_attention_with_kvcache(q, pool, v_pool, k, v, cache_seqlens=lengths, block_table=table)
-    ref, _ = _reference(q, k_cache, v_cache, lengths + 4)
-    assert relative_error(o, ref) < TOL[dtype]
-    assert relative_error(o_paged, ref) < TOL[dtype]
+    _appended_contiguous_and_paged_match(q, k_cache, v_cache, k, v, lengths, 12)
 
 
 @pytest.mark.gpu
@@ -531,7 +537,6 @@ def test_gpu_decoding_matches_the_reference(dtype, head_dim, heads_kv):
 def test_gpu_wide_programs_match_the_reference(dtype, head_dim):
     """MQA with 4 new queries (128 rows a K/V head) over 16k keys: the rule picks 128-row programs (8 warps
     at D = 128); contiguous and paged against float64, and the 64-row programs' result to rounding."""
-    gen = torch.Generator().manual_seed(21)
     batch, heads, capacity = 8, 32, 16384
     assert decode_kernels.choose_rows_per_program(heads * 4, batch, capacity, decode_kernels.multiprocessor_count(0),
                                                   head_dim, 2) == decode_kernels.WIDE_ROWS
@@ -539,13 +544,7 @@ def test_gpu_wide_programs_match_the_reference(dtype, head_dim):
                                                   head_dim=head_dim, dtype=dtype,
                                                   lengths=[capacity - 4, 9000, 5, 16000, 12345, 0, 700, 8192],
                                                   seed=21)
-    pool, table = _paged(k_cache, 64, gen)
-    v_pool, _ = _paged(v_cache, 64, torch.Generator().manual_seed(21))
-    o = flash_attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lengths)
-    o_paged = flash_attention_with_kvcache(q, pool, v_pool, k, v, cache_seqlens=lengths, block_table=table)
-    ref, ref_lse = _reference(q, k_cache, v_cache, lengths + 4)
-    assert relative_error(o, ref) < TOL[dtype]
-    assert relative_error(o_paged, ref) < TOL[dtype]
+    o, ref_lse = _appended_contiguous_and_paged_match(q, k_cache, v_cache, k, v, lengths, 21)
     o64, lse64 = torch.full_like(q, float("nan")), torch.empty(batch, heads, 4, device=q.device)
     decode_kernels.launch_splitkv_attention(q, k_cache, v_cache, o64, lse64, scale=head_dim ** -0.5, causal=True,
                                             k_lens=lengths + 4, block_m=64)
