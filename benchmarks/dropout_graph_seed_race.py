@@ -4,9 +4,10 @@ same ``torch.manual_seed`` (the GPU suite's flaky dropout test; TUNING.md, twent
 ``PYTHONPATH=. python3 benchmarks/dropout_graph_seed_race.py [--tag NAME]`` runs the test's body once in a
 fresh process and prints one JSON line: the seed each replay drew, the eager seed, and the CUDA
 generator's (seed, offset) at capture and around every replay. Where a replay's seed differs from the
-eager one, it also says whether that seed is the draw of the generator state *at capture*: the value
-the captured graph reads if it runs before the replay's prologue has written the new seed and offset.
-Run many copies at once (``--copies N`` starts them) to load the GPU and the CPU as the full suite does.
+eager one, it also says which stale state it is the draw of: the generator's whole state at capture,
+or the seed at capture with the offset just set (what torch 2.11's first replays drew under load).
+Run many copies at once (``--copies N`` starts them, each with an empty Triton cache of its own, as a
+cold full suite) to load the GPU and the CPU: the seed went stale only under such load.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import torch
 
@@ -66,6 +68,8 @@ def one_run() -> dict:
         stale = draw_at(*at_capture)
         result["capture_state_draw"] = stale
         result["wrong_replays_match_capture_state"] = [r["seed"] == stale for r in replays]
+        result["wrong_replays_match_capture_seed_at_new_offset"] = [
+            r["seed"] == draw_at(at_capture[0], r["before"][1]) for r in replays]
         result["draws_at_seed_7_offsets_0_to_32"] = [draw_at(7, o) for o in range(0, 36, 4)]  # multiples of 4
     return result
 
@@ -76,9 +80,11 @@ def main():
     parser.add_argument("--tag", default="")
     args = parser.parse_args()
     if args.copies:
-        procs = [subprocess.Popen([sys.executable, __file__, "--tag", str(i)], env=dict(os.environ))
-                 for i in range(args.copies)]
-        sys.exit(max(p.wait() for p in procs))
+        with tempfile.TemporaryDirectory() as caches:
+            procs = [subprocess.Popen([sys.executable, __file__, "--tag", str(i)],
+                                      env=dict(os.environ, TRITON_CACHE_DIR=os.path.join(caches, str(i))))
+                     for i in range(args.copies)]
+            sys.exit(max(p.wait() for p in procs))
     print(json.dumps(dict(tag=args.tag, **one_run())), flush=True)
 
 

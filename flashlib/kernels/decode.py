@@ -279,7 +279,7 @@ def launch_config(programs: int, sms: int, block_m: int, block_d: int, elem: int
 
     A program of :data:`WIDE_ROWS` query rows keeps its scores tile at 128 x 64 (64-key blocks) and runs
     8 warps once its accumulator is 128 x 128 (D = 128; 4 warps at D = 64), the best measured for such
-    programs (``decode_configs.py --block-m 128``, ``results/decode_wide_rows_*.json``).
+    programs (``decode_configs.py --block-m 128``, ``results/decode_configs_wide_rows_*.json``).
     """
     per_sm = programs / sms
     if chunk is not None or per_sm < 1.5:
@@ -380,11 +380,13 @@ def choose_rows_per_program(rows: int, heads: int, n_k: int, sms: int, head_dim:
 
     With 128 rows (MQA, 32 query heads, 4 new queries) two 64-row programs each read the whole K/V
     head; one 128-row program reads it once and does twice the work per byte, as the forward's
-    128-row tiles do. Measured on the H100 (``decode_configs.py --block-m 128``, fp16, D = 64 and 128;
-    ``results/decode_wide_rows_*.json``): 10-21% faster contiguous and up to 1.4x paged where each
-    wide program walks 1k-8k keys or more; slower where it would walk short chunks (B = 1, N_k = 8k:
-    128 keys, 10-15%), or where narrow programs fill the GPU unsplit and wide ones would need a split
-    and a merge for chunks of 2k keys (B = 64, N_k = 4k: 4-17%; 1k: 1.4-1.6x).
+    128-row tiles do. Measured on the H100, fp16, D = 64 and 128 (a sweep, ``decode_configs.py
+    --block-m 128``, ``results/decode_configs_wide_rows_*.json``; then this rule against 64 rows,
+    ``decode_wide_rows.py``, ``results/decode_wide_rows_*.json``): 1.02-1.35x faster contiguous and
+    1.06-1.32x paged where each wide program walks 1k keys or more (8k where narrow ones run unsplit);
+    slower where it would walk short chunks (B = 1, N_k = 8k: 128 keys, 10-15%), or where narrow
+    programs fill the GPU unsplit and wide ones would need a split and a merge for chunks of 2k keys
+    (B = 64, N_k = 4k: 4-17%; 1k: 1.4-1.6x).
     """
     narrow = rows_per_program(rows)
     if rows < WIDE_ROWS:
