@@ -119,12 +119,17 @@ def _calls(q, k, v, impls, generator) -> dict[str, Callable]:
 
 def graph_time_us(call: Callable, repeat: int = 20) -> float:
     """Median microseconds of ``call()`` replayed from a CUDA graph (GPU time alone; after one eager call,
-    which compiles and warms up)."""
+    which compiles and warms up).
+
+    ``do_bench_cudagraph`` runs its own warm-up and captures on a stream it creates, which does not wait for
+    the caller's stream (triton-lang/triton#10312, open): inputs still being written there were read
+    unfinished (a paged cache's block table read before its copy ended took the kernel to an illegal
+    address). The device is therefore drained first."""
     import triton.testing
 
     call()
-    with torch.cuda.stream(torch.cuda.Stream()):  # graphs are captured off the default stream
-        return triton.testing.do_bench_cudagraph(call, rep=repeat, return_mode="median") * 1e3
+    torch.cuda.synchronize()
+    return triton.testing.do_bench_cudagraph(call, rep=repeat, return_mode="median") * 1e3
 
 
 def _time_us(call: Callable, warmup: int, repeat: int) -> tuple[float, float | None]:

@@ -68,3 +68,24 @@ def test_other_scripts_files_beside_the_grids_are_refused_not_misread(tmp_path):
         except ValueError:
             continue
     assert loaded and all(meta["gpu"]["name"] and all(r["impl"] for r in rows) for meta, rows in loaded)
+
+
+@pytest.mark.gpu
+def test_graph_timing_waits_for_work_still_queued_on_the_callers_stream():
+    """Triton's do_bench_cudagraph warms up on a stream of its own that does not wait for the caller's; a call
+    timed there must still see inputs that the caller's stream was writing (here: after a sleep of about 0.5 s).
+    Every kernel and torch's stream pool are made ready first: CUDA loads a kernel's module on its first launch,
+    and that load waits for the device, which would end the sleep before the race could show."""
+    import torch
+
+    x, seen, calls = (torch.zeros(1, device="cuda") for _ in range(3))
+    torch.cuda.Stream()
+    torch.cuda._sleep(1000)
+    x.fill_(1.0), seen.add_(x), calls.add_(1)
+    torch.cuda.synchronize()
+    x.fill_(0.0), seen.fill_(0.0), calls.fill_(0.0)
+    torch.cuda._sleep(1_000_000_000)
+    x.fill_(1.0)
+    bench_decode.graph_time_us(lambda: (seen.add_(x), calls.add_(1)), repeat=1)
+    torch.cuda.synchronize()
+    assert calls.item() > 1 and seen.item() == calls.item()

@@ -224,6 +224,19 @@ def test_launch_config_follows_the_grid_and_fits_shared_memory():
     assert 4 * 256 * (64 + 2 * block_n * stages) <= decode_kernels.smem_budget() and stages < 3
 
 
+def test_registers_are_capped_only_where_four_small_two_page_programs_must_share_an_sm():
+    cap = decode_kernels.register_cap
+    assert decode_kernels.REGISTERS_FOR_MAX_WAVES == 128  # 4 programs x 4 warps x 32 threads x 128 = 65536
+    assert cap(512, 132, 16, (128, 2, 4), page_size=64) == 128  # a fine split at 3.9 programs per SM
+    assert cap(400, 132, 32, (128, 2, 4), page_size=64) == 128
+    assert cap(396, 132, 16, (128, 2, 4), page_size=64) is None  # three per SM fit without a cap
+    assert cap(512, 132, 16, (128, 2, 4)) is None  # a contiguous cache
+    assert cap(512, 132, 16, (64, 2, 4), page_size=64) is None  # one page a block
+    assert cap(2048, 132, 16, (32, 2, 4), page_size=16) is None  # short blocks over two pages: not measured
+    assert cap(512, 132, 64, (128, 2, 4), page_size=64) is None  # wgmma programs (240-255 registers) would spill
+    assert cap(512, 132, 16, (128, 2, 8), page_size=64) is None
+
+
 @pytest.mark.parametrize("window", [(7, 0), (20, 3), (0, 0)])
 def test_windows_softcap_alibi_and_scale(window):
     q, k_cache, v_cache, k, v, lengths = _problem(n_q=3, n_new=3, lengths=[40, 5, 80], seed=1)
@@ -550,6 +563,20 @@ def test_gpu_wide_programs_match_the_reference(dtype, head_dim):
                                             k_lens=lengths + 4, block_m=64)
     assert relative_error(o, o64.double()) < TOL[dtype]
     assert torch.allclose(lse64.double(), ref_lse, atol=1e-3, rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_two_pages_per_block_in_a_finely_split_grid_match_the_reference(dtype):
+    """D = 64, 128-key blocks over 64-token pages (two table entries a block), 16 splits of 32 heads: 512
+    programs, which run with their registers capped so that four share an SM."""
+    batch, heads, capacity = 1, 32, 4096
+    sms = decode_kernels.multiprocessor_count(0)
+    assert decode_kernels.choose_num_splits(batch * heads, capacity, sms, 64, 2) * batch * heads > 3 * sms
+    assert decode_kernels.launch_config(512, sms, 16, 64, 2, chunk=256)[0] == 2 * 64
+    q, k_cache, v_cache, k, v, lengths = _problem(batch, heads, heads, n_q=1, n_new=1, capacity=capacity,
+                                                  head_dim=64, dtype=dtype, lengths=[capacity - 1], seed=22)
+    _appended_contiguous_and_paged_match(q, k_cache, v_cache, k, v, lengths, 22)
 
 
 @pytest.mark.gpu

@@ -136,12 +136,22 @@ def splitkv_attention_kernel(
     # The page of a block's keys is read one block ahead: a K/V load whose address waits on a table load
     # in the same iteration cannot be pipelined (paged ran 1.3-1.6x slower than contiguous that way on
     # the H100, 1.02-1.07x with the read ahead: benchmarks/decode_paged.py). A block inside one page
-    # needs one table entry; a block over several pages (small pages, long blocks) one per key.
+    # needs one table entry, a block over two pages two (a scalar each); a block over more pages (small
+    # pages, long blocks) one per key. Per-key entries arrive in the table load's own layout and must be
+    # moved through shared memory into each of K's and V's (4 layout conversions an iteration, and 1.10-1.30x
+    # contiguous at D = 64: TUNING, twenty-fourth finding); scalars need none. A block starts at a multiple
+    # of BLOCK_N, so a two-page block starts a page.
     ONE_PAGE_PER_BLOCK: tl.constexpr = PAGED and PAGE_SIZE % BLOCK_N == 0
+    TWO_PAGES_PER_BLOCK: tl.constexpr = PAGED and BLOCK_N == 2 * PAGE_SIZE
     table_row = BLOCK_TABLE + off_b.to(tl.int64) * stride_tb
     next_page = 0
+    next_upper_page = 0
     if ONE_PAGE_PER_BLOCK:
         next_page = tl.load(table_row + lo // PAGE_SIZE, mask=lo < hi, other=0).to(tl.int64)
+    elif TWO_PAGES_PER_BLOCK:
+        next_page = tl.load(table_row + lo // PAGE_SIZE, mask=lo < hi, other=0).to(tl.int64)
+        next_upper_page = tl.load(table_row + lo // PAGE_SIZE + 1, mask=(lo < hi) & (lo + PAGE_SIZE < k_len),
+                                  other=0).to(tl.int64)
     elif PAGED:
         next_page = tl.load(table_row + (lo + offs_n) // PAGE_SIZE, mask=lo + offs_n < k_len,
                             other=0).to(tl.int64)
@@ -154,6 +164,13 @@ def splitkv_attention_kernel(
             next_page = tl.load(table_row + following // PAGE_SIZE, mask=following < hi, other=0).to(tl.int64)
             k_rows = page * stride_kb + (start % PAGE_SIZE + offs_n) * stride_kn
             v_rows = page * stride_vb + (start % PAGE_SIZE + offs_n) * stride_vn
+        elif TWO_PAGES_PER_BLOCK:
+            page = tl.where(offs_n < PAGE_SIZE, next_page, next_upper_page)
+            next_page = tl.load(table_row + following // PAGE_SIZE, mask=following < hi, other=0).to(tl.int64)
+            next_upper_page = tl.load(table_row + following // PAGE_SIZE + 1,
+                                      mask=(following < hi) & (following + PAGE_SIZE < k_len), other=0).to(tl.int64)
+            k_rows = page * stride_kb + (offs_n % PAGE_SIZE) * stride_kn
+            v_rows = page * stride_vb + (offs_n % PAGE_SIZE) * stride_vn
         elif PAGED:  # each key's page, read one block ahead
             page = next_page
             next_page = tl.load(table_row + (following + offs_n) // PAGE_SIZE, mask=following + offs_n < k_len,
@@ -373,6 +390,31 @@ def choose_num_splits(programs: int, n_k: int, sms: int, head_dim: int = 128, el
     return max(one_wave, fine)
 
 
+#: Registers per thread at which :data:`MAX_WAVES` programs of four warps share an SM's 65536.
+REGISTERS_FOR_MAX_WAVES = 65536 // (MAX_WAVES * 4 * 32)
+
+
+def register_cap(programs: int, sms: int, block_m: int, config: tuple[int, int, int], page_size: int = 0) -> int | None:
+    """``maxnreg`` for a grid of ``programs`` split-KV programs of ``block_m`` rows launched with ``config``
+    (BLOCK_N, stages, warps) over pages of ``page_size`` tokens (0: a contiguous cache), or None (the
+    compiler's own choice).
+
+    A finely split grid puts up to :data:`MAX_WAVES` programs on each SM at once, but only if their registers
+    fit: four programs of four warps may take :data:`REGISTERS_FOR_MAX_WAVES` (128) each. Programs of 16-32
+    rows need about 100 (sm_90a, D = 64), but 135 when each 128-key block spans two 64-token pages, so only
+    three fit, and grids of 3.9 programs per SM ran as two waves, 1.3-1.5x slower than the contiguous cache
+    (``benchmarks/decode_paged_gap.py``; TUNING, twenty-fourth finding). Capped, the compiler keeps them at
+    128 (two spilled words). The cap is for those launches alone: it is not only a ceiling, ptxas also
+    allocates up to it, so 32-key programs that need 64 took 84 (eight programs an SM became six) and ran
+    14-16% slower. Programs of 64 rows and more (wgmma, 240-255 registers) are never capped.
+    """
+    block_n, _, warps = config
+    two_long_pages = page_size > 0 and block_n == 2 * page_size and block_n >= 128  # as measured
+    if two_long_pages and block_m <= 32 and warps == 4 and programs > (MAX_WAVES - 1) * sms:
+        return REGISTERS_FOR_MAX_WAVES
+    return None
+
+
 def choose_rows_per_program(rows: int, heads: int, n_k: int, sms: int, head_dim: int = 128, elem: int = 2) -> int:
     """BLOCK_M for ``rows`` query rows per K/V head, ``heads`` K/V heads over the batch (B * H_kv) and
     ``n_k`` keys: :data:`WIDE_ROWS` where wide programs walk long enough chunks, else
@@ -463,12 +505,15 @@ def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     if runtime.INTERPRET:
         splitkv_attention_kernel[grid](*positional, **flags, BLOCK_N=INTERPRETER_BLOCK_N)
     else:
+        programs, registers = num_splits * row_blocks * batch * heads_kv, {}
         if config is None:
-            config = launch_config(num_splits * row_blocks * batch * heads_kv, sms, block_m, block_d,
-                                   q.element_size(), chunk if split else None)
+            config = launch_config(programs, sms, block_m, block_d, q.element_size(), chunk if split else None)
+            cap = register_cap(programs, sms, block_m, config, page_size)
+            if cap is not None:
+                registers["maxnreg"] = cap
         block_n, stages, warps = config
         launch(splitkv_attention_kernel, grid, *positional, **flags, BLOCK_N=block_n, num_stages=stages,
-               num_warps=warps, EARLY_MERGE=early)
+               num_warps=warps, EARLY_MERGE=early, **registers)
     if split:
         pdl = {"EARLY": True, "launch_pdl": True} if early else {}
         launch(merge_splits_kernel, (rows, batch * heads_kv),
