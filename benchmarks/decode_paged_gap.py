@@ -13,17 +13,18 @@ both runs' paged / contiguous ratios side by side.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import statistics
 
 import torch
-import triton
 
-from flashlib import detect_gpu
 from flashlib.bench_decode import GPU_GRID, HEADS_Q, PAGE_SIZE, graph_time_us, paged_copy
+from flashlib.bench_results import results_meta
 from flashlib.integer_math import ceil_div
 from flashlib.kernels import decode
+
+METHOD = ("us: flashlib.bench_decode.graph_time_us (do_bench_cudagraph median, rep 10 ms) per round, median over "
+          "rounds; contiguous and paged interleaved in each round; rel_diff: paged O against contiguous O")
 
 
 def grid_points(head_dim: int) -> list[tuple[int, int, int, int]]:
@@ -96,11 +97,9 @@ def main():
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--against", help="an earlier run's file, to print side by side")
     args = parser.parse_args()
-    results = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                   gpu=detect_gpu().as_dict(), torch=torch.__version__, triton=triton.__version__,
-                   command="PYTHONPATH=. python3 benchmarks/decode_paged_gap.py " + " ".join(
-                       f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("out", "against")),
-                   rows=[])
+    command = "PYTHONPATH=. python3 benchmarks/decode_paged_gap.py " + " ".join(
+        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("out", "against"))
+    results = dict(meta=results_meta(method=METHOD, command=command), rows=[])
     for point in grid_points(args.head_dim):
         results["rows"].append(time_point(*point, args.head_dim, getattr(torch, args.dtype), args.rounds))
         torch.cuda.empty_cache()
