@@ -32,6 +32,7 @@ import triton.testing
 
 from flashlib.kernels import attention_bwd, attention_fwd, launch
 from flashlib.spec import AttentionSpec
+from flashlib.timing import graph_time_ms
 from schedule_ab import (ORIGINAL_CONFIGS, TUNED, candidates, label, parse_configs, shape_grid, tensors, warm_all,
                          write_results)
 
@@ -43,7 +44,7 @@ def triton_default(fn, quantiles):
 
 def in_a_graph(fn, quantiles):
     """The candidate: a CUDA graph of many launches, so the host's own time is not measured."""
-    return triton.testing.do_bench_cudagraph(fn, rep=100, quantiles=quantiles, return_mode="median")
+    return graph_time_ms(fn, rep=100, quantiles=quantiles, return_mode="median")
 
 
 BENCHMARKERS = {"do_bench": triton_default, "cudagraph": in_a_graph}
@@ -110,8 +111,7 @@ def main(argv=None) -> None:
                                    if label(c) in compiled]:
                         only(kernel, [config])
                         call()
-                        reference[label(config)] = triton.testing.do_bench_cudagraph(call, rep=100,
-                                                                                     return_mode="median") * 1e3
+                        reference[label(config)] = graph_time_ms(call, rep=100, return_mode="median") * 1e3
                     best = min((label(c) for c in configs), key=reference.get)
                     swept = min(reference, key=reference.get)
                     if swept != best:

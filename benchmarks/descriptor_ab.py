@@ -10,12 +10,12 @@ time is out of the measurement. benchmarks/TUNING.md (sixth finding) quotes the 
 import sys
 
 import torch
-import triton.testing
 
 from flashlib.kernels import attention_fwd
 from flashlib.kernels.attention_bwd import launch_attention_backward
 from flashlib.kernels.attention_fwd import launch_attention_forward
 from flashlib.spec import AttentionSpec
+from flashlib.timing import graph_time_ms
 
 REAL_MODE = attention_fwd.descriptor_mode
 
@@ -49,8 +49,7 @@ def main():
                         fn = lambda: launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec=spec,  # noqa: E731
                                                                use_tma=variant)
                     fn()
-                    torch.cuda.synchronize()
-                    ms = triton.testing.do_bench_cudagraph(fn, rep=100)
+                    ms = graph_time_ms(fn, rep=100)
                     row.append(f"{variant}: {ms * 1e3:7.1f} us {flops / ms / 1e9:5.0f} TF")
                 print(f"D{d} N{n} causal={causal}: " + " | ".join(row), flush=True)
     attention_fwd.descriptor_mode = REAL_MODE

@@ -41,6 +41,7 @@ import triton.testing
 from config_text import parse_config
 from flashlib.kernels import attention_bwd, attention_fwd, launch
 from flashlib.spec import AttentionSpec
+from flashlib.timing import graph_time_ms
 
 VARIANTS = ("grid", "longest")
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -260,8 +261,8 @@ def main(argv=None) -> None:
                         use(variant, chosen)
                         forward()
                         backward()
-                        times[variant][0].append(triton.testing.do_bench_cudagraph(forward, rep=100))
-                        times[variant][1].append(triton.testing.do_bench_cudagraph(backward, rep=100))
+                        times[variant][0].append(graph_time_ms(forward, rep=100))
+                        times[variant][1].append(graph_time_ms(backward, rep=100))
                 for variant, (_, _, errors, same) in timed.items():
                     fwd_ms, bwd_ms = (statistics.median(t) for t in times[variant])
                     row = dict(variant=variant, d=d, n=n, causal=causal, dtype=args.dtype,

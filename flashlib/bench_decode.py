@@ -47,7 +47,7 @@ from .attention import flash_attention
 from .bench_results import DTYPES, OK, RESULTS_DIR, failure_status, gpu_slug, results_meta
 from .decode import flash_attention_with_kvcache
 from .gpu import detect_gpu
-from .timing import free_memory, measure_ceilings
+from .timing import free_memory, graph_time_ms, measure_ceilings
 from .validation import relative_error
 
 IMPLS = ("flashlib", "flashlib_paged", "flashlib_fa2", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient")
@@ -119,17 +119,9 @@ def _calls(q, k, v, impls, generator) -> dict[str, Callable]:
 
 def graph_time_us(call: Callable, repeat: int = 20) -> float:
     """Median microseconds of ``call()`` replayed from a CUDA graph (GPU time alone; after one eager call,
-    which compiles and warms up).
-
-    ``do_bench_cudagraph`` runs its own warm-up and captures on a stream it creates, which does not wait for
-    the caller's stream (triton-lang/triton#10312, open): inputs still being written there were read
-    unfinished (a paged cache's block table read before its copy ended took the kernel to an illegal
-    address). The device is therefore drained first."""
-    import triton.testing
-
+    which compiles and warms up; :func:`flashlib.timing.graph_time_ms` drains the device before it times)."""
     call()
-    torch.cuda.synchronize()
-    return triton.testing.do_bench_cudagraph(call, rep=repeat, return_mode="median") * 1e3
+    return graph_time_ms(call, rep=repeat, return_mode="median") * 1e3
 
 
 def _time_us(call: Callable, warmup: int, repeat: int) -> tuple[float, float | None]:

@@ -42,6 +42,21 @@ def time_ms(fn: Callable[[], object], warmup: int = 25, rep: int = 100, grad_to_
     return _cpu_time_ms(call, rep)
 
 
+def graph_time_ms(fn: Callable[[], object], rep: int = 20, **kwargs):
+    """``triton.testing.do_bench_cudagraph(fn, rep, **kwargs)`` (GPU time alone: the calls replayed from a CUDA
+    graph) after draining the device.
+
+    do_bench_cudagraph warms up and captures on a stream it creates, which does not wait for the caller's
+    stream (triton-lang/triton#10312, open): inputs still being written there are read unfinished. On the
+    H100 a paged cache's block table was read before its copy ended and the decoding kernel went to an
+    illegal address (benchmarks/TUNING.md, twenty-fourth finding).
+    """
+    import triton.testing
+
+    torch.cuda.synchronize()
+    return triton.testing.do_bench_cudagraph(fn, rep=rep, **kwargs)
+
+
 def _cpu_time_ms(call: Callable[[], object], rep: int, warmup_budget_s: float = 2.0) -> float:
     """Median milliseconds of ``call()`` off the GPU, after a warm-up that lasts until it is stable.
 
