@@ -237,6 +237,25 @@ def test_registers_are_capped_only_where_four_small_two_page_programs_must_share
     assert cap(512, 132, 16, (128, 2, 8), page_size=64) is None
 
 
+@pytest.mark.parametrize("paged, capped", [(True, True), (False, False)], ids=["two-pages", "contiguous"])
+def test_the_gpu_launch_passes_the_register_cap_only_to_two_page_launches(monkeypatch, paged, capped):
+    """The wiring on a GPU's path, with its launches recorded instead of run: 32 heads of one sequence over 4096
+    keys at D = 64 cut into 16 splits (512 programs for 132 SMs), 128-key blocks over 64-token pages."""
+    launches = []
+    monkeypatch.setattr(decode_kernels.runtime, "INTERPRET", False)
+    monkeypatch.setattr(decode_kernels, "multiprocessor_count", lambda index: 132)
+    monkeypatch.setattr(decode_kernels, "merges_early", lambda device: False)
+    monkeypatch.setattr(decode_kernels, "launch", lambda fn, grid, *args, **kwargs: launches.append((fn, kwargs)))
+    q = torch.zeros(1, 1, 32, 64, dtype=torch.float16)
+    pool = torch.zeros(64, 64, 32, 64, dtype=torch.float16) if paged else torch.zeros(1, 4096, 32, 64, dtype=torch.float16)
+    table = torch.arange(64, dtype=torch.int32).view(1, 64) if paged else None
+    decode_kernels.launch_splitkv_attention(q, pool, pool, torch.empty_like(q), torch.empty(1, 32, 1), scale=0.125,
+                                            k_lens=torch.tensor([4096], dtype=torch.int32), block_table=table)
+    (split_kwargs,) = [kwargs for fn, kwargs in launches if fn is decode_kernels.splitkv_attention_kernel]
+    assert split_kwargs["BLOCK_N"] == 128 and split_kwargs["BLOCK_M"] == 16
+    assert split_kwargs.get("maxnreg") == (128 if capped else None)
+
+
 @pytest.mark.parametrize("window", [(7, 0), (20, 3), (0, 0)])
 def test_windows_softcap_alibi_and_scale(window):
     q, k_cache, v_cache, k, v, lengths = _problem(n_q=3, n_new=3, lengths=[40, 5, 80], seed=1)
