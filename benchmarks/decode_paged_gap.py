@@ -6,9 +6,9 @@ medians in microseconds of the split-KV launch the library chooses, on a contigu
 64-token pages shuffled over a pool (as ``python -m flashlib.bench --mode decode``). Rounds interleave the two
 caches. Each row also records the launch (BLOCK_M, BLOCK_N, splits) and how far the two outputs differ.
 
-Run by two checkouts of flashlib in turn (``PYTHONPATH=before`` then ``PYTHONPATH=.``), the contiguous
-launch, which neither changes, tells the drift between the runs apart from the change; ``--against`` prints
-both runs' paged / contiguous ratios side by side.
+Run by two checkouts of flashlib in turn (``PYTHONPATH=before`` then ``PYTHONPATH=.``; each needs
+``plan_splitkv_launch``, session 27 on), the contiguous launch, which neither changes, tells the drift between the
+runs apart from the change; ``--against`` prints both runs' paged / contiguous ratios side by side.
 """
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ import torch
 
 from flashlib.bench_decode import GPU_GRID, HEADS_Q, PAGE_SIZE, graph_time_us, paged_copy
 from flashlib.bench_results import results_meta
-from flashlib.integer_math import ceil_div
 from flashlib.kernels import decode
 
 METHOD = ("us: flashlib.bench_decode.graph_time_us (do_bench_cudagraph median, rep 10 ms) per round, median over "
@@ -36,19 +35,12 @@ def grid_points(head_dim: int) -> list[tuple[int, int, int, int]]:
 
 
 def the_launch(batch: int, heads_kv: int, n_q: int, n_k: int, head_dim: int, elem: int) -> dict:
-    """BLOCK_M, splits and (BLOCK_N, stages, warps) the library picks for this point."""
-    sms, heads = decode.multiprocessor_count(0), HEADS_Q["gpu"]
-    rows = heads // heads_kv * n_q
-    block_m = decode.choose_rows_per_program(rows, batch * heads_kv, n_k, sms, head_dim, elem)
-    programs = batch * heads_kv * ceil_div(rows, block_m)
-    splits = decode.choose_num_splits(programs, n_k, sms, head_dim, elem, rows)
-    chunk = ceil_div(ceil_div(n_k, splits), decode.CHUNK_GRANULE) * decode.CHUNK_GRANULE
-    splits = ceil_div(n_k, chunk)
-    config = decode.launch_config(programs * splits, sms, block_m, max(16, head_dim), elem,
-                                  chunk if splits > 1 else None)
-    cap = getattr(decode, "register_cap", None)  # absent in checkouts before it
-    return dict(block_m=block_m, splits=splits, block_n=config[0], stages=config[1], warps=config[2],
-                paged_maxnreg=cap(programs * splits, sms, block_m, config, PAGE_SIZE) if cap else None)
+    """BLOCK_M, splits, (BLOCK_N, stages, warps) and the paged launch's register cap the library picks here."""
+    plan = decode.plan_splitkv_launch(batch, HEADS_Q["gpu"], heads_kv, n_q, n_k, head_dim, elem,
+                                      decode.multiprocessor_count(0), PAGE_SIZE)
+    block_n, stages, warps = plan.config
+    return dict(block_m=plan.block_m, splits=plan.num_splits, block_n=block_n, stages=stages, warps=warps,
+                paged_maxnreg=plan.maxnreg)
 
 
 def time_point(batch, heads_kv, n_q, n_k, head_dim, dtype, rounds) -> dict:

@@ -37,6 +37,7 @@ each key's row through the table, so pages may lie anywhere and in any order.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 import triton
@@ -439,6 +440,43 @@ def choose_rows_per_program(rows: int, heads: int, n_k: int, sms: int, head_dim:
     return WIDE_ROWS if n_k // wide_splits >= least else narrow
 
 
+class SplitKVPlan(NamedTuple):
+    """How :func:`launch_splitkv_attention` cuts one problem into programs."""
+
+    block_m: int  #: query rows per program (BLOCK_M)
+    row_blocks: int  #: programs along one K/V head's packed query rows
+    num_splits: int  #: key chunks (1: not split, no merge)
+    chunk: int  #: keys per chunk, whole :data:`CHUNK_GRANULE` s
+    config: tuple[int, int, int]  #: (BLOCK_N, num_stages, num_warps) on a GPU
+    maxnreg: int | None  #: the register cap on a GPU (:func:`register_cap`), or None
+
+
+def plan_splitkv_launch(batch: int, heads: int, heads_kv: int, n_q: int, n_k: int, head_dim: int, elem: int,
+                        sms: int, page_size: int = 0, *, block_m: int | None = None, num_splits: int | None = None,
+                        config: tuple[int, int, int] | None = None) -> SplitKVPlan:
+    """The split-KV launch for ``batch`` samples of ``heads`` query heads over ``heads_kv`` K/V heads, ``n_q``
+    new queries and up to ``n_k`` keys of ``head_dim`` (``elem`` bytes each) on ``sms`` SMs, over pages of
+    ``page_size`` tokens (0: a contiguous cache). ``block_m``, ``num_splits`` and ``config`` override the
+    rules (:func:`choose_rows_per_program`, :func:`choose_num_splits`, :func:`launch_config`; an overridden
+    config is never register-capped). Benchmarks and notebook 09 read their grids from here too.
+    """
+    rows = (heads // heads_kv) * n_q
+    if block_m is None:
+        block_m = choose_rows_per_program(rows, batch * heads_kv, n_k, sms, head_dim, elem)
+    row_blocks = ceil_div(rows, block_m)
+    if num_splits is None:
+        num_splits = choose_num_splits(batch * heads_kv * row_blocks, n_k, sms, head_dim, elem, rows)
+    chunk = ceil_div(ceil_div(max(n_k, 1), num_splits), CHUNK_GRANULE) * CHUNK_GRANULE
+    num_splits = max(1, ceil_div(n_k, chunk))
+    programs = batch * heads_kv * row_blocks * num_splits
+    maxnreg = None
+    if config is None:
+        block_d = max(16, power_of_two_at_least(head_dim))
+        config = launch_config(programs, sms, block_m, block_d, elem, chunk if num_splits > 1 else None)
+        maxnreg = register_cap(programs, sms, block_m, config, page_size)
+    return SplitKVPlan(block_m, row_blocks, num_splits, chunk, config, maxnreg)
+
+
 def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                              lse: torch.Tensor, *, scale: float, causal: bool = False,
                              window: tuple[int | None, int | None] = (None, None), softcap: float = 0.0,
@@ -454,9 +492,8 @@ def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     queries at the end); else ``seq_lens`` as :func:`flashlib.flash_attention`. ``window``
     is (left, right) with None unbounded, ``causal`` caps right at 0. ``max_keys`` bounds the
     keys of any sample (the grid is sized for it; default: what k can hold).
-    ``num_splits`` overrides the heuristic (:func:`choose_num_splits`); ``config`` = (BLOCK_N,
-    num_stages, num_warps) overrides :func:`launch_config`, ``block_m`` :func:`choose_rows_per_program`
-    (experiments).
+    ``num_splits``, ``config`` = (BLOCK_N, num_stages, num_warps) and ``block_m`` override the rules
+    (experiments; see :func:`plan_splitkv_launch`).
     """
     batch, n_q, heads, head_dim = q.shape
     heads_kv = k.shape[2]
@@ -466,16 +503,13 @@ def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     n_k = capacity if max_keys is None else min(max_keys, capacity)
     rows = (heads // heads_kv) * n_q
     sms = 16 if runtime.INTERPRET else multiprocessor_count(q.device.index or 0)
-    if block_m is None:
-        block_m = choose_rows_per_program(rows, batch * heads_kv, n_k, sms, head_dim, q.element_size())
-    elif not isinstance(block_m, int) or isinstance(block_m, bool) or block_m < 16 or block_m & (block_m - 1):
+    if block_m is not None and (not isinstance(block_m, int) or isinstance(block_m, bool) or block_m < 16
+                                or block_m & (block_m - 1)):
         raise ValueError(f"block_m must be None (the kernel chooses) or a power of two >= 16 (tl.dot's minimum); "
                          f"got {block_m!r}")
-    row_blocks = ceil_div(rows, block_m)
-    if num_splits is None:
-        num_splits = choose_num_splits(batch * heads_kv * row_blocks, n_k, sms, head_dim, q.element_size(), rows)
-    chunk = ceil_div(ceil_div(max(n_k, 1), num_splits), CHUNK_GRANULE) * CHUNK_GRANULE
-    num_splits = max(1, ceil_div(n_k, chunk))
+    plan = plan_splitkv_launch(batch, heads, heads_kv, n_q, n_k, head_dim, q.element_size(), sms, page_size,
+                               block_m=block_m, num_splits=num_splits, config=config)
+    block_m, row_blocks, num_splits, chunk = plan.block_m, plan.row_blocks, plan.num_splits, plan.chunk
     split = num_splits > 1
     left, right = window_bounds(causal, window)
     block_d = max(16, power_of_two_at_least(head_dim))
@@ -505,13 +539,8 @@ def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     if runtime.INTERPRET:
         splitkv_attention_kernel[grid](*positional, **flags, BLOCK_N=INTERPRETER_BLOCK_N)
     else:
-        programs, registers = num_splits * row_blocks * batch * heads_kv, {}
-        if config is None:
-            config = launch_config(programs, sms, block_m, block_d, q.element_size(), chunk if split else None)
-            cap = register_cap(programs, sms, block_m, config, page_size)
-            if cap is not None:
-                registers["maxnreg"] = cap
-        block_n, stages, warps = config
+        registers = {} if plan.maxnreg is None else {"maxnreg": plan.maxnreg}
+        block_n, stages, warps = plan.config
         launch(splitkv_attention_kernel, grid, *positional, **flags, BLOCK_N=block_n, num_stages=stages,
                num_warps=warps, EARLY_MERGE=early, **registers)
     if split:
