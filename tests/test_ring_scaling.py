@@ -1,0 +1,191 @@
+"""benchmarks/ring_scaling.py and flashlib.ring_results: the ring measured across GPUs, and what is shown of it.
+
+The script runs here as a dry run on 2 CPU processes (gloo, Triton's interpreter, tiny sizes), so that its
+correctness check, its timings and its profile keep working where no GPU is; on a machine of two GPUs a
+GPU-marked test runs its correctness check on NCCL. The stored run's tables and the README's section are
+computed from the stored times, and the README holds exactly what the module generates.
+"""
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from flashlib import ring_results
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "ring_scaling.py"
+sys.path.insert(0, str(SCRIPT.parent))
+import ring_scaling  # noqa: E402
+
+
+def run_script(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env,
+                          timeout=timeout, cwd=ROOT)
+
+
+# ---------------------------------------------------------------- the script
+def test_dry_run_on_two_cpu_processes_checks_times_and_profiles(tmp_path):
+    out = tmp_path / "ring.json"
+    done = run_script("--cpu", "--out", str(out), "--n", "64", "--n-late", "", "--overlap-n", "64",
+                      "--heads", "2", "--head-dim", "16", "--check-shape", "1,2,1,32,16", "--target-s", "0.01",
+                      "--sections", "check,scaling,overlap", "--budget", "300")
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = ring_results.load_ring_results(out)
+    assert result["meta"]["world_size"] == 2 and result["meta"]["backend"] == "gloo"
+    # both dtypes x (full, causal) x (contiguous, zigzag), each within its tolerance against both references
+    assert len(result["check"]) == 8
+    assert all(row["passed"] for row in result["check"]), result["check"]
+    assert {(r["dtype"], r["mask"], r["scheme"]) for r in result["check"]} == {
+        (d, m, s) for d in ("float16", "bfloat16") for m in ("full", "causal") for s in ("contiguous", "zigzag")}
+    assert [(r["N"], r["mask"]) for r in result["scaling"]] == [(64, "full"), (64, "causal")]
+    for row in result["scaling"]:
+        for side in ("single", "ring"):
+            assert len(row[side]["fwd_s"]) == 2 and min(row[side]["fwd_s"] + row[side]["fwd_bwd_s"]) > 0
+    assert len(result["overlap"]) == 4  # two masks, two ranks (no GPU kernels to measure on the CPU)
+
+
+def test_a_wrong_ring_fails_the_check(tmp_path):
+    """The check must catch a ring that returns wrong gradients: dK 10% off on one rank."""
+    out = tmp_path / "ring.json"
+    patch = tmp_path / "sitecustomize.py"
+    patch.write_text(
+        "import flashlib.distributed as d\n"
+        "_backward = d.RingAttentionFunction.backward\n"
+        "def backward(ctx, *grads):\n"
+        "    dq, dk, dv, *rest = _backward(ctx, *grads)\n"
+        "    return (dq, dk * 1.1 if d.dist.get_rank() == 1 else dk, dv, *rest)\n"
+        "d.RingAttentionFunction.backward = staticmethod(backward)\n")
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}")
+    done = subprocess.run([sys.executable, str(SCRIPT), "--cpu", "--out", str(out), "--sections", "check",
+                           "--check-shape", "1,2,1,32,16"], capture_output=True, text=True, env=env, timeout=600,
+                          cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(out.read_text())["check"]
+    assert rows and not any(row["passed"] for row in rows)
+    assert all(row["ring_vs_flash_attention"]["dK"] > row["tolerance"] for row in rows)
+    assert all(row["ring_vs_flash_attention"]["dQ"] <= row["tolerance"] for row in rows)
+
+
+def test_needs_two_ranks_and_well_formed_arguments():
+    assert "needs at least 2 ranks" in run_script("--cpu", "--out", "/dev/null", "--world-size", "1").stderr
+    assert "--configs" in run_script("--out", "/dev/null", "--configs", "fwd=128x64").stderr
+    assert "unknown" in run_script("--out", "/dev/null", "--sections", "check,speed").stderr
+    with pytest.raises(SystemExit, match="must name fwd, dkdv and dq"):
+        ring_scaling.parse_configs("fwd=128x64/3/8")
+    assert ring_scaling.parse_configs(ring_scaling.DEFAULT_CONFIGS)["dq"] == (128, 64, 3, 8)
+
+
+def test_pinned_configs_are_the_autotuners_own(monkeypatch):
+    from flashlib.kernels import attention_bwd, attention_fwd
+    tuned = (attention_fwd.attention_fwd_kernel_autotuned, attention_bwd.attention_bwd_dkdv_kernel_autotuned,
+             attention_bwd.attention_bwd_dq_kernel_autotuned)
+    for autotuner in tuned:
+        monkeypatch.setattr(autotuner, "configs", list(autotuner.configs))
+    ring_scaling.pin_configs(ring_scaling.parse_configs(ring_scaling.DEFAULT_CONFIGS))
+    assert [len(t.configs) for t in tuned] == [1, 1, 1]
+    assert (tuned[1].configs[0].kwargs["BLOCK_M"], tuned[1].configs[0].num_warps) == (32, 4)
+    with pytest.raises(SystemExit, match="not one of the autotuner's configs"):
+        ring_scaling.pin_configs({"fwd": (96, 64, 3, 8), "dkdv": (32, 64, 3, 4), "dq": (128, 64, 3, 8)})
+
+
+def test_communication_under_compute_is_measured_on_merged_intervals():
+    assert ring_scaling.merged([(5, 7), (0, 2), (1, 3), (7, 8)]) == [[0, 3], [5, 8]]
+    compute = ring_scaling.merged([(0, 10), (20, 30)])
+    # NCCL from 5 to 25: 5 under the first kernel, 5 under the second, 10 exposed between them
+    assert ring_scaling.covered([[5, 25]], compute) == 10
+    assert ring_scaling.covered([[10, 20]], compute) == 0  # touching is not overlapping
+    assert ring_scaling.covered([[0, 30]], compute) == 20
+    assert ring_scaling.covered([[1, 2], [3, 4], [21, 29]], compute) == 10
+
+
+@pytest.mark.gpu
+def test_gpu_ring_on_nccl_matches_one_gpu(tmp_path):
+    """Every rank's O and gradients on NCCL against one GPU's flash_attention and float64 (needs 2 GPUs)."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs two GPUs; this machine has {torch.cuda.device_count()}")
+    out = tmp_path / "ring.json"
+    done = run_script("--out", str(out), "--sections", "check", "--world-size", "2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(out.read_text())["check"]
+    assert len(rows) == 8 and all(row["passed"] for row in rows), rows
+
+
+# ---------------------------------------------------------------- the stored run
+@pytest.fixture(scope="module")
+def stored():
+    paths = ring_results.stored_ring_results()
+    assert paths, "benchmarks/results holds no ring_scaling_*.json"
+    return ring_results.load_ring_results(ring_results.RESULTS_DIR / ring_results.README_FILE)
+
+
+def test_stored_run_passed_its_checks_on_nccl(stored):
+    assert stored["meta"]["backend"] == "nccl" and stored["meta"]["world_size"] == 2
+    summary = ring_results.check_summary(stored)
+    assert set(summary) == {"float16", "bfloat16"}
+    assert all(c["passed"] == c["cases"] == 4 for c in summary.values())
+
+
+def test_scaling_rows_are_computed_from_the_stored_times(stored):
+    rows = ring_results.scaling_rows(stored)
+    assert len(rows) == len(stored["scaling"])
+    for raw in stored["scaling"]:
+        row = next(r for r in rows if (r["N"], r["mask"]) == (raw["N"], raw["mask"]))
+        single, ring = raw["single"]["fwd_bwd_s"][0], max(raw["ring"]["fwd_bwd_s"])
+        assert row["fwd_bwd"]["speedup"] == pytest.approx(single / ring)
+        assert row["fwd_bwd"]["efficiency"] == pytest.approx(single / ring / 2)
+        assert row["ring_tokens_per_s"] == pytest.approx(raw["B"] * raw["N"] / ring)
+
+
+def test_the_slowest_rank_sets_the_rings_time(stored):
+    result = copy.deepcopy(stored)
+    raw = result["scaling"][0]
+    raw["ring"]["fwd_bwd_s"] = [raw["ring"]["fwd_bwd_s"][0], 10 * raw["ring"]["fwd_bwd_s"][0]]
+    row = next(r for r in ring_results.scaling_rows(result) if (r["N"], r["mask"]) == (raw["N"], raw["mask"]))
+    assert row["fwd_bwd"]["ring_s"] == raw["ring"]["fwd_bwd_s"][1]
+
+
+def test_context_parallel_rows_pair_each_point_with_the_ring(stored):
+    rows = ring_results.context_parallel_rows(stored)
+    assert rows and {r["backend"] for r in rows} == {"FLASH_ATTENTION", "CUDNN_ATTENTION"}
+    ring = {(r["N"], r["mask"]): r["fwd_bwd"]["ring_s"] for r in ring_results.scaling_rows(stored)}
+    for row in rows:
+        assert row["ring_speedup"] == pytest.approx(row["context_parallel_s"] / ring[(row["N"], row["mask"])])
+    # points that failed (an "error" instead of times) are left out, not counted as zeros
+    failed = copy.deepcopy(stored)
+    failed["context_parallel"].append(dict(N=32768, mask="full", backend="EFFICIENT_ATTENTION", error="boom"))
+    assert ring_results.context_parallel_rows(failed) == rows
+
+
+def test_readme_section_is_generated_from_the_stored_run(stored):
+    text = (ROOT / "README.md").read_text()
+    start, end = text.index(ring_results.README_START), text.index(ring_results.README_END)
+    assert text[start + len(ring_results.README_START):end].strip("\n") == ring_results.readme_section().strip("\n")
+    assert ring_results.headline(stored) in text
+
+
+def test_headline_and_tables_follow_the_numbers(stored):
+    result = copy.deepcopy(stored)
+    for raw in result["scaling"]:
+        raw["ring"]["fwd_bwd_s"] = [raw["single"]["fwd_bwd_s"][0] / 1.5] * 2
+    assert "1.50x as fast as one GPU (scaling efficiency 75% or more)" in ring_results.headline(result)
+    assert " / 1.50x | 75% |" in ring_results.markdown_scaling(result)
+
+
+def test_a_file_without_the_sections_is_refused(tmp_path):
+    path = tmp_path / "ring_scaling_bad.json"
+    path.write_text(json.dumps({"meta": {}, "scaling": []}))
+    with pytest.raises(ValueError, match="ring_scaling_bad.json.*lacks.*check"):
+        ring_results.load_ring_results(path)
+
+
+def test_plot_has_the_speedup_and_the_context_parallel_panels(stored):
+    fig = ring_results.plot_ring_scaling(stored)
+    left, right = fig.axes
+    assert len(left.get_lines()) == 2 * 2 + 1  # fwd and fwd+bwd per mask, and the ideal line
+    assert len(right.get_lines()) == 2 * 2 + 1  # per mask and backend, and the level line
