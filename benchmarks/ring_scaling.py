@@ -197,50 +197,35 @@ def scaling_point(rank, world, device, args, n, label, causal, scheme, budget, e
         return [torch.randn(batch, heads, length, d, device=device, dtype=dtype).requires_grad_()
                 for _ in range(3)]
 
-    # one GPU, the whole sequence (every rank at once, each on its own GPU)
-    q, k, v = leaves(n)
-    do = torch.randn_like(q)
     guess = flops / 350e12 if device.type == "cuda" else 1.0
     reps = reps_for(3.5 * guess, args.target_s)
 
-    def single_fwd():
-        with torch.no_grad():
-            flash_attention(q, k, v, causal=causal)
+    def measure(attend, length) -> dict:
+        """Forward and forward+backward seconds per call of ``attend(q, k, v)`` on every rank, and this
+        rank's peak memory."""
+        q, k, v = leaves(length)
+        do = torch.randn_like(q)
 
-    def single_train():
-        for t in (q, k, v):
-            t.grad = None
-        flash_attention(q, k, v, causal=causal).backward(do)
+        def fwd():
+            with torch.no_grad():
+                attend(q, k, v)
 
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    single = {"fwd_s": slowest(time_s(single_fwd, device, reps), device),
-              "fwd_bwd_s": slowest(time_s(single_train, device, reps), device)}
-    if device.type == "cuda":
-        single["peak_bytes"] = torch.cuda.max_memory_allocated(device)
-    del q, k, v, do
+        def train():
+            for t in (q, k, v):
+                t.grad = None
+            attend(q, k, v).backward(do)
 
-    # the ring: this rank's shard
-    q, k, v = leaves(n // world)
-    do = torch.randn_like(q)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        times = {"fwd_s": slowest(time_s(fwd, device, reps), device),
+                 "fwd_bwd_s": slowest(time_s(train, device, reps), device)}
+        if device.type == "cuda":
+            times["peak_bytes"] = torch.cuda.max_memory_allocated(device)
+        return times
 
-    def ring_fwd():
-        with torch.no_grad():
-            ring_attention(q, k, v, causal=causal, scheme=scheme)
-
-    def ring_train():
-        for t in (q, k, v):
-            t.grad = None
-        ring_attention(q, k, v, causal=causal, scheme=scheme).backward(do)
-
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    ring = {"fwd_s": slowest(time_s(ring_fwd, device, reps), device),
-            "fwd_bwd_s": slowest(time_s(ring_train, device, reps), device)}
-    if device.type == "cuda":
-        ring["peak_bytes"] = torch.cuda.max_memory_allocated(device)
-    del q, k, v, do
-
+    # one GPU on the whole sequence (every rank at once, each on its own GPU), then the ring on shards
+    single = measure(lambda q, k, v: flash_attention(q, k, v, causal=causal), n)
+    ring = measure(lambda q, k, v: ring_attention(q, k, v, causal=causal, scheme=scheme), n // world)
     row.update(reps=reps, single=single, ring=ring)
     for what in ("fwd", "fwd_bwd"):
         t1, tw = single[f"{what}_s"][0], max(ring[f"{what}_s"])
@@ -252,7 +237,7 @@ def scaling_point(rank, world, device, args, n, label, causal, scheme, budget, e
         print(f"scaling N={n:7d} {label:6s} fwd {row['fwd']['single_s'] * 1e3:8.1f} -> {row['fwd']['ring_s'] * 1e3:8.1f} ms "
               f"({row['fwd']['speedup']:.2f}x)  fwd+bwd {row['fwd_bwd']['single_s'] * 1e3:8.1f} -> "
               f"{row['fwd_bwd']['ring_s'] * 1e3:8.1f} ms ({row['fwd_bwd']['speedup']:.2f}x, "
-              f"{row['fwd_bwd']['ring_tflops']:.0f} TFLOP/s)", flush=True)
+              f"{row['fwd_bwd']['ring_tflops']:.0f} TFLOP/s over {world} GPUs)", flush=True)
     return row
 
 
