@@ -47,6 +47,8 @@ import torch.multiprocessing as mp  # noqa: E402
 #: (BLOCK_M, BLOCK_N, stages, warps) per kernel at D = 128 (benchmarks/TUNING.md: 8-warp 128-row forward
 #: tiles on Hopper; dK/dV 32 x 64 / 4 warps; dQ 128 x 64 / 3 stages / 8 warps).
 DEFAULT_CONFIGS = "fwd=128x64/3/8,dkdv=32x64/3/4,dq=128x64/3/8"
+#: The name the profiled step is recorded under (overlap() counts the kernels that start within it).
+MEASURED_STEP = "ring_scaling.measured_step"
 #: (label, causal, scheme) of the scaling runs.
 MODES = (("full", False, "contiguous"), ("causal", True, "zigzag"))
 
@@ -284,10 +286,14 @@ def covered(intervals, cover) -> float:
 
 def overlap(rank, world, device, args, n, label, causal, scheme) -> dict:
     """One profiled ring forward+backward: NCCL kernel time, the share of it under compute kernels."""
-    from torch.profiler import ProfilerActivity, profile, schedule
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     from flashlib.distributed import ring_attention
 
+    if device.type != "cuda":
+        # No GPU kernels to profile; and torch's profiler in gloo processes on the CPU aborted their exit in 3 of 14
+        # dry runs ("terminate called without an active exception"), after the results were written.
+        return dict(N=n, mask=label, scheme=scheme, rank=rank, note="no GPU: nothing to profile")
     torch.manual_seed(rank)
     q, k, v = [torch.randn(args.batch, args.heads, n // world, args.head_dim, device=device,
                            dtype=torch.float16).requires_grad_() for _ in range(3)]
@@ -300,40 +306,45 @@ def overlap(rank, world, device, args, n, label, causal, scheme) -> dict:
 
     step()
     sync(device)
-    # The profiler's first step starts at different moments on different ranks (CUPTI starts up), and a
-    # rank's first NCCL kernel then waits for its peer: that wait is not the transfer. So one profiled
-    # step warms up and is dropped, and the ranks meet at a barrier before the recorded one.
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
-                 schedule=schedule(wait=0, warmup=1, active=1)) as prof:
+    # The profiler starts at different moments on different ranks (CUPTI starts up), and a rank's first NCCL
+    # kernel then waits for its peer: that wait is not the transfer. So a first profiled step warms up, the
+    # ranks meet at a barrier, and only the kernels that start within the second step are counted.
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         step()
         sync(device)
         dist.barrier()
         sync(device)
-        prof.step()
-        step()
-        sync(device)
-        prof.step()
+        with record_function(MEASURED_STEP):
+            step()
+            sync(device)
     with tempfile.NamedTemporaryFile(suffix=".json") as trace_file:
         prof.export_chrome_trace(trace_file.name)
         with open(trace_file.name) as f:
             events = json.load(f)["traceEvents"]
-    kernels = [e for e in events if e.get("cat") == "kernel" and "dur" in e]
+    return dict(N=n, mask=label, scheme=scheme, rank=rank, **communication_summary(events))
+
+
+def communication_summary(events: list[dict]) -> dict:
+    """From a Chrome trace's events: the GPU kernels that start within the :data:`MEASURED_STEP` range, the time
+    of the NCCL ones (merged), how much of it lies under compute kernels (hidden), the exposed rest, and the step
+    (first kernel start to last kernel end). Without NCCL or compute kernels (gloo on CPU), only the counts."""
+    measured = [e for e in events if e.get("name") == MEASURED_STEP and "dur" in e]
+    start = min(e["ts"] for e in measured) if measured else float("-inf")
+    kernels = [e for e in events if e.get("cat") == "kernel" and "dur" in e and e["ts"] >= start]
     comm = [(e["ts"], e["ts"] + e["dur"]) for e in kernels if "nccl" in e["name"].lower()]
     compute = [(e["ts"], e["ts"] + e["dur"]) for e in kernels if "nccl" not in e["name"].lower()]
-    if not comm or not compute:  # no GPU kernels in the trace (gloo on CPU)
-        return dict(N=n, mask=label, scheme=scheme, rank=rank, kernels=len(kernels), nccl_kernels=len(comm))
+    if not comm or not compute:
+        return dict(kernels=len(kernels), nccl_kernels=len(comm))
     comm_m, compute_m = merged(comm), merged(compute)
     comm_us = sum(e - s for s, e in comm_m)
     hidden_us = covered(comm_m, compute_m)
     first = min(s for s, _ in comm_m + compute_m)
     last = max(e for _, e in comm_m + compute_m)
     busy_us = sum(e - s for s, e in merged(comm + compute))
-    result = dict(N=n, mask=label, scheme=scheme, rank=rank, kernels=len(kernels), nccl_kernels=len(comm),
-                  nccl_us=comm_us, hidden_us=hidden_us, hidden_fraction=hidden_us / comm_us if comm_us else None,
-                  exposed_us=comm_us - hidden_us, step_us=last - first, compute_us=sum(e - s for s, e in compute_m),
-                  gpu_busy_fraction=busy_us / (last - first))
-    result["exposed_fraction_of_step"] = result["exposed_us"] / result["step_us"]
-    return result
+    return dict(kernels=len(kernels), nccl_kernels=len(comm), nccl_us=comm_us, hidden_us=hidden_us,
+                hidden_fraction=hidden_us / comm_us, exposed_us=comm_us - hidden_us, step_us=last - first,
+                compute_us=sum(e - s for s, e in compute_m), gpu_busy_fraction=busy_us / (last - first),
+                exposed_fraction_of_step=(comm_us - hidden_us) / (last - first))
 
 
 # ---------------------------------------------------------------- 4. PyTorch's context parallel

@@ -47,7 +47,7 @@ def test_dry_run_on_two_cpu_processes_checks_times_and_profiles(tmp_path):
     for row in result["scaling"]:
         for side in ("single", "ring"):
             assert len(row[side]["fwd_s"]) == 2 and min(row[side]["fwd_s"] + row[side]["fwd_bwd_s"]) > 0
-    assert len(result["overlap"]) == 4  # two masks, two ranks (no GPU kernels to measure on the CPU)
+    assert [r["note"] for r in result["overlap"]] == ["no GPU: nothing to profile"] * 4  # two masks, two ranks
 
 
 def test_a_wrong_ring_fails_the_check(tmp_path):
@@ -102,6 +102,31 @@ def test_communication_under_compute_is_measured_on_merged_intervals():
     assert ring_scaling.covered([[10, 20]], compute) == 0  # touching is not overlapping
     assert ring_scaling.covered([[0, 30]], compute) == 20
     assert ring_scaling.covered([[1, 2], [3, 4], [21, 29]], compute) == 10
+
+
+def kernel(name, start, end):
+    return {"cat": "kernel", "name": name, "ts": start, "dur": end - start}
+
+
+def test_communication_is_counted_within_the_measured_step_only():
+    """The warm-up step's kernels (a rank's first NCCL kernel waiting for its peer) are left out."""
+    events = [kernel("ncclDevKernel_SendRecv", 0, 500),  # warm-up: waits for the other rank
+              kernel("attention_fwd_kernel", 100, 400),
+              {"name": ring_scaling.MEASURED_STEP, "ph": "X", "ts": 1000, "dur": 200},
+              kernel("attention_fwd_kernel", 1000, 1100),
+              kernel("ncclDevKernel_SendRecv", 1050, 1120),  # 50 hidden, 20 exposed
+              kernel("attention_bwd_dkdv_kernel", 1120, 1190),
+              kernel("ncclDevKernel_SendRecv", 1190, 1200)]  # 10 exposed: the last hop home
+    summary = ring_scaling.communication_summary(events)
+    assert summary["nccl_kernels"] == 2 and summary["kernels"] == 4
+    assert summary["nccl_us"] == 80 and summary["hidden_us"] == 50 and summary["exposed_us"] == 30
+    assert summary["step_us"] == 200 and summary["exposed_fraction_of_step"] == pytest.approx(0.15)
+    assert summary["gpu_busy_fraction"] == 1.0
+    # without a measured step the whole trace counts, the warm-up's wait included
+    whole = ring_scaling.communication_summary([e for e in events if e.get("cat") == "kernel"])
+    assert whole["nccl_us"] == 580
+    assert ring_scaling.communication_summary([kernel("attention_fwd_kernel", 0, 10)]) == \
+        dict(kernels=1, nccl_kernels=0)
 
 
 @pytest.mark.gpu
