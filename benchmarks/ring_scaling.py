@@ -44,6 +44,10 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
+from config_text import parse_config  # noqa: E402
+
+# flashlib is imported inside the functions: a worker decides GPU or interpreter (--cpu) before flashlib loads.
+
 #: (BLOCK_M, BLOCK_N, stages, warps) per kernel at D = 128 (benchmarks/TUNING.md: 8-warp 128-row forward
 #: tiles on Hopper; dK/dV 32 x 64 / 4 warps; dQ 128 x 64 / 3 stages / 8 warps).
 DEFAULT_CONFIGS = "fwd=128x64/3/8,dkdv=32x64/3/4,dq=128x64/3/8"
@@ -54,15 +58,17 @@ MODES = (("full", False, "contiguous"), ("causal", True, "zigzag"))
 
 
 def parse_configs(text: str) -> dict:
+    """``kernel=MxN/stages/warps`` items, one for each of fwd, dkdv and dq (:mod:`config_text`'s form)."""
     configs = {}
     for item in text.split(","):
+        kernel, _, config = item.partition("=")
         try:
-            kernel, config = item.split("=")
-            tile, stages, warps = config.split("/")
-            bm, bn = tile.split("x")
-            configs[kernel] = (int(bm), int(bn), int(stages), int(warps))
+            parsed = parse_config(config)
         except ValueError:
-            raise SystemExit(f"--configs: expected kernel=MxN/stages/warps items, got {item!r}") from None
+            parsed = (None,)
+        if None in parsed:
+            raise SystemExit(f"--configs: expected kernel=MxN/stages/warps items, got {item!r}")
+        configs[kernel] = parsed
     if set(configs) != {"fwd", "dkdv", "dq"}:
         raise SystemExit(f"--configs must name fwd, dkdv and dq; got {sorted(configs)}")
     return configs
@@ -102,7 +108,7 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def slowest(value: float, device) -> list[float]:
+def every_rank(value: float, device) -> list[float]:
     """Every rank's value, in rank order."""
     t = torch.tensor([value], dtype=torch.float64, device=device)
     out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
@@ -124,10 +130,6 @@ def time_s(fn, device, reps: int) -> float:
 
 def reps_for(estimate_s: float, target_s: float) -> int:
     return max(1, min(5, int(target_s / max(estimate_s, 1e-6))))
-
-
-def attention_flops(batch, heads, n, head_dim, causal) -> float:
-    return 4 * batch * heads * n * n * head_dim / (2 if causal else 1)
 
 
 # ---------------------------------------------------------------- 1. correctness on the group's backend
@@ -161,7 +163,7 @@ def check(rank, world, device, args) -> list[dict]:
                                     ("float64", (o_exact, *(t.grad for t in exact)))):
                 errors = {key: relative_error(got[key], shard_sequence(ref, rank, world, scheme))
                           for key, ref in zip(got, reference)}
-                against[what] = {key: max(slowest(e, device)) for key, e in errors.items()}
+                against[what] = {key: max(every_rank(e, device)) for key, e in errors.items()}
             # one-GPU flash_attention against float64, for scale
             single_err = {key: relative_error(t, ref) for key, t, ref in
                           zip(got, (o_single, *(t.grad for t in single)), (o_exact, *(t.grad for t in exact)))}
@@ -186,12 +188,14 @@ def scaling_point(rank, world, device, args, n, label, causal, scheme, budget, e
     """One (N, mask) point: one GPU's flash_attention on the whole sequence against the ring."""
     from flashlib import flash_attention
     from flashlib.distributed import ring_attention
+    from flashlib.io_model import attention_flops
 
     if not budget.allows(estimate):
         return None
     batch, heads, d = args.batch, args.heads, args.head_dim
     dtype = torch.float16
-    flops = attention_flops(batch, heads, n, d, causal)
+    flops = {what: attention_flops(batch, heads, n, d, causal, mode)
+             for what, mode in (("fwd", "fwd"), ("fwd_bwd", "train"))}
     row = dict(N=n, mask=label, scheme=scheme, B=batch, H=heads, D=d, dtype="float16", world_size=world)
     torch.manual_seed(rank)
 
@@ -199,8 +203,7 @@ def scaling_point(rank, world, device, args, n, label, causal, scheme, budget, e
         return [torch.randn(batch, heads, length, d, device=device, dtype=dtype).requires_grad_()
                 for _ in range(3)]
 
-    guess = flops / 350e12 if device.type == "cuda" else 1.0
-    reps = reps_for(3.5 * guess, args.target_s)
+    reps = reps_for(flops["fwd_bwd"] / 350e12 if device.type == "cuda" else 3.5, args.target_s)
 
     def measure(attend, length) -> dict:
         """Forward and forward+backward seconds per call of ``attend(q, k, v)`` on every rank, and this
@@ -219,8 +222,8 @@ def scaling_point(rank, world, device, args, n, label, causal, scheme, budget, e
 
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        times = {"fwd_s": slowest(time_s(fwd, device, reps), device),
-                 "fwd_bwd_s": slowest(time_s(train, device, reps), device)}
+        times = {"fwd_s": every_rank(time_s(fwd, device, reps), device),
+                 "fwd_bwd_s": every_rank(time_s(train, device, reps), device)}
         if device.type == "cuda":
             times["peak_bytes"] = torch.cuda.max_memory_allocated(device)
         return times
@@ -231,10 +234,9 @@ def scaling_point(rank, world, device, args, n, label, causal, scheme, budget, e
     row.update(reps=reps, single=single, ring=ring)
     for what in ("fwd", "fwd_bwd"):
         t1, tw = single[f"{what}_s"][0], max(ring[f"{what}_s"])
-        multiplier = 1.0 if what == "fwd" else 3.5
         row[what] = dict(single_s=t1, ring_s=tw, speedup=t1 / tw, efficiency=t1 / tw / world,
                          single_tokens_per_s=batch * n / t1, ring_tokens_per_s=batch * n / tw,
-                         single_tflops=multiplier * flops / t1 / 1e12, ring_tflops=multiplier * flops / tw / 1e12)
+                         single_tflops=flops[what] / t1 / 1e12, ring_tflops=flops[what] / tw / 1e12)
     if rank == 0:
         print(f"scaling N={n:7d} {label:6s} fwd {row['fwd']['single_s'] * 1e3:8.1f} -> {row['fwd']['ring_s'] * 1e3:8.1f} ms "
               f"({row['fwd']['speedup']:.2f}x)  fwd+bwd {row['fwd_bwd']['single_s'] * 1e3:8.1f} -> "
@@ -356,6 +358,8 @@ def context_parallel_point(rank, world, device, args, n, label, causal, backend_
 
     from torch.distributed.tensor.experimental import _attention as cp_attention
 
+    from flashlib.io_model import attention_flops
+
     backend = getattr(SDPBackend, backend_name)
     # its head-tail load balance (the zigzag) is for causal masks only, and refuses the others
     cp_attention._cp_options.enable_load_balance = causal
@@ -366,8 +370,8 @@ def context_parallel_point(rank, world, device, args, n, label, causal, backend_
     with context_parallel(mesh, buffers=full, buffer_seq_dims=[2, 2, 2, 2], no_restore_buffers=set(full)):
         q, k, v = [t.detach().requires_grad_() for t in full[:3]]
         do = full[3]
-        flops = attention_flops(args.batch, args.heads, n, args.head_dim, causal)
-        reps = reps_for(3.5 * flops / 300e12, args.target_s)
+        reps = reps_for(attention_flops(args.batch, args.heads, n, args.head_dim, causal, "train") / 300e12,
+                        args.target_s)
 
         def fwd():
             with torch.no_grad(), sdpa_kernel(backend):
@@ -381,8 +385,8 @@ def context_parallel_point(rank, world, device, args, n, label, causal, backend_
             o.backward(do)
 
         local = dict(shard=list(q.shape))
-        fwd_s = max(slowest(time_s(fwd, device, reps), device))
-        train_s = max(slowest(time_s(train, device, reps), device))
+        fwd_s = max(every_rank(time_s(fwd, device, reps), device))
+        train_s = max(every_rank(time_s(train, device, reps), device))
     return dict(N=n, mask=label, backend=backend_name, reps=reps, local=local, fwd_s=fwd_s, fwd_bwd_s=train_s,
                 tokens_per_s=args.batch * n / train_s)
 
