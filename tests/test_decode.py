@@ -172,11 +172,18 @@ def test_rows_per_program_widen_only_for_long_chunks():
     config = decode_kernels.launch_config
     assert config(128, 132, 128, 128, 2, chunk=8192) == (64, 3, 8)  # a 128 x 128 accumulator: 8 warps
     assert config(128, 132, 128, 64, 2, chunk=8192) == (64, 3, 4)  # 128 x 64: scores tile 128 x 64, 4 warps
-    # over 64-token pages at D = 64: blocks of two pages (their entries read a block ahead), 8 warps
-    assert config(128, 132, 128, 64, 2, chunk=8192, page_size=64) == (128, 3, 8)
-    assert config(128, 132, 128, 64, 2, chunk=8192, page_size=128) == (64, 3, 4)  # one page holds a block
-    assert config(128, 132, 128, 128, 2, chunk=8192, page_size=64) == (64, 3, 8)  # two pages: 32 KB tiles
-    assert config(128, 132, 64, 64, 2, chunk=8192, page_size=64) == (128, 3, 4)  # narrow programs: as contiguous
+    assert config(128, 132, 64, 64, 2, chunk=8192) == (128, 3, 4)  # narrow programs: 16 KB tiles
+    # Wide programs of four warps (128 x 64, 2-byte types) aim at two an SM; every other program at one.
+    per_sm = decode_kernels.split_programs_per_sm
+    assert (per_sm(128, 64, 2), per_sm(128, 128, 2), per_sm(64, 64, 2), per_sm(128, 64, 4)) == (2, 1, 1, 1)
+    assert decode_kernels.choose_num_splits(64, 1 << 14, 132, 64, 2, 128, programs_per_sm=2) == 4
+    assert decode_kernels.choose_num_splits(64, 1 << 14, 132, 64, 2, 128) == 2
+    assert decode_kernels.choose_num_splits(264, 1 << 14, 132, 64, 2, 128, programs_per_sm=2) == 1
+    plan = decode_kernels.plan_splitkv_launch
+    for page_size in (0, 64):  # MQA, 4 new queries: one 128-row program a K/V head; paged or not, one config
+        assert plan(64, 32, 1, 4, 1 << 14, 64, 2, 132, page_size)[:5] == (128, 1, 4, 4096, (64, 3, 4))
+        assert plan(8, 32, 1, 4, 1 << 15, 64, 2, 132, page_size)[:5] == (128, 1, 32, 1024, (64, 3, 4))
+        assert plan(64, 32, 1, 4, 1 << 14, 128, 2, 132, page_size)[:5] == (128, 1, 2, 8192, (64, 3, 8))
 
 
 def test_the_merge_launches_early_only_where_the_switch_and_the_device_allow(monkeypatch):
@@ -572,15 +579,15 @@ def test_gpu_decoding_matches_the_reference(dtype, head_dim, heads_kv):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_gpu_wide_programs_match_the_reference(dtype, head_dim):
-    """MQA with 4 new queries (128 rows a K/V head) over 16k keys: the rule picks 128-row programs (8 warps
-    at D = 128; over 64-token pages at D = 64, 128-key blocks of two pages and 8 warps); contiguous and paged
-    against float64, and the 64-row programs' result to rounding."""
+    """MQA with 4 new queries (128 rows a K/V head) over 16k keys: the rule picks 128-row programs of 64-key
+    blocks (8 warps at D = 128; 4 warps and two programs an SM at D = 64); contiguous and paged against
+    float64, and the 64-row programs' result to rounding."""
     batch, heads, capacity = 8, 32, 16384
     sms = decode_kernels.multiprocessor_count(0)
     assert decode_kernels.choose_rows_per_program(heads * 4, batch, capacity, sms, head_dim, 2) == decode_kernels.WIDE_ROWS
     paged_plan = decode_kernels.plan_splitkv_launch(batch, heads, 1, 4, capacity, head_dim, 2, sms, page_size=64)
-    assert paged_plan.block_m == decode_kernels.WIDE_ROWS and paged_plan.config[2] == 8
-    assert paged_plan.config[0] == (128 if head_dim == 64 else 64)
+    assert paged_plan.block_m == decode_kernels.WIDE_ROWS
+    assert paged_plan.config[:3:2] == (64, 4 if head_dim == 64 else 8)
     q, k_cache, v_cache, k, v, lengths = _problem(batch, heads, 1, n_q=4, n_new=4, capacity=capacity,
                                                   head_dim=head_dim, dtype=dtype,
                                                   lengths=[capacity - 4, 9000, 5, 16000, 12345, 0, 700, 8192],

@@ -271,10 +271,9 @@ INTERPRETER_BLOCK_N = 32
 
 
 def launch_config(programs: int, sms: int, block_m: int, block_d: int, elem: int,
-                  chunk: int | None = None, page_size: int = 0) -> tuple[int, int, int]:
+                  chunk: int | None = None) -> tuple[int, int, int]:
     """(BLOCK_N, stages, warps) for a grid of ``programs`` programs on ``sms`` SMs; ``chunk`` is the keys of
-    each split-KV program (None: the keys are not split); ``page_size`` the tokens of a paged cache's pages
-    (0: a contiguous cache).
+    each split-KV program (None: the keys are not split). A paged cache gets the same config.
 
     Measured on the H100 (benchmarks/decode_configs.py; results ``decode_configs_*``), by programs
     per SM:
@@ -298,12 +297,10 @@ def launch_config(programs: int, sms: int, block_m: int, block_d: int, elem: int
 
     A program of :data:`WIDE_ROWS` query rows keeps its scores tile at 128 x 64 (64-key blocks) and runs
     8 warps once its accumulator is 128 x 128 (D = 128; 4 warps at D = 64), the best measured for such
-    programs (``decode_configs.py --block-m 128``, ``results/decode_configs_wide_rows_*.json``). Over pages
-    as long as such a block, it reads blocks of two whole pages instead, with 8 warps for the 128 x 128
-    scores: the page of a one-page block is a table read that each iteration's copies wait on, where a
-    two-page block's two entries are read a block ahead (D = 64, 64-token pages, MQA with 4 new queries:
-    1-7% faster paged, 1.05-1.12x the contiguous cache instead of 1.08-1.14x; ``decode_configs.py --paged``,
-    ``results/decode_configs_wide_paged_*.json``).
+    programs (``decode_configs.py --block-m 128``, ``results/decode_configs_wide_rows_*.json``), paged
+    or not. (At one program an SM, 128-key blocks of two 64-token pages with 8 warps had been 1-7% faster
+    paged at D = 64; at the two programs an SM that :func:`split_programs_per_sm` now asks for there,
+    64-key blocks with 4 warps beat them, contiguous and paged: TUNING, twenty-sixth finding.)
     """
     per_sm = programs / sms
     if chunk is not None or per_sm < 1.5:
@@ -317,8 +314,6 @@ def launch_config(programs: int, sms: int, block_m: int, block_d: int, elem: int
     if block_m >= WIDE_ROWS:
         block_n = min(block_n, 64)
         warps = 8 if block_m * block_d >= WIDE_ROWS * 128 else 4
-        if page_size == block_n and 2 * block_n * block_d * elem <= tile_bytes:  # two pages a block, as measured
-            block_n, warps = 2 * block_n, 8
     if chunk is not None:  # no more stages than the chunk has blocks
         stages = max(1, min(stages, ceil_div(chunk, block_n)))
     budget = smem_budget()
@@ -370,13 +365,14 @@ MAX_WAVES = 4
 
 
 def choose_num_splits(programs: int, n_k: int, sms: int, head_dim: int = 128, elem: int = 2,
-                      rows: int = 1) -> int:
+                      rows: int = 1, programs_per_sm: int = 1) -> int:
     """How many chunks to cut ``n_k`` keys into, when ``programs`` programs run without splitting.
 
     ``head_dim`` and ``elem`` (bytes per element) size the chunks' K/V bytes; ``rows`` is the query
     rows per K/V head (``H // H_kv * N_q``), which sizes the partial results the merge reads back.
+    ``programs_per_sm`` is how many programs a wave puts on each SM (:func:`split_programs_per_sm`).
 
-    One wave first: about one program per SM. On the H100 the fastest split count of the long
+    One wave first: about ``programs_per_sm`` programs per SM. On the H100 the fastest split count of the long
     caches swept put the grid at 128-132 programs (a grid of 1.5 or 2.2 waves lost up to 15% to the
     last, partial wave: benchmarks/results/decode_configs_*.json). But a chunk of at most
     ``SHORT_CHUNK_BYTES`` of K and V is over before an SM's loads stream: there, chunks of
@@ -386,10 +382,11 @@ def choose_num_splits(programs: int, n_k: int, sms: int, head_dim: int = 128, el
     written and read again, so the split count keeps those bytes under 1/8 of the K/V bytes.
     Chunks keep at least ``CHUNK_GRANULE`` keys, and at most ``MAX_SPLITS`` are merged.
     """
-    if programs >= sms:
+    slots = programs_per_sm * sms
+    if programs >= slots:
         return 1
     most = min(ceil_div(n_k, CHUNK_GRANULE), MAX_SPLITS)
-    one_wave = max(1, min(sms // programs, most))
+    one_wave = max(1, min(slots // programs, most))
     kv_bytes = 2 * n_k * head_dim * elem
     if kv_bytes > SHORT_CHUNK_BYTES * one_wave:
         return one_wave
@@ -397,6 +394,20 @@ def choose_num_splits(programs: int, n_k: int, sms: int, head_dim: int = 128, el
     partial_cap = n_k * elem // (32 * rows)
     fine = min(ceil_div(kv_bytes, FINE_CHUNK_BYTES), MAX_WAVES * sms // programs, most, partial_cap)
     return max(one_wave, fine)
+
+
+def split_programs_per_sm(block_m: int, block_d: int, elem: int) -> int:
+    """Programs a split grid of ``block_m``-row programs at ``block_d`` (``elem`` bytes) aims to put on each SM.
+
+    Two for :data:`WIDE_ROWS`-row programs of four warps (a 128 x 64 accumulator in 2-byte types): one
+    warpgroup's softmax leaves its tensor cores and copies idle, and a second program on the SM fills
+    them (64 KB of shared memory each, so two fit). Twice the split count ran 5-13% faster at D = 64
+    (MQA with 4 new queries, B 8 and 64, 16k-128k keys, contiguous and paged), and 4-15% slower at
+    D = 128, whose 128 x 128 programs already run two warpgroups (``decode_configs.py --block-m 128
+    --splits 0,S,2S``, ``results/decode_configs_wide_splits_*.json``; TUNING, twenty-sixth finding).
+    One for every other program.
+    """
+    return 2 if block_m >= WIDE_ROWS and block_m * block_d < WIDE_ROWS * 128 and elem <= 2 else 1
 
 
 #: Registers per thread at which :data:`MAX_WAVES` programs of four warps share an SM's 65536.
@@ -444,7 +455,7 @@ def choose_rows_per_program(rows: int, heads: int, n_k: int, sms: int, head_dim:
         return narrow
     narrow_splits = choose_num_splits(heads * ceil_div(rows, narrow), n_k, sms, head_dim, elem, rows)
     wide_splits = choose_num_splits(heads * ceil_div(rows, WIDE_ROWS), n_k, sms, head_dim, elem, rows)
-    least = WIDE_MIN_KEYS_SPLIT if narrow_splits > 1 else WIDE_MIN_KEYS_UNSPLIT
+    least = WIDE_MIN_KEYS_SPLIT if narrow_splits > 1 else WIDE_MIN_KEYS_UNSPLIT  # at one program an SM, as measured
     return WIDE_ROWS if n_k // wide_splits >= least else narrow
 
 
@@ -472,15 +483,16 @@ def plan_splitkv_launch(batch: int, heads: int, heads_kv: int, n_q: int, n_k: in
     if block_m is None:
         block_m = choose_rows_per_program(rows, batch * heads_kv, n_k, sms, head_dim, elem)
     row_blocks = ceil_div(rows, block_m)
+    block_d = max(16, power_of_two_at_least(head_dim))
     if num_splits is None:
-        num_splits = choose_num_splits(batch * heads_kv * row_blocks, n_k, sms, head_dim, elem, rows)
+        num_splits = choose_num_splits(batch * heads_kv * row_blocks, n_k, sms, head_dim, elem, rows,
+                                       split_programs_per_sm(block_m, block_d, elem))
     chunk = ceil_div(ceil_div(max(n_k, 1), num_splits), CHUNK_GRANULE) * CHUNK_GRANULE
     num_splits = max(1, ceil_div(n_k, chunk))
     programs = batch * heads_kv * row_blocks * num_splits
     maxnreg = None
     if config is None:
-        block_d = max(16, power_of_two_at_least(head_dim))
-        config = launch_config(programs, sms, block_m, block_d, elem, chunk if num_splits > 1 else None, page_size)
+        config = launch_config(programs, sms, block_m, block_d, elem, chunk if num_splits > 1 else None)
         maxnreg = register_cap(programs, sms, block_m, config, page_size)
     return SplitKVPlan(block_m, row_blocks, num_splits, chunk, config, maxnreg)
 
