@@ -67,8 +67,9 @@ def captured_launches(kernel: str, d: int, n: int, dtype, spec: AttentionSpec, b
     return [call for call in calls if call[0] is wanted]
 
 
-def compile_for_hopper(fn, args, kwargs, warps: int | None, stages: int | None):
-    """The kernel compiled for sm_90a with these arguments' types (no integer specialization)."""
+def compile_for_hopper(fn, args, kwargs, warps: int | None, stages: int | None, maxnreg: int | None = None):
+    """The kernel compiled for sm_90a with these arguments' types (no integer specialization), its registers
+    capped at ``maxnreg`` if given."""
     kwargs = dict(kwargs)
     launcher_warps, launcher_stages = kwargs.pop("num_warps"), kwargs.pop("num_stages")
     num_warps, num_stages = warps or launcher_warps, stages or launcher_stages
@@ -92,7 +93,10 @@ def compile_for_hopper(fn, args, kwargs, warps: int | None, stages: int | None):
         if name in kwargs:
             signature[name], constexprs[name] = "constexpr", kwargs[name]
     source = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs)
-    return triton.compile(source, target=HOPPER, options=dict(num_warps=num_warps, num_stages=num_stages))
+    options = dict(num_warps=num_warps, num_stages=num_stages)
+    if maxnreg:
+        options["maxnreg"] = maxnreg
+    return triton.compile(source, target=HOPPER, options=options)
 
 
 def disassemble(compiled) -> tuple[collections.Counter, dict]:
@@ -125,6 +129,7 @@ def main():
                         "stages and warps default to the launcher's choice)")
     parser.add_argument("--tma", default="host", choices=("host", "none"),
                         help="host tensor descriptors, as on Hopper (default), or pointers")
+    parser.add_argument("--maxnreg", type=int, default=None, help="cap registers per thread (ptxas), as a launch's maxnreg")
     parser.add_argument("--top", type=int, default=14, help="opcodes listed per variant")
     args = parser.parse_args()
     if runtime.INTERPRET:
@@ -149,7 +154,7 @@ def main():
         spec = AttentionSpec(causal=causal == "yes", dropout_p=p)
         for fn, call_args, call_kwargs in captured_launches(kernel, d, 4096, dtype, spec, block_m, block_n,
                                                             args.tma == "host"):
-            compiled = compile_for_hopper(fn, call_args, call_kwargs, warps, stages)
+            compiled = compile_for_hopper(fn, call_args, call_kwargs, warps, stages, args.maxnreg)
             opcodes, resources = disassemble(compiled)
             key = (kernel, d, causal, p, (block_m, block_n, stages, warps))
             counted[key] = opcodes

@@ -335,10 +335,28 @@ def _set_tile_shapes(nargs):
         nargs["V"].block_shape = [1, 1, nargs["BLOCK_D"], nargs["BLOCK_N"]]
 
 
+#: Autotune candidates compiled with at most :data:`REGISTER_CAP` registers a thread, so that two programs of
+#: 8 warps share an SM: while one program's two warpgroups run their softmax, the other's can keep the tensor
+#: cores busy, the overlap FlashAttention-3 builds from two ping-ponging warpgroups. Measured on the H100 (fp16,
+#: FA2 shapes, each config alone in a CUDA graph: ``benchmarks/fwd_two_per_sm.py``, TUNING twenty-seventh
+#: finding): at D = 64 without a mask, 128 x 128 tiles with 2 stages take 156 registers uncapped (one program an
+#: SM: 249-329 TFLOP/s) and 124 capped, without a spill (390-443, 1.02-1.09x the autotuned forward of the same
+#: run); causal, they spill 8 registers and tie. At D = 128 the same cap spills 128 x 128 tiles (1184 B) and makes
+#: 128 x 64 ones slower than the 128 x 128 tiles the autotuner picks there, so these configs are for head dims
+#: up to 64 in 2-byte types only (:func:`_fits`).
+REGISTER_CAPPED_CONFIGS = [(128, 128, 2, 8)]
+REGISTER_CAP = 128
+REGISTER_CAPPED_MAX_HEAD_DIM = 64
+
+
 def _gpu_configs():
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=stages, num_warps=warps,
-                          pre_hook=_set_tile_shapes)
-            for bm, bn, stages, warps in GPU_CONFIGS]
+    plain = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=stages, num_warps=warps,
+                           pre_hook=_set_tile_shapes)
+             for bm, bn, stages, warps in GPU_CONFIGS]
+    capped = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=stages, num_warps=warps,
+                            maxnreg=REGISTER_CAP, pre_hook=_set_tile_shapes)
+              for bm, bn, stages, warps in REGISTER_CAPPED_CONFIGS]
+    return plain + capped
 
 
 def smem_budget() -> int:
@@ -358,9 +376,13 @@ def smem_bytes(block_m: int, block_n: int, block_d: int, stages: int, elem_bytes
     return elem_bytes * block_d * (block_m + 2 * block_n * stages)
 
 
-def _fits(bm, bn, stages, warps, block_d, elem_bytes, q_bucket, budget) -> bool:
-    """Whether a config fits registers and shared memory for this head_dim, and fits N_q."""
+def _fits(bm, bn, stages, warps, block_d, elem_bytes, q_bucket, budget, capped: bool = False) -> bool:
+    """Whether a config fits registers and shared memory for this head_dim, and fits N_q; ``capped``: the
+    config runs under :data:`REGISTER_CAP` (kept only where it was measured to fit, 2-byte types and
+    head dims up to :data:`REGISTER_CAPPED_MAX_HEAD_DIM`)."""
     if bm * block_d > 4096 * warps:  # acc alone would take > 128 fp32 registers per thread
+        return False
+    if capped and (block_d > REGISTER_CAPPED_MAX_HEAD_DIM or elem_bytes != 2):
         return False
     if smem_bytes(bm, bn, block_d, stages, elem_bytes) > budget:
         return False
@@ -399,7 +421,8 @@ def _prune_configs(configs, named_args, **kwargs):
         return [only]
     shape = (args["BLOCK_D"], tensor_of(args["Q"]).element_size(), args["Q_BUCKET"], smem_budget())
     kept = [c for c in configs
-            if _fits(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages, c.num_warps, *shape)]
+            if _fits(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages, c.num_warps, *shape,
+                     capped=c.maxnreg is not None)]
     return kept or [triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_stages=1, num_warps=4,
                                   pre_hook=_set_tile_shapes)]
 
