@@ -341,9 +341,10 @@ def _set_tile_shapes(nargs):
 #: FA2 shapes, each config alone in a CUDA graph: ``benchmarks/fwd_two_per_sm.py``, TUNING twenty-seventh
 #: finding): at D = 64 without a mask, 128 x 128 tiles with 2 stages take 156 registers uncapped (one program an
 #: SM: 249-329 TFLOP/s) and 124 capped, without a spill (390-443, 1.02-1.09x the autotuned forward of the same
-#: run); causal, they spill 8 registers and tie. At D = 128 the same cap spills 128 x 128 tiles (1184 B) and makes
-#: 128 x 64 ones slower than the 128 x 128 tiles the autotuner picks there, so these configs are for head dims
-#: up to 64 in 2-byte types only (:func:`_fits`).
+#: run); causal, they spill 8 registers and tie or lose (0.95-1.02x the best uncapped config). At D = 128 the same
+#: cap spills 128 x 128 tiles (1184 B) and makes 128 x 64 ones slower than the 128 x 128 tiles the autotuner picks
+#: there. So these configs are tried only where they won: head dims up to 64, 2-byte types, no band (no causal
+#: mask or window: :func:`_prune_configs`).
 REGISTER_CAPPED_CONFIGS = [(128, 128, 2, 8)]
 REGISTER_CAP = 128
 REGISTER_CAPPED_MAX_HEAD_DIM = 64
@@ -422,7 +423,8 @@ def _prune_configs(configs, named_args, **kwargs):
     shape = (args["BLOCK_D"], tensor_of(args["Q"]).element_size(), args["Q_BUCKET"], smem_budget())
     kept = [c for c in configs
             if _fits(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages, c.num_warps, *shape,
-                     capped=c.maxnreg is not None)]
+                     capped=c.maxnreg is not None)
+            and not (c.maxnreg is not None and (args.get("HAS_LEFT") or args.get("HAS_RIGHT")))]
     return kept or [triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_stages=1, num_warps=4,
                                   pre_hook=_set_tile_shapes)]
 
