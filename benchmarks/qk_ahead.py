@@ -27,11 +27,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import subprocess
 import sys
-import tempfile
 import time
 
 import torch
@@ -101,7 +98,7 @@ def run(q, k, v, o, config, ahead):
 
 def sass_report(d: int, config, ahead: bool) -> str:
     """Registers, stack and the loop's HGMMA / wait / MUFU.EX2 order, compiled for sm_90a (no GPU)."""
-    from triton.backends.compiler import GPUTarget
+    from sass_counts import HOPPER, sass_of
     block_m, block_n, stages, warps = config
     sig = {"Q": f"tensordesc<fp16[{block_m},{d}]>", "K": f"tensordesc<fp16[{block_n},{d}]>",
            "V": f"tensordesc<fp16[{block_n},{d}]>", "O": f"tensordesc<fp16[{block_m},{d}]>",
@@ -109,15 +106,8 @@ def sass_report(d: int, config, ahead: bool) -> str:
            "BLOCK_N": "constexpr", "AHEAD": "constexpr"}
     consts = {"HEAD_DIM": d, "BLOCK_M": block_m, "BLOCK_N": block_n, "AHEAD": ahead}
     src = triton.compiler.ASTSource(fn=forward_kernel, signature=sig, constexprs=consts)
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
-    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
-        cubin.write(compiled.asm["cubin"])
-        cubin.flush()
-        sass = subprocess.run([os.path.join(bin_dir, "cuobjdump"), "-sass", cubin.name], capture_output=True,
-                              text=True, check=True).stdout
-        usage = subprocess.run([os.path.join(bin_dir, "cuobjdump"), "-res-usage", cubin.name], capture_output=True,
-                               text=True, check=True).stdout
+    compiled = triton.compile(src, target=HOPPER, options=dict(num_warps=warps, num_stages=stages))
+    sass, res = sass_of(compiled)
     seq = []
     for line in sass.splitlines():
         m = re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_.]*)", line)
@@ -133,7 +123,6 @@ def sass_report(d: int, config, ahead: bool) -> str:
         elif op.startswith("BRA"):
             seq.append(" B ")
     text = re.sub(r"(.)\1{3,}", lambda mm: f"{mm.group(1)}x{len(mm.group(0))}", "".join(seq))
-    res = dict(re.findall(r"\b(REG|STACK):(\d+)", usage))
     return f"registers {res.get('REG')}, stack {res.get('STACK')} B\n    {text}"
 
 
@@ -154,7 +143,7 @@ def main():
     args = parser.parse_args()
     dims = [int(x) for x in args.d.split(",")]
     if args.sass:
-        print(f"triton {triton.__version__}, sm_90a; G = HGMMA, | = WARPGROUP.DEPBAR (wait), a = arrive, e = MUFU.EX2")
+        print(f"triton {triton.__version__}, sm_90a; G = HGMMA, | = WARPGROUP.DEPBAR (wait), a = WARPGROUP.ARRIVE or WARPSYNC, e = MUFU.EX2, B = branch")
         for d in dims:
             for config in CONFIGS:
                 for ahead in (False, True):

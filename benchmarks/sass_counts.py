@@ -99,8 +99,8 @@ def compile_for_hopper(fn, args, kwargs, warps: int | None, stages: int | None, 
     return triton.compile(source, target=HOPPER, options=options)
 
 
-def disassemble(compiled) -> tuple[collections.Counter, dict]:
-    """(opcode counts, resource usage) of a compiled kernel, from the bundled cuobjdump."""
+def sass_of(compiled) -> tuple[str, dict]:
+    """(SASS listing, resource usage: REG, STACK, SHARED, LOCAL) of a compiled kernel, from the bundled cuobjdump."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(compiled.asm["cubin"])
         cubin.flush()
@@ -108,12 +108,17 @@ def disassemble(compiled) -> tuple[collections.Counter, dict]:
                               text=True, check=True).stdout
         usage = subprocess.run([os.path.join(BIN, "cuobjdump"), "-res-usage", cubin.name], capture_output=True,
                                text=True, check=True).stdout
+    return sass, {key: int(value) for key, value in re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", usage)}
+
+
+def disassemble(compiled) -> tuple[collections.Counter, dict]:
+    """(opcode counts, resource usage) of a compiled kernel."""
+    sass, resources = sass_of(compiled)
     opcodes = collections.Counter()
     for line in sass.splitlines():
         match = re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*)", line)
         if match:
             opcodes[match.group(1)] += 1
-    resources = {key: int(value) for key, value in re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", usage)}
     return opcodes, resources
 
 
