@@ -17,6 +17,10 @@ SDPA's cuDNN backend are timed in the same process. FlashAttention-2 benchmark s
 H D = 2048).
 
     PYTHONPATH=. python3 benchmarks/fwd_two_per_sm.py --out fwd_two_per_sm.json [--dtype fp16] [--budget 150]
+
+``--dropout P``: every launch drops with probability P (one seed); each config's O is then checked against the first
+config's (the mask is a function of the position and the seed, not of the tiles), and the autotuned forward is also
+timed without dropout, for the cost of dropout.
 """
 from __future__ import annotations
 
@@ -78,6 +82,7 @@ def main():
     parser.add_argument("--N", default="1024,4096,16384")
     parser.add_argument("--causal", default="no,yes")
     parser.add_argument("--dtype", default="fp16", choices=("fp16", "bf16"))
+    parser.add_argument("--dropout", type=float, default=0.0, help="dropout probability of every launch (default 0)")
     parser.add_argument("--budget", type=float, default=150.0, help="seconds after which no new shape starts")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -94,9 +99,10 @@ def main():
                     break
                 batch, heads = 16384 // n, 2048 // d
                 q, k, v = (torch.randn(batch, heads, n, d, device="cuda", dtype=dtype) for _ in range(3))
-                spec = AttentionSpec(causal=causal)
+                spec = AttentionSpec(causal=causal, dropout_p=args.dropout, dropout_seed=1234)
                 flops = 4 * batch * heads * n * n * d / (2 if causal else 1)
-                point = dict(d=d, n=n, causal=causal, dtype=args.dtype)
+                point = dict(d=d, n=n, causal=causal, dtype=args.dtype, dropout=args.dropout)
+                first = None
                 for text, cap in CONFIGS[d]:
                     block_m, block_n, stages, warps = parse_config(text)
                     o = torch.full_like(q, float("nan"))
@@ -109,7 +115,11 @@ def main():
                     try:
                         compiled = fn[grid](*call_args, **kwargs)
                         torch.cuda.synchronize()
-                        err = reference_error(q, k, v, o, causal)
+                        if args.dropout:  # the same mask whatever the tiles: against the first config's O
+                            first = o.clone() if first is None else first
+                            err = ((o.double() - first.double()).norm() / first.double().norm()).item()
+                        else:
+                            err = reference_error(q, k, v, o, causal)
                         ms = triton.testing.do_bench_cudagraph(lambda: fn[grid](*call_args, **kwargs), rep=20)
                         regs, spills = compiled.n_regs, compiled.n_spills
                     except Exception as error:  # out of resources
@@ -117,8 +127,11 @@ def main():
                         name += f" ({type(error).__name__})"
                     rows.append(dict(point, impl=name, ms=ms, rel_err=err, registers=regs, spills=spills,
                                      tflops=flops / ms / 1e9 if ms else None))
-                for name, call in (("flashlib autotuned", lambda: flash_attention(q, k, v, causal=causal)),
-                                   ("sdpa_cudnn", lambda: cudnn(q, k, v, causal))):
+                timed = [("flashlib autotuned", lambda: flash_attention(q, k, v, causal=causal, dropout_p=args.dropout)),
+                         ("sdpa_cudnn", lambda: cudnn(q, k, v, causal))]
+                if args.dropout:
+                    timed.append(("flashlib autotuned, no dropout", lambda: flash_attention(q, k, v, causal=causal)))
+                for name, call in timed:
                     call()
                     ms = triton.testing.do_bench_cudagraph(call, rep=20)
                     rows.append(dict(point, impl=name, ms=ms, tflops=flops / ms / 1e9))
