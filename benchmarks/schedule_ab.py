@@ -83,9 +83,11 @@ def calls(q, k, v, do, causal: bool):
 
 
 def label(config: triton.Config) -> str:
-    """A config as ``BLOCK_MxBLOCK_N s<stages> w<warps>``, and `` dP-late`` for dK/dV's ``DP_AFTER_DV``."""
+    """A config as ``BLOCK_MxBLOCK_N s<stages> w<warps>``, `` dP-late`` for dK/dV's ``DP_AFTER_DV`` and `` r<N>``
+    for a register cap (``maxnreg``)."""
     late = " dP-late" if config.kwargs.get("DP_AFTER_DV") else ""
-    return f"{config.kwargs['BLOCK_M']}x{config.kwargs['BLOCK_N']} s{config.num_stages} w{config.num_warps}{late}"
+    cap = f" r{config.maxnreg}" if getattr(config, "maxnreg", None) else ""
+    return f"{config.kwargs['BLOCK_M']}x{config.kwargs['BLOCK_N']} s{config.num_stages} w{config.num_warps}{late}{cap}"
 
 
 def parse_configs(text: str) -> list[tuple[int, int, int, int]]:
