@@ -340,7 +340,7 @@ def _set_tile_shapes(nargs):
 #: cores busy, the overlap FlashAttention-3 builds from two ping-ponging warpgroups. Measured on the H100 (fp16,
 #: FA2 shapes, each config alone in a CUDA graph: ``benchmarks/fwd_two_per_sm.py``, TUNING twenty-seventh
 #: finding): at D = 64 without a mask, 128 x 128 tiles with 2 stages take 156 registers uncapped (one program an
-#: SM: 249-329 TFLOP/s) and 124 capped, without a spill (390-443, 1.02-1.09x the autotuned forward of the same
+#: SM: 249-329 TFLOP/s) and 124 capped, without a spill (390-443, 1.06-1.09x the autotuned forward of the same
 #: run); causal, they spill 8 registers and tie or lose (0.95-1.02x the best uncapped config). At D = 128 the same
 #: cap spills 128 x 128 tiles (1184 B) and makes 128 x 64 ones slower than the 128 x 128 tiles the autotuner picks
 #: there. So these configs are tried only where they won: head dims up to 64, 2-byte types, no band (no causal
