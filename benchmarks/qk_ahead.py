@@ -126,13 +126,6 @@ def sass_report(d: int, config, ahead: bool) -> str:
     return f"registers {res.get('REG')}, stack {res.get('STACK')} B\n    {text}"
 
 
-def check(q, k, v, o):
-    ref = torch.softmax(q.double() @ k.double().transpose(-1, -2) * q.shape[-1] ** -0.5, -1) @ v.double()
-    heads = [0, -1]
-    err = [((o[0, h].double() - ref[0, h]).norm() / ref[0, h].norm()).item() for h in heads]
-    return max(err)
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--d", default="64,128")
@@ -149,8 +142,10 @@ def main():
                 for ahead in (False, True):
                     print(f"D={d} {config} {'ahead' if ahead else 'base '}: {sass_report(d, config, ahead)}")
         return
-    from flashlib import flash_attention  # noqa: E402
+    from flashlib import flash_attention
+    from flashlib.bench import ATTENTION_IMPLS
     from flashlib.bench_results import results_meta
+    from fwd_two_per_sm import reference_error
     start = time.time()
     rows = []
     for d in dims:
@@ -171,7 +166,7 @@ def main():
                         o.fill_(float("nan"))
                         call()
                         torch.cuda.synchronize()
-                        err = check(q, k, v, o)
+                        err = reference_error(q, k, v, o, causal=False)
                         ms = triton.testing.do_bench_cudagraph(call, rep=20) if err < 5e-3 else None
                     except Exception as error:  # a config that does not fit
                         err, ms = None, None
@@ -180,7 +175,7 @@ def main():
                     rows.append(dict(d=d, n=n, impl=name, ms=ms, rel_err=err,
                                      tflops=flops / ms / 1e9 if ms else None))
             for name, call in (("flashlib", lambda: flash_attention(q, k, v)),
-                               ("sdpa_cudnn", lambda: _cudnn(q, k, v))):
+                               ("sdpa_cudnn", lambda: ATTENTION_IMPLS["sdpa_cudnn"](q, k, v, False))):
                 ms = triton.testing.do_bench_cudagraph(call, rep=20)
                 rows.append(dict(d=d, n=n, impl=name, ms=ms, tflops=flops / ms / 1e9))
             for r in rows:
@@ -195,12 +190,6 @@ def main():
                                     method="do_bench_cudagraph median (rep 20 ms); fp16; B N = 16384, H D = 2048")
                 with open(args.out, "w") as f:
                     json.dump({"meta": meta, "rows": rows}, f, indent=1)
-
-
-def _cudnn(q, k, v):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
 
 
 if __name__ == "__main__":

@@ -377,13 +377,9 @@ def smem_bytes(block_m: int, block_n: int, block_d: int, stages: int, elem_bytes
     return elem_bytes * block_d * (block_m + 2 * block_n * stages)
 
 
-def _fits(bm, bn, stages, warps, block_d, elem_bytes, q_bucket, budget, capped: bool = False) -> bool:
-    """Whether a config fits registers and shared memory for this head_dim, and fits N_q; ``capped``: the
-    config runs under :data:`REGISTER_CAP` (kept only where it was measured to fit, 2-byte types and
-    head dims up to :data:`REGISTER_CAPPED_MAX_HEAD_DIM`)."""
+def _fits(bm, bn, stages, warps, block_d, elem_bytes, q_bucket, budget) -> bool:
+    """Whether a config fits registers and shared memory for this head_dim, and fits N_q."""
     if bm * block_d > 4096 * warps:  # acc alone would take > 128 fp32 registers per thread
-        return False
-    if capped and (block_d > REGISTER_CAPPED_MAX_HEAD_DIM or elem_bytes != 2):
         return False
     if smem_bytes(bm, bn, block_d, stages, elem_bytes) > budget:
         return False
@@ -421,10 +417,12 @@ def _prune_configs(configs, named_args, **kwargs):
         only.pre_hook = _set_tile_shapes
         return [only]
     shape = (args["BLOCK_D"], tensor_of(args["Q"]).element_size(), args["Q_BUCKET"], smem_budget())
+    # register-capped configs only where they were measured to win (REGISTER_CAPPED_CONFIGS)
+    capped_wins = (shape[0] <= REGISTER_CAPPED_MAX_HEAD_DIM and shape[1] == 2
+                   and not (args.get("HAS_LEFT") or args.get("HAS_RIGHT")))
     kept = [c for c in configs
-            if _fits(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages, c.num_warps, *shape,
-                     capped=c.maxnreg is not None)
-            and not (c.maxnreg is not None and (args.get("HAS_LEFT") or args.get("HAS_RIGHT")))]
+            if _fits(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages, c.num_warps, *shape)
+            and (c.maxnreg is None or capped_wins)]
     return kept or [triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_stages=1, num_warps=4,
                                   pre_hook=_set_tile_shapes)]
 
