@@ -18,9 +18,12 @@ soon as it ends so that a run cut short keeps what it measured:
    same shapes, forward+backward, with the SDPA backend named, when it runs here.
 5. the longer sequences of ``--n-late`` (scaling only), while the time budget lasts.
 
-Kernel configs are pinned (``--configs``: one config per kernel, the autotuner's usual pick at
+Kernel configs are pinned (``--configs``: by default one config per kernel, the autotuner's usual pick at
 D = 128 on the H100) for the single GPU and the ring alike, so that no sequence length autotunes:
-the comparison is of the same kernels. NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and friends,
+the comparison is of the same kernels. A kernel given several configs (``fwd=128x128/3/8|128x64/3/8``)
+autotunes among those alone, once per shape, in the warm-up call. ``--configs autotuned`` pins nothing: each rank's autotuners
+pick for its own shapes during the warm-up call, the kernels a user gets (and what the comparison
+with context_parallel, whose SDPA backends choose their own kernels, should see). NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and friends,
 set here for every process this starts).
 
     PYTHONPATH=. python3 benchmarks/ring_scaling.py --out $OUT/ring.json          # on a 2-GPU machine
@@ -51,42 +54,68 @@ from config_text import parse_config  # noqa: E402
 #: (BLOCK_M, BLOCK_N, stages, warps) per kernel at D = 128 (benchmarks/TUNING.md: 8-warp 128-row forward
 #: tiles on Hopper; dK/dV 32 x 64 / 4 warps; dQ 128 x 64 / 3 stages / 8 warps).
 DEFAULT_CONFIGS = "fwd=128x64/3/8,dkdv=32x64/3/4,dq=128x64/3/8"
+#: ``--configs autotuned``: nothing pinned; every rank's autotuners pick for their own shapes (the single GPU's
+#: whole sequence, the ring's shards and diagonal steps), as a user's first calls would, in the warm-up call.
+#: Every config of every list compiles for each mask and step kind, which takes minutes on the GPU host.
+AUTOTUNED = "autotuned"
 #: The name the profiled step is recorded under (overlap() counts the kernels that start within it).
 MEASURED_STEP = "ring_scaling.measured_step"
 #: (label, causal, scheme) of the scaling runs.
 MODES = (("full", False, "contiguous"), ("causal", True, "zigzag"))
+#: The suffix of a dK/dV config that issues dP^T after dV's product (``DP_AFTER_DV``, TUNING nineteenth finding).
+DP_AFTER_DV_SUFFIX = ":dp_after_dv"
 
 
-def parse_configs(text: str) -> dict:
-    """``kernel=MxN/stages/warps`` items, one for each of fwd, dkdv and dq (:mod:`config_text`'s form)."""
+def parse_configs(text: str) -> dict | str:
+    """``kernel=CONFIG[|CONFIG...]`` items, one for each of fwd, dkdv and dq, each CONFIG ``MxN/stages/warps``
+    (:mod:`config_text`'s form; a dK/dV one may end in :data:`DP_AFTER_DV_SUFFIX`): kernel -> list of
+    (BLOCK_M, BLOCK_N, stages, warps, dp_after_dv). Several configs of one kernel are left to its autotuner.
+    Or :data:`AUTOTUNED`."""
+    if text == AUTOTUNED:
+        return AUTOTUNED
     configs = {}
     for item in text.split(","):
-        kernel, _, config = item.partition("=")
-        try:
-            parsed = parse_config(config)
-        except ValueError:
-            parsed = (None,)
-        if None in parsed:
-            raise SystemExit(f"--configs: expected kernel=MxN/stages/warps items, got {item!r}")
-        configs[kernel] = parsed
+        kernel, _, listed = item.partition("=")
+        choices = []
+        for config in listed.split("|"):
+            dp_after_dv = kernel == "dkdv" and config.endswith(DP_AFTER_DV_SUFFIX)
+            try:
+                parsed = parse_config(config.removesuffix(DP_AFTER_DV_SUFFIX) if dp_after_dv else config)
+            except ValueError:
+                parsed = (None,)
+            if None in parsed:
+                raise SystemExit(f"--configs: expected kernel=MxN/stages/warps[|MxN/stages/warps...] items, "
+                                 f"got {item!r}")
+            choices.append((*parsed, dp_after_dv))
+        configs[kernel] = choices
     if set(configs) != {"fwd", "dkdv", "dq"}:
         raise SystemExit(f"--configs must name fwd, dkdv and dq; got {sorted(configs)}")
     return configs
 
 
 def pin_configs(configs: dict) -> None:
-    """Leave each autotuner one config (it then never benchmarks): the same kernels at every N."""
+    """Leave each autotuner only the listed configs: one config never benchmarks, so the same kernels run at
+    every N; a few are benchmarked once per shape in the warm-up call."""
     from flashlib.kernels import attention_bwd, attention_fwd
     tuned = {"fwd": attention_fwd.attention_fwd_kernel_autotuned,
              "dkdv": attention_bwd.attention_bwd_dkdv_kernel_autotuned,
              "dq": attention_bwd.attention_bwd_dq_kernel_autotuned}
     for name, autotuner in tuned.items():
-        keep = [c for c in autotuner.configs
-                if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages, c.num_warps) == configs[name]
-                and not c.kwargs.get("DP_AFTER_DV")]
-        if len(keep) != 1:
-            raise SystemExit(f"--configs: {name}={configs[name]} is not one of the autotuner's configs")
+        keep = []
+        for wanted in configs[name]:
+            found = [c for c in autotuner.configs
+                     if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages, c.num_warps,
+                         bool(c.kwargs.get("DP_AFTER_DV"))) == wanted and c.maxnreg is None]
+            if len(found) != 1:
+                raise SystemExit(f"--configs: {name}={wanted} is not one of the autotuner's configs")
+            keep += found
         autotuner.configs = keep
+
+
+def apply_configs(configs: dict | str) -> None:
+    """Pin ``configs`` (:func:`pin_configs`), or, for :data:`AUTOTUNED`, leave every autotuner its list."""
+    if configs != AUTOTUNED:
+        pin_configs(configs)
 
 
 # ---------------------------------------------------------------- helpers run on every rank
@@ -414,9 +443,11 @@ def context_parallel_section(rank, world, device, args, lengths, budget, rows, s
                     if "error" in row:
                         print(f"context_parallel N={n} {label} {backend_name}: {row['error'][:200]}", flush=True)
                     else:
+                        ratio = row.get("flashlib_over_context_parallel")
+                        against = (f"flashlib ring {ratio:.2f}x as fast" if ratio is not None
+                                   else "no ring time at this point in this run")
                         print(f"context_parallel N={n} {label} {backend_name}: fwd+bwd {row['fwd_bwd_s'] * 1e3:.1f} ms; "
-                              f"flashlib ring {row.get('flashlib_over_context_parallel', float('nan')):.2f}x as fast",
-                              flush=True)
+                              f"{against}", flush=True)
                 dist.barrier()
                 if "error" in row:
                     failed.add((backend_name, label))
@@ -442,14 +473,14 @@ def worker(rank, world, args, store_dir):
     from flashlib import runtime
     from flashlib.gpu import detect_gpu
     if not runtime.INTERPRET:
-        pin_configs(args.configs)
+        apply_configs(args.configs)
     budget = Budget(args.budget, device)
     info = detect_gpu()
     result = dict(
         meta=dict(gpu=info.name if hasattr(info, "name") else str(info), world_size=world, backend=backend,
                   torch=torch.__version__, triton=__import__("triton").__version__, python=sys.version.split()[0],
                   date=datetime.date.today().isoformat(), command=" ".join(sys.argv),
-                  configs=args.configs if not runtime.INTERPRET else "interpreter blocks",
+                  configs=args.configs_text if not runtime.INTERPRET else "interpreter blocks",
                   multicast_off=MULTICAST_OFF, timing="wall clock per call after a warm-up call and a barrier, "
                   "synchronized; the ring's time is the slowest rank's; float16"),
         check=[], scaling=[], overlap=[], context_parallel=[])
@@ -510,7 +541,9 @@ def main(argv=None):
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--check-shape", default="2,4,2,4096,128", help="B,H,H_kv,N,D of the correctness check")
-    parser.add_argument("--configs", default=DEFAULT_CONFIGS, help="one config per kernel: kernel=MxN/stages/warps")
+    parser.add_argument("--configs", default=DEFAULT_CONFIGS,
+                        help=f"configs per kernel: kernel=MxN/stages/warps[|...] (several: autotuned among them; "
+                        f"dkdv ones may end in {DP_AFTER_DV_SUFFIX}), or {AUTOTUNED} (nothing pinned)")
     parser.add_argument("--cp-backends", default="FLASH_ATTENTION,CUDNN_ATTENTION",
                         help="SDPA backends tried under context_parallel")
     parser.add_argument("--sections", default="check,scaling,overlap,context_parallel")
@@ -530,7 +563,7 @@ def main(argv=None):
     args.check_shape = lengths(args.check_shape)
     if len(args.check_shape) != 5:
         raise SystemExit(f"--check-shape needs B,H,H_kv,N,D; got {args.check_shape}")
-    args.configs = parse_configs(args.configs)
+    args.configs_text, args.configs = args.configs, parse_configs(args.configs)
     args.cp_backends = [b for b in args.cp_backends.split(",") if b]
     args.sections = [s for s in args.sections.split(",") if s]
     unknown = set(args.sections) - {"check", "scaling", "overlap", "context_parallel"}

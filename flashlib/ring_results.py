@@ -129,9 +129,14 @@ def markdown_overlap(result: dict) -> str:
 
 
 def _configs(configs) -> str:
-    if not isinstance(configs, dict):
-        return str(configs)
-    return ", ".join(f"{kernel} {bm}x{bn}/{stages}/{warps}" for kernel, (bm, bn, stages, warps) in configs.items())
+    """The kernel configs of a run: "autotuned", the ``--configs`` text (newer runs) or one config per kernel
+    (older runs)."""
+    if configs == "autotuned":
+        return "autotuned on every rank for its own shapes"
+    if isinstance(configs, str):
+        return f"as `--configs {configs}` (BLOCK_M x BLOCK_N / stages / warps; several: tuned among them)"
+    pinned = ", ".join(f"{kernel} {bm}x{bn}/{stages}/{warps}" for kernel, (bm, bn, stages, warps) in configs.items())
+    return f"pinned (BLOCK_M x BLOCK_N / stages / warps): {pinned}"
 
 
 def describe(result: dict) -> str:
@@ -139,7 +144,7 @@ def describe(result: dict) -> str:
     shape = result["scaling"][0] if result["scaling"] else {}
     return (f"{meta['world_size']} x {meta['gpu']}, {meta['backend']}, torch {meta['torch']}, triton {meta['triton']}, "
             f"{meta['date']}; B = {shape.get('B')}, H = {shape.get('H')}, D = {shape.get('D')}, "
-            f"{shape.get('dtype')}; kernel configs pinned (BLOCK_M x BLOCK_N / stages / warps): {_configs(meta['configs'])}")
+            f"{shape.get('dtype')}; kernel configs {_configs(meta['configs'])}")
 
 
 def _span(values) -> str:

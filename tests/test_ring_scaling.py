@@ -78,7 +78,34 @@ def test_needs_two_ranks_and_well_formed_arguments():
     assert "unknown" in run_script("--out", "/dev/null", "--sections", "check,speed").stderr
     with pytest.raises(SystemExit, match="must name fwd, dkdv and dq"):
         ring_scaling.parse_configs("fwd=128x64/3/8")
-    assert ring_scaling.parse_configs(ring_scaling.DEFAULT_CONFIGS)["dq"] == (128, 64, 3, 8)
+    assert ring_scaling.parse_configs(ring_scaling.DEFAULT_CONFIGS)["dq"] == [(128, 64, 3, 8, False)]
+    several = ring_scaling.parse_configs("fwd=128x128/3/8|128x64/3/8,dkdv=64x64/2/4:dp_after_dv|32x64/3/4,"
+                                         "dq=128x64/3/8")
+    assert several["fwd"] == [(128, 128, 3, 8, False), (128, 64, 3, 8, False)]
+    assert several["dkdv"] == [(64, 64, 2, 4, True), (32, 64, 3, 4, False)]
+    with pytest.raises(SystemExit, match="expected kernel=MxN"):  # the dP-after-dV order is the dK/dV kernel's
+        ring_scaling.parse_configs("fwd=128x128/3/8:dp_after_dv,dkdv=32x64/3/4,dq=128x64/3/8")
+    assert ring_scaling.parse_configs("autotuned") == ring_scaling.AUTOTUNED
+
+
+def test_an_autotuned_run_leaves_every_autotuner_its_configs_and_says_so(monkeypatch):
+    """``--configs autotuned`` pins nothing, the default pins one config per kernel, and the stored run's
+    description says which of the two it was."""
+    from flashlib.kernels import attention_bwd, attention_fwd
+    tuned = (attention_fwd.attention_fwd_kernel_autotuned, attention_bwd.attention_bwd_dkdv_kernel_autotuned,
+             attention_bwd.attention_bwd_dq_kernel_autotuned)
+    for autotuner in tuned:
+        monkeypatch.setattr(autotuner, "configs", list(autotuner.configs))
+    counts = [len(t.configs) for t in tuned]
+    ring_scaling.apply_configs(ring_scaling.parse_configs("autotuned"))
+    assert [len(t.configs) for t in tuned] == counts and min(counts) > 1
+    ring_scaling.apply_configs(ring_scaling.parse_configs(ring_scaling.DEFAULT_CONFIGS))
+    assert [len(t.configs) for t in tuned] == [1, 1, 1]
+    stored = ring_results.load_ring_results(ring_results.RESULTS_DIR / "ring_scaling_2x_nvidia_h200.json")
+    assert "pinned (BLOCK_M x BLOCK_N / stages / warps): fwd 128x64/3/8" in ring_results.describe(stored)
+    tuned_run = copy.deepcopy(stored)
+    tuned_run["meta"]["configs"] = "autotuned"
+    assert "autotuned on every rank" in ring_results.describe(tuned_run)
 
 
 def test_pinned_configs_are_the_autotuners_own(monkeypatch):
@@ -90,8 +117,25 @@ def test_pinned_configs_are_the_autotuners_own(monkeypatch):
     ring_scaling.pin_configs(ring_scaling.parse_configs(ring_scaling.DEFAULT_CONFIGS))
     assert [len(t.configs) for t in tuned] == [1, 1, 1]
     assert (tuned[1].configs[0].kwargs["BLOCK_M"], tuned[1].configs[0].num_warps) == (32, 4)
+    assert not tuned[1].configs[0].kwargs.get("DP_AFTER_DV")
     with pytest.raises(SystemExit, match="not one of the autotuner's configs"):
-        ring_scaling.pin_configs({"fwd": (96, 64, 3, 8), "dkdv": (32, 64, 3, 4), "dq": (128, 64, 3, 8)})
+        ring_scaling.pin_configs(ring_scaling.parse_configs("fwd=96x64/3/8,dkdv=32x64/3/4,dq=128x64/3/8"))
+
+
+def test_several_pinned_configs_leave_the_autotuner_those_alone(monkeypatch):
+    from flashlib.kernels import attention_bwd, attention_fwd
+    tuned = (attention_fwd.attention_fwd_kernel_autotuned, attention_bwd.attention_bwd_dkdv_kernel_autotuned,
+             attention_bwd.attention_bwd_dq_kernel_autotuned)
+    for autotuner in tuned:
+        monkeypatch.setattr(autotuner, "configs", list(autotuner.configs))
+    ring_scaling.pin_configs(ring_scaling.parse_configs(
+        "fwd=128x128/3/8|128x64/3/8,dkdv=64x64/2/4:dp_after_dv|64x64/2/4,dq=128x64/3/8"))
+    fwd, dkdv, dq = (t.configs for t in tuned)
+    assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages) for c in fwd] == [(128, 128, 3), (128, 64, 3)]
+    assert all(c.maxnreg is None for c in fwd)
+    # the same tiles in both orders of the products: two configs, told apart by DP_AFTER_DV
+    assert [bool(c.kwargs.get("DP_AFTER_DV")) for c in dkdv] == [True, False]
+    assert len(dq) == 1
 
 
 def test_communication_under_compute_is_measured_on_merged_intervals():
