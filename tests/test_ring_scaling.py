@@ -186,15 +186,21 @@ def test_gpu_ring_on_nccl_matches_one_gpu(tmp_path):
 
 
 # ---------------------------------------------------------------- the stored run
-@pytest.fixture(scope="module")
-def stored():
+@pytest.fixture(scope="module", params=ring_results.README_FILES)
+def stored(request):
     paths = ring_results.stored_ring_results()
-    assert paths, "benchmarks/results holds no ring_scaling_*.json"
-    return ring_results.load_ring_results(ring_results.RESULTS_DIR / ring_results.README_FILE)
+    assert ring_results.RESULTS_DIR / request.param in paths, f"benchmarks/results lacks {request.param}"
+    return ring_results.load_ring_results(ring_results.RESULTS_DIR / request.param)
+
+
+def test_the_readme_shows_two_and_four_gpus():
+    worlds = [ring_results.load_ring_results(ring_results.RESULTS_DIR / name)["meta"]["world_size"]
+              for name in ring_results.README_FILES]
+    assert worlds == [2, 4]
 
 
 def test_stored_run_passed_its_checks_on_nccl(stored):
-    assert stored["meta"]["backend"] == "nccl" and stored["meta"]["world_size"] == 2
+    assert stored["meta"]["backend"] == "nccl" and stored["meta"]["world_size"] in (2, 4)
     summary = ring_results.check_summary(stored)
     assert set(summary) == {"float16", "bfloat16"}
     assert all(c["passed"] == c["cases"] == 4 for c in summary.values())
@@ -207,7 +213,7 @@ def test_scaling_rows_are_computed_from_the_stored_times(stored):
         row = next(r for r in rows if (r["N"], r["mask"]) == (raw["N"], raw["mask"]))
         single, ring = raw["single"]["fwd_bwd_s"][0], max(raw["ring"]["fwd_bwd_s"])
         assert row["fwd_bwd"]["speedup"] == pytest.approx(single / ring)
-        assert row["fwd_bwd"]["efficiency"] == pytest.approx(single / ring / 2)
+        assert row["fwd_bwd"]["efficiency"] == pytest.approx(single / ring / stored["meta"]["world_size"])
         assert row["ring_tokens_per_s"] == pytest.approx(raw["B"] * raw["N"] / ring)
 
 
@@ -240,10 +246,12 @@ def test_readme_section_is_generated_from_the_stored_run(stored):
 
 def test_headline_and_tables_follow_the_numbers(stored):
     result = copy.deepcopy(stored)
+    world = result["meta"]["world_size"]
     for raw in result["scaling"]:
-        raw["ring"]["fwd_bwd_s"] = [raw["single"]["fwd_bwd_s"][0] / 1.5] * 2
-    assert "1.50x as fast as one GPU (scaling efficiency 75% or more)" in ring_results.headline(result)
-    assert " / 1.50x | 75% |" in ring_results.markdown_scaling(result)
+        raw["ring"]["fwd_bwd_s"] = [raw["single"]["fwd_bwd_s"][0] / 1.5] * world
+    efficiency = round(150 / world)
+    assert f"1.50x as fast as one GPU (scaling efficiency {efficiency}% or more)" in ring_results.headline(result)
+    assert f" / 1.50x | {efficiency}% |" in ring_results.markdown_scaling(result)
 
 
 def test_a_file_without_the_sections_is_refused(tmp_path):
