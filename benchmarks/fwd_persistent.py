@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from qk_ahead import LOG2E, descriptors
+from qk_ahead import LOG2E, _update, descriptors
 
 #: (BLOCK_M, BLOCK_N, stages, warps) per head dim
 CONFIGS = {128: [(128, 64, 3, 8), (128, 128, 2, 8), (128, 64, 2, 8)],
@@ -48,21 +48,14 @@ VARIANTS = ("grid", "persistent", "flattened")
 
 
 @triton.jit
-def _update(acc, l_i, m_i, qk, v, score_scale):
-    """One unmasked key block's online-softmax step on raw scores (flashlib's unmasked stage)."""
-    m_new = tl.maximum(m_i, tl.max(qk, 1) * score_scale)
-    p = tl.math.exp2(qk * score_scale - m_new[:, None])
-    alpha = tl.math.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-    return acc, l_i, m_new
-
-
-@triton.jit
-def _tile(Q, K, V, O, score_scale, row0, m0, N, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-          BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-    """O of the query rows [m0, m0 + BLOCK_M) of the head whose rows start at ``row0``."""
-    q = Q.load([row0 + m0, 0])
+def _tile(Q, Q_ROWS, K, V, O, score_scale, row0, m0, N, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+          BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, Q_FROM_POINTER: tl.constexpr):
+    """O of the query rows [m0, m0 + BLOCK_M) of the head whose rows start at ``row0``; Q through its
+    descriptor, or with ``Q_FROM_POINTER`` through the (B H N, D) contiguous pointer ``Q_ROWS``."""
+    if Q_FROM_POINTER:
+        q = tl.load(Q_ROWS + (row0 + m0 + tl.arange(0, BLOCK_M))[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :])
+    else:
+        q = Q.load([row0 + m0, 0])
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
@@ -91,7 +84,8 @@ def grid_kernel(Q, K, V, O, score_scale, N, HEAD_DIM: tl.constexpr, BLOCK_M: tl.
     start_m = tl.program_id(0)
     if CAUSAL:
         start_m = tl.num_programs(0) - 1 - start_m
-    _tile(Q, K, V, O, score_scale, tl.program_id(1) * N, start_m * BLOCK_M, N, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL)
+    _tile(Q, Q, K, V, O, score_scale, tl.program_id(1) * N, start_m * BLOCK_M, N, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL,
+          False)
 
 
 @triton.jit
@@ -110,32 +104,8 @@ def persistent_kernel(Q, K, V, O, Q_ROWS, score_scale, N, heads, programs, HEAD_
         else:
             head = tile // blocks
             start_m = tile % blocks
-        row0 = head * N
-        m0 = start_m * BLOCK_M
-        if FLATTEN:
-            offs = (row0 + m0 + tl.arange(0, BLOCK_M))[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
-            q = tl.load(Q_ROWS + offs)
-        else:
-            q = Q.load([row0 + m0, 0])
-        m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-        l_i = tl.zeros((BLOCK_M,), tl.float32)
-        acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
-        full_hi = m0 if CAUSAL else N
-        for start_n in range(0, full_hi, BLOCK_N):
-            acc, l_i, m_i = _update(acc, l_i, m_i, tl.dot(q, K.load([row0 + start_n, 0]).T),
-                                    V.load([row0 + start_n, 0]), score_scale)
-        if CAUSAL:
-            rows = m0 + tl.arange(0, BLOCK_M)
-            for start_n in range(m0, m0 + BLOCK_M, BLOCK_N):
-                qk = tl.dot(q, K.load([row0 + start_n, 0]).T) * score_scale
-                qk = tl.where(rows[:, None] >= start_n + tl.arange(0, BLOCK_N)[None, :], qk, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(qk, 1))
-                p = tl.math.exp2(qk - m_new[:, None])
-                alpha = tl.math.exp2(m_i - m_new)
-                l_i = l_i * alpha + tl.sum(p, 1)
-                acc = tl.dot(p.to(tl.float16), V.load([row0 + start_n, 0]), acc * alpha[:, None])
-                m_i = m_new
-        O.store([row0 + m0, 0], (acc / l_i[:, None]).to(O.dtype))
+        _tile(Q, Q_ROWS, K, V, O, score_scale, head * N, start_m * BLOCK_M, N, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL,
+              FLATTEN)
 
 
 def launcher(variant, q, k, v, o, config, causal, programs):
