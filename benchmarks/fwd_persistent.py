@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from qk_ahead import LOG2E, _update, descriptors
+from qk_ahead import LOG2E, descriptors, online_softmax_step
 
 #: (BLOCK_M, BLOCK_N, stages, warps) per head dim
 CONFIGS = {128: [(128, 64, 3, 8), (128, 128, 2, 8), (128, 64, 2, 8)],
@@ -61,7 +61,7 @@ def _tile(Q, Q_ROWS, K, V, O, score_scale, row0, m0, N, HEAD_DIM: tl.constexpr, 
     acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
     full_hi = m0 if CAUSAL else N
     for start_n in range(0, full_hi, BLOCK_N):
-        acc, l_i, m_i = _update(acc, l_i, m_i, tl.dot(q, K.load([row0 + start_n, 0]).T),
+        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, tl.dot(q, K.load([row0 + start_n, 0]).T),
                                 V.load([row0 + start_n, 0]), score_scale)
     if CAUSAL:  # the diagonal: key j visible to row i where j <= i
         rows = m0 + tl.arange(0, BLOCK_M)

@@ -41,7 +41,7 @@ CONFIGS = [(128, 64, 3, 8), (128, 128, 2, 8), (128, 64, 2, 8), (128, 64, 3, 4), 
 
 
 @triton.jit
-def _update(acc, l_i, m_i, qk, v, score_scale):
+def online_softmax_step(acc, l_i, m_i, qk, v, score_scale):
     """One key block's online-softmax step on raw scores ``qk`` (flashlib's unmasked path)."""
     m_new = tl.maximum(m_i, tl.max(qk, 1) * score_scale)
     p = tl.math.exp2(qk * score_scale - m_new[:, None])
@@ -68,14 +68,14 @@ def forward_kernel(Q, K, V, O, score_scale, N, HEAD_DIM: tl.constexpr, BLOCK_M: 
             k_next = K.load([row0 + start_n + BLOCK_N, 0]).T
             v = V.load([row0 + start_n, 0])
             qk_next = tl.dot(q, k_next)  # issued before this block's softmax
-            acc, l_i, m_i = _update(acc, l_i, m_i, qk, v, score_scale)
+            acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, qk, v, score_scale)
             qk = qk_next
-        acc, l_i, m_i = _update(acc, l_i, m_i, qk, V.load([row0 + N - BLOCK_N, 0]), score_scale)
+        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, qk, V.load([row0 + N - BLOCK_N, 0]), score_scale)
     else:
         for start_n in range(0, N, BLOCK_N):
             k = K.load([row0 + start_n, 0]).T
             v = V.load([row0 + start_n, 0])
-            acc, l_i, m_i = _update(acc, l_i, m_i, tl.dot(q, k), v, score_scale)
+            acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, tl.dot(q, k), v, score_scale)
     O.store([row0 + m0, 0], (acc / l_i[:, None]).to(O.dtype))
 
 
