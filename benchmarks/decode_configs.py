@@ -21,7 +21,7 @@ import torch
 import triton
 
 from flashlib import detect_gpu
-from flashlib.bench_decode import graph_time_us, paged_copy
+from flashlib.bench_decode import SDPA_IMPLS, graph_time_us, paged_copy, sdpa_call
 from flashlib.kernels import decode
 
 #: (batch, H_kv, N_k) of the first sweep (D = 128, N_q = 1), whose results are stored.
@@ -30,6 +30,17 @@ SHAPES = [(1, 32, 32768), (1, 32, 4096), (8, 8, 32768), (64, 8, 8192), (1, 8, 13
 CONFIGS = [(bn, s, w) for bn in (32, 64, 128) for s in (2, 3, 4) for w in (4, 8)]
 SPLITS = (1, 2, 4, 8, 16, 32, 64, 128)
 HEADS_Q = 32
+#: The K/V loads' (eviction policy, cache modifier) of the library's launch: none.
+NO_HINTS = ("", "")
+
+
+def parse_hints(text: str) -> list[tuple[str, str]]:
+    """``"evict_first,;,.cg"`` -> [("evict_first", ""), ("", ".cg")]: K/V load hints, each timed on the library's launch."""
+    return [tuple(part.split(",")) if "," in part else (part, "") for part in text.split(";") if part.strip()]
+
+
+def hints_text(hints: tuple[str, str]) -> str:
+    return "+".join(h for h in hints if h)
 
 
 def graph_us(call) -> float:
@@ -61,14 +72,25 @@ def sweep_shape(batch, heads_kv, n_k, args, deadline) -> dict:
         caches["paged"] = paged_copy(k, v, torch.Generator().manual_seed(0), args.page_size)
     row = dict(batch=batch, heads_kv=heads_kv, n_k=n_k, head_dim=args.head_dim, n_q=args.n_q, dtype=args.dtype)
     for name, (kc, vc, table) in caches.items():
-        def run(config=None, splits=None):
+        def run(config=None, splits=None, hints=NO_HINTS):
             decode.launch_splitkv_attention(q, kc, vc, o, lse, scale=args.head_dim ** -0.5, k_lens=lengths,
                                             block_table=table, num_splits=splits, config=config,
-                                            block_m=args.block_m)
+                                            block_m=args.block_m, kv_load_hints=hints)
         warm_up(run)
         samples = {"heuristic": []}
+        sdpa = {} if table is not None else {impl: sdpa_call(backend, q, k, v) for impl, backend in SDPA_IMPLS.items()
+                                             if impl in args.sdpa}
         for _ in range(args.rounds):  # rounds interleave the configs, so a drifting clock hits them all alike
             samples["heuristic"].append(graph_us(run))
+            for hints in args.hints:
+                if hints != NO_HINTS:
+                    samples.setdefault(f"heuristic/{hints_text(hints)}", []).append(graph_us(lambda: run(hints=hints)))
+            for impl, call in sdpa.items():
+                if not isinstance(samples.get(impl), str):
+                    try:
+                        samples.setdefault(impl, []).append(graph_us(call))
+                    except Exception as exc:  # a backend that does not serve this shape
+                        samples[impl] = str(exc)[:80]
             for config in args.configs:
                 for splits in args.splits:
                     if (splits > 1 and splits * 128 > n_k) or time.monotonic() > deadline:
@@ -82,12 +104,14 @@ def sweep_shape(batch, heads_kv, n_k, args, deadline) -> dict:
                     except Exception as exc:  # out of shared memory
                         samples[key] = str(exc)[:80]
         times = {key: statistics.median(t) if isinstance(t, list) else t for key, t in samples.items()}
-        ok = {key: t for key, t in times.items() if isinstance(t, float)}
+        ok = {key: t for key, t in times.items() if isinstance(t, float) and key not in SDPA_IMPLS}
         best = sorted(ok, key=ok.get)[:5]
         gb = 2 * batch * n_k * heads_kv * args.head_dim * q.element_size() / 1e9
         print(f"{name} B={batch} Hkv={heads_kv} N_k={n_k} D={args.head_dim} N_q={args.n_q}: heuristic "
               f"{times['heuristic']:.1f} us; best " + ", ".join(f"{b} {ok[b]:.1f}" for b in best)
-              + f" ({gb / ok[best[0]] * 1e6:.0f} GB/s)", flush=True)
+              + f" ({gb / ok[best[0]] * 1e6:.0f} GB/s)"
+              + "".join(f"; {impl} {t:.1f}" for impl, t in times.items() if impl in SDPA_IMPLS and isinstance(t, float))
+              + "".join(f"; {key} {t:.1f}" for key, t in times.items() if key.startswith("heuristic/")), flush=True)
         row[name] = dict(us=times, best=best)
     return row
 
@@ -107,6 +131,11 @@ def main():
     parser.add_argument("--rounds", type=int, default=1, help="times every config is timed, interleaved (median)")
     parser.add_argument("--paged", action="store_true")
     parser.add_argument("--page-size", type=int, default=64)
+    parser.add_argument("--hints", type=parse_hints, default=[], help='K/V load hints timed on the library\'s '
+                        'launch: "evict_first;evict_last;,.cg" (eviction policy, cache modifier)')
+    parser.add_argument("--sdpa", type=lambda t: [x for x in t.split(",") if x], default=[],
+                        help="SDPA backends timed in the same rounds (contiguous cache): sdpa_flash,sdpa_cudnn,"
+                             "sdpa_efficient")
     parser.add_argument("--time-budget", type=float, default=1e9, help="seconds; later configs are skipped")
     args = parser.parse_args()
     deadline = time.monotonic() + args.time_budget

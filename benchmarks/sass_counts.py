@@ -67,24 +67,36 @@ def captured_launches(kernel: str, d: int, n: int, dtype, spec: AttentionSpec, b
     return [call for call in calls if call[0] is wanted]
 
 
-def compile_for_hopper(fn, args, kwargs, warps: int | None, stages: int | None, maxnreg: int | None = None):
-    """The kernel compiled for sm_90a with these arguments' types (no integer specialization), its registers
-    capped at ``maxnreg`` if given."""
+def compile_for_hopper(fn, args, kwargs, warps: int | None, stages: int | None, maxnreg: int | None = None,
+                       specialize: bool = True):
+    """The kernel compiled for sm_90a with these arguments' types, its registers capped at ``maxnreg`` if given.
+
+    ``specialize``: as Triton's launcher does, an integer equal to 1 becomes the constant 1, and tensors
+    (16-byte aligned: CPU tensors from torch are) and integers divisible by 16 are marked so; without it
+    (``False``, what this script did before session 38) no load through pointers can be vectorized."""
     kwargs = dict(kwargs)
     launcher_warps, launcher_stages = kwargs.pop("num_warps"), kwargs.pop("num_stages")
     num_warps, num_stages = warps or launcher_warps, stages or launcher_stages
-    signature, constexprs = {}, {}
-    for name, a in zip(fn.arg_names, args):
+    signature, constexprs, attrs = {}, {}, {}
+    divisible = [["tt.divisibility", 16]]
+    for index, (name, a) in enumerate(zip(fn.arg_names, args)):
         if isinstance(a, TensorDescriptor):
             signature[name] = f"tensordesc<{TYPE_NAMES[a.base.dtype]}[{','.join(map(str, a.block_shape))}]>"
         elif isinstance(a, torch.Tensor):
             signature[name] = "*" + TYPE_NAMES[a.dtype]
+            if specialize and a.data_ptr() % 16 == 0:
+                attrs[(index,)] = divisible
         elif a is None:
             signature[name], constexprs[name] = "constexpr", None
         elif isinstance(a, bool):
             signature[name] = "i1"
         elif isinstance(a, int):
-            signature[name] = "i32" if -2**31 <= a < 2**31 else "i64"
+            if specialize and a == 1:
+                signature[name], constexprs[name] = "constexpr", 1
+            else:
+                signature[name] = "i32" if -2**31 <= a < 2**31 else "i64"
+                if specialize and a % 16 == 0:
+                    attrs[(index,)] = divisible
         elif isinstance(a, float):
             signature[name] = "fp32"
         else:
@@ -92,7 +104,7 @@ def compile_for_hopper(fn, args, kwargs, warps: int | None, stages: int | None, 
     for name in fn.arg_names[len(args):]:
         if name in kwargs:
             signature[name], constexprs[name] = "constexpr", kwargs[name]
-    source = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+    source = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     options = dict(num_warps=num_warps, num_stages=num_stages)
     if maxnreg:
         options["maxnreg"] = maxnreg

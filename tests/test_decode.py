@@ -231,7 +231,12 @@ def test_launch_config_follows_the_grid_and_fits_shared_memory():
     assert config(256, 132, 16, 64, 2) == (64, 3, 4)
     assert config(512, 132, 16, 64, 2) == (32, 3, 4)  # 2 to 8 per SM: 4 KB tiles
     assert config(2048, 132, 16, 64, 2) == (32, 2, 4)  # 8 or more per SM: two stages
-    assert config(2048, 132, 16, 128, 2) == (32, 2, 4)  # never under 32 keys
+    # Rows of 256 bytes (D = 128, 2-byte types): 8 KB tiles with two stages up to 8 per SM, then 32 KB tiles.
+    assert config(512, 132, 16, 128, 2) == (32, 2, 4)
+    assert config(2048, 132, 16, 128, 2) == (128, 2, 4)
+    assert config(512, 132, 16, 64, 4) == (32, 2, 4)  # float32 at D = 64 has 256-byte rows too
+    assert config(256, 132, 16, 128, 2) == (32, 3, 4)  # below two per SM: as for every head dim
+    assert config(2048, 132, 16, 256, 2) == (64, 2, 4)  # D = 256: 32 KB tiles are 64 keys
     block_n, stages, _ = decode_kernels.launch_config(128, 132, 64, 256, 4)  # float32, D = 256
     assert 4 * 256 * (64 + 2 * block_n * stages) <= decode_kernels.smem_budget() and stages < 3
 
@@ -239,14 +244,16 @@ def test_launch_config_follows_the_grid_and_fits_shared_memory():
 def test_registers_are_capped_only_where_four_small_two_page_programs_must_share_an_sm():
     cap = decode_kernels.register_cap
     assert decode_kernels.REGISTERS_FOR_MAX_WAVES == 128  # 4 programs x 4 warps x 32 threads x 128 = 65536
-    assert cap(512, 132, 16, (128, 2, 4), page_size=64) == 128  # a fine split at 3.9 programs per SM
-    assert cap(400, 132, 32, (128, 2, 4), page_size=64) == 128
-    assert cap(396, 132, 16, (128, 2, 4), page_size=64) is None  # three per SM fit without a cap
-    assert cap(512, 132, 16, (128, 2, 4)) is None  # a contiguous cache
-    assert cap(512, 132, 16, (64, 2, 4), page_size=64) is None  # one page a block
-    assert cap(2048, 132, 16, (32, 2, 4), page_size=16) is None  # short blocks over two pages: not measured
-    assert cap(512, 132, 64, (128, 2, 4), page_size=64) is None  # wgmma programs (240-255 registers) would spill
-    assert cap(512, 132, 16, (128, 2, 8), page_size=64) is None
+    assert cap(512, 132, 16, (128, 2, 4), page_size=64, row_bytes=128) == 128  # a fine split at 3.9 programs per SM
+    assert cap(400, 132, 32, (128, 2, 4), page_size=64, row_bytes=128) == 128
+    assert cap(396, 132, 16, (128, 2, 4), page_size=64, row_bytes=128) is None  # three per SM fit without a cap
+    assert cap(512, 132, 16, (128, 2, 4), row_bytes=128) is None  # a contiguous cache
+    assert cap(512, 132, 16, (64, 2, 4), page_size=64, row_bytes=128) is None  # one page a block
+    assert cap(2048, 132, 16, (32, 2, 4), page_size=16, row_bytes=128) is None  # short blocks over two pages: not measured
+    assert cap(2048, 132, 16, (128, 2, 4), page_size=64, row_bytes=256) is None  # 32 KB tiles (D = 128): not measured
+    assert cap(512, 132, 64, (128, 2, 4), page_size=64,
+               row_bytes=128) is None  # wgmma programs (240-255 registers) would spill
+    assert cap(512, 132, 16, (128, 2, 8), page_size=64, row_bytes=128) is None
 
 
 @pytest.mark.parametrize("paged, capped", [(True, True), (False, False)], ids=["two-pages", "contiguous"])

@@ -65,7 +65,7 @@ def splitkv_attention_kernel(
     HAS_K_LENS: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, PAGED: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    EARLY_MERGE: tl.constexpr = False,
+    EARLY_MERGE: tl.constexpr = False, KV_EVICTION: tl.constexpr = "", KV_CACHE: tl.constexpr = "",
 ):
     """Rows ``[pid(1) * BLOCK_M, +BLOCK_M)`` of K/V head ``pid(2) % H_kv`` of sample ``pid(2) // H_kv``
     against the keys of chunk ``pid(0)``.
@@ -76,7 +76,8 @@ def splitkv_attention_kernel(
     and LSE_PART (B, H_kv, splits, ROWS_PAD), float32, contiguous, the logsumexp in
     log2 units (the merge works in them). ``EARLY_MERGE``: once its keys are done, the program lets
     the merge kernel, launched as its programmatic dependent (Hopper), start up (see
-    :data:`MERGE_LAUNCHES_EARLY`).
+    :data:`MERGE_LAUNCHES_EARLY`). ``KV_EVICTION`` and ``KV_CACHE`` are the K/V loads' eviction policy and
+    cache modifier (``tl.load``'s; empty: none), for experiments (``benchmarks/decode_streaming.py``).
     """
     split = tl.program_id(0)
     row_block = tl.program_id(1)
@@ -182,9 +183,11 @@ def splitkv_attention_kernel(
             k_rows = off_b.to(tl.int64) * stride_kb + cols.to(tl.int64) * stride_kn
             v_rows = off_b.to(tl.int64) * stride_vb + cols.to(tl.int64) * stride_vn
         k = tl.load(K + k_head + k_rows[None, :] + offs_d[:, None] * stride_kd,
-                    mask=col_ok[None, :] & d_ok[:, None], other=0.0)
+                    mask=col_ok[None, :] & d_ok[:, None], other=0.0, cache_modifier=KV_CACHE,
+                    eviction_policy=KV_EVICTION)
         v = tl.load(V + v_head + v_rows[:, None] + offs_d[None, :] * stride_vd,
-                    mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+                    mask=col_ok[:, None] & d_ok[None, :], other=0.0, cache_modifier=KV_CACHE,
+                    eviction_policy=KV_EVICTION)
         qk = tl.dot(q, k, input_precision=DOT_PRECISION)
         s, _ = scores_log2(qk, pos[:, None], cols[None, :], score_scale, softcap_scale, slope_log2,
                            HAS_SOFTCAP, HAS_ALIBI)
@@ -263,6 +266,9 @@ def merge_splits_kernel(O_PART, LSE_PART, O, LSE,
 #: results on the GPU, instead of starting only after the split grid has drained.
 MERGE_LAUNCHES_EARLY = True
 
+#: Bytes of one key's row (block_d * element size) from which a grid of many unsplit programs takes the tiles
+#: measured for D = 128 in 2-byte types (see :func:`launch_config`).
+WIDE_KEY_BYTES = 256
 #: Keys per split come in multiples of this (so every BLOCK_N of the configs divides a chunk).
 CHUNK_GRANULE = 128
 #: At most this many splits (the merge kernel holds them all in registers).
@@ -288,6 +294,14 @@ def launch_config(programs: int, sms: int, block_m: int, block_d: int, elem: int
       about two per SM (16 KB tiles were 2-4% slower), 4 KB tiles from there on (8 KB ones were 5%
       slower at D = 64 with 4 and 16 per SM), and two stages from 8 per SM on (three were 4% slower
       at 16 per SM). Blocks keep at least 32 keys.
+    * Except for rows of 256 bytes or more (D = 128 in 2-byte types), where the grid's last, partial
+      wave decides: 8 KB tiles with two stages from two to eight per SM (three stages, one program less
+      an SM, were 1.5-2% slower: B = 64, H_kv = 8), and 32 KB tiles with two stages from eight on. At
+      15.5 per SM (B = 64, H_kv = 32) 8 KB tiles put seven programs on an SM, 2.2 waves, and the last
+      fifth of the grid's programs, each with one 16 KB stage in flight, cannot keep the memory busy;
+      128-key blocks put three on an SM and each of the last ones streams with 64 KB in flight: 1.5-2.7%
+      faster (``decode_configs.py --head-dim 128``, ``results/decode_streaming_*``; TUNING, twenty-ninth
+      finding). At D = 64 the 4 KB rule held against 16-32 KB tiles.
 
     Three stages beat two and four elsewhere. The config is chosen here, not autotuned: an autotuner
     keyed on the first problem it meets tuned on a small, launch-bound one and kept a config 1.5x
@@ -307,6 +321,8 @@ def launch_config(programs: int, sms: int, block_m: int, block_d: int, elem: int
         tile_bytes, stages = 16384, 3
     elif per_sm < 2:
         tile_bytes, stages = 8192, 3
+    elif block_d * elem >= WIDE_KEY_BYTES:
+        tile_bytes, stages = (8192, 2) if per_sm < 8 else (32768, 2)
     else:
         tile_bytes, stages = 4096, 3 if per_sm < 8 else 2
     block_n = max(32, min(128, tile_bytes // (block_d * elem)))
@@ -414,10 +430,11 @@ def split_programs_per_sm(block_m: int, block_d: int, elem: int) -> int:
 REGISTERS_FOR_MAX_WAVES = 65536 // (MAX_WAVES * 4 * 32)
 
 
-def register_cap(programs: int, sms: int, block_m: int, config: tuple[int, int, int], page_size: int = 0) -> int | None:
+def register_cap(programs: int, sms: int, block_m: int, config: tuple[int, int, int], page_size: int = 0, *,
+                 row_bytes: int) -> int | None:
     """``maxnreg`` for a grid of ``programs`` split-KV programs of ``block_m`` rows launched with ``config``
-    (BLOCK_N, stages, warps) over pages of ``page_size`` tokens (0: a contiguous cache), or None (the
-    compiler's own choice).
+    (BLOCK_N, stages, warps) over pages of ``page_size`` tokens (0: a contiguous cache), with ``row_bytes``
+    bytes per key (block_d * element size), or None (the compiler's own choice).
 
     A finely split grid puts up to :data:`MAX_WAVES` programs on each SM at once, but only if their registers
     fit: four programs of four warps may take :data:`REGISTERS_FOR_MAX_WAVES` (128) each. Programs of 16-32
@@ -426,11 +443,13 @@ def register_cap(programs: int, sms: int, block_m: int, config: tuple[int, int, 
     (``benchmarks/decode_paged_gap.py``; TUNING, twenty-fourth finding). Capped, the compiler keeps them at
     128 (two spilled words). The cap is for those launches alone: it is not only a ceiling, ptxas also
     allocates up to it, so 32-key programs that need 64 took 84 (eight programs an SM became six) and ran
-    14-16% slower. Programs of 64 rows and more (wgmma, 240-255 registers) are never capped.
+    14-16% slower. Programs of 64 rows and more (wgmma, 240-255 registers) are never capped, nor tiles over
+    16 KB (128-key blocks at D = 128 fit three an SM by their shared memory; the cap was measured at D = 64).
     """
     block_n, _, warps = config
     two_long_pages = page_size > 0 and block_n == 2 * page_size and block_n >= 128  # as measured
-    if two_long_pages and block_m <= 32 and warps == 4 and programs > (MAX_WAVES - 1) * sms:
+    if (two_long_pages and block_m <= 32 and warps == 4 and programs > (MAX_WAVES - 1) * sms
+            and block_n * row_bytes <= 16384):
         return REGISTERS_FOR_MAX_WAVES
     return None
 
@@ -493,7 +512,7 @@ def plan_splitkv_launch(batch: int, heads: int, heads_kv: int, n_q: int, n_k: in
     maxnreg = None
     if config is None:
         config = launch_config(programs, sms, block_m, block_d, elem, chunk if num_splits > 1 else None)
-        maxnreg = register_cap(programs, sms, block_m, config, page_size)
+        maxnreg = register_cap(programs, sms, block_m, config, page_size, row_bytes=block_d * elem)
     return SplitKVPlan(block_m, row_blocks, num_splits, chunk, config, maxnreg)
 
 
@@ -503,7 +522,8 @@ def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
                              alibi_slopes: torch.Tensor | None = None, k_lens: torch.Tensor | None = None,
                              seq_lens: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
                              max_keys: int | None = None, num_splits: int | None = None,
-                             config: tuple[int, int, int] | None = None, block_m: int | None = None) -> None:
+                             config: tuple[int, int, int] | None = None, block_m: int | None = None,
+                             kv_load_hints: tuple[str, str] = ("", "")) -> None:
     """Fill ``o`` (q's shape) and ``lse`` ((B, H, N_q) float32) with split-KV attention; arguments unchecked.
 
     q, o: (B, N_q, H, D) through strides (pass ``.transpose(1, 2)`` views for (B, H, N, D)).
@@ -513,7 +533,8 @@ def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     is (left, right) with None unbounded, ``causal`` caps right at 0. ``max_keys`` bounds the
     keys of any sample (the grid is sized for it; default: what k can hold).
     ``num_splits``, ``config`` = (BLOCK_N, num_stages, num_warps) and ``block_m`` override the rules
-    (experiments; see :func:`plan_splitkv_launch`).
+    (experiments; see :func:`plan_splitkv_launch`), as does ``kv_load_hints`` = (eviction policy, cache
+    modifier) of the K/V loads (``tl.load``'s ``eviction_policy`` and ``cache_modifier``; GPU only).
     """
     batch, n_q, heads, head_dim = q.shape
     heads_kv = k.shape[2]
@@ -561,8 +582,9 @@ def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     else:
         registers = {} if plan.maxnreg is None else {"maxnreg": plan.maxnreg}
         block_n, stages, warps = plan.config
+        eviction, cache = kv_load_hints
         launch(splitkv_attention_kernel, grid, *positional, **flags, BLOCK_N=block_n, num_stages=stages,
-               num_warps=warps, EARLY_MERGE=early, **registers)
+               num_warps=warps, EARLY_MERGE=early, KV_EVICTION=eviction, KV_CACHE=cache, **registers)
     if split:
         pdl = {"EARLY": True, "launch_pdl": True} if early else {}
         launch(merge_splits_kernel, (rows, batch * heads_kv),
