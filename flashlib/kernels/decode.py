@@ -77,7 +77,7 @@ def splitkv_attention_kernel(
     log2 units (the merge works in them). ``EARLY_MERGE``: once its keys are done, the program lets
     the merge kernel, launched as its programmatic dependent (Hopper), start up (see
     :data:`MERGE_LAUNCHES_EARLY`). ``KV_EVICTION`` and ``KV_CACHE`` are the K/V loads' eviction policy and
-    cache modifier (``tl.load``'s; empty: none), for experiments (``benchmarks/decode_streaming.py``).
+    cache modifier (``tl.load``'s; empty: none), for experiments (``benchmarks/decode_configs.py --hints``).
     """
     split = tl.program_id(0)
     row_block = tl.program_id(1)
