@@ -230,13 +230,33 @@ def test_launch_config_follows_the_grid_and_fits_shared_memory():
     assert config(256, 132, 16, 128, 2) == (32, 3, 4)  # about two per SM: 8 KB tiles
     assert config(256, 132, 16, 64, 2) == (64, 3, 4)
     assert config(512, 132, 16, 64, 2) == (32, 3, 4)  # 2 to 8 per SM: 4 KB tiles
-    assert config(2048, 132, 16, 64, 2) == (32, 2, 4)  # 8 or more per SM: two stages
-    # Rows of 256 bytes (D = 128, 2-byte types): 8 KB tiles with two stages up to 8 per SM, then 32 KB tiles.
-    assert config(512, 132, 16, 128, 2) == (32, 2, 4)
+    assert config(2048, 132, 16, 64, 2) == (32, 2, 4)  # 1.94 waves of eight an SM: the last one nearly full
+    # Narrow programs at two or more an SM: the candidate whose last wave costs least (MANY_PROGRAM_CONFIGS).
+    assert config(768, 132, 16, 64, 2) == (32, 3, 4)  # one wave of six an SM: three stages
+    assert config(832, 132, 16, 64, 2) == (32, 2, 4)  # six an SM would need a second wave: two stages, eight an SM
+    assert config(1088, 132, 16, 64, 2) == (128, 3, 4)  # eight an SM would leave one of 32: 128-key blocks
+    assert config(512, 132, 16, 128, 2) == (32, 2, 4)  # D = 128: one wave of six an SM
+    assert config(768, 132, 16, 128, 2) == (32, 2, 4)
+    assert config(832, 132, 16, 128, 2) == (128, 2, 4)  # 40 programs over six an SM: 32 KB tiles
     assert config(2048, 132, 16, 128, 2) == (128, 2, 4)
     assert config(512, 132, 16, 64, 4) == (32, 2, 4)  # float32 at D = 64 has 256-byte rows too
     assert config(256, 132, 16, 128, 2) == (32, 3, 4)  # below two per SM: as for every head dim
-    assert config(2048, 132, 16, 256, 2) == (64, 2, 4)  # D = 256: 32 KB tiles are 64 keys
+    assert config(2048, 132, 16, 256, 2) == (32, 2, 4)  # 512-byte rows: not measured, the 4 KB rule
+    assert config(2048, 132, 32, 128, 2) == (32, 2, 4)  # 32-row programs: not measured, the 4 KB rule
+
+
+def test_a_partial_last_wave_costs_more_than_its_share():
+    cost = decode_kernels.wave_cost
+    assert cost(500, 1000) == cost(1000, 1000) == cost(2000, 1000) == 1.0  # one wave, whole waves
+    assert cost(1030, 1000) > 1.25  # a second wave of 30 programs: about a third of a wave's time for 3% of the work
+    assert cost(1030, 1000) > cost(1500, 1000) > cost(1900, 1000) > 1.0
+    assert cost(10300, 1000) < cost(1030, 1000)  # the same tail is a smaller share of more waves
+    candidates = (((32, 3, 4), 7, True), ((32, 2, 4), 8, True))
+    assert decode_kernels.choose_by_waves(900, 132, candidates) == (32, 3, 4)  # both one wave: the first
+    assert decode_kernels.choose_by_waves(1000, 132, candidates) == (32, 2, 4)
+    one_wave_first = (((32, 3, 4), 7, False), ((128, 3, 4), 3, True))
+    assert decode_kernels.choose_by_waves(900, 132, one_wave_first) == (32, 3, 4)
+    assert decode_kernels.choose_by_waves(3 * 7 * 132, 132, one_wave_first) == (128, 3, 4)  # three whole waves: not allowed
     block_n, stages, _ = decode_kernels.launch_config(128, 132, 64, 256, 4)  # float32, D = 256
     assert 4 * 256 * (64 + 2 * block_n * stages) <= decode_kernels.smem_budget() and stages < 3
 
@@ -254,6 +274,11 @@ def test_registers_are_capped_only_where_four_small_two_page_programs_must_share
     assert cap(512, 132, 64, (128, 2, 4), page_size=64,
                row_bytes=128) is None  # wgmma programs (240-255 registers) would spill
     assert cap(512, 132, 16, (128, 2, 8), page_size=64, row_bytes=128) is None
+    # The plan caps split grids only: an unsplit grid of 128-key blocks over 64-token pages (B = 34, H_kv = 32,
+    # D = 64: three programs an SM by their shared memory) keeps the compiler's registers.
+    plan = decode_kernels.plan_splitkv_launch(34, 32, 32, 1, 1 << 14, 64, 2, 132, 64)
+    assert (plan.num_splits, plan.config, plan.maxnreg) == (1, (128, 3, 4), None)
+    assert decode_kernels.plan_splitkv_launch(1, 32, 32, 1, 4096, 64, 2, 132, 64).maxnreg == 128  # split, as measured
 
 
 @pytest.mark.parametrize("paged, capped", [(True, True), (False, False)], ids=["two-pages", "contiguous"])

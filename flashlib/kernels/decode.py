@@ -37,6 +37,7 @@ each key's row through the table, so pages may lie anywhere and in any order.
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple
 
 import torch
@@ -266,9 +267,6 @@ def merge_splits_kernel(O_PART, LSE_PART, O, LSE,
 #: results on the GPU, instead of starting only after the split grid has drained.
 MERGE_LAUNCHES_EARLY = True
 
-#: Bytes of one key's row (block_d * element size) from which a grid of many unsplit programs takes the tiles
-#: measured for D = 128 in 2-byte types (see :func:`launch_config`).
-WIDE_KEY_BYTES = 256
 #: Keys per split come in multiples of this (so every BLOCK_N of the configs divides a chunk).
 CHUNK_GRANULE = 128
 #: At most this many splits (the merge kernel holds them all in registers).
@@ -294,14 +292,9 @@ def launch_config(programs: int, sms: int, block_m: int, block_d: int, elem: int
       about two per SM (16 KB tiles were 2-4% slower), 4 KB tiles from there on (8 KB ones were 5%
       slower at D = 64 with 4 and 16 per SM), and two stages from 8 per SM on (three were 4% slower
       at 16 per SM). Blocks keep at least 32 keys.
-    * Except for rows of 256 bytes or more (D = 128 in 2-byte types), where the grid's last, partial
-      wave decides: 8 KB tiles with two stages from two to eight per SM (three stages, one program less
-      an SM, were 1.5-2% slower: B = 64, H_kv = 8), and 32 KB tiles with two stages from eight on. At
-      15.5 per SM (B = 64, H_kv = 32) 8 KB tiles put seven programs on an SM, 2.2 waves, and the last
-      fifth of the grid's programs, each with one 16 KB stage in flight, cannot keep the memory busy;
-      128-key blocks put three on an SM and each of the last ones streams with 64 KB in flight: 1.5-2.7%
-      faster (``decode_configs.py --head-dim 128``, ``results/decode_streaming_*``; TUNING, twenty-ninth
-      finding). At D = 64 the 4 KB rule held against 16-32 KB tiles.
+    * Except for narrow (16-row) programs with rows of 128 or 256 bytes (D = 64 and 128 in 2-byte types),
+      where the grid's last, partial wave decides: :func:`choose_by_waves` picks among
+      :data:`MANY_PROGRAM_CONFIGS` (TUNING, twenty-ninth finding).
 
     Three stages beat two and four elsewhere. The config is chosen here, not autotuned: an autotuner
     keyed on the first problem it meets tuned on a small, launch-bound one and kept a config 1.5x
@@ -317,12 +310,14 @@ def launch_config(programs: int, sms: int, block_m: int, block_d: int, elem: int
     64-key blocks with 4 warps beat them, contiguous and paged: TUNING, twenty-sixth finding.)
     """
     per_sm = programs / sms
+    candidates = MANY_PROGRAM_CONFIGS.get(block_d * elem)
+    if chunk is None and per_sm >= 2 and block_m <= 16 and candidates:
+        block_n, stages, warps = choose_by_waves(programs, sms, candidates)
+        return _fit_shared_memory(block_m, block_d, elem, block_n, stages, warps)
     if chunk is not None or per_sm < 1.5:
         tile_bytes, stages = 16384, 3
     elif per_sm < 2:
         tile_bytes, stages = 8192, 3
-    elif block_d * elem >= WIDE_KEY_BYTES:
-        tile_bytes, stages = (8192, 2) if per_sm < 8 else (32768, 2)
     else:
         tile_bytes, stages = 4096, 3 if per_sm < 8 else 2
     block_n = max(32, min(128, tile_bytes // (block_d * elem)))
@@ -332,11 +327,64 @@ def launch_config(programs: int, sms: int, block_m: int, block_d: int, elem: int
         warps = 8 if block_m * block_d >= WIDE_ROWS * 128 else 4
     if chunk is not None:  # no more stages than the chunk has blocks
         stages = max(1, min(stages, ceil_div(chunk, block_n)))
+    return _fit_shared_memory(block_m, block_d, elem, block_n, stages, warps)
+
+
+def _fit_shared_memory(block_m: int, block_d: int, elem: int, block_n: int, stages: int,
+                       warps: int) -> tuple[int, int, int]:
+    """The config with as many of ``stages`` as fit the shared memory of a program (32-key blocks and one
+    stage where none does)."""
     budget = smem_budget()
     for fitting in range(stages, 0, -1):
         if elem * block_d * (block_m + 2 * block_n * fitting) <= budget:
             return block_n, fitting, warps
     return 32, 1, warps
+
+
+#: Unsplit grids of narrow (16-row) programs at two or more an SM, by bytes of a key's row (block_d * element
+#: size): the candidate configs (BLOCK_N, stages, warps), in order of preference, each with the programs an
+#: H100 SM runs at once (Triton 3.6: a grid of one more program an SM than that ran as two waves) and whether
+#: it may run more than one wave. Measured with ``benchmarks/decode_configs.py`` at B = 16-68, H_kv = 32 and 8
+#: (``results/decode_waves_*``):
+#:
+#: * D = 64: 32-key blocks with three stages (six an SM) ran fastest in one wave (up to 6% ahead of two
+#:   stages at 3.9 an SM), but up to 1.11x slower than the wave count predicts over several; with two stages
+#:   (eight an SM) where three would need a second wave; 128-key blocks with three stages (three an SM) from
+#:   there on, where 32-key blocks had run up to 1.3x slower (B = 34: 1985 against 1560 us).
+#: * D = 128: 32-key blocks with two stages (six an SM) in one wave; 128-key blocks (32 KB tiles, three an
+#:   SM) beyond (B = 26: 1431 against 1131 us; B = 64: 1406 against 1377).
+MANY_PROGRAM_CONFIGS = {
+    128: (((32, 3, 4), 6, False), ((32, 2, 4), 8, True), ((128, 3, 4), 3, True)),
+    256: (((32, 2, 4), 6, True), ((128, 2, 4), 3, True)),
+}
+#: A grid's last, partial wave of f waves costs the time of max(f + PARTIAL_WAVE_EXTRA, PARTIAL_WAVE_LEAST)
+#: waves (at most one), fitted to the grids measured for MANY_PROGRAM_CONFIGS: its few programs cannot keep the
+#: memory busy.
+PARTIAL_WAVE_EXTRA = 0.12
+PARTIAL_WAVE_LEAST = 0.34
+#: Candidates within this much of the cheapest count as level; the first of them in order of preference wins.
+WAVE_COST_TOLERANCE = 0.01
+
+
+def wave_cost(programs: int, slots: int) -> float:
+    """Predicted time of ``programs`` equal, memory-bound programs on ``slots`` places at once, over the time
+    with every place busy to the end: 1 for a grid of one wave, more where the last wave is partial."""
+    waves = programs / slots
+    whole = math.floor(waves)
+    if waves <= 1 or waves == whole:
+        return 1.0
+    last = min(1.0, max(waves - whole + PARTIAL_WAVE_EXTRA, PARTIAL_WAVE_LEAST))
+    return (whole + last) / waves
+
+
+def choose_by_waves(programs: int, sms: int, candidates) -> tuple[int, int, int]:
+    """The config of ``candidates`` ((config, programs an SM, whether it may run several waves), in order of
+    preference) whose grid of ``programs`` on ``sms`` SMs :func:`wave_cost` predicts fastest, the first within
+    :data:`WAVE_COST_TOLERANCE` of the cheapest. The last candidate must be allowed several waves."""
+    costs = [wave_cost(programs, per_sm * sms) if several or programs <= per_sm * sms else math.inf
+             for _, per_sm, several in candidates]
+    cheapest = min(costs)
+    return next(config for (config, _, _), cost in zip(candidates, costs) if cost <= cheapest + WAVE_COST_TOLERANCE)
 
 
 @functools.lru_cache(maxsize=None)
@@ -512,7 +560,8 @@ def plan_splitkv_launch(batch: int, heads: int, heads_kv: int, n_q: int, n_k: in
     maxnreg = None
     if config is None:
         config = launch_config(programs, sms, block_m, block_d, elem, chunk if num_splits > 1 else None)
-        maxnreg = register_cap(programs, sms, block_m, config, page_size, row_bytes=block_d * elem)
+        if num_splits > 1:  # the cap was measured on finely split grids (register_cap)
+            maxnreg = register_cap(programs, sms, block_m, config, page_size, row_bytes=block_d * elem)
     return SplitKVPlan(block_m, row_blocks, num_splits, chunk, config, maxnreg)
 
 
