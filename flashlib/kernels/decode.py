@@ -292,9 +292,9 @@ def launch_config(programs: int, sms: int, block_m: int, block_d: int, elem: int
       about two per SM (16 KB tiles were 2-4% slower), 4 KB tiles from there on (8 KB ones were 5%
       slower at D = 64 with 4 and 16 per SM), and two stages from 8 per SM on (three were 4% slower
       at 16 per SM). Blocks keep at least 32 keys.
-    * Except for narrow (16-row) programs with rows of 128 or 256 bytes (D = 64 and 128 in 2-byte types),
-      where the grid's last, partial wave decides: :func:`choose_by_waves` picks among
-      :data:`MANY_PROGRAM_CONFIGS` (TUNING, twenty-ninth finding).
+    * Except, from two per SM without a split, for narrow (16-row) programs with rows of 128 or 256 bytes
+      (D = 64 and 128 in 2-byte types), where the grid's last, partial wave decides: :func:`choose_by_waves`
+      picks among :data:`MANY_PROGRAM_CONFIGS` (TUNING, twenty-ninth finding).
 
     Three stages beat two and four elsewhere. The config is chosen here, not autotuned: an autotuner
     keyed on the first problem it meets tuned on a small, launch-bound one and kept a config 1.5x
