@@ -220,6 +220,26 @@ def test_an_early_merge_is_launched_with_pdl_and_waits_for_the_split_grid(monkey
     assert relative_error(o, _reference(q, k_cache, v_cache, lengths)[0]) < TOL[q.dtype]
 
 
+@pytest.mark.parametrize("hints", [("evict_later", ""), ("", ".cs"), ("evict_first",), ["", ""], "evict_first"])
+def test_bad_kv_load_hints_are_refused_by_name(hints):
+    q, k_cache, v_cache, _, _, lengths = _problem(batch=1, heads=2, heads_kv=1, n_new=0, capacity=64, lengths=[40])
+    o, lse = torch.empty_like(q), torch.empty(1, 2, 1, device=q.device)
+    with pytest.raises(ValueError, match="kv_load_hints must be a pair"):
+        decode_kernels.launch_splitkv_attention(q, k_cache, v_cache, o, lse, scale=0.125, k_lens=lengths,
+                                                kv_load_hints=hints)
+
+
+def test_kv_load_hints_change_nothing_in_the_result():
+    q, k_cache, v_cache, _, _, lengths = _problem(batch=1, heads=2, heads_kv=1, n_new=0, capacity=64, lengths=[40])
+    outputs = []
+    for hints in (decode_kernels.NO_LOAD_HINTS, ("evict_first", ".cg")):
+        o, lse = torch.full_like(q, float("nan")), torch.empty(1, 2, 1, device=q.device)
+        decode_kernels.launch_splitkv_attention(q, k_cache, v_cache, o, lse, scale=0.125, k_lens=lengths,
+                                                kv_load_hints=hints)
+        outputs.append(o)
+    assert torch.equal(outputs[0], outputs[1]) and not outputs[0].isnan().any()
+
+
 def test_launch_config_follows_the_grid_and_fits_shared_memory():
     config = decode_kernels.launch_config
     assert config(128, 132, 16, 128, 2, chunk=8192) == (64, 3, 4)  # one wave of long chunks: 16 KB tiles

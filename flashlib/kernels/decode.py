@@ -267,6 +267,12 @@ def merge_splits_kernel(O_PART, LSE_PART, O, LSE,
 #: results on the GPU, instead of starting only after the split grid has drained.
 MERGE_LAUNCHES_EARLY = True
 
+#: The K/V loads' hints ``launch_splitkv_attention`` accepts (``tl.load``'s ``eviction_policy`` and
+#: ``cache_modifier``; empty: none), and the library's own: none (eviction hints changed nothing measurable:
+#: TUNING, twenty-ninth finding).
+EVICTION_POLICIES = ("", "evict_first", "evict_last")
+CACHE_MODIFIERS = ("", ".ca", ".cg", ".cv")
+NO_LOAD_HINTS = ("", "")
 #: Keys per split come in multiples of this (so every BLOCK_N of the configs divides a chunk).
 CHUNK_GRANULE = 128
 #: At most this many splits (the merge kernel holds them all in registers).
@@ -572,7 +578,7 @@ def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
                              seq_lens: torch.Tensor | None = None, block_table: torch.Tensor | None = None,
                              max_keys: int | None = None, num_splits: int | None = None,
                              config: tuple[int, int, int] | None = None, block_m: int | None = None,
-                             kv_load_hints: tuple[str, str] = ("", "")) -> None:
+                             kv_load_hints: tuple[str, str] = NO_LOAD_HINTS) -> None:
     """Fill ``o`` (q's shape) and ``lse`` ((B, H, N_q) float32) with split-KV attention; arguments unchecked.
 
     q, o: (B, N_q, H, D) through strides (pass ``.transpose(1, 2)`` views for (B, H, N, D)).
@@ -597,6 +603,10 @@ def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
                                 or block_m & (block_m - 1)):
         raise ValueError(f"block_m must be None (the kernel chooses) or a power of two >= 16 (tl.dot's minimum); "
                          f"got {block_m!r}")
+    if (not isinstance(kv_load_hints, tuple) or len(kv_load_hints) != 2 or kv_load_hints[0] not in EVICTION_POLICIES
+            or kv_load_hints[1] not in CACHE_MODIFIERS):
+        raise ValueError(f"kv_load_hints must be a pair (eviction policy, cache modifier) with the policy one of "
+                         f"{EVICTION_POLICIES} and the modifier one of {CACHE_MODIFIERS}; got {kv_load_hints!r}")
     plan = plan_splitkv_launch(batch, heads, heads_kv, n_q, n_k, head_dim, q.element_size(), sms, page_size,
                                block_m=block_m, num_splits=num_splits, config=config)
     block_m, row_blocks, num_splits, chunk = plan.block_m, plan.row_blocks, plan.num_splits, plan.chunk
