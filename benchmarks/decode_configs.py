@@ -30,8 +30,6 @@ SHAPES = [(1, 32, 32768), (1, 32, 4096), (8, 8, 32768), (64, 8, 8192), (1, 8, 13
 CONFIGS = [(bn, s, w) for bn in (32, 64, 128) for s in (2, 3, 4) for w in (4, 8)]
 SPLITS = (1, 2, 4, 8, 16, 32, 64, 128)
 HEADS_Q = 32
-#: The K/V loads' (eviction policy, cache modifier) of the library's launch: none.
-NO_HINTS = ("", "")
 
 
 def parse_hints(text: str) -> list[tuple[str, str]]:
@@ -72,7 +70,7 @@ def sweep_shape(batch, heads_kv, n_k, args, deadline) -> dict:
         caches["paged"] = paged_copy(k, v, torch.Generator().manual_seed(0), args.page_size)
     row = dict(batch=batch, heads_kv=heads_kv, n_k=n_k, head_dim=args.head_dim, n_q=args.n_q, dtype=args.dtype)
     for name, (kc, vc, table) in caches.items():
-        def run(config=None, splits=None, hints=NO_HINTS):
+        def run(config=None, splits=None, hints=decode.NO_LOAD_HINTS):
             decode.launch_splitkv_attention(q, kc, vc, o, lse, scale=args.head_dim ** -0.5, k_lens=lengths,
                                             block_table=table, num_splits=splits, config=config,
                                             block_m=args.block_m, kv_load_hints=hints)
@@ -83,7 +81,7 @@ def sweep_shape(batch, heads_kv, n_k, args, deadline) -> dict:
         for _ in range(args.rounds):  # rounds interleave the configs, so a drifting clock hits them all alike
             samples["heuristic"].append(graph_us(run))
             for hints in args.hints:
-                if hints != NO_HINTS:
+                if hints != decode.NO_LOAD_HINTS:
                     samples.setdefault(f"heuristic/{hints_text(hints)}", []).append(graph_us(lambda: run(hints=hints)))
             for impl, call in sdpa.items():
                 if not isinstance(samples.get(impl), str):

@@ -39,20 +39,24 @@ SHAPES = [(64, 32, 4096, 4), (64, 32, 16384, 4), (64, 32, 4096, 1), (64, 32, 102
           (1, 32, 4096, 1), (1, 32, 32768, 1), (1, 8, 32768, 1)]
 
 
+def head_halves(heads: int, heads_kv: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(query heads, which half of its pair each one's K/V head is): the indices of a (B, N_q, H, 2, D) view."""
+    query_heads = torch.arange(heads, device=device)
+    return query_heads, (query_heads // (heads // heads_kv)) % 2
+
+
 def paired_query(q: torch.Tensor, heads_kv: int) -> torch.Tensor:
     """(B, N_q, H, 2D): each query in the half of its K/V head within the pair, zeros in the other."""
     batch, n_q, heads, head_dim = q.shape
-    half = (torch.arange(heads, device=q.device) // (heads // heads_kv)) % 2  # which head of its pair
     padded = q.new_zeros(batch, n_q, heads, 2 * head_dim)
-    padded.view(batch, n_q, heads, 2, head_dim)[:, :, torch.arange(heads, device=q.device), half] = q
+    padded.view(batch, n_q, heads, 2, head_dim)[:, :, *head_halves(heads, heads_kv, q.device)] = q
     return padded
 
 
 def own_half(o_pairs: torch.Tensor, heads_kv: int) -> torch.Tensor:
     """(B, N_q, H, D) from the paired launch's (B, N_q, H, 2D) output: each row's own head's half."""
     batch, n_q, heads, two_d = o_pairs.shape
-    half = (torch.arange(heads, device=o_pairs.device) // (heads // heads_kv)) % 2
-    return o_pairs.view(batch, n_q, heads, 2, two_d // 2)[:, :, torch.arange(heads, device=o_pairs.device), half]
+    return o_pairs.view(batch, n_q, heads, 2, two_d // 2)[:, :, *head_halves(heads, heads_kv, o_pairs.device)]
 
 
 def time_shape(batch, heads_kv, n_k, n_q, dtype, rounds, pair_config=None) -> dict:
