@@ -1,0 +1,147 @@
+"""The Gluon Hopper forward (:mod:`flashlib.kernels.attention_fwd_hopper`) checked and timed beside flashlib's
+Triton forward and SDPA's cuDNN backend, in one process on one GPU.
+
+Checks first (each against float64 on the GPU, and every output element written: O and LSE start as NaN):
+odd lengths, N_q != N_k both ways under a causal mask, GQA, the (B, N, H, D) layout, bf16. Then the
+FlashAttention-2 benchmark shapes (B * N = 16384, H * D = 2048), each call replayed from a CUDA graph
+(``flashlib.timing.graph_time_ms``: GPU time alone), TFLOP/s by ``flashlib.io_model.attention_flops``.
+
+    python benchmarks/gluon_fwd_ab.py [--dtype fp16,bf16] [--d 64,128] [--N 1024,4096,16384] [--out FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import flashlib  # noqa: F401  (before triton: chooses the interpreter where there is no GPU)
+from flashlib.bench import fa2_shape
+from flashlib.bench_results import results_meta
+from flashlib.io_model import attention_flops
+from flashlib.kernels import attention_fwd_hopper as hopper
+from flashlib.kernels.attention_fwd import launch_attention_forward
+from flashlib.reference import naive_attention
+from flashlib.spec import AttentionSpec
+from flashlib.timing import graph_time_ms
+from flashlib.validation import relative_error
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+#: O's tolerance against float64 (2-byte inputs, fp32 accumulation), LSE's (float32 throughout).
+O_TOL, LSE_TOL = {torch.float16: 4e-3, torch.bfloat16: 2e-2}, 1e-4
+
+
+def _inputs(batch, heads, heads_kv, n_q, n_k, d, dtype, bnhd=False, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def make(h, n):
+        if bnhd:  # (B, N, H, D) memory seen as (B, H, N, D)
+            return torch.randn(batch, n, h, d, device="cuda", dtype=dtype, generator=gen).transpose(1, 2)
+        return torch.randn(batch, h, n, d, device="cuda", dtype=dtype, generator=gen)
+    return make(heads, n_q), make(heads_kv, n_k), make(heads_kv, n_k)
+
+
+def run_gluon(q, k, v, causal, **kwargs):
+    o = torch.full_like(q, float("nan"))
+    lse = torch.full(q.shape[:3], float("nan"), device=q.device, dtype=torch.float32)
+    hopper.launch_attention_forward_hopper(q, k, v, o, lse, scale=q.shape[-1] ** -0.5, causal=causal, **kwargs)
+    return o, lse
+
+
+def run_triton(q, k, v, causal):
+    o = torch.empty_like(q)
+    lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
+    launch_attention_forward(q, k, v, o, lse, AttentionSpec(causal=causal))
+    return o, lse
+
+
+def check(case: str, q, k, v, causal) -> dict:
+    """Relative errors of the Gluon forward's O and LSE against float64, and whether it passes."""
+    if not hopper.supports(q, k, v, q, scale=q.shape[-1] ** -0.5, causal=causal, plain=True):
+        return dict(case=case, status="not supported")
+    o, lse = run_gluon(q, k, v, causal)
+    group = q.shape[1] // k.shape[1]
+    k64, v64 = (t.double().repeat_interleave(group, dim=1) for t in (k, v))
+    ref_o, ref_lse = naive_attention(q.double(), k64, v64, causal=causal, return_lse=True)
+    finite = torch.isfinite(ref_lse)  # rows that see no key: LSE = -inf, O = 0
+    lse_err = relative_error(torch.where(finite, lse.double(), 0.0), torch.where(finite, ref_lse, 0.0))
+    lse_ok = bool((lse[~finite] == float("-inf")).all())
+    o_err = relative_error(o, ref_o)
+    ok = o_err <= O_TOL[q.dtype] and lse_err <= LSE_TOL and lse_ok
+    return dict(case=case, o_rel_err=o_err, lse_rel_err=lse_err, status="ok" if ok else "wrong")
+
+
+def checks(dtypes) -> list[dict]:
+    rows = []
+    for name in dtypes:
+        dtype = DTYPES[name]
+        for d in (64, 128):
+            for causal in (False, True):
+                tag = f"{name} d={d} causal={causal}"
+                rows.append(check(f"{tag} B=2 H=4 N=1000", *_inputs(2, 4, 4, 1000, 1000, d, dtype), causal))
+                rows.append(check(f"{tag} N_q=77 N_k=300", *_inputs(1, 2, 2, 77, 300, d, dtype), causal))
+                rows.append(check(f"{tag} N_q=300 N_k=77", *_inputs(1, 2, 2, 300, 77, d, dtype), causal))
+                rows.append(check(f"{tag} GQA 8/2 N=512", *_inputs(2, 8, 2, 512, 512, d, dtype), causal))
+                rows.append(check(f"{tag} BNHD N=384", *_inputs(2, 4, 4, 384, 384, d, dtype, bnhd=True), causal))
+    return rows
+
+
+def timings(dtypes, head_dims, lengths) -> list[dict]:
+    rows = []
+    for name in dtypes:
+        for d in head_dims:
+            for n in lengths:
+                for causal in (False, True):
+                    batch, heads = fa2_shape(n, d)
+                    q, k, v = _inputs(batch, heads, heads, n, n, d, DTYPES[name])
+                    o_gluon, lse_gluon = run_gluon(q, k, v, causal)
+                    o_triton, lse_triton = run_triton(q, k, v, causal)
+                    flops = attention_flops(batch, heads, n, d, causal)
+                    row = dict(dtype=name, d=d, N=n, causal=causal, batch=batch, heads=heads,
+                               o_vs_triton=relative_error(o_gluon, o_triton),
+                               lse_vs_triton=relative_error(lse_gluon, lse_triton))
+                    calls = {
+                        "gluon": lambda: run_gluon(q, k, v, causal),
+                        "triton": lambda: run_triton(q, k, v, causal),
+                        "cudnn": lambda: _cudnn(q, k, v, causal),
+                    }
+                    for impl, fn in calls.items():
+                        ms = graph_time_ms(fn, rep=100)
+                        row[f"{impl}_tflops"] = flops / ms * 1e-9
+                    row["gluon/triton"] = row["gluon_tflops"] / row["triton_tflops"]
+                    row["gluon/cudnn"] = row["gluon_tflops"] / row["cudnn_tflops"]
+                    print(json.dumps({k_: (round(v_, 4) if isinstance(v_, float) else v_) for k_, v_ in row.items()}),
+                          flush=True)
+                    rows.append(row)
+    return rows
+
+
+def _cudnn(q, k, v, causal):
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", default="fp16,bf16")
+    parser.add_argument("--d", default="64,128")
+    parser.add_argument("--N", default="1024,4096,16384")
+    parser.add_argument("--no-checks", action="store_true")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    dtypes = args.dtype.split(",")
+    check_rows = [] if args.no_checks else checks(dtypes)
+    for row in check_rows:
+        print(json.dumps(row), flush=True)
+    time_rows = timings(dtypes, [int(x) for x in args.d.split(",")], [int(x) for x in args.N.split(",")])
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(dict(meta=results_meta(method="each call replayed from a CUDA graph (flashlib.timing.graph_time_ms, rep=100 ms)", command=" ".join(sys.argv)), checks=check_rows, timings=time_rows), f, indent=1)
+    return 0 if all(r["status"] in ("ok", "not supported") for r in check_rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,317 @@
+"""A Hopper forward written in Gluon, with the softmax of one key block overlapped with P V of the last.
+
+Why a second forward. :mod:`.attention_fwd` is written in Triton's tile language, whose compiler
+decides when each warpgroup matrix multiply (``wgmma``) is waited for. It waits for ``S = Q K^T``
+and for ``O += P V`` right where their results are used, so in every iteration the tensor cores
+sit idle while the warps compute the softmax (the exponentials, row max and sum), and the
+softmax units sit idle during the two products (benchmarks/TUNING.md, twenty-seventh finding: the
+next block's scores issued early in Triton were not overlapped). FlashAttention-3 overlaps the two
+inside one warpgroup. Gluon, Triton's lower-level language, lets a kernel say when each ``wgmma``
+is waited for, and this kernel does what FlashAttention-3 calls intra-warpgroup overlap::
+
+    iteration j:   issue S_j = Q K_j^T            (tensor cores)
+                   issue O  += P_{j-1} V_{j-1}     (tensor cores, queued behind S_j)
+                   wait for S_j only
+                   softmax of S_j -> P_j, alpha_j (warps, while P_{j-1} V_{j-1} runs)
+                   wait for O; O *= alpha_j
+
+K and V tiles arrive through the copy engine (TMA) into a ring of ``STAGES`` shared-memory slots,
+each with its own barrier; a slot is refilled once both warpgroups are done with it.
+
+Scope: the plain forward only (no mask or a causal one, bottom-right aligned as everywhere in
+flashlib; GQA/MQA; 2-byte types; head_dim 64 or 128; a positive scale), on Hopper. Everything else
+(windows, lengths, packed sequences, score modifiers, dropout, FP8, other head dims, float32) runs
+in :mod:`.attention_fwd`, which is also the only forward of the interpreter: Gluon has no
+interpreter. :func:`supports` says which calls this kernel takes; GPU tests compare it with the
+float64 reference and with :mod:`.attention_fwd`.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+
+from ._common import LN2, LOG2E
+
+try:  # Gluon ships with Triton 3.5 and later; its Hopper API is what this kernel is written against.
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                                   warpgroup_mma, warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+    HAVE_GLUON = True
+except ImportError:  # pragma: no cover - older Triton
+    HAVE_GLUON = False
+
+
+#: (BLOCK_M, BLOCK_N, STAGES) per head_dim: BLOCK_M query rows for each of the two consumer warpgroups, BLOCK_N
+#: keys a block, STAGES slots of K and V.
+CONFIGS = {64: (64, 128, 3), 128: (64, 128, 2)}
+#: Registers a thread of each partition: the consumer warpgroups hold O, S and P (FlashAttention-3's 240),
+#: the loading warp only addresses. The kernel is capped at KERNEL_REGISTERS so that its three warpgroups
+#: fit the SM's 64K registers; the first consumer (the default partition) gets what the others leave.
+CONSUMER_REGISTERS, LOADER_REGISTERS, KERNEL_REGISTERS = 240, 24, 168
+
+if HAVE_GLUON:
+
+    @gluon.jit
+    def _softmax_step(s, m_i, l_i, start_n, rows, offset, N_K, qk_scale,
+                      MASKED: gl.constexpr, causal, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+        """P (float32), the new row max, the new row sum and the rescale ``alpha`` of one block of scores.
+
+        ``MASKED`` blocks hide keys past N_K and, if ``causal``, keys right of the diagonal; a row
+        that has seen no key yet keeps m = -inf and gets p = alpha = 0 (never exp2(-inf + inf))."""
+        if MASKED:
+            cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            visible = (cols[None, :] < N_K) & ((cols[None, :] <= rows[:, None] + offset) | (causal == 0))
+            s = gl.where(visible, s * qk_scale, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, 1))
+            m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
+            p = gl.exp2(s - m_sub[:, None])
+        else:
+            # every score is finite: the scale is folded into one FMA per score
+            m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+            m_sub = m_new
+            p = gl.exp2(s * qk_scale - m_sub[:, None])
+        alpha = gl.exp2(m_i - m_sub)
+        l_i = l_i * alpha + gl.sum(p, 1)
+        return p, m_new, l_i, alpha
+
+    @gluon.jit
+    def _load_partition(descs, smem, bars, coords, counts, LSE, qk_scale, causal):
+        """One warp: the Q tiles of both consumers, then K and V of every key block into the ring of
+        ``STAGES`` slots, each slot refilled once both consumers have released it."""
+        q_desc, k_desc, v_desc, o_desc = descs
+        q_smem, k_smem, v_smem = smem
+        q_bars, k_ready, v_ready, k_empty, v_empty = bars
+        off_b, off_h, off_kvh, off_hz, m0 = coords
+        n_blocks, n_full, offset, N_Q, N_K = counts
+        BLOCK_M: gl.constexpr = q_smem.type.shape[3]
+        STAGES: gl.constexpr = k_smem.type.shape[0]
+        BLOCK_N: gl.constexpr = k_smem.type.shape[3]
+        for half in gl.static_range(2):
+            mbarrier.expect(q_bars.index(half), q_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [off_b, off_h, m0 + half * BLOCK_M, 0], q_bars.index(half),
+                                            q_smem.index(half))
+        for j in range(n_blocks):
+            slot = j % STAGES
+            phase = (j // STAGES) & 1
+            # A fresh barrier counts as having completed the phase before its first: the first lap passes.
+            mbarrier.wait(k_empty.index(slot), phase ^ 1)
+            mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [off_b, off_kvh, j * BLOCK_N, 0], k_ready.index(slot),
+                                            k_smem.index(slot))
+            mbarrier.wait(v_empty.index(slot), phase ^ 1)
+            mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(v_desc, [off_b, off_kvh, j * BLOCK_N, 0], v_ready.index(slot),
+                                            v_smem.index(slot))
+
+    @gluon.jit
+    def _scores(q_tile, k_smem, k_ready, j, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr):
+        """Issue S = Q K_j^T on the tensor cores (not waited for)."""
+        slot = j % STAGES
+        mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
+        return warpgroup_mma(q_tile, k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)),
+                             gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+
+    @gluon.jit
+    def _add_pv(o, p, v_smem, v_ready, j, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
+        """Issue O += P V_j on the tensor cores (not waited for)."""
+        slot = j % STAGES
+        mbarrier.wait(v_ready.index(slot), (j // STAGES) & 1)
+        return warpgroup_mma(p, v_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]), o, is_async=True)
+
+    @gluon.jit
+    def _overlapped_step(q_tile, k_smem, v_smem, bars, o, p, alpha, m_i, l_i, j, rows, offset, N_K, qk_scale,
+                         MASKED: gl.constexpr, causal, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                         HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
+                         p_layout: gl.constexpr, o_layout: gl.constexpr):
+        """Key block ``j``: its S, overlapped with P V of block ``j - 1`` (``p``: that block's weights,
+        ``alpha``: O's rescale to that block's max, applied while S is on the tensor cores).
+        Returns O (through block j - 1), block j's weights and rescale, m and l."""
+        q_bars, k_ready, v_ready, k_empty, v_empty = bars
+        s = _scores(q_tile, k_smem, k_ready, j, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, s_layout)
+        o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        o = _add_pv(o, p, v_smem, v_ready, j - 1, BLOCK_N, HEAD_DIM, STAGES)
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
+        mbarrier.arrive(k_empty.index(j % STAGES), count=1)
+        p_f32, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, j * BLOCK_N, rows, offset, N_K, qk_scale,
+                                               MASKED, causal, BLOCK_N, s_layout)
+        o, p = warpgroup_mma_wait(num_outstanding=0, deps=(o, p))
+        mbarrier.arrive(v_empty.index((j - 1) % STAGES), count=1)
+        p = gl.convert_layout(p_f32.to(q_tile.dtype), p_layout)
+        return o, p, alpha, m_i, l_i
+
+    @gluon.jit
+    def _overlapped_blocks(q_tile, k_smem, v_smem, bars, o, p, alpha, m_i, l_i, first, last, rows, offset, N_K,
+                           qk_scale, MASKED: gl.constexpr, causal, BLOCK_M: gl.constexpr,
+                           BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                           s_layout: gl.constexpr, p_layout: gl.constexpr, o_layout: gl.constexpr):
+        """Key blocks ``first`` to ``last - 1``."""
+        for j in range(first, last):
+            o, p, alpha, m_i, l_i = _overlapped_step(q_tile, k_smem, v_smem, bars, o, p, alpha, m_i, l_i, j, rows,
+                                                     offset, N_K, qk_scale, MASKED, causal, BLOCK_M, BLOCK_N,
+                                                     HEAD_DIM, STAGES, s_layout, p_layout, o_layout)
+        return o, p, alpha, m_i, l_i
+
+    @gluon.jit
+    def _consume(descs, smem, bars, coords, counts, LSE, qk_scale, causal, HALF: gl.constexpr):
+        """One warpgroup: O and LSE of the program's ``HALF``-th BLOCK_M query rows. Partitions take no
+        constexpr arguments (Triton 3.6 turns them into values), so the block sizes come from the shared
+        memory's shapes and ``causal`` is a value (used only in the masked blocks)."""
+        q_desc, k_desc, v_desc, o_desc = descs
+        q_smem, k_smem, v_smem = smem
+        q_bars, k_ready, v_ready, k_empty, v_empty = bars
+        off_b, off_h, off_kvh, off_hz, m0 = coords
+        n_blocks, n_full, offset, N_Q, N_K = counts
+        BLOCK_M: gl.constexpr = q_smem.type.shape[3]
+        HEAD_DIM: gl.constexpr = q_smem.type.shape[4]
+        STAGES: gl.constexpr = k_smem.type.shape[0]
+        BLOCK_N: gl.constexpr = k_smem.type.shape[3]
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, HEAD_DIM, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row0 = m0 + HALF * BLOCK_M
+        rows_s = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+        l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
+        o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+        q_tile = q_smem.index(HALF).reshape([BLOCK_M, HEAD_DIM])
+        mbarrier.wait(q_bars.index(HALF), 0)
+
+        if n_blocks > 0:
+            # Block 0: its scores alone (always through the mask: cheap once, right for every block).
+            s = _scores(q_tile, k_smem, k_ready, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, s_layout)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+            mbarrier.arrive(k_empty.index(0), count=1)
+            p_f32, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, 0, rows_s, offset, N_K, qk_scale,
+                                                   True, causal, BLOCK_N, s_layout)
+            p = gl.convert_layout(p_f32.to(q_tile.dtype), p_layout)
+            # Blocks every row of the program sees whole, then the ones cut by the diagonal or N_K.
+            split = gl.maximum(n_full, 1)
+            o, p, alpha, m_i, l_i = _overlapped_blocks(q_tile, k_smem, v_smem, bars, o, p, alpha, m_i, l_i, 1,
+                                                       split, rows_s, offset, N_K, qk_scale, False, causal,
+                                                       BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, s_layout, p_layout,
+                                                       o_layout)
+            o, p, alpha, m_i, l_i = _overlapped_blocks(q_tile, k_smem, v_smem, bars, o, p, alpha, m_i, l_i, split,
+                                                       n_blocks, rows_s, offset, N_K, qk_scale, True, causal,
+                                                       BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, s_layout, p_layout,
+                                                       o_layout)
+            # P V of the last block.
+            o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            o = _add_pv(o, p, v_smem, v_ready, n_blocks - 1, BLOCK_N, HEAD_DIM, STAGES)
+            o = warpgroup_mma_wait(num_outstanding=0, deps=(o, ))
+            mbarrier.arrive(v_empty.index((n_blocks - 1) % STAGES), count=1)
+
+        # Rows with no visible key (l = 0): O = 0, L = -inf. A NaN score makes l NaN and reaches O and L.
+        valid = l_i != 0.0
+        l_safe = gl.where(valid, l_i, 1.0)
+        lse = gl.where(valid, (m_i + gl.log2(l_safe)) * LN2, float("-inf"))
+        out = o / gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout))[:, None]
+        gl.store(LSE + off_hz.to(gl.int64) * N_Q + rows_s, lse, mask=rows_s < N_Q)
+        # O leaves through this half's Q slot (read by no product now); the copy engine drops rows past N_Q.
+        q_tile.store(out.to(o_desc.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [off_b, off_h, row0, 0], q_smem.index(HALF))
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def _consume_first_half(descs, smem, bars, coords, counts, LSE, qk_scale, causal):
+        _consume(descs, smem, bars, coords, counts, LSE, qk_scale, causal, 0)
+
+    @gluon.jit
+    def _consume_second_half(descs, smem, bars, coords, counts, LSE, qk_scale, causal):
+        _consume(descs, smem, bars, coords, counts, LSE, qk_scale, causal, 1)
+
+    @gluon.jit
+    def attention_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, qk_scale, H, KV_GROUP, N_Q, N_K,
+                                    CAUSAL: gl.constexpr, LONGEST_FIRST: gl.constexpr, BLOCK_M: gl.constexpr,
+                                    BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                                    CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, num_warps: gl.constexpr):
+        """O and LSE of query rows ``2 * BLOCK_M * program_id(0)`` on (last to first with ``LONGEST_FIRST``),
+        two consumer warpgroups of BLOCK_M rows each and one loading warp, of (batch, head) ``program_id(1)``.
+        q/k/v/o_desc: (B, H, N, D) descriptors with (1, 1, rows, D) tiles (K and V with ``H // KV_GROUP``
+        heads); LSE (B, H, N_Q) float32; ``qk_scale`` = scale * log2(e) > 0."""
+        gl.static_assert(num_warps == 4)
+        start_m = gl.program_id(0)
+        if LONGEST_FIRST:
+            start_m = gl.num_programs(0) - 1 - start_m
+        off_hz = gl.program_id(1)
+        off_b = off_hz // H
+        off_h = off_hz % H
+        off_kvh = off_h // KV_GROUP
+        m0 = start_m * 2 * BLOCK_M
+        offset = N_K - N_Q  # query row i sits at key position i + offset
+
+        # Key blocks [0, n_blocks) hold a visible key for some row; [0, n_full) are seen whole by every row.
+        if CAUSAL:
+            hi = gl.minimum(N_K, gl.maximum(m0 + 2 * BLOCK_M + offset, 0))
+            n_full = gl.maximum(m0 + offset + 1, 0) // BLOCK_N
+        else:
+            hi = N_K
+            n_full = N_K // BLOCK_N
+        n_blocks = gl.cdiv(hi, BLOCK_N)
+        n_full = gl.minimum(n_full, n_blocks)
+
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
+        q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(q_bars.index(i), count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=2)  # released by both consumers
+            mbarrier.init(v_empty.index(i), count=2)
+
+        CAUSAL_FLAG = gl.to_tensor(CAUSAL)
+        args = ((q_desc, k_desc, v_desc, o_desc), (q_smem, k_smem, v_smem),
+                (q_bars, k_ready, v_ready, k_empty, v_empty), (off_b, off_h, off_kvh, off_hz, m0),
+                (n_blocks, n_full, offset, N_Q, N_K), LSE, qk_scale, CAUSAL_FLAG)
+        gl.warp_specialize([(_consume_first_half, args), (_consume_second_half, args), (_load_partition, args)],
+                           [4, 1], [CONSUMER_REGS, LOADER_REGS])
+
+
+def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, *, scale: float,
+             causal: bool, plain: bool) -> bool:
+    """Whether :func:`launch_attention_forward_hopper` takes this call. ``plain``: the caller has checked
+    that no window, lengths, packing, score modifier, dropout or FP8 is asked for."""
+    if not (HAVE_GLUON and plain and scale > 0 and q.is_cuda):
+        return False
+    if q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] not in CONFIGS:
+        return False
+    if torch.cuda.get_device_capability(q.device)[0] != 9:
+        return False
+    for t in (q, k, v, o):
+        if t.stride(-1) != 1 or t.data_ptr() % 16 or any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
+            return False
+    return True
+
+
+def _descriptor(t: torch.Tensor, rows: int) -> "GluonDescriptor":
+    block = [1, 1, rows, t.shape[-1]]
+    layout = gl.NVMMASharedLayout.get_default_for(block, gl.float16 if t.dtype == torch.float16 else gl.bfloat16)
+    return GluonDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+
+
+def launch_attention_forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                                    lse: torch.Tensor, *, scale: float, causal: bool,
+                                    longest_first: bool = True) -> None:
+    """Fill o (B, H, N_q, D) and lse (B, H, N_q) float32 contiguous from q, k, v ((B, H[_kv], N, D), any
+    strides :func:`supports` accepts)."""
+    batch, heads, n_q, head_dim = q.shape
+    block_m, block_n, stages = CONFIGS[head_dim]
+    grid = (triton.cdiv(n_q, 2 * block_m), batch * heads)
+    attention_fwd_hopper_kernel[grid](
+        _descriptor(q, block_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(o, block_m), lse,
+        scale * LOG2E.value, heads, heads // k.shape[1], n_q, k.shape[2],
+        CAUSAL=causal, LONGEST_FIRST=causal and longest_first, BLOCK_M=block_m, BLOCK_N=block_n,
+        HEAD_DIM=head_dim, STAGES=stages, CONSUMER_REGS=CONSUMER_REGISTERS, LOADER_REGS=LOADER_REGISTERS,
+        num_warps=4, maxnreg=KERNEL_REGISTERS)
