@@ -89,7 +89,28 @@ def checks(dtypes) -> list[dict]:
     return rows
 
 
-def timings(dtypes, head_dims, lengths) -> list[dict]:
+def parse_variants(text: str) -> dict[str, tuple[int, tuple[int, int, int], bool]]:
+    """{name: (head_dim, (BLOCK_M, BLOCK_N, STAGES), pingpong)} from 'NAME=D:BLOCK_M,BLOCK_N,STAGES[:nopp];...'."""
+    variants = {}
+    for item in filter(None, text.split(";")):
+        name, spec = item.split("=")
+        d, config, *flags = spec.split(":")
+        variants[name] = (int(d), tuple(int(x) for x in config.split(",")), "nopp" not in flags)
+    return variants
+
+
+def run_variant(config, pingpong, q, k, v, causal):
+    """The Gluon forward with ``config`` in place of its own for this head_dim, ping-pong on or off."""
+    d = q.shape[-1]
+    saved = hopper.CONFIGS[d]
+    hopper.CONFIGS[d] = config
+    try:
+        return run_gluon(q, k, v, causal, pingpong=pingpong)
+    finally:
+        hopper.CONFIGS[d] = saved
+
+
+def timings(dtypes, head_dims, lengths, variants=None) -> list[dict]:
     rows = []
     for name in dtypes:
         for d in head_dims:
@@ -108,6 +129,9 @@ def timings(dtypes, head_dims, lengths) -> list[dict]:
                         "triton": lambda: run_triton(q, k, v, causal),
                         "cudnn": lambda: _cudnn(q, k, v, causal),
                     }
+                    for name_, (vd, config, pingpong) in (variants or {}).items():
+                        if vd == d:
+                            calls[name_] = lambda config=config, pp=pingpong: run_variant(config, pp, q, k, v, causal)
                     for impl, fn in calls.items():
                         ms = graph_time_ms(fn, rep=100)
                         row[f"{impl}_tflops"] = flops / ms * 1e-9
@@ -130,13 +154,16 @@ def main(argv=None) -> int:
     parser.add_argument("--d", default="64,128")
     parser.add_argument("--N", default="1024,4096,16384")
     parser.add_argument("--no-checks", action="store_true")
+    parser.add_argument("--variants", default="",
+                        help="extra Gluon configs timed beside the others: 'NAME=D:BLOCK_M,BLOCK_N,STAGES;...'")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     dtypes = args.dtype.split(",")
     check_rows = [] if args.no_checks else checks(dtypes)
     for row in check_rows:
         print(json.dumps(row), flush=True)
-    time_rows = timings(dtypes, [int(x) for x in args.d.split(",")], [int(x) for x in args.N.split(",")])
+    time_rows = timings(dtypes, [int(x) for x in args.d.split(",")], [int(x) for x in args.N.split(",")],
+                        parse_variants(args.variants))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(dict(meta=results_meta(method="each call replayed from a CUDA graph (flashlib.timing.graph_time_ms, rep=100 ms)", command=" ".join(sys.argv)), checks=check_rows, timings=time_rows), f, indent=1)

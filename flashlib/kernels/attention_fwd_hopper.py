@@ -38,6 +38,9 @@ try:  # Gluon ships with Triton 3.5 and later; its Hopper API is what this kerne
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                                    warpgroup_mma, warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+    # The copy engine's load and store were renamed after Triton 3.6 (the H100 machine's version).
+    tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
     HAVE_GLUON = True
 except ImportError:  # pragma: no cover - older Triton
     HAVE_GLUON = False
@@ -50,6 +53,8 @@ CONFIGS = {64: (64, 128, 3), 128: (64, 128, 2)}
 #: the loading warp only addresses. The kernel is capped at KERNEL_REGISTERS so that its three warpgroups
 #: fit the SM's 64K registers; the first consumer (the default partition) gets what the others leave.
 CONSUMER_REGISTERS, LOADER_REGISTERS, KERNEL_REGISTERS = 240, 24, 168
+#: Whether the two consumers take turns issuing their products (FlashAttention-3's ping-pong).
+PINGPONG = True
 
 if HAVE_GLUON:
 
@@ -77,12 +82,12 @@ if HAVE_GLUON:
         return p, m_new, l_i, alpha
 
     @gluon.jit
-    def _load_partition(descs, smem, bars, coords, counts, LSE, qk_scale, causal):
+    def _load_partition(descs, smem, bars, coords, counts, LSE, qk_scale, causal, pingpong):
         """One warp: the Q tiles of both consumers, then K and V of every key block into the ring of
         ``STAGES`` slots, each slot refilled once both consumers have released it."""
         q_desc, k_desc, v_desc, o_desc = descs
         q_smem, k_smem, v_smem = smem
-        q_bars, k_ready, v_ready, k_empty, v_empty = bars
+        q_bars, k_ready, v_ready, k_empty, v_empty, turns = bars
         off_b, off_h, off_kvh, off_hz, m0 = coords
         n_blocks, n_full, offset, N_Q, N_K = counts
         BLOCK_M: gl.constexpr = q_smem.type.shape[3]
@@ -90,7 +95,7 @@ if HAVE_GLUON:
         BLOCK_N: gl.constexpr = k_smem.type.shape[3]
         for half in gl.static_range(2):
             mbarrier.expect(q_bars.index(half), q_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(q_desc, [off_b, off_h, m0 + half * BLOCK_M, 0], q_bars.index(half),
+            tma_load(q_desc, [off_b, off_h, m0 + half * BLOCK_M, 0], q_bars.index(half),
                                             q_smem.index(half))
         for j in range(n_blocks):
             slot = j % STAGES
@@ -98,11 +103,11 @@ if HAVE_GLUON:
             # A fresh barrier counts as having completed the phase before its first: the first lap passes.
             mbarrier.wait(k_empty.index(slot), phase ^ 1)
             mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(k_desc, [off_b, off_kvh, j * BLOCK_N, 0], k_ready.index(slot),
+            tma_load(k_desc, [off_b, off_kvh, j * BLOCK_N, 0], k_ready.index(slot),
                                             k_smem.index(slot))
             mbarrier.wait(v_empty.index(slot), phase ^ 1)
             mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(v_desc, [off_b, off_kvh, j * BLOCK_N, 0], v_ready.index(slot),
+            tma_load(v_desc, [off_b, off_kvh, j * BLOCK_N, 0], v_ready.index(slot),
                                             v_smem.index(slot))
 
     @gluon.jit
@@ -122,17 +127,33 @@ if HAVE_GLUON:
         return warpgroup_mma(p, v_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]), o, is_async=True)
 
     @gluon.jit
+    def _wait_turn(turns, t, pingpong, HALF: gl.constexpr):
+        """Ping-pong (FlashAttention-3): a consumer issues its ``t``-th round of products only after the other
+        consumer issued its own, so one warpgroup's products run while the other computes its softmax. The
+        first consumer's barrier is fresh for its first round (which passes), the second's waits for it."""
+        if pingpong:
+            mbarrier.wait(turns.index(HALF), (t & 1) ^ (1 - HALF))
+
+    @gluon.jit
+    def _pass_turn(turns, pingpong, HALF: gl.constexpr):
+        """Let the other consumer issue its round of products."""
+        if pingpong:
+            mbarrier.arrive(turns.index(1 - HALF), count=1)
+
+    @gluon.jit
     def _overlapped_step(q_tile, k_smem, v_smem, bars, o, p, alpha, m_i, l_i, j, rows, offset, N_K, qk_scale,
-                         MASKED: gl.constexpr, causal, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                         pingpong, HALF: gl.constexpr, MASKED: gl.constexpr, causal, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                          HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
                          p_layout: gl.constexpr, o_layout: gl.constexpr):
         """Key block ``j``: its S, overlapped with P V of block ``j - 1`` (``p``: that block's weights,
         ``alpha``: O's rescale to that block's max, applied while S is on the tensor cores).
         Returns O (through block j - 1), block j's weights and rescale, m and l."""
-        q_bars, k_ready, v_ready, k_empty, v_empty = bars
+        q_bars, k_ready, v_ready, k_empty, v_empty, turns = bars
+        _wait_turn(turns, j, pingpong, HALF)
         s = _scores(q_tile, k_smem, k_ready, j, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, s_layout)
         o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         o = _add_pv(o, p, v_smem, v_ready, j - 1, BLOCK_N, HEAD_DIM, STAGES)
+        _pass_turn(turns, pingpong, HALF)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
         mbarrier.arrive(k_empty.index(j % STAGES), count=1)
         p_f32, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, j * BLOCK_N, rows, offset, N_K, qk_scale,
@@ -144,24 +165,24 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _overlapped_blocks(q_tile, k_smem, v_smem, bars, o, p, alpha, m_i, l_i, first, last, rows, offset, N_K,
-                           qk_scale, MASKED: gl.constexpr, causal, BLOCK_M: gl.constexpr,
+                           qk_scale, pingpong, HALF: gl.constexpr, MASKED: gl.constexpr, causal, BLOCK_M: gl.constexpr,
                            BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
                            s_layout: gl.constexpr, p_layout: gl.constexpr, o_layout: gl.constexpr):
         """Key blocks ``first`` to ``last - 1``."""
         for j in range(first, last):
             o, p, alpha, m_i, l_i = _overlapped_step(q_tile, k_smem, v_smem, bars, o, p, alpha, m_i, l_i, j, rows,
-                                                     offset, N_K, qk_scale, MASKED, causal, BLOCK_M, BLOCK_N,
+                                                     offset, N_K, qk_scale, pingpong, HALF, MASKED, causal, BLOCK_M, BLOCK_N,
                                                      HEAD_DIM, STAGES, s_layout, p_layout, o_layout)
         return o, p, alpha, m_i, l_i
 
     @gluon.jit
-    def _consume(descs, smem, bars, coords, counts, LSE, qk_scale, causal, HALF: gl.constexpr):
+    def _consume(descs, smem, bars, coords, counts, LSE, qk_scale, causal, pingpong, HALF: gl.constexpr):
         """One warpgroup: O and LSE of the program's ``HALF``-th BLOCK_M query rows. Partitions take no
         constexpr arguments (Triton 3.6 turns them into values), so the block sizes come from the shared
         memory's shapes and ``causal`` is a value (used only in the masked blocks)."""
         q_desc, k_desc, v_desc, o_desc = descs
         q_smem, k_smem, v_smem = smem
-        q_bars, k_ready, v_ready, k_empty, v_empty = bars
+        q_bars, k_ready, v_ready, k_empty, v_empty, turns = bars
         off_b, off_h, off_kvh, off_hz, m0 = coords
         n_blocks, n_full, offset, N_Q, N_K = counts
         BLOCK_M: gl.constexpr = q_smem.type.shape[3]
@@ -183,7 +204,9 @@ if HAVE_GLUON:
 
         if n_blocks > 0:
             # Block 0: its scores alone (always through the mask: cheap once, right for every block).
+            _wait_turn(turns, 0, pingpong, HALF)
             s = _scores(q_tile, k_smem, k_ready, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, s_layout)
+            _pass_turn(turns, pingpong, HALF)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
             mbarrier.arrive(k_empty.index(0), count=1)
             p_f32, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, 0, rows_s, offset, N_K, qk_scale,
@@ -192,16 +215,18 @@ if HAVE_GLUON:
             # Blocks every row of the program sees whole, then the ones cut by the diagonal or N_K.
             split = gl.maximum(n_full, 1)
             o, p, alpha, m_i, l_i = _overlapped_blocks(q_tile, k_smem, v_smem, bars, o, p, alpha, m_i, l_i, 1,
-                                                       split, rows_s, offset, N_K, qk_scale, False, causal,
+                                                       split, rows_s, offset, N_K, qk_scale, pingpong, HALF, False, causal,
                                                        BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, s_layout, p_layout,
                                                        o_layout)
             o, p, alpha, m_i, l_i = _overlapped_blocks(q_tile, k_smem, v_smem, bars, o, p, alpha, m_i, l_i, split,
-                                                       n_blocks, rows_s, offset, N_K, qk_scale, True, causal,
+                                                       n_blocks, rows_s, offset, N_K, qk_scale, pingpong, HALF, True, causal,
                                                        BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, s_layout, p_layout,
                                                        o_layout)
             # P V of the last block.
             o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            _wait_turn(turns, n_blocks, pingpong, HALF)
             o = _add_pv(o, p, v_smem, v_ready, n_blocks - 1, BLOCK_N, HEAD_DIM, STAGES)
+            _pass_turn(turns, pingpong, HALF)
             o = warpgroup_mma_wait(num_outstanding=0, deps=(o, ))
             mbarrier.arrive(v_empty.index((n_blocks - 1) % STAGES), count=1)
 
@@ -214,19 +239,19 @@ if HAVE_GLUON:
         # O leaves through this half's Q slot (read by no product now); the copy engine drops rows past N_Q.
         q_tile.store(out.to(o_desc.dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [off_b, off_h, row0, 0], q_smem.index(HALF))
+        tma_store(o_desc, [off_b, off_h, row0, 0], q_smem.index(HALF))
         tma.store_wait(pendings=0)
 
     @gluon.jit
-    def _consume_first_half(descs, smem, bars, coords, counts, LSE, qk_scale, causal):
-        _consume(descs, smem, bars, coords, counts, LSE, qk_scale, causal, 0)
+    def _consume_first_half(descs, smem, bars, coords, counts, LSE, qk_scale, causal, pingpong):
+        _consume(descs, smem, bars, coords, counts, LSE, qk_scale, causal, pingpong, 0)
 
     @gluon.jit
-    def _consume_second_half(descs, smem, bars, coords, counts, LSE, qk_scale, causal):
-        _consume(descs, smem, bars, coords, counts, LSE, qk_scale, causal, 1)
+    def _consume_second_half(descs, smem, bars, coords, counts, LSE, qk_scale, causal, pingpong):
+        _consume(descs, smem, bars, coords, counts, LSE, qk_scale, causal, pingpong, 1)
 
     @gluon.jit
-    def attention_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, qk_scale, H, KV_GROUP, N_Q, N_K,
+    def attention_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, qk_scale, H, KV_GROUP, N_Q, N_K, pingpong,
                                     CAUSAL: gl.constexpr, LONGEST_FIRST: gl.constexpr, BLOCK_M: gl.constexpr,
                                     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
                                     CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, num_warps: gl.constexpr):
@@ -263,8 +288,10 @@ if HAVE_GLUON:
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(2):
             mbarrier.init(q_bars.index(i), count=1)
+            mbarrier.init(turns.index(i), count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(v_ready.index(i), count=1)
@@ -273,8 +300,8 @@ if HAVE_GLUON:
 
         CAUSAL_FLAG = gl.to_tensor(CAUSAL)
         args = ((q_desc, k_desc, v_desc, o_desc), (q_smem, k_smem, v_smem),
-                (q_bars, k_ready, v_ready, k_empty, v_empty), (off_b, off_h, off_kvh, off_hz, m0),
-                (n_blocks, n_full, offset, N_Q, N_K), LSE, qk_scale, CAUSAL_FLAG)
+                (q_bars, k_ready, v_ready, k_empty, v_empty, turns), (off_b, off_h, off_kvh, off_hz, m0),
+                (n_blocks, n_full, offset, N_Q, N_K), LSE, qk_scale, CAUSAL_FLAG, pingpong)
         gl.warp_specialize([(_consume_first_half, args), (_consume_second_half, args), (_load_partition, args)],
                            [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
@@ -303,7 +330,7 @@ def _descriptor(t: torch.Tensor, rows: int) -> "GluonDescriptor":
 
 def launch_attention_forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                                     lse: torch.Tensor, *, scale: float, causal: bool,
-                                    longest_first: bool = True) -> None:
+                                    longest_first: bool = True, pingpong: bool = PINGPONG) -> None:
     """Fill o (B, H, N_q, D) and lse (B, H, N_q) float32 contiguous from q, k, v ((B, H[_kv], N, D), any
     strides :func:`supports` accepts)."""
     batch, heads, n_q, head_dim = q.shape
@@ -311,7 +338,7 @@ def launch_attention_forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.T
     grid = (triton.cdiv(n_q, 2 * block_m), batch * heads)
     attention_fwd_hopper_kernel[grid](
         _descriptor(q, block_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(o, block_m), lse,
-        scale * LOG2E.value, heads, heads // k.shape[1], n_q, k.shape[2],
+        scale * LOG2E.value, heads, heads // k.shape[1], n_q, k.shape[2], int(pingpong),
         CAUSAL=causal, LONGEST_FIRST=causal and longest_first, BLOCK_M=block_m, BLOCK_N=block_n,
         HEAD_DIM=head_dim, STAGES=stages, CONSUMER_REGS=CONSUMER_REGISTERS, LOADER_REGS=LOADER_REGISTERS,
         num_warps=4, maxnreg=KERNEL_REGISTERS)
