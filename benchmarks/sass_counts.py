@@ -2,6 +2,7 @@
 
     python benchmarks/sass_counts.py --kernel fwd --d 64 --dropout 0,0.1
     python benchmarks/sass_counts.py --kernel dkdv --d 64,128 --configs 32x64/3/4,64x64/3/4,64x64/3/8
+    python benchmarks/sass_counts.py --kernel gluon_fwd --d 128 --causal no,yes
 
 Triton compiles for a target it is told, not only for the GPU it runs on, and its wheel carries
 ``ptxas`` and ``cuobjdump``. This script compiles the forward, dK/dV or dQ kernel for sm_90a
@@ -33,7 +34,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
 from config_text import parse_config  # noqa: E402
 from flashlib import runtime  # noqa: E402
-from flashlib.kernels import attention_bwd, attention_fwd  # noqa: E402
+from flashlib.kernels import attention_bwd, attention_fwd, attention_fwd_hopper  # noqa: E402
 from flashlib.spec import AttentionSpec  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
@@ -65,6 +66,44 @@ def captured_launches(kernel: str, d: int, n: int, dtype, spec: AttentionSpec, b
     wanted = {"fwd": attention_fwd.attention_fwd_kernel, "dkdv": attention_bwd.attention_bwd_dkdv_kernel,
               "dq": attention_bwd.attention_bwd_dq_kernel}[kernel]
     return [call for call in calls if call[0] is wanted]
+
+
+def gluon_forward_launch(d: int, n: int, dtype, causal: bool) -> tuple:
+    """(kernel, positional args, keyword args) of the launch :func:`attention_fwd_hopper.launch_attention_forward_hopper`
+    makes for the FlashAttention-2 benchmark's shape (H = 2048 / D, B = 4) on CPU tensors, captured instead of run.
+    Its block sizes, stages and warps are the launcher's own (``--configs`` does not apply)."""
+    calls = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: calls.append((attention_fwd_hopper.attention_fwd_hopper_kernel, args, kwargs))
+
+    real = attention_fwd_hopper.attention_fwd_hopper_kernel
+    attention_fwd_hopper.attention_fwd_hopper_kernel = Recorder()
+    try:
+        q, k, v, o = (torch.randn(4, 2048 // d, n, d, dtype=dtype) for _ in range(4))
+        attention_fwd_hopper.launch_attention_forward_hopper(q, k, v, o, torch.empty(4, 2048 // d, n),
+                                                             scale=d ** -0.5, causal=causal)
+    finally:
+        attention_fwd_hopper.attention_fwd_hopper_kernel = real
+    fn, args, kwargs = calls[0]
+    return real, args, kwargs
+
+
+def compile_gluon_for_hopper(fn, args, kwargs):
+    """A Gluon kernel compiled for sm_90a with these arguments (the types Triton's launcher would give them)."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    kwargs = dict(kwargs)
+    options = dict(num_warps=kwargs.pop("num_warps"), maxnreg=kwargs.pop("maxnreg", None))
+    signature = {name: mangle_type(a) for name, a in zip(fn.arg_names, args)}
+    constexprs = {}
+    for name in fn.arg_names[len(args):]:
+        signature[name] = "constexpr"
+        constexprs[(fn.arg_names.index(name),)] = options["num_warps"] if name == "num_warps" else kwargs[name]
+    source = GluonASTSource(fn, signature, constexprs, {})
+    return triton.compile(source, target=HOPPER, options={k: v for k, v in options.items() if v is not None})
 
 
 def compile_for_hopper(fn, args, kwargs, warps: int | None, stages: int | None, maxnreg: int | None = None,
@@ -136,7 +175,8 @@ def disassemble(compiled) -> tuple[collections.Counter, dict]:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kernel", default="fwd", help="comma list of fwd, dkdv, dq (default fwd)")
+    parser.add_argument("--kernel", default="fwd",
+                        help="comma list of fwd, dkdv, dq, gluon_fwd (the Gluon Hopper forward; default fwd)")
     parser.add_argument("--d", default="64", help="comma list of head dims (default 64)")
     parser.add_argument("--dropout", default="0", help="comma list of dropout_p (default 0)")
     parser.add_argument("--causal", default="no", help="comma list of no, yes (default no)")
@@ -166,17 +206,27 @@ def main():
     for kernel, d, causal, p, (block_m, block_n, stages, warps) in grid:
         if causal not in ("no", "yes"):
             parser.error(f"--causal takes no and yes; got {causal!r}")
-        if kernel not in ("fwd", "dkdv", "dq"):
-            parser.error(f"--kernel takes fwd, dkdv and dq; got {kernel!r}")
+        if kernel not in ("fwd", "dkdv", "dq", "gluon_fwd"):
+            parser.error(f"--kernel takes fwd, dkdv, dq and gluon_fwd; got {kernel!r}")
         spec = AttentionSpec(causal=causal == "yes", dropout_p=p)
-        for fn, call_args, call_kwargs in captured_launches(kernel, d, 4096, dtype, spec, block_m, block_n,
-                                                            args.tma == "host"):
-            compiled = compile_for_hopper(fn, call_args, call_kwargs, warps, stages, args.maxnreg)
+        if kernel == "gluon_fwd":
+            if p > 0:
+                parser.error("--kernel gluon_fwd has no dropout")
+            launches = [gluon_forward_launch(d, 4096, dtype, causal == "yes")]
+        else:
+            launches = captured_launches(kernel, d, 4096, dtype, spec, block_m, block_n, args.tma == "host")
+        for fn, call_args, call_kwargs in launches:
+            if kernel == "gluon_fwd":
+                compiled = compile_gluon_for_hopper(fn, call_args, call_kwargs)
+            else:
+                compiled = compile_for_hopper(fn, call_args, call_kwargs, warps, stages, args.maxnreg)
             opcodes, resources = disassemble(compiled)
             key = (kernel, d, causal, p, (block_m, block_n, stages, warps))
             counted[key] = opcodes
             spills = opcodes["STL"] + opcodes["LDL"]
-            print(f"{kernel} D={d} causal={causal} dropout={p} {block_m}x{block_n} "
+            tile = (f"{call_kwargs['BLOCK_M']}x{call_kwargs['BLOCK_N']}" if kernel == "gluon_fwd"
+                    else f"{block_m}x{block_n}")  # the Gluon launcher's own: two consumers of BLOCK_M rows
+            print(f"{kernel} D={d} causal={causal} dropout={p} {tile} "
                   f"s{compiled.metadata.num_stages} w{compiled.metadata.num_warps}: {sum(opcodes.values())} instructions, "
                   f"registers {resources.get('REG')}, stack {resources.get('STACK')} B ({spills} STL/LDL), "
                   f"shared {compiled.metadata.shared} B")

@@ -42,6 +42,7 @@ from ._common import (INTERPRETER_BLOCKS, LN2, LOG2E, band_mask, descriptor_mode
                       descriptors_supported, key_block_range, load_rows, packed_as_bhnd, row_stats_offset,
                       sample_bounds, scores_log2, set_block_shapes, store_rows, tensor_of, tile_sources,
                       use_torch_scratch)
+from . import attention_fwd_hopper as hopper
 from .dropout import dropout_keep, dropout_stream_key, effective_dropout_p, load_dropout_seed
 from .launch import launch, launch_tuned
 
@@ -483,7 +484,7 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
                              max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
                              use_tma: bool | None = None, descale: torch.Tensor | None = None,
-                             dropout_seed: torch.Tensor | None = None):
+                             dropout_seed: torch.Tensor | None = None, use_gluon: bool | None = None):
     """Run the forward kernel on checked (B, H, N, D) tensors (any strides); fill o and lse.
 
     q, o: (B, H, N_q, D); k, v: (B, H_kv, N_k, D); lse: (B, H, N_q) contiguous float32.
@@ -507,8 +508,23 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     ``descale`` (FP8, :mod:`flashlib.fp8` checks it): q, k, v float8_e4m3fn, o float16 or bfloat16,
     descale float32 (3, B, H_kv) contiguous (q, k, v factors). V is best stored with N contiguous
     (``v.stride(2) == 1``): host descriptors then read it as the FP8 tensor cores want it.
+
+    ``use_gluon``: a plain call (no mask or a causal one; none of the arguments above beyond q, k, v, o, lse
+    and ``spec``'s mask and scale) that :func:`.attention_fwd_hopper.can_run` accepts runs the warp-specialized
+    Gluon forward of :mod:`.attention_fwd_hopper` where it is the faster one
+    (:func:`.attention_fwd_hopper.preferred`) by default; ``True`` wherever it can run, ``False`` never
+    (``use_tma=False`` also keeps this kernel).
     """
     filled = (o, lse)  # returned as the caller gave them (packed, when varlen)
+    left, right = spec.bounds()
+    plain = (cu_seqlens_q is None and seq_lens is None and alibi_slopes is None and tiles is None
+             and descale is None and block_m is None and use_tma is not False and spec.softcap == 0
+             and spec.dropout_p <= 0 and left is None and right in (None, 0))
+    if (use_gluon is not False and plain and hopper.can_run(q, k, v, o, scale=spec.scale(q.shape[-1]))
+            and (use_gluon or hopper.preferred(q.shape[-1], q.shape[2], k.shape[2]))):
+        hopper.launch_attention_forward_hopper(q, k, v, o, lse, scale=spec.scale(q.shape[-1]), causal=right == 0,
+                                               longest_first=longest_first(left, right))
+        return filled
     varlen = cu_seqlens_q is not None
     if varlen:
         if tiles is not None:
@@ -517,7 +533,6 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     batch, heads, n_q, head_dim = q.shape
     n_k = k.shape[2]
     rows_q, rows_k = (max_seqlen_q, max_seqlen_k) if varlen else (n_q, n_k)  # per (batch, head)
-    left, right = spec.bounds()
     alibi, alibi_strides, scalars, flags = modifier_args(spec, alibi_slopes, head_dim, lse, dropout_seed)
     fp8 = descale is not None
     v_transposed = fp8 and v.stride(2) == 1 and v.stride(3) != 1

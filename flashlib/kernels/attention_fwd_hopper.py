@@ -22,15 +22,17 @@ Scope: the plain forward only (no mask or a causal one, bottom-right aligned as 
 flashlib; GQA/MQA; 2-byte types; head_dim 64 or 128; a positive scale), on Hopper. Everything else
 (windows, lengths, packed sequences, score modifiers, dropout, FP8, other head dims, float32) runs
 in :mod:`.attention_fwd`, which is also the only forward of the interpreter: Gluon has no
-interpreter. :func:`supports` says which calls this kernel takes; GPU tests compare it with the
-float64 reference and with :mod:`.attention_fwd`.
+interpreter. :func:`can_run` says which calls this kernel can take and :func:`preferred` where it is the faster
+forward; GPU tests compare it with the float64 reference and with :mod:`.attention_fwd`.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
 
-from ._common import LN2, LOG2E
+from ._common import LN2, LOG2E, descriptor_ready
 
 try:  # Gluon ships with Triton 3.5 and later; its Hopper API is what this kernel is written against.
     from triton.experimental import gluon
@@ -306,33 +308,58 @@ if HAVE_GLUON:
                            [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
-def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, *, scale: float,
-             causal: bool, plain: bool) -> bool:
-    """Whether :func:`launch_attention_forward_hopper` takes this call. ``plain``: the caller has checked
-    that no window, lengths, packing, score modifier, dropout or FP8 is asked for."""
-    if not (HAVE_GLUON and plain and scale > 0 and q.is_cuda):
+#: Where :func:`flashlib.kernels.attention_fwd.launch_attention_forward` takes this kernel on its own: where it
+#: was measured faster than the Triton forward on the H100 (fp16 and bf16, FlashAttention-2 shapes, same process,
+#: ``benchmarks/gluon_fwd_ab.py``, benchmarks/TUNING.md thirty-first finding): head_dim 128 from 2048 query and
+#: key rows (1.02-1.14x). At 1024 rows it ties without a mask and loses 7-12% with one (the prologue and epilogue
+#: of a program are a larger share of its work); at head_dim 64 it runs 0.73-1.01x the Triton forward.
+ROUTED_HEAD_DIMS = (128,)
+MIN_ROWS = 2048
+
+
+def preferred(head_dim: int, n_q: int, n_k: int) -> bool:
+    """Whether this kernel is the faster forward for these sizes (:data:`ROUTED_HEAD_DIMS`, :data:`MIN_ROWS`)."""
+    return head_dim in ROUTED_HEAD_DIMS and min(n_q, n_k) >= MIN_ROWS
+
+
+@functools.lru_cache(maxsize=None)
+def _is_hopper(device_index: int) -> bool:
+    """Asked once per GPU: ``wgmma`` and ``setmaxnreg`` are sm_90's own (Blackwell has neither)."""
+    return torch.cuda.get_device_capability(device_index) == (9, 0)
+
+
+def can_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, *, scale: float) -> bool:
+    """Whether this kernel can compute this call: Gluon present, a Hopper GPU, float16 or bfloat16, a head_dim of
+    :data:`CONFIGS`, a positive scale, and every tensor readable by the copy engine. The caller has checked that
+    nothing but no mask or a causal one is asked for (no window, lengths, packing, score modifier, dropout, FP8)."""
+    if not (HAVE_GLUON and q.is_cuda and scale > 0 and q.dtype in (torch.float16, torch.bfloat16)
+            and q.shape[-1] in CONFIGS):
         return False
-    if q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] not in CONFIGS:
+    if not _is_hopper(q.device.index if q.device.index is not None else torch.cuda.current_device()):
         return False
-    if torch.cuda.get_device_capability(q.device)[0] != 9:
-        return False
-    for t in (q, k, v, o):
-        if t.stride(-1) != 1 or t.data_ptr() % 16 or any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
-            return False
-    return True
+    return all(descriptor_ready(t) for t in (q, k, v, o))
+
+
+@functools.lru_cache(maxsize=None)
+def _tile_layout(rows: int, head_dim: int, dtype: torch.dtype):
+    """The shared-memory layout of a (1, 1, rows, head_dim) tile (128-byte swizzle for the tensor cores)."""
+    return gl.NVMMASharedLayout.get_default_for([1, 1, rows, head_dim],
+                                                gl.float16 if dtype == torch.float16 else gl.bfloat16)
 
 
 def _descriptor(t: torch.Tensor, rows: int) -> "GluonDescriptor":
-    block = [1, 1, rows, t.shape[-1]]
-    layout = gl.NVMMASharedLayout.get_default_for(block, gl.float16 if t.dtype == torch.float16 else gl.bfloat16)
-    return GluonDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+    """A (B, H, N, D) descriptor of ``t`` with (1, 1, rows, D) tiles."""
+    return GluonDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, t.shape[-1]],
+                           _tile_layout(rows, t.shape[-1], t.dtype))
 
 
 def launch_attention_forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                                     lse: torch.Tensor, *, scale: float, causal: bool,
                                     longest_first: bool = True, pingpong: bool = PINGPONG) -> None:
-    """Fill o (B, H, N_q, D) and lse (B, H, N_q) float32 contiguous from q, k, v ((B, H[_kv], N, D), any
-    strides :func:`supports` accepts)."""
+    """Fill o (B, H, N_q, D) and lse (B, H, N_q) float32 contiguous from q, k, v ((B, H[_kv], N, D)), a call
+    :func:`can_run` accepts: no mask, or a causal one (bottom-right aligned) with ``causal``. ``longest_first``: a
+    causal grid runs its last query blocks first (as :data:`flashlib.kernels.attention_fwd.LONGEST_FIRST`);
+    ``pingpong``: the consumers take turns (:data:`PINGPONG`; off only to measure it)."""
     batch, heads, n_q, head_dim = q.shape
     block_m, block_n, stages = CONFIGS[head_dim]
     grid = (triton.cdiv(n_q, 2 * block_m), batch * heads)

@@ -1,0 +1,187 @@
+"""The Gluon Hopper forward (flashlib.kernels.attention_fwd_hopper): which calls the launcher routes to it, that it
+compiles for sm_90a with the installed Triton (warpgroup MMA, the copy engine, per-partition registers, no
+spills), and on a Hopper GPU that it equals the float64 reference, writes every output, and agrees with the Triton
+forward through the front door, gradients included."""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from flashlib import flash_attention
+from flashlib.kernels import attention_fwd
+from flashlib.kernels import attention_fwd_hopper as hopper
+from flashlib.reference import naive_attention
+from flashlib.spec import AttentionSpec
+from flashlib.validation import relative_error, tolerance
+from support.attention import DEVICE, as_bhnd, make_inputs
+
+SASS_COUNTS = Path(__file__).resolve().parents[2] / "benchmarks" / "sass_counts.py"
+
+
+# ---------------------------------------------------------------- where the launcher takes it (CPU)
+@pytest.mark.parametrize("head_dim, n_q, n_k, expected", [
+    (128, 2048, 2048, True), (128, 16384, 4096, True), (128, 2047, 4096, False), (128, 4096, 1024, False),
+    (128, 1024, 1024, False), (64, 4096, 4096, False), (256, 4096, 4096, False)])
+def test_preferred_where_it_was_measured_faster(head_dim, n_q, n_k, expected):
+    assert hopper.preferred(head_dim, n_q, n_k) is expected
+
+
+def test_cannot_run_off_a_gpu():
+    q, k, v = (torch.randn(1, 2, 64, 128, dtype=torch.float16) for _ in range(3))
+    assert not hopper.can_run(q, k, v, q, scale=0.1)
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """Pretend the Gluon kernel can run, and record its launches instead of running them."""
+    calls = []
+    monkeypatch.setattr(hopper, "can_run", lambda q, k, v, o, *, scale: scale > 0)
+    monkeypatch.setattr(hopper, "launch_attention_forward_hopper",
+                        lambda q, k, v, o, lse, **kwargs: calls.append(kwargs))
+    return calls
+
+
+def _launch(n=64, head_dim=128, spec=AttentionSpec(), **kwargs):
+    q, k, v = (torch.randn(1, 2, n, head_dim, dtype=torch.float16, device=DEVICE) for _ in range(3))
+    o, lse = torch.zeros_like(q), torch.zeros(1, 2, n, device=DEVICE)
+    attention_fwd.launch_attention_forward(q, k, v, o, lse, spec, **kwargs)
+    return o
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_plain_call_is_routed_with_its_mask_and_schedule(recorded, causal):
+    _launch(spec=AttentionSpec(causal=causal), use_gluon=True)
+    assert recorded == [dict(scale=AttentionSpec().scale(128), causal=causal,
+                             longest_first=causal and attention_fwd.LONGEST_FIRST)]
+
+
+def test_the_default_routes_only_preferred_sizes(recorded, monkeypatch):
+    _launch(spec=AttentionSpec(causal=True))  # 64 rows: not preferred, the Triton forward runs
+    assert recorded == []
+    monkeypatch.setattr(hopper, "preferred", lambda head_dim, n_q, n_k: True)
+    _launch(spec=AttentionSpec(causal=True))
+    assert len(recorded) == 1
+
+
+@pytest.mark.parametrize("case", ["window", "right_window", "softcap", "dropout", "alibi", "seq_lens", "pointers",
+                                  "fixed_blocks", "refused", "negative_scale"])
+def test_calls_it_does_not_cover_stay_on_the_triton_forward(recorded, case):
+    spec, kwargs = AttentionSpec(), dict(use_gluon=True)
+    if case == "window":
+        spec = AttentionSpec(window=(16, 0))
+    elif case == "right_window":
+        spec = AttentionSpec(window=(None, 8))
+    elif case == "softcap":
+        spec = AttentionSpec(softcap=30.0)
+    elif case == "dropout":
+        spec = AttentionSpec(dropout_p=0.1)
+    elif case == "alibi":
+        spec, kwargs["alibi_slopes"] = AttentionSpec(has_alibi=True), torch.ones(2, device=DEVICE)
+    elif case == "seq_lens":
+        kwargs["seq_lens"] = torch.tensor([40], dtype=torch.int32, device=DEVICE)
+    elif case == "pointers":
+        kwargs["use_tma"] = False
+    elif case == "fixed_blocks":
+        kwargs.update(block_m=32, block_n=32)
+    elif case == "refused":
+        kwargs["use_gluon"] = False
+    else:
+        spec = AttentionSpec(softmax_scale=-0.1)
+    out = _launch(spec=spec, **kwargs)
+    assert recorded == []
+    assert out.abs().sum() > 0  # the Triton forward filled it
+
+
+def test_compiles_for_hopper_with_warpgroup_mma_the_copy_engine_and_no_spills():
+    """The installed Triton compiles the kernel for sm_90a (its Gluon API as this module uses it), in a process
+    that compiles for the GPU; D = 128, the routed head_dim, without and with the causal mask."""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    done = subprocess.run([sys.executable, str(SASS_COUNTS), "--kernel", "gluon_fwd", "--d", "128", "--causal",
+                           "no,yes", "--top", "300"], capture_output=True, text=True, env=env, timeout=600,
+                          cwd=SASS_COUNTS.parents[1])
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    heads = [i for i, line in enumerate(lines) if line.startswith("gluon_fwd D=128")]
+    assert len(heads) == 2, done.stdout
+    for i in heads:
+        stack = int(re.search(r"stack (\d+) B", lines[i])[1])
+        opcodes = dict((op, int(n)) for op, n in re.findall(r"([A-Z][A-Z0-9_]*) (\d+)", lines[i + 1]))
+        assert stack == 0, lines[i]
+        assert opcodes.get("HGMMA", 0) > 0 and opcodes.get("UTMALDG", 0) > 0, lines[i + 1]
+        assert opcodes.get("USETMAXREG", 0) > 0, "the partitions' registers must be set (setmaxnreg)"
+
+
+# ---------------------------------------------------------------- on a Hopper GPU
+def _reference(q, k, v, causal):
+    group = q.shape[1] // k.shape[1]
+    k64, v64 = (t.double().repeat_interleave(group, dim=1) for t in (k, v))
+    return naive_attention(q.double(), k64, v64, causal=causal, return_lse=True)
+
+
+def _count_launches(monkeypatch):
+    calls = []
+    real = hopper.launch_attention_forward_hopper
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(hopper, "launch_attention_forward_hopper", counted)
+    return calls
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 4, 4, 1000, 1000, "bhnd"), (1, 2, 2, 77, 300, "bhnd"),
+                                   (1, 2, 2, 300, 77, "bhnd"), (2, 8, 2, 512, 512, "bhnd"),
+                                   (2, 4, 4, 384, 384, "bnhd")])
+def test_gpu_gluon_forward_matches_float64_and_writes_every_output(monkeypatch, dtype, head_dim, causal, shape):
+    if not hopper.can_run(*(torch.empty(1, 1, 16, head_dim, device="cuda", dtype=dtype) for _ in range(4)),
+                          scale=1.0):
+        pytest.skip("needs a Hopper GPU (sm_90) and Gluon")
+    batch, heads, kv_heads, n_q, n_k, layout = shape
+    q, k, v = (as_bhnd(t, layout) for t in make_inputs(batch, heads, kv_heads, n_q, n_k, head_dim, dtype, layout,
+                                                       seed=n_q + head_dim))
+    o = torch.full_like(q, float("nan"))
+    lse = torch.full(q.shape[:3], float("nan"), device="cuda")
+    launches = _count_launches(monkeypatch)
+    attention_fwd.launch_attention_forward(q, k, v, o, lse, AttentionSpec(causal=causal), use_gluon=True)
+    assert len(launches) == 1
+    ref_o, ref_lse = _reference(q, k, v, causal)
+    assert relative_error(o, ref_o) <= tolerance(dtype)  # also fails on a NaN: every element written
+    seen = torch.isfinite(ref_lse)  # rows that see no key (causal, N_q > N_k): O = 0 and L = -inf
+    assert bool((lse[~seen] == float("-inf")).all()) and bool((o[~seen] == 0).all())
+    assert relative_error(lse[seen], ref_lse[seen]) <= tolerance(torch.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_front_door_takes_it_at_d128_and_gradients_follow(monkeypatch, dtype, causal):
+    q, k, v, do = make_inputs(1, 2, 2, 2048, 2048, 128, dtype, seed=5, grad_out=True)
+    if not hopper.can_run(q, k, v, q, scale=1.0):
+        pytest.skip("needs a Hopper GPU (sm_90) and Gluon")
+    launches = _count_launches(monkeypatch)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out = flash_attention(q, k, v, causal=causal)
+    out.backward(do)
+    assert len(launches) == 1
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = naive_attention(q64, k64, v64, causal=causal)
+    ref.backward(do.double())
+    assert relative_error(out, ref) <= tolerance(dtype)
+    for got, want in ((q.grad, q64.grad), (k.grad, k64.grad), (v.grad, v64.grad)):
+        assert relative_error(got, want) <= tolerance(dtype)
+    with torch.no_grad():  # the Triton forward on the same inputs: the same O and L within rounding
+        o_triton, lse_triton = torch.empty_like(out), torch.empty(1, 2, 2048, device="cuda")
+        attention_fwd.launch_attention_forward(q, k, v, o_triton, lse_triton, AttentionSpec(causal=causal),
+                                               use_gluon=False)
+        o_gluon, lse_gluon = torch.empty_like(out), torch.empty(1, 2, 2048, device="cuda")
+        attention_fwd.launch_attention_forward(q, k, v, o_gluon, lse_gluon, AttentionSpec(causal=causal))
+    assert relative_error(o_gluon, o_triton) <= tolerance(dtype)
+    assert relative_error(lse_gluon, lse_triton) <= tolerance(torch.float32)
