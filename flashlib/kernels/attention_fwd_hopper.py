@@ -1,22 +1,29 @@
-"""A Hopper forward written in Gluon, with the softmax of one key block overlapped with P V of the last.
+"""A Hopper forward written in Gluon, warp-specialized as FlashAttention-3: the softmax of one warpgroup
+runs while the tensor cores compute another's products.
 
 Why a second forward. :mod:`.attention_fwd` is written in Triton's tile language, whose compiler
 decides when each warpgroup matrix multiply (``wgmma``) is waited for. It waits for ``S = Q K^T``
 and for ``O += P V`` right where their results are used, so in every iteration the tensor cores
 sit idle while the warps compute the softmax (the exponentials, row max and sum), and the
-softmax units sit idle during the two products (benchmarks/TUNING.md, twenty-seventh finding: the
-next block's scores issued early in Triton were not overlapped). FlashAttention-3 overlaps the two
-inside one warpgroup. Gluon, Triton's lower-level language, lets a kernel say when each ``wgmma``
-is waited for, and this kernel does what FlashAttention-3 calls intra-warpgroup overlap::
+softmax units sit idle during the two products (benchmarks/TUNING.md, twenty-seventh finding).
+Gluon, Triton's lower-level language, lets a kernel say when each product is waited for, which
+warps do what, and how many registers each group of warps gets. A program here has three partitions:
 
-    iteration j:   issue S_j = Q K_j^T            (tensor cores)
-                   issue O  += P_{j-1} V_{j-1}     (tensor cores, queued behind S_j)
-                   wait for S_j only
-                   softmax of S_j -> P_j, alpha_j (warps, while P_{j-1} V_{j-1} runs)
-                   wait for O; O *= alpha_j
+* a **loading warp** issues the copy engine's (TMA) loads: the Q tiles, then K and V of every key
+  block into a ring of ``STAGES`` shared-memory slots, each refilled once both consumers released it
+  ("full" and "empty" ``mbarrier``\ s per slot);
+* two **consumer warpgroups**, 64 query rows each (240 registers a thread), run the online softmax::
 
-K and V tiles arrive through the copy engine (TMA) into a ring of ``STAGES`` shared-memory slots,
-each with its own barrier; a slot is refilled once both warpgroups are done with it.
+      round j:  issue S_j = Q K_j^T, then O += P_{j-1} V_{j-1}   (tensor cores)
+                wait for S_j; release K_j; softmax of S_j -> P_j  (while P_{j-1} V_{j-1} runs)
+                wait for O; release V_{j-1}
+
+  and take turns issuing their rounds (**ping-pong**, :data:`PINGPONG`), so one warpgroup's products
+  run while the other computes its softmax.
+
+The wait for O inside a round is where FlashAttention-3's *intra*-warpgroup overlap would come from;
+ptxas moves that wait above the exponentials (TUNING.md, thirty-first finding), so the overlap that
+counts here is the one between the two consumers, which the SM's warp schedulers make.
 
 Scope: the plain forward only (no mask or a causal one, bottom-right aligned as everywhere in
 flashlib; GQA/MQA; 2-byte types; head_dim 64 or 128; a positive scale), on Hopper. Everything else
@@ -97,20 +104,17 @@ if HAVE_GLUON:
         BLOCK_N: gl.constexpr = k_smem.type.shape[3]
         for half in gl.static_range(2):
             mbarrier.expect(q_bars.index(half), q_desc.block_type.nbytes)
-            tma_load(q_desc, [off_b, off_h, m0 + half * BLOCK_M, 0], q_bars.index(half),
-                                            q_smem.index(half))
+            tma_load(q_desc, [off_b, off_h, m0 + half * BLOCK_M, 0], q_bars.index(half), q_smem.index(half))
         for j in range(n_blocks):
             slot = j % STAGES
             phase = (j // STAGES) & 1
             # A fresh barrier counts as having completed the phase before its first: the first lap passes.
             mbarrier.wait(k_empty.index(slot), phase ^ 1)
             mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-            tma_load(k_desc, [off_b, off_kvh, j * BLOCK_N, 0], k_ready.index(slot),
-                                            k_smem.index(slot))
+            tma_load(k_desc, [off_b, off_kvh, j * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot))
             mbarrier.wait(v_empty.index(slot), phase ^ 1)
             mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-            tma_load(v_desc, [off_b, off_kvh, j * BLOCK_N, 0], v_ready.index(slot),
-                                            v_smem.index(slot))
+            tma_load(v_desc, [off_b, off_kvh, j * BLOCK_N, 0], v_ready.index(slot), v_smem.index(slot))
 
     @gluon.jit
     def _scores(q_tile, k_smem, k_ready, j, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -144,9 +148,9 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _overlapped_step(q_tile, k_smem, v_smem, bars, o, p, alpha, m_i, l_i, j, rows, offset, N_K, qk_scale,
-                         pingpong, HALF: gl.constexpr, MASKED: gl.constexpr, causal, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                         HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
-                         p_layout: gl.constexpr, o_layout: gl.constexpr):
+                         pingpong, HALF: gl.constexpr, MASKED: gl.constexpr, causal, BLOCK_M: gl.constexpr,
+                         BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                         s_layout: gl.constexpr, p_layout: gl.constexpr, o_layout: gl.constexpr):
         """Key block ``j``: its S, overlapped with P V of block ``j - 1`` (``p``: that block's weights,
         ``alpha``: O's rescale to that block's max, applied while S is on the tensor cores).
         Returns O (through block j - 1), block j's weights and rescale, m and l."""
@@ -167,14 +171,14 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _overlapped_blocks(q_tile, k_smem, v_smem, bars, o, p, alpha, m_i, l_i, first, last, rows, offset, N_K,
-                           qk_scale, pingpong, HALF: gl.constexpr, MASKED: gl.constexpr, causal, BLOCK_M: gl.constexpr,
-                           BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                           qk_scale, pingpong, HALF: gl.constexpr, MASKED: gl.constexpr, causal,
+                           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
                            s_layout: gl.constexpr, p_layout: gl.constexpr, o_layout: gl.constexpr):
         """Key blocks ``first`` to ``last - 1``."""
         for j in range(first, last):
             o, p, alpha, m_i, l_i = _overlapped_step(q_tile, k_smem, v_smem, bars, o, p, alpha, m_i, l_i, j, rows,
-                                                     offset, N_K, qk_scale, pingpong, HALF, MASKED, causal, BLOCK_M, BLOCK_N,
-                                                     HEAD_DIM, STAGES, s_layout, p_layout, o_layout)
+                                                     offset, N_K, qk_scale, pingpong, HALF, MASKED, causal, BLOCK_M,
+                                                     BLOCK_N, HEAD_DIM, STAGES, s_layout, p_layout, o_layout)
         return o, p, alpha, m_i, l_i
 
     @gluon.jit
@@ -217,13 +221,13 @@ if HAVE_GLUON:
             # Blocks every row of the program sees whole, then the ones cut by the diagonal or N_K.
             split = gl.maximum(n_full, 1)
             o, p, alpha, m_i, l_i = _overlapped_blocks(q_tile, k_smem, v_smem, bars, o, p, alpha, m_i, l_i, 1,
-                                                       split, rows_s, offset, N_K, qk_scale, pingpong, HALF, False, causal,
-                                                       BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, s_layout, p_layout,
-                                                       o_layout)
+                                                       split, rows_s, offset, N_K, qk_scale, pingpong, HALF, False,
+                                                       causal, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, s_layout,
+                                                       p_layout, o_layout)
             o, p, alpha, m_i, l_i = _overlapped_blocks(q_tile, k_smem, v_smem, bars, o, p, alpha, m_i, l_i, split,
-                                                       n_blocks, rows_s, offset, N_K, qk_scale, pingpong, HALF, True, causal,
-                                                       BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, s_layout, p_layout,
-                                                       o_layout)
+                                                       n_blocks, rows_s, offset, N_K, qk_scale, pingpong, HALF, True,
+                                                       causal, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, s_layout,
+                                                       p_layout, o_layout)
             # P V of the last block.
             o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             _wait_turn(turns, n_blocks, pingpong, HALF)
@@ -253,8 +257,8 @@ if HAVE_GLUON:
         _consume(descs, smem, bars, coords, counts, LSE, qk_scale, causal, pingpong, 1)
 
     @gluon.jit
-    def attention_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, qk_scale, H, KV_GROUP, N_Q, N_K, pingpong,
-                                    CAUSAL: gl.constexpr, LONGEST_FIRST: gl.constexpr, BLOCK_M: gl.constexpr,
+    def attention_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, qk_scale, H, KV_GROUP, N_Q, N_K,
+                                    pingpong, CAUSAL: gl.constexpr, LONGEST_FIRST: gl.constexpr, BLOCK_M: gl.constexpr,
                                     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
                                     CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, num_warps: gl.constexpr):
         """O and LSE of query rows ``2 * BLOCK_M * program_id(0)`` on (last to first with ``LONGEST_FIRST``),
