@@ -7,6 +7,10 @@ FlashAttention-2 benchmark shapes (B * N = 16384, H * D = 2048), each call repla
 (``flashlib.timing.graph_time_ms``: GPU time alone), TFLOP/s by ``flashlib.io_model.attention_flops``.
 
     python benchmarks/gluon_fwd_ab.py [--dtype fp16,bf16] [--d 64,128] [--N 1024,4096,16384] [--out FILE]
+    python benchmarks/gluon_fwd_ab.py --no-checks --no-timings --eager "1,16,2048,128;2,16,4096,128"
+
+``--eager`` times back-to-back eager calls by the wall clock (host and GPU together) at small batches, where a
+launch's host time may exceed its kernel's.
 """
 from __future__ import annotations
 
@@ -143,6 +147,35 @@ def timings(dtypes, head_dims, lengths, variants=None) -> list[dict]:
     return rows
 
 
+def eager_times(shapes, causal=True, calls=200) -> list[dict]:
+    """Wall-clock microseconds per eager call of the front door's forward launcher (host and GPU together: calls
+    queued back to back, one synchronization at the end), the Gluon route against the Triton one, at small
+    batches where the host's time per call may exceed the kernel's."""
+    import time
+    rows = []
+    for batch, heads, n, d in shapes:
+        q, k, v = _inputs(batch, heads, heads, n, n, d, torch.float16)
+        o, lse = torch.empty_like(q), torch.empty(q.shape[:3], device="cuda")
+        row = dict(batch=batch, heads=heads, N=n, d=d, causal=causal)
+        for name, use_gluon in (("gluon", True), ("triton", False)):
+            def call():
+                launch_attention_forward(q, k, v, o, lse, AttentionSpec(causal=causal), use_gluon=use_gluon)
+            best = float("inf")
+            for _ in range(3):
+                call()
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                for _ in range(calls):
+                    call()
+                torch.cuda.synchronize()
+                best = min(best, (time.perf_counter() - start) / calls * 1e6)
+            row[f"{name}_us"] = best
+            row[f"{name}_gpu_us"] = graph_time_ms(call, rep=50) * 1e3
+        print(json.dumps({k_: (round(v_, 1) if isinstance(v_, float) else v_) for k_, v_ in row.items()}), flush=True)
+        rows.append(row)
+    return rows
+
+
 def _cudnn(q, k, v, causal):
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
@@ -156,19 +189,24 @@ def main(argv=None) -> int:
     parser.add_argument("--no-checks", action="store_true")
     parser.add_argument("--variants", default="",
                         help="extra Gluon configs timed beside the others: 'NAME=D:BLOCK_M,BLOCK_N,STAGES;...'")
+    parser.add_argument("--eager", default="",
+                        help="also time eager calls, wall clock per call, at 'B,H,N,D;...' (the Gluon route and the "
+                             "Triton one)")
+    parser.add_argument("--no-timings", action="store_true", help="skip the FA2-shape timings")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     dtypes = args.dtype.split(",")
     check_rows = [] if args.no_checks else checks(dtypes)
     for row in check_rows:
         print(json.dumps(row), flush=True)
-    time_rows = timings(dtypes, [int(x) for x in args.d.split(",")], [int(x) for x in args.N.split(",")],
-                        parse_variants(args.variants))
+    time_rows = [] if args.no_timings else timings(
+        dtypes, [int(x) for x in args.d.split(",")], [int(x) for x in args.N.split(",")], parse_variants(args.variants))
+    eager_rows = eager_times([tuple(int(x) for x in item.split(",")) for item in filter(None, args.eager.split(";"))])
     if args.out:
         with open(args.out, "w") as f:
             method = "each call replayed from a CUDA graph (flashlib.timing.graph_time_ms, rep=100 ms)"
             meta = results_meta(method=method, command=" ".join(sys.argv))
-            json.dump(dict(meta=meta, checks=check_rows, timings=time_rows), f, indent=1)
+            json.dump(dict(meta=meta, checks=check_rows, timings=time_rows, eager=eager_rows), f, indent=1)
     return 0 if all(r["status"] in ("ok", "not supported") for r in check_rows) else 1
 
 

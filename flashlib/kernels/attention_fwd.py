@@ -476,6 +476,14 @@ def modifier_args(spec: AttentionSpec, alibi_slopes: torch.Tensor | None, head_d
     return alibi, alibi_strides, scalars, flags
 
 
+def _gluon_preferred(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
+    """:func:`.attention_fwd_hopper.preferred` for (B, H, N, D) q and k on a GPU."""
+    batch, heads, n_q, head_dim = q.shape
+    n_k = k.shape[2]
+    scores = batch * heads * n_q * n_k * (0.5 if causal else 1.0)
+    return hopper.preferred(head_dim, n_q, n_k, scores, q.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
 def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              o: torch.Tensor, lse: torch.Tensor, spec: AttentionSpec = AttentionSpec(), *,
                              seq_lens: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None,
@@ -521,7 +529,7 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              and descale is None and block_m is None and use_tma is not False and spec.softcap == 0
              and spec.dropout_p <= 0 and left is None and right in (None, 0))
     if (use_gluon is not False and plain and hopper.can_run(q, k, v, o, scale=spec.scale(q.shape[-1]))
-            and (use_gluon or hopper.preferred(q.shape[-1], q.shape[2], k.shape[2]))):
+            and (use_gluon or _gluon_preferred(q, k, right == 0))):
         hopper.launch_attention_forward_hopper(q, k, v, o, lse, scale=spec.scale(q.shape[-1]), causal=right == 0,
                                                longest_first=longest_first(left, right))
         return filled

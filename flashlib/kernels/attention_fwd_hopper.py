@@ -11,7 +11,7 @@ warps do what, and how many registers each group of warps gets. A program here h
 
 * a **loading warp** issues the copy engine's (TMA) loads: the Q tiles, then K and V of every key
   block into a ring of ``STAGES`` shared-memory slots, each refilled once both consumers released it
-  ("full" and "empty" ``mbarrier``\ s per slot);
+  ("full" and "empty" barriers per slot, ``mbarrier``);
 * two **consumer warpgroups**, 64 query rows each (240 registers a thread), run the online softmax::
 
       round j:  issue S_j = Q K_j^T, then O += P_{j-1} V_{j-1}   (tensor cores)
@@ -315,15 +315,23 @@ if HAVE_GLUON:
 #: Where :func:`flashlib.kernels.attention_fwd.launch_attention_forward` takes this kernel on its own: where it
 #: was measured faster than the Triton forward on the H100 (fp16 and bf16, FlashAttention-2 shapes, same process,
 #: ``benchmarks/gluon_fwd_ab.py``, benchmarks/TUNING.md thirty-first finding): head_dim 128 from 2048 query and
-#: key rows (1.02-1.14x). At 1024 rows it ties without a mask and loses 7-12% with one (the prologue and epilogue
-#: of a program are a larger share of its work); at head_dim 64 it runs 0.73-1.01x the Triton forward.
+#: key rows (1.02-1.14x of the GPU's time). At 1024 rows it ties without a mask and loses 7-12% with one (the
+#: prologue and epilogue of a program are a larger share of its work); at head_dim 64 it runs 0.73-1.01x.
 ROUTED_HEAD_DIMS = (128,)
 MIN_ROWS = 2048
+#: ... and, outside CUDA-graph capture, from 2**27 scores (B * H * N_q * N_k, halved under a causal mask): an eager
+#: launch of this kernel costs the H100 machine's host about 115 us against the Triton route's 90-105 us, so below
+#: that much work the host sets the pace and the Triton route wins (``gluon_fwd_ab.py --eager``: B = 1, H = 32,
+#: N = 2048, causal, 2**26 scores: 116 against 104 us a call, though the kernel alone is 91 against 101 us; B = 4,
+#: H = 16, 2**27 scores: 158 against 203 us). A captured graph pays the host once, so there the rows decide alone.
+MIN_SCORES = 2 ** 27
 
 
-def preferred(head_dim: int, n_q: int, n_k: int) -> bool:
-    """Whether this kernel is the faster forward for these sizes (:data:`ROUTED_HEAD_DIMS`, :data:`MIN_ROWS`)."""
-    return head_dim in ROUTED_HEAD_DIMS and min(n_q, n_k) >= MIN_ROWS
+def preferred(head_dim: int, n_q: int, n_k: int, scores: float, capturing: bool = False) -> bool:
+    """Whether this kernel is the faster forward for these sizes: :data:`ROUTED_HEAD_DIMS`, :data:`MIN_ROWS`, and
+    unless ``capturing`` (a CUDA graph is being captured) at least :data:`MIN_SCORES` ``scores``."""
+    return (head_dim in ROUTED_HEAD_DIMS and min(n_q, n_k) >= MIN_ROWS
+            and (capturing or scores >= MIN_SCORES))
 
 
 @functools.lru_cache(maxsize=None)

@@ -23,11 +23,16 @@ SASS_COUNTS = Path(__file__).resolve().parents[2] / "benchmarks" / "sass_counts.
 
 
 # ---------------------------------------------------------------- where the launcher takes it (CPU)
-@pytest.mark.parametrize("head_dim, n_q, n_k, expected", [
-    (128, 2048, 2048, True), (128, 16384, 4096, True), (128, 2047, 4096, False), (128, 4096, 1024, False),
-    (128, 1024, 1024, False), (64, 4096, 4096, False), (256, 4096, 4096, False)])
-def test_preferred_where_it_was_measured_faster(head_dim, n_q, n_k, expected):
-    assert hopper.preferred(head_dim, n_q, n_k) is expected
+@pytest.mark.parametrize("head_dim, n_q, n_k, scores, capturing, expected", [
+    (128, 2048, 2048, 2 ** 27, False, True), (128, 16384, 4096, 2 ** 30, False, True),
+    (128, 2047, 4096, 2 ** 30, False, False), (128, 4096, 1024, 2 ** 30, False, False),
+    (128, 1024, 1024, 2 ** 30, False, False), (64, 4096, 4096, 2 ** 30, False, False),
+    (256, 4096, 4096, 2 ** 30, False, False),
+    (128, 2048, 2048, 2 ** 27 - 1, False, False),  # too little work: the host's time per launch decides
+    (128, 2048, 2048, 2 ** 20, True, True),  # ... except in a captured graph, which launches without the host
+    (128, 1024, 1024, 2 ** 20, True, False)])
+def test_preferred_where_it_was_measured_faster(head_dim, n_q, n_k, scores, capturing, expected):
+    assert hopper.preferred(head_dim, n_q, n_k, scores, capturing) is expected
 
 
 def test_cannot_run_off_a_gpu():
@@ -59,12 +64,16 @@ def test_a_plain_call_is_routed_with_its_mask_and_schedule(recorded, causal):
                              longest_first=causal and attention_fwd.LONGEST_FIRST)]
 
 
-def test_the_default_routes_only_preferred_sizes(recorded, monkeypatch):
+def test_the_default_routes_only_preferred_sizes_and_counts_the_scores_a_mask_leaves(recorded, monkeypatch):
     _launch(spec=AttentionSpec(causal=True))  # 64 rows: not preferred, the Triton forward runs
     assert recorded == []
-    monkeypatch.setattr(hopper, "preferred", lambda head_dim, n_q, n_k: True)
+    asked = []
+    monkeypatch.setattr(hopper, "preferred", lambda *args: asked.append(args) or True)
     _launch(spec=AttentionSpec(causal=True))
-    assert len(recorded) == 1
+    _launch(spec=AttentionSpec())
+    assert len(recorded) == 2
+    # (head_dim, n_q, n_k, scores, capturing): B * H * N_q * N_k scores, half of them under the causal mask
+    assert asked == [(128, 64, 64, 2 * 64 * 64 * 0.5, False), (128, 64, 64, 2 * 64 * 64 * 1.0, False)]
 
 
 @pytest.mark.parametrize("case", ["window", "right_window", "softcap", "dropout", "alibi", "seq_lens", "pointers",
@@ -166,6 +175,7 @@ def test_gpu_front_door_takes_it_at_d128_and_gradients_follow(monkeypatch, dtype
     q, k, v, do = make_inputs(1, 2, 2, 2048, 2048, 128, dtype, seed=5, grad_out=True)
     if not hopper.can_run(q, k, v, q, scale=1.0):
         pytest.skip("needs a Hopper GPU (sm_90) and Gluon")
+    monkeypatch.setattr(hopper, "MIN_SCORES", 0)  # this small batch is below the eager threshold of work
     launches = _count_launches(monkeypatch)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     out = flash_attention(q, k, v, causal=causal)
