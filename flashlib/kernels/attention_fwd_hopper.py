@@ -94,11 +94,11 @@ if HAVE_GLUON:
     def _load_partition(descs, smem, bars, coords, counts, LSE, qk_scale, causal, pingpong):
         """One warp: the Q tiles of both consumers, then K and V of every key block into the ring of
         ``STAGES`` slots, each slot refilled once both consumers have released it."""
-        q_desc, k_desc, v_desc, o_desc = descs
+        q_desc, k_desc, v_desc = descs[0], descs[1], descs[2]
         q_smem, k_smem, v_smem = smem
-        q_bars, k_ready, v_ready, k_empty, v_empty, turns = bars
-        off_b, off_h, off_kvh, off_hz, m0 = coords
-        n_blocks, n_full, offset, N_Q, N_K = counts
+        q_bars, k_ready, v_ready, k_empty, v_empty = bars[0], bars[1], bars[2], bars[3], bars[4]
+        off_b, off_h, off_kvh, m0 = coords[0], coords[1], coords[2], coords[4]
+        n_blocks = counts[0]
         BLOCK_M: gl.constexpr = q_smem.type.shape[3]
         STAGES: gl.constexpr = k_smem.type.shape[0]
         BLOCK_N: gl.constexpr = k_smem.type.shape[3]
