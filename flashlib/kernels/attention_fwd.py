@@ -481,7 +481,7 @@ def _gluon_preferred(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
     batch, heads, n_q, head_dim = q.shape
     n_k = k.shape[2]
     scores = batch * heads * n_q * n_k * (0.5 if causal else 1.0)
-    return hopper.preferred(head_dim, n_q, n_k, scores, q.is_cuda and torch.cuda.is_current_stream_capturing())
+    return hopper.preferred(head_dim, n_q, n_k, scores)
 
 
 def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

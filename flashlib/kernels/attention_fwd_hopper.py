@@ -319,19 +319,19 @@ if HAVE_GLUON:
 #: prologue and epilogue of a program are a larger share of its work); at head_dim 64 it runs 0.73-1.01x.
 ROUTED_HEAD_DIMS = (128,)
 MIN_ROWS = 2048
-#: ... and, outside CUDA-graph capture, from 2**27 scores (B * H * N_q * N_k, halved under a causal mask): an eager
-#: launch of this kernel costs the H100 machine's host about 115 us against the Triton route's 90-105 us, so below
-#: that much work the host sets the pace and the Triton route wins (``gluon_fwd_ab.py --eager``: B = 1, H = 32,
-#: N = 2048, causal, 2**26 scores: 116 against 104 us a call, though the kernel alone is 91 against 101 us; B = 4,
-#: H = 16, 2**27 scores: 158 against 203 us). A captured graph pays the host once, so there the rows decide alone.
+#: ... and from 2**27 scores (B * H * N_q * N_k, halved under a causal mask): an eager launch of this kernel costs
+#: the H100 machine's host about 115 us against the Triton route's 90-105 us, so below that much work the host sets
+#: the pace and the Triton route wins (``gluon_fwd_ab.py --eager``: B = 1, H = 32, N = 2048, causal, 2**26 scores:
+#: 116 against 104 us a call, though the kernel alone is 91 against 101 us; B = 4, H = 16, 2**27 scores: 158
+#: against 203 us). A captured CUDA graph would not pay the host, but the rule stays the same there: a route that
+#: changed under capture would compile its kernel for the first time inside the capture.
 MIN_SCORES = 2 ** 27
 
 
-def preferred(head_dim: int, n_q: int, n_k: int, scores: float, capturing: bool = False) -> bool:
-    """Whether this kernel is the faster forward for these sizes: :data:`ROUTED_HEAD_DIMS`, :data:`MIN_ROWS`, and
-    unless ``capturing`` (a CUDA graph is being captured) at least :data:`MIN_SCORES` ``scores``."""
-    return (head_dim in ROUTED_HEAD_DIMS and min(n_q, n_k) >= MIN_ROWS
-            and (capturing or scores >= MIN_SCORES))
+def preferred(head_dim: int, n_q: int, n_k: int, scores: float) -> bool:
+    """Whether this kernel is the faster forward for these sizes: :data:`ROUTED_HEAD_DIMS`, :data:`MIN_ROWS` and
+    :data:`MIN_SCORES` ``scores``."""
+    return head_dim in ROUTED_HEAD_DIMS and min(n_q, n_k) >= MIN_ROWS and scores >= MIN_SCORES
 
 
 @functools.lru_cache(maxsize=None)

@@ -23,16 +23,13 @@ SASS_COUNTS = Path(__file__).resolve().parents[2] / "benchmarks" / "sass_counts.
 
 
 # ---------------------------------------------------------------- where the launcher takes it (CPU)
-@pytest.mark.parametrize("head_dim, n_q, n_k, scores, capturing, expected", [
-    (128, 2048, 2048, 2 ** 27, False, True), (128, 16384, 4096, 2 ** 30, False, True),
-    (128, 2047, 4096, 2 ** 30, False, False), (128, 4096, 1024, 2 ** 30, False, False),
-    (128, 1024, 1024, 2 ** 30, False, False), (64, 4096, 4096, 2 ** 30, False, False),
-    (256, 4096, 4096, 2 ** 30, False, False),
-    (128, 2048, 2048, 2 ** 27 - 1, False, False),  # too little work: the host's time per launch decides
-    (128, 2048, 2048, 2 ** 20, True, True),  # ... except in a captured graph, which launches without the host
-    (128, 1024, 1024, 2 ** 20, True, False)])
-def test_preferred_where_it_was_measured_faster(head_dim, n_q, n_k, scores, capturing, expected):
-    assert hopper.preferred(head_dim, n_q, n_k, scores, capturing) is expected
+@pytest.mark.parametrize("head_dim, n_q, n_k, scores, expected", [
+    (128, 2048, 2048, 2 ** 27, True), (128, 16384, 4096, 2 ** 30, True),
+    (128, 2047, 4096, 2 ** 30, False), (128, 4096, 1024, 2 ** 30, False),
+    (128, 1024, 1024, 2 ** 30, False), (64, 4096, 4096, 2 ** 30, False), (256, 4096, 4096, 2 ** 30, False),
+    (128, 2048, 2048, 2 ** 27 - 1, False)])  # too little work: the host's time per launch decides
+def test_preferred_where_it_was_measured_faster(head_dim, n_q, n_k, scores, expected):
+    assert hopper.preferred(head_dim, n_q, n_k, scores) is expected
 
 
 def test_cannot_run_off_a_gpu():
@@ -72,8 +69,8 @@ def test_the_default_routes_only_preferred_sizes_and_counts_the_scores_a_mask_le
     _launch(spec=AttentionSpec(causal=True))
     _launch(spec=AttentionSpec())
     assert len(recorded) == 2
-    # (head_dim, n_q, n_k, scores, capturing): B * H * N_q * N_k scores, half of them under the causal mask
-    assert asked == [(128, 64, 64, 2 * 64 * 64 * 0.5, False), (128, 64, 64, 2 * 64 * 64 * 1.0, False)]
+    # (head_dim, n_q, n_k, scores): B * H * N_q * N_k scores, half of them under the causal mask
+    assert asked == [(128, 64, 64, 2 * 64 * 64 * 0.5), (128, 64, 64, 2 * 64 * 64 * 1.0)]
 
 
 @pytest.mark.parametrize("case", ["window", "right_window", "softcap", "dropout", "alibi", "seq_lens", "pointers",
