@@ -34,7 +34,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
 from config_text import parse_config  # noqa: E402
 from flashlib import runtime  # noqa: E402
-from flashlib.kernels import attention_bwd, attention_fwd, attention_fwd_hopper  # noqa: E402
+from flashlib.kernels import attention_bwd, attention_bwd_hopper, attention_fwd, attention_fwd_hopper  # noqa: E402
 from flashlib.spec import AttentionSpec  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
@@ -69,14 +69,15 @@ def captured_launches(kernel: str, d: int, n: int, dtype, spec: AttentionSpec, b
 
 
 def gluon_forward_launch(d: int, n: int, dtype, causal: bool) -> tuple:
-    """(kernel, positional args, keyword args) of the launch :func:`attention_fwd_hopper.launch_attention_forward_hopper`
-    makes for the FlashAttention-2 benchmark's shape (H = 2048 / D, B = 4) on CPU tensors, captured instead of run.
-    Its block sizes, stages and warps are the launcher's own (``--configs`` does not apply)."""
+    """(kernel, positional args, keyword args) of the launch that
+    :func:`attention_fwd_hopper.launch_attention_forward_hopper` makes for the FlashAttention-2 benchmark's shape
+    (H = 2048 / D, B = 4) on CPU tensors, captured instead of run. Its block sizes, stages and warps are the
+    launcher's own (``--configs`` does not apply)."""
     calls = []
 
     class Recorder:
         def __getitem__(self, grid):
-            return lambda *args, **kwargs: calls.append((attention_fwd_hopper.attention_fwd_hopper_kernel, args, kwargs))
+            return lambda *args, **kwargs: calls.append((args, kwargs))
 
     real = attention_fwd_hopper.attention_fwd_hopper_kernel
     attention_fwd_hopper.attention_fwd_hopper_kernel = Recorder()
@@ -86,7 +87,28 @@ def gluon_forward_launch(d: int, n: int, dtype, causal: bool) -> tuple:
                                                              scale=d ** -0.5, causal=causal)
     finally:
         attention_fwd_hopper.attention_fwd_hopper_kernel = real
-    fn, args, kwargs = calls[0]
+    args, kwargs = calls[0]
+    return real, args, kwargs
+
+
+def gluon_dkdv_launch(d: int, n: int, dtype, causal: bool) -> tuple:
+    """As :func:`gluon_forward_launch`, for the Gluon dK/dV kernel (:mod:`flashlib.kernels.attention_bwd_hopper`)."""
+    calls = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: calls.append((args, kwargs))
+
+    real = attention_bwd_hopper.attention_bwd_dkdv_hopper_kernel
+    attention_bwd_hopper.attention_bwd_dkdv_hopper_kernel = Recorder()
+    try:
+        q, k, v, do, dk, dv = (torch.randn(4, 2048 // d, n, d, dtype=dtype) for _ in range(6))
+        lse, delta = torch.empty(4, 2048 // d, n), torch.empty(4, 2048 // d, n)
+        attention_bwd_hopper.launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, scale=d ** -0.5,
+                                                          causal=causal)
+    finally:
+        attention_bwd_hopper.attention_bwd_dkdv_hopper_kernel = real
+    args, kwargs = calls[0]
     return real, args, kwargs
 
 
@@ -176,7 +198,8 @@ def disassemble(compiled) -> tuple[collections.Counter, dict]:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernel", default="fwd",
-                        help="comma list of fwd, dkdv, dq, gluon_fwd (the Gluon Hopper forward; default fwd)")
+                        help="comma list of fwd, dkdv, dq, gluon_fwd, gluon_dkdv (the Gluon Hopper kernels; "
+                        "default fwd)")
     parser.add_argument("--d", default="64", help="comma list of head dims (default 64)")
     parser.add_argument("--dropout", default="0", help="comma list of dropout_p (default 0)")
     parser.add_argument("--causal", default="no", help="comma list of no, yes (default no)")
@@ -206,17 +229,18 @@ def main():
     for kernel, d, causal, p, (block_m, block_n, stages, warps) in grid:
         if causal not in ("no", "yes"):
             parser.error(f"--causal takes no and yes; got {causal!r}")
-        if kernel not in ("fwd", "dkdv", "dq", "gluon_fwd"):
-            parser.error(f"--kernel takes fwd, dkdv, dq and gluon_fwd; got {kernel!r}")
+        if kernel not in ("fwd", "dkdv", "dq", "gluon_fwd", "gluon_dkdv"):
+            parser.error(f"--kernel takes fwd, dkdv, dq, gluon_fwd and gluon_dkdv; got {kernel!r}")
         spec = AttentionSpec(causal=causal == "yes", dropout_p=p)
-        if kernel == "gluon_fwd":
+        if kernel.startswith("gluon"):
             if p > 0:
-                parser.error("--kernel gluon_fwd has no dropout")
-            launches = [gluon_forward_launch(d, 4096, dtype, causal == "yes")]
+                parser.error(f"--kernel {kernel} has no dropout")
+            launch_of = gluon_forward_launch if kernel == "gluon_fwd" else gluon_dkdv_launch
+            launches = [launch_of(d, 4096, dtype, causal == "yes")]
         else:
             launches = captured_launches(kernel, d, 4096, dtype, spec, block_m, block_n, args.tma == "host")
         for fn, call_args, call_kwargs in launches:
-            if kernel == "gluon_fwd":
+            if kernel.startswith("gluon"):
                 compiled = compile_gluon_for_hopper(fn, call_args, call_kwargs)
             else:
                 compiled = compile_for_hopper(fn, call_args, call_kwargs, warps, stages, args.maxnreg)
@@ -224,8 +248,8 @@ def main():
             key = (kernel, d, causal, p, (block_m, block_n, stages, warps))
             counted[key] = opcodes
             spills = opcodes["STL"] + opcodes["LDL"]
-            tile = (f"{call_kwargs['BLOCK_M']}x{call_kwargs['BLOCK_N']}" if kernel == "gluon_fwd"
-                    else f"{block_m}x{block_n}")  # the Gluon launcher's own: two consumers of BLOCK_M rows
+            tile = (f"{call_kwargs['BLOCK_M']}x{call_kwargs['BLOCK_N']}" if kernel.startswith("gluon")
+                    else f"{block_m}x{block_n}")  # the Gluon launchers' own blocks
             print(f"{kernel} D={d} causal={causal} dropout={p} {tile} "
                   f"s{compiled.metadata.num_stages} w{compiled.metadata.num_warps}: {sum(opcodes.values())} instructions, "
                   f"registers {resources.get('REG')}, stack {resources.get('STACK')} B ({spills} STL/LDL), "

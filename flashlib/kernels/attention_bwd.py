@@ -78,6 +78,7 @@ from ..spec import AttentionSpec
 from ._common import (INTERPRETER_BLOCKS, LOG2E, band_mask, descriptor_ready, descriptors_supported, key_block_range,
                       load_rows, packed_as_bhnd, query_block_range, row_stats_offset, sample_bounds, scores_log2,
                       set_block_shapes, tensor_of, tile_sources)
+from . import attention_bwd_hopper as bwd_hopper
 from .attention_fwd import full_float32_config, longest_first, modifier_args, smem_budget
 from .dropout import dropout_keep, dropout_keep_t, dropout_stream_key, load_dropout_seed
 from .launch import launch, launch_tuned
@@ -596,7 +597,8 @@ def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec: AttentionSp
                               block_m: int | None = None, block_n: int | None = None,
                               cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
                               max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
-                              use_tma: bool | None = None, dropout_seed: torch.Tensor | None = None):
+                              use_tma: bool | None = None, dropout_seed: torch.Tensor | None = None,
+                              use_gluon: bool = False):
     """Fill dq (if not None) and dk, dv (if not None) for checked (B, H, N, D) tensors, any strides.
 
     q, o, do, dq: (B, H, N_q, D); k, v, dk, dv: (B, H_kv, N_k, D); lse: (B, H, N_q) contiguous
@@ -613,8 +615,15 @@ def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec: AttentionSp
     descriptors, by default where head_dim >= 128 (:data:`TMA_MIN_BLOCK_D`), the device and the tensors
     allow it and the batch is not padded or packed (a host descriptor bounds rows by N only; padded rows must not be read).
     ``False`` forces the pointer path (tests compare the two).
+
+    ``use_gluon`` (an experiment, off by default: :mod:`.attention_bwd_hopper` has not yet run on a GPU): dK and dV
+    of a plain call (no mask or a causal one, nothing else) come from the warp-specialized Gluon kernel where
+    :func:`.attention_bwd_hopper.can_run` accepts the call; elsewhere from the Triton kernel.
     """
     varlen = cu_seqlens_q is not None
+    left, right = spec.bounds()
+    plain = (not varlen and seq_lens is None and alibi_slopes is None and block_m is None and use_tma is not False
+             and spec.softcap == 0 and spec.dropout_p <= 0 and left is None and right in (None, 0))
     o_rows, do_rows = o, do  # what the preprocess reads, (B, H, N_q, D)
     if varlen:
         # D = rowsum(dO * O) is per row, blind to sequences: one sample of all the packed rows.
@@ -624,7 +633,6 @@ def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec: AttentionSp
     batch, heads, n_q, head_dim = q.shape
     kv_heads, n_k = k.shape[1], k.shape[2]
     rows_q, rows_k = (max_seqlen_q, max_seqlen_k) if varlen else (n_q, n_k)  # per (batch, head)
-    left, right = spec.bounds()
     alibi, alibi_strides, scalars, flags = modifier_args(spec, alibi_slopes, head_dim, lse, dropout_seed)
     block_d = max(16, power_of_two_at_least(head_dim))
     if use_tma is None:  # measured: a gain from head_dim 128 only (benchmarks/TUNING.md, sixth finding)
@@ -650,6 +658,11 @@ def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec: AttentionSp
     )
     modifiers = (alibi, *scalars)
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
+    if (use_gluon and dk is not None and plain
+            and bwd_hopper.can_run(q, k, v, do, dk, dv, scale=spec.scale(head_dim))):
+        bwd_hopper.launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, scale=spec.scale(head_dim),
+                                                causal=right == 0)
+        dk = None  # done
     if block_m is None and runtime.INTERPRET:
         block_m, block_n = INTERPRETER_BLOCKS["BLOCK_M"], INTERPRETER_BLOCKS["BLOCK_N"]
     jobs = []

@@ -1,0 +1,133 @@
+"""The experimental Gluon dK/dV kernel (:mod:`flashlib.kernels.attention_bwd_hopper`) checked and timed beside the
+Triton backward, in one process on a Hopper GPU. Written in session 39 without GPU time: not yet run.
+
+Checks first: dQ, dK, dV of ``launch_attention_backward(use_gluon=True)`` against float64 autograd and against the
+Triton kernels' (odd lengths, N_q != N_k under a causal mask, GQA, the (B, N, H, D) layout), and that the Gluon
+kernel ran. Then the backward at the FlashAttention-2 shapes, both ways, each replayed from a CUDA graph.
+
+    PYTHONPATH=. python3 benchmarks/gluon_bwd_ab.py [--dtype fp16,bf16] [--d 64,128] [--N 1024,4096,16384] --out FILE
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+import flashlib  # noqa: F401  (before triton: chooses the interpreter where there is no GPU)
+from flashlib.bench import fa2_shape
+from flashlib.bench_results import results_meta
+from flashlib.io_model import attention_flops
+from flashlib.kernels import attention_bwd_hopper as bwd_hopper
+from flashlib.kernels.attention_bwd import launch_attention_backward
+from flashlib.kernels.attention_fwd import launch_attention_forward
+from flashlib.reference import naive_attention
+from flashlib.spec import AttentionSpec
+from flashlib.timing import graph_time_ms
+from flashlib.validation import relative_error, tolerance
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def _inputs(batch, heads, heads_kv, n_q, n_k, d, dtype, bnhd=False, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def make(h, n):
+        if bnhd:
+            return torch.randn(batch, n, h, d, device="cuda", dtype=dtype, generator=gen).transpose(1, 2)
+        return torch.randn(batch, h, n, d, device="cuda", dtype=dtype, generator=gen)
+    return make(heads, n_q), make(heads_kv, n_k), make(heads_kv, n_k), make(heads, n_q)
+
+
+def backward(q, k, v, do, causal, use_gluon):
+    """(dq, dk, dv) after a forward, through ``launch_attention_backward``."""
+    spec = AttentionSpec(causal=causal)
+    o, lse = torch.empty_like(q), torch.empty(q.shape[:3], device="cuda")
+    launch_attention_forward(q, k, v, o, lse, spec)
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec, use_gluon=use_gluon)
+    return dq, dk, dv
+
+
+def check(case, q, k, v, do, causal) -> dict:
+    calls = []
+    real = bwd_hopper.launch_attention_dkdv_hopper
+    bwd_hopper.launch_attention_dkdv_hopper = lambda *a, **kw: calls.append(1) or real(*a, **kw)
+    try:
+        got = backward(q, k, v, do, causal, True)
+    finally:
+        bwd_hopper.launch_attention_dkdv_hopper = real
+    triton_grads = backward(q, k, v, do, causal, False)
+    group = q.shape[1] // k.shape[1]
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    out = naive_attention(q64, k64.repeat_interleave(group, 1), v64.repeat_interleave(group, 1), causal=causal)
+    out.backward(do.double())
+    errors = {name: relative_error(g, r.grad) for name, g, r in zip("qkv", got, (q64, k64, v64))}
+    vs_triton = {name: relative_error(g, t) for name, g, t in zip("qkv", got, triton_grads)}
+    ok = bool(calls) and all(e <= tolerance(q.dtype) for e in errors.values())
+    return dict(case=case, gluon_ran=bool(calls), rel_err=errors, vs_triton=vs_triton, status="ok" if ok else "wrong")
+
+
+def checks(dtypes) -> list[dict]:
+    rows = []
+    for name in dtypes:
+        dtype = DTYPES[name]
+        for d in (64, 128):
+            for causal in (False, True):
+                tag = f"{name} d={d} causal={causal}"
+                for case, shape in (("B=2 H=4 N=1000", (2, 4, 4, 1000, 1000)), ("N_q=77 N_k=300", (1, 2, 2, 77, 300)),
+                                    ("N_q=300 N_k=77", (1, 2, 2, 300, 77)), ("GQA 8/2 N=512", (2, 8, 2, 512, 512))):
+                    rows.append(check(f"{tag} {case}", *_inputs(*shape, d, dtype), causal))
+                    print(json.dumps(rows[-1]), flush=True)
+                rows.append(check(f"{tag} BNHD N=384", *_inputs(2, 4, 4, 384, 384, d, dtype, bnhd=True), causal))
+                print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def timings(dtypes, head_dims, lengths) -> list[dict]:
+    rows = []
+    for name in dtypes:
+        for d in head_dims:
+            for n in lengths:
+                for causal in (False, True):
+                    batch, heads = fa2_shape(n, d)
+                    q, k, v, do = _inputs(batch, heads, heads, n, n, d, DTYPES[name])
+                    spec = AttentionSpec(causal=causal)
+                    o, lse = torch.empty_like(q), torch.empty(q.shape[:3], device="cuda")
+                    launch_attention_forward(q, k, v, o, lse, spec)
+                    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+                    flops = attention_flops(batch, heads, n, d, causal, mode="bwd")
+                    row = dict(dtype=name, d=d, N=n, causal=causal)
+                    for impl, use_gluon in (("gluon", True), ("triton", False)):
+                        ms = graph_time_ms(lambda: launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec,
+                                                                             use_gluon=use_gluon), rep=100)
+                        row[f"{impl}_tflops"] = flops / ms * 1e-9
+                    row["gluon/triton"] = row["gluon_tflops"] / row["triton_tflops"]
+                    print(json.dumps({k_: (round(v_, 4) if isinstance(v_, float) else v_) for k_, v_ in row.items()}),
+                          flush=True)
+                    rows.append(row)
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", default="fp16,bf16")
+    parser.add_argument("--d", default="64,128")
+    parser.add_argument("--N", default="1024,4096,16384")
+    parser.add_argument("--no-checks", action="store_true")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    dtypes = args.dtype.split(",")
+    check_rows = [] if args.no_checks else checks(dtypes)
+    time_rows = timings(dtypes, [int(x) for x in args.d.split(",")], [int(x) for x in args.N.split(",")])
+    if args.out:
+        with open(args.out, "w") as f:
+            meta = results_meta(method="each call replayed from a CUDA graph (graph_time_ms, rep=100 ms)",
+                                command=" ".join(sys.argv))
+            json.dump(dict(meta=meta, checks=check_rows, timings=time_rows), f, indent=1)
+    return 0 if all(r["status"] == "ok" for r in check_rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

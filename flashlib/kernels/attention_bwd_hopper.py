@@ -1,0 +1,269 @@
+"""The backward's dK/dV kernel for Hopper in Gluon, warp-specialized as the forward of :mod:`.attention_fwd_hopper`.
+
+Status: **an experiment, not yet run on a GPU** (written in session 39, when the session's GPU time was spent; it
+compiles for sm_90a with Triton 3.6 and 3.9, ``benchmarks/sass_counts.py --kernel gluon_dkdv``). Nothing takes it
+unless asked: :func:`flashlib.kernels.attention_bwd.launch_attention_backward` runs it only with
+``use_gluon=True``, and ``benchmarks/gluon_bwd_ab.py`` checks and times it. Why it exists: the dK/dV kernel is the
+backward's bottleneck (benchmarks/TUNING.md, fifteenth finding: 1.5-1.7x the dQ kernel's time for 4/3 of its
+products), and the forward gained 5-14% from the same structure (thirty-first finding).
+
+A program owns 2 x 64 keys of one (sample, kv head); three partitions:
+
+* a **loading warp**: K and V of both halves once, then Q and dO of every query block of every query head of the
+  kv head (GQA) into a ring of ``STAGES`` slots, each refilled once both consumers released it;
+* two **consumer warpgroups**, 64 keys each, with dK and dV in float32 registers (240 registers a thread), per
+  query block: ``S^T = K Q^T``, ``P^T = exp2(S^T - L)``, ``dV += P^T dO``, ``dP^T = V dO^T``,
+  ``dS^T = P^T (dP^T - D)``, ``dK += dS^T Q``, the products through ``warpgroup_mma`` with P^T and dS^T as
+  register operands. dK is scaled once at the end; dK and dV leave through the copy engine.
+
+Scope: the plain backward (no mask or a causal one, bottom-right aligned; GQA; 2-byte types; head_dim 64 or 128;
+no window, lengths, packing, score modifier, dropout). dQ and D = rowsum(dO * O) stay with the Triton kernels.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+
+from ._common import LOG2E, descriptor_ready
+from .attention_fwd_hopper import CONSUMER_REGISTERS, HAVE_GLUON, KERNEL_REGISTERS, LOADER_REGISTERS
+
+if HAVE_GLUON:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                                   warpgroup_mma, warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+
+    from .attention_fwd_hopper import tma_load, tma_store
+
+#: (BLOCK_M query rows a step, BLOCK_N keys of each consumer, STAGES Q/dO slots) per head_dim.
+CONFIGS = {64: (64, 64, 3), 128: (32, 64, 3)}
+
+if HAVE_GLUON:
+
+    @gluon.jit
+    def _bwd_load_partition(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal):
+        """One warp: K and V of both consumers, then Q and dO of every query block of every query head of this
+        kv head into the ring, each slot refilled once both consumers released it."""
+        q_desc, k_desc, v_desc, do_desc = descs[0], descs[1], descs[2], descs[3]
+        q_smem, k_smem, v_smem, do_smem = smem
+        kv_bar, q_ready, do_ready, q_empty, do_empty = bars[0], bars[1], bars[2], bars[3], bars[4]
+        off_b, off_kvh, n0, KV_GROUP = coords[0], coords[1], coords[2], coords[3]
+        lo, hi = counts[0], counts[3]
+        BLOCK_M: gl.constexpr = q_smem.type.shape[3]
+        BLOCK_N: gl.constexpr = k_smem.type.shape[3]
+        STAGES: gl.constexpr = q_smem.type.shape[0]
+        mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
+        for half in gl.static_range(2):
+            tma_load(k_desc, [off_b, off_kvh, n0 + half * BLOCK_N, 0], kv_bar, k_smem.index(half))
+            tma_load(v_desc, [off_b, off_kvh, n0 + half * BLOCK_N, 0], kv_bar, v_smem.index(half))
+        t = 0
+        for g in range(KV_GROUP):
+            off_h = off_kvh * KV_GROUP + g
+            for m in range(lo, hi, BLOCK_M):
+                slot = t % STAGES
+                phase = (t // STAGES) & 1
+                mbarrier.wait(q_empty.index(slot), phase ^ 1)
+                mbarrier.expect(q_ready.index(slot), q_desc.block_type.nbytes)
+                tma_load(q_desc, [off_b, off_h, m, 0], q_ready.index(slot), q_smem.index(slot))
+                mbarrier.wait(do_empty.index(slot), phase ^ 1)
+                mbarrier.expect(do_ready.index(slot), do_desc.block_type.nbytes)
+                tma_load(do_desc, [off_b, off_h, m, 0], do_ready.index(slot), do_smem.index(slot))
+                t += 1
+
+    @gluon.jit
+    def _dkdv_step(k_tile, v_tile, q_smem, do_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr, keys, offset, N_Q,
+                   score_scale, causal, MASKED: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
+                   st_layout: gl.constexpr, acc_layout: gl.constexpr, op_layout: gl.constexpr):
+        """The terms of query block ``m`` (ring position ``t``) added to dK and dV (keys along rows)."""
+        kv_bar, q_ready, do_ready, q_empty, do_empty = bars[0], bars[1], bars[2], bars[3], bars[4]
+        STAGES: gl.constexpr = q_smem.type.shape[0]
+        BLOCK_N: gl.constexpr = k_tile.type.shape[0]
+        slot = t % STAGES
+        phase = (t // STAGES) & 1
+        mbarrier.wait(q_ready.index(slot), phase)
+        q_tile = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+        s_t = warpgroup_mma(k_tile, q_tile.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout),
+                            use_acc=False, is_async=True)
+        rows = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))  # queries, along columns
+        if MASKED:
+            lse = gl.load(lse_ptr + rows, mask=rows < N_Q, other=float("inf"))
+        else:
+            lse = gl.load(lse_ptr + rows)
+        # L = -inf (a row that sees no key) read as +inf: P = exp2(S - inf) = 0, never NaN.
+        lse2 = gl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
+        s_t = warpgroup_mma_wait(num_outstanding=0, deps=(s_t, ))
+        s_t = s_t * score_scale
+        if MASKED:
+            visible = (rows[None, :] + offset >= keys[:, None]) | (causal == 0)
+            s_t = gl.where(visible, s_t, float("-inf"))
+        p_t = gl.exp2(s_t - lse2[None, :])
+        mbarrier.wait(do_ready.index(slot), phase)
+        do_tile = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+        p_op = gl.convert_layout(p_t.to(q_tile.dtype), op_layout)
+        dv = warpgroup_mma(p_op, do_tile, dv, is_async=True)
+        dp_t = warpgroup_mma(v_tile, do_tile.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout),
+                             use_acc=False, is_async=True)
+        if MASKED:  # loaded here, not with L: fewer registers live across the products
+            delta = gl.load(delta_ptr + rows, mask=rows < N_Q, other=0.0)
+        else:
+            delta = gl.load(delta_ptr + rows)
+        dv, dp_t, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dp_t, p_op))
+        mbarrier.arrive(do_empty.index(slot), count=1)
+        ds_op = gl.convert_layout((p_t * (dp_t - delta[None, :])).to(q_tile.dtype), op_layout)
+        dk = warpgroup_mma(ds_op, q_tile, dk, is_async=True)
+        dk, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ds_op))
+        mbarrier.arrive(q_empty.index(slot), count=1)
+        return dk, dv
+
+    @gluon.jit
+    def _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, HALF: gl.constexpr):
+        """One warpgroup: dK and dV of the program's ``HALF``-th BLOCK_N keys, summed over the kv head's query
+        heads. Block sizes come from the shared memory's shapes (partitions take no constexpr arguments)."""
+        dk_desc, dv_desc = descs[4], descs[5]
+        q_smem, k_smem, v_smem, do_smem = smem
+        kv_bar = bars[0]
+        off_b, off_kvh, n0, KV_GROUP, H, N_Q = coords[0], coords[1], coords[2], coords[3], coords[4], coords[5]
+        lo, full_lo, full_hi, hi = counts
+        BLOCK_M: gl.constexpr = q_smem.type.shape[3]
+        HEAD_DIM: gl.constexpr = q_smem.type.shape[4]
+        BLOCK_N: gl.constexpr = k_smem.type.shape[3]
+        st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, BLOCK_M, 16])
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                             instr_shape=[16, HEAD_DIM, 16])
+        op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+        key0 = n0 + HALF * BLOCK_N
+        keys = key0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
+        offset = coords[6]
+        score_scale = sm_scale * LOG2E
+        dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
+        dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
+        mbarrier.wait(kv_bar, 0)
+        k_tile = k_smem.index(HALF).reshape([BLOCK_N, HEAD_DIM])
+        v_tile = v_smem.index(HALF).reshape([BLOCK_N, HEAD_DIM])
+        t = 0
+        for g in range(KV_GROUP):
+            off_h = off_kvh * KV_GROUP + g
+            row_base = (off_b * H + off_h).to(gl.int64) * N_Q
+            lse_ptr = LSE + row_base
+            delta_ptr = DELTA + row_base
+            # the diagonal's query blocks, then the ones that see every key whole, then the N_Q tail
+            for m in range(lo, full_lo, BLOCK_M):
+                dk, dv = _dkdv_step(k_tile, v_tile, q_smem, do_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr, keys,
+                                    offset, N_Q, score_scale, causal, True, BLOCK_M, HEAD_DIM, st_layout,
+                                    acc_layout, op_layout)
+                t += 1
+            for m in range(full_lo, full_hi, BLOCK_M):
+                dk, dv = _dkdv_step(k_tile, v_tile, q_smem, do_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr, keys,
+                                    offset, N_Q, score_scale, causal, False, BLOCK_M, HEAD_DIM, st_layout,
+                                    acc_layout, op_layout)
+                t += 1
+            for m in range(full_hi, hi, BLOCK_M):
+                dk, dv = _dkdv_step(k_tile, v_tile, q_smem, do_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr, keys,
+                                    offset, N_Q, score_scale, causal, True, BLOCK_M, HEAD_DIM, st_layout,
+                                    acc_layout, op_layout)
+                t += 1
+        # dK and dV leave through this half's K and V slots (read by no product now); rows past N_K are dropped.
+        k_tile.store((dk * sm_scale).to(dk_desc.dtype))
+        v_tile.store(dv.to(dv_desc.dtype))
+        fence_async_shared()
+        tma_store(dk_desc, [off_b, off_kvh, key0, 0], k_smem.index(HALF))
+        tma_store(dv_desc, [off_b, off_kvh, key0, 0], v_smem.index(HALF))
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def _dkdv_consume_first_half(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal):
+        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, 0)
+
+    @gluon.jit
+    def _dkdv_consume_second_half(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal):
+        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, 1)
+
+    @gluon.jit
+    def attention_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, DELTA, sm_scale,
+                                         H, KV_GROUP, N_Q, N_K, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+                                         BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                                         CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
+                                         num_warps: gl.constexpr):
+        """dK, dV of keys ``2 * BLOCK_N * program_id(0)`` on of (sample, kv head) ``program_id(1)``. Descriptors:
+        (B, H, N_q, D) q/do with (1, 1, BLOCK_M, D) tiles, (B, H_kv, N_k, D) k/v/dk/dv with (1, 1, BLOCK_N, D)
+        tiles; LSE, DELTA (B, H, N_q) float32 contiguous."""
+        gl.static_assert(num_warps == 4)
+        off_hkv = gl.program_id(1)
+        kv_heads = H // KV_GROUP
+        off_b = off_hkv // kv_heads
+        off_kvh = off_hkv % kv_heads
+        n0 = gl.program_id(0) * 2 * BLOCK_N
+        offset = N_K - N_Q  # query row i sits at key position i + offset
+        # Query blocks [lo, hi) see a key of this program; [full_lo, full_hi) see all of them (no mask).
+        lo = 0
+        full_lo = 0
+        if CAUSAL:  # key j is seen by rows i with i + offset >= j
+            lo = gl.maximum(n0 - offset, 0) // BLOCK_M * BLOCK_M
+            full_lo = gl.cdiv(gl.maximum(n0 + 2 * BLOCK_N - 1 - offset, 0), BLOCK_M) * BLOCK_M
+        hi = gl.maximum(N_Q, lo)  # lo >= N_Q: no row sees these keys, and their dK, dV are stored as 0
+        full_lo = gl.minimum(gl.maximum(full_lo, lo), hi)
+        full_hi = gl.minimum(gl.maximum(N_Q // BLOCK_M * BLOCK_M, full_lo), hi)
+
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
+        do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, 1, 1, BLOCK_M, HEAD_DIM], do_desc.layout)
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [2, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, [2, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
+        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        do_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(q_ready.index(i), count=1)
+            mbarrier.init(do_ready.index(i), count=1)
+            mbarrier.init(q_empty.index(i), count=2)  # released by both consumers
+            mbarrier.init(do_empty.index(i), count=2)
+
+        causal = gl.to_tensor(CAUSAL)
+        args = ((q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc), (q_smem, k_smem, v_smem, do_smem),
+                (kv_bar, q_ready, do_ready, q_empty, do_empty), (off_b, off_kvh, n0, KV_GROUP, H, N_Q, offset),
+                (lo, full_lo, full_hi, hi), LSE, DELTA, sm_scale, causal)
+        gl.warp_specialize([(_dkdv_consume_first_half, args), (_dkdv_consume_second_half, args),
+                            (_bwd_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+
+
+def can_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, dk: torch.Tensor,
+            dv: torch.Tensor, *, scale: float) -> bool:
+    """Whether this kernel can compute dK and dV of this call (see :func:`.attention_fwd_hopper.can_run`; the caller
+    has checked that the call is plain)."""
+    if not (HAVE_GLUON and q.is_cuda and scale > 0 and q.dtype in (torch.float16, torch.bfloat16)
+            and q.shape[-1] in CONFIGS):
+        return False
+    if torch.cuda.get_device_capability(q.device) != (9, 0):
+        return False
+    return all(descriptor_ready(t) for t in (q, k, v, do, dk, dv))
+
+
+@functools.lru_cache(maxsize=None)
+def _tile_layout(rows: int, head_dim: int, dtype: torch.dtype):
+    return gl.NVMMASharedLayout.get_default_for([1, 1, rows, head_dim],
+                                                gl.float16 if dtype == torch.float16 else gl.bfloat16)
+
+
+def _descriptor(t: torch.Tensor, rows: int) -> "GluonDescriptor":
+    return GluonDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, t.shape[-1]],
+                           _tile_layout(rows, t.shape[-1], t.dtype))
+
+
+def launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, *, scale: float, causal: bool) -> None:
+    """Fill dk, dv (B, H_kv, N_k, D) from q, do (B, H, N_q, D), k, v, lse and delta (B, H, N_q) float32
+    contiguous, for a call :func:`can_run` accepts: no mask, or a causal one with ``causal``."""
+    batch, heads, n_q, head_dim = q.shape
+    kv_heads, n_k = k.shape[1], k.shape[2]
+    block_m, block_n, stages = CONFIGS[head_dim]
+    grid = (triton.cdiv(n_k, 2 * block_n), batch * kv_heads)
+    attention_bwd_dkdv_hopper_kernel[grid](
+        _descriptor(q, block_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(do, block_m),
+        _descriptor(dk, block_n), _descriptor(dv, block_n), lse, delta, scale, heads, heads // kv_heads, n_q, n_k,
+        CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, STAGES=stages,
+        CONSUMER_REGS=CONSUMER_REGISTERS, LOADER_REGS=LOADER_REGISTERS, num_warps=4, maxnreg=KERNEL_REGISTERS)

@@ -1,0 +1,125 @@
+"""The experimental Gluon dK/dV kernel (flashlib.kernels.attention_bwd_hopper): launch_attention_backward takes it
+only when asked (use_gluon=True) and only for plain calls; it compiles for sm_90a with the installed Triton; on a
+Hopper GPU its gradients equal float64 autograd's (these GPU tests had not run when the kernel was written)."""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from flashlib.kernels import attention_bwd
+from flashlib.kernels import attention_bwd_hopper as bwd_hopper
+from flashlib.kernels.attention_fwd import launch_attention_forward
+from flashlib.reference import naive_attention
+from flashlib.spec import AttentionSpec
+from flashlib.validation import relative_error, tolerance
+from support.attention import DEVICE, as_bhnd, make_inputs
+
+SASS_COUNTS = Path(__file__).resolve().parents[2] / "benchmarks" / "sass_counts.py"
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """Pretend the Gluon kernel can run, and record its launches instead of running them."""
+    calls = []
+    monkeypatch.setattr(bwd_hopper, "can_run", lambda q, k, v, do, dk, dv, *, scale: scale > 0)
+    monkeypatch.setattr(bwd_hopper, "launch_attention_dkdv_hopper",
+                        lambda q, k, v, do, lse, delta, dk, dv, **kwargs: calls.append(kwargs))
+    return calls
+
+
+def _backward(spec=AttentionSpec(), **kwargs):
+    """dq, dk, dv of a small call (dk, dv start as NaN: the Triton kernel overwrites them, the recorder does not)."""
+    q, k, v, do = (torch.randn(1, 2, 64, 64, dtype=torch.float16, device=DEVICE) for _ in range(4))
+    alibi = kwargs.pop("alibi_slopes", None)
+    seq_lens = kwargs.pop("seq_lens", None)
+    o, lse = torch.empty_like(q), torch.empty(1, 2, 64, device=DEVICE)
+    launch_attention_forward(q, k, v, o, lse, spec, alibi_slopes=alibi, seq_lens=seq_lens)
+    dq = torch.zeros_like(q)
+    dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
+    attention_bwd.launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec, alibi_slopes=alibi,
+                                            seq_lens=seq_lens, **kwargs)
+    return dq, dk, dv
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_only_an_asked_plain_call_takes_it_and_dq_still_comes_from_triton(recorded, causal):
+    dq, dk, dv = _backward(AttentionSpec(causal=causal), use_gluon=True)
+    assert recorded == [dict(scale=AttentionSpec().scale(64), causal=causal)]
+    assert dk.isnan().all() and dv.isnan().all()  # left to the (recorded) Gluon kernel
+    assert dq.abs().sum() > 0
+    _backward(AttentionSpec(causal=causal))  # not asked: the Triton kernels
+    assert len(recorded) == 1
+
+
+@pytest.mark.parametrize("case", ["window", "softcap", "dropout", "alibi", "seq_lens", "pointers", "fixed_blocks"])
+def test_calls_it_does_not_cover_stay_on_the_triton_kernels(recorded, case):
+    spec, kwargs = AttentionSpec(), dict(use_gluon=True)
+    if case == "window":
+        spec = AttentionSpec(window=(16, 0))
+    elif case == "softcap":
+        spec = AttentionSpec(softcap=30.0)
+    elif case == "dropout":
+        spec = AttentionSpec(dropout_p=0.1)
+        kwargs["dropout_seed"] = torch.zeros(1, dtype=torch.int64, device=DEVICE)
+    elif case == "alibi":
+        spec, kwargs["alibi_slopes"] = AttentionSpec(has_alibi=True), torch.ones(2, device=DEVICE)
+    elif case == "seq_lens":
+        kwargs["seq_lens"] = torch.tensor([40], dtype=torch.int32, device=DEVICE)
+    elif case == "pointers":
+        kwargs["use_tma"] = False
+    else:
+        kwargs.update(block_m=32, block_n=32)
+    dq, dk, dv = _backward(spec, **kwargs)
+    assert recorded == []
+    assert not dk.isnan().any() and not dv.isnan().any()  # the Triton kernel wrote them
+
+
+def test_compiles_for_hopper_with_warpgroup_mma_the_copy_engine_and_partition_registers():
+    """The installed Triton compiles the kernel for sm_90a (Triton 3.6, the GPU machine's, without spills; 3.9
+    spills a little under the causal mask)."""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    done = subprocess.run([sys.executable, str(SASS_COUNTS), "--kernel", "gluon_dkdv", "--d", "128,64", "--causal",
+                           "no,yes", "--top", "300"], capture_output=True, text=True, env=env, timeout=600,
+                          cwd=SASS_COUNTS.parents[1])
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    heads = [i for i, line in enumerate(lines) if line.startswith("gluon_dkdv D=")]
+    assert len(heads) == 4, done.stdout
+    for i in heads:
+        opcodes = dict((op, int(n)) for op, n in re.findall(r"([A-Z][A-Z0-9_]*) (\d+)", lines[i + 1]))
+        assert opcodes.get("HGMMA", 0) > 0 and opcodes.get("UTMALDG", 0) > 0, lines[i + 1]
+        assert opcodes.get("USETMAXREG", 0) > 0, "the partitions' registers must be set (setmaxnreg)"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 4, 4, 1000, 1000, "bhnd"), (1, 2, 2, 77, 300, "bhnd"),
+                                   (1, 2, 2, 300, 77, "bhnd"), (2, 8, 2, 512, 512, "bhnd"),
+                                   (2, 4, 4, 384, 384, "bnhd")])
+def test_gpu_gluon_dkdv_matches_float64(monkeypatch, dtype, head_dim, causal, shape):
+    batch, heads, kv_heads, n_q, n_k, layout = shape
+    q, k, v, do = (as_bhnd(t, layout) for t in make_inputs(batch, heads, kv_heads, n_q, n_k, head_dim, dtype,
+                                                           layout, seed=n_k + head_dim, grad_out=True))
+    if not bwd_hopper.can_run(q, k, v, do, k, v, scale=1.0):
+        pytest.skip("needs a Hopper GPU (sm_90) and Gluon")
+    calls = []
+    real = bwd_hopper.launch_attention_dkdv_hopper
+    monkeypatch.setattr(bwd_hopper, "launch_attention_dkdv_hopper", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    spec = AttentionSpec(causal=causal)
+    o, lse = torch.empty_like(q), torch.empty(q.shape[:3], device="cuda")
+    launch_attention_forward(q, k, v, o, lse, spec)
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    attention_bwd.launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec, use_gluon=True)
+    assert calls == [1]
+    group = heads // kv_heads
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    naive_attention(q64, k64.repeat_interleave(group, 1), v64.repeat_interleave(group, 1),
+                    causal=causal).backward(do.double())
+    for got, want in ((dq, q64.grad), (dk, k64.grad), (dv, v64.grad)):
+        assert relative_error(got, want) <= tolerance(dtype)  # also fails on a NaN: every element written
