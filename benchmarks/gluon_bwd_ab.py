@@ -16,7 +16,6 @@ import sys
 import torch
 
 import flashlib  # noqa: F401  (before triton: chooses the interpreter where there is no GPU)
-from flashlib.bench import fa2_shape
 from flashlib.bench_results import results_meta
 from flashlib.io_model import attention_flops
 from flashlib.kernels import attention_bwd_hopper as bwd_hopper
@@ -26,19 +25,7 @@ from flashlib.reference import naive_attention
 from flashlib.spec import AttentionSpec
 from flashlib.timing import graph_time_ms
 from flashlib.validation import relative_error, tolerance
-
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-def _inputs(batch, heads, heads_kv, n_q, n_k, d, dtype, bnhd=False, seed=0):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-
-    def make(h, n):
-        if bnhd:
-            return torch.randn(batch, n, h, d, device="cuda", dtype=dtype, generator=gen).transpose(1, 2)
-        return torch.randn(batch, h, n, d, device="cuda", dtype=dtype, generator=gen)
-    return make(heads, n_q), make(heads_kv, n_k), make(heads_kv, n_k), make(heads, n_q)
-
+from gluon_fwd_ab import DTYPES, check_grid, fa2_points, make_inputs
 
 def backward(q, k, v, do, causal, use_gluon):
     """(dq, dk, dv) after a forward, through ``launch_attention_backward``."""
@@ -69,44 +56,24 @@ def check(case, q, k, v, do, causal) -> dict:
     return dict(case=case, gluon_ran=bool(calls), rel_err=errors, vs_triton=vs_triton, status="ok" if ok else "wrong")
 
 
-def checks(dtypes) -> list[dict]:
-    rows = []
-    for name in dtypes:
-        dtype = DTYPES[name]
-        for d in (64, 128):
-            for causal in (False, True):
-                tag = f"{name} d={d} causal={causal}"
-                for case, shape in (("B=2 H=4 N=1000", (2, 4, 4, 1000, 1000)), ("N_q=77 N_k=300", (1, 2, 2, 77, 300)),
-                                    ("N_q=300 N_k=77", (1, 2, 2, 300, 77)), ("GQA 8/2 N=512", (2, 8, 2, 512, 512))):
-                    rows.append(check(f"{tag} {case}", *_inputs(*shape, d, dtype), causal))
-                    print(json.dumps(rows[-1]), flush=True)
-                rows.append(check(f"{tag} BNHD N=384", *_inputs(2, 4, 4, 384, 384, d, dtype, bnhd=True), causal))
-                print(json.dumps(rows[-1]), flush=True)
-    return rows
-
-
 def timings(dtypes, head_dims, lengths) -> list[dict]:
     rows = []
-    for name in dtypes:
-        for d in head_dims:
-            for n in lengths:
-                for causal in (False, True):
-                    batch, heads = fa2_shape(n, d)
-                    q, k, v, do = _inputs(batch, heads, heads, n, n, d, DTYPES[name])
-                    spec = AttentionSpec(causal=causal)
-                    o, lse = torch.empty_like(q), torch.empty(q.shape[:3], device="cuda")
-                    launch_attention_forward(q, k, v, o, lse, spec)
-                    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
-                    flops = attention_flops(batch, heads, n, d, causal, mode="bwd")
-                    row = dict(dtype=name, d=d, N=n, causal=causal)
-                    for impl, use_gluon in (("gluon", True), ("triton", False)):
-                        ms = graph_time_ms(lambda: launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec,
-                                                                             use_gluon=use_gluon), rep=100)
-                        row[f"{impl}_tflops"] = flops / ms * 1e-9
-                    row["gluon/triton"] = row["gluon_tflops"] / row["triton_tflops"]
-                    print(json.dumps({k_: (round(v_, 4) if isinstance(v_, float) else v_) for k_, v_ in row.items()}),
-                          flush=True)
-                    rows.append(row)
+    for name, d, n, causal, batch, heads in fa2_points(dtypes, head_dims, lengths):
+        q, k, v, do = make_inputs(batch, heads, heads, n, n, d, DTYPES[name], grad_out=True)
+        spec = AttentionSpec(causal=causal)
+        o, lse = torch.empty_like(q), torch.empty(q.shape[:3], device="cuda")
+        launch_attention_forward(q, k, v, o, lse, spec)
+        dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+        flops = attention_flops(batch, heads, n, d, causal, mode="bwd")
+        row = dict(dtype=name, d=d, N=n, causal=causal)
+        for impl, use_gluon in (("gluon", True), ("triton", False)):
+            ms = graph_time_ms(lambda: launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec,
+                                                                 use_gluon=use_gluon), rep=100)
+            row[f"{impl}_tflops"] = flops / ms * 1e-9
+        row["gluon/triton"] = row["gluon_tflops"] / row["triton_tflops"]
+        print(json.dumps({k_: (round(v_, 4) if isinstance(v_, float) else v_) for k_, v_ in row.items()}),
+              flush=True)
+        rows.append(row)
     return rows
 
 
@@ -119,7 +86,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     dtypes = args.dtype.split(",")
-    check_rows = [] if args.no_checks else checks(dtypes)
+    check_rows = [] if args.no_checks else check_grid(dtypes, check, grad_out=True)
     time_rows = timings(dtypes, [int(x) for x in args.d.split(",")], [int(x) for x in args.N.split(",")])
     if args.out:
         with open(args.out, "w") as f:

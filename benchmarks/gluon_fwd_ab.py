@@ -38,14 +38,17 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 O_TOL, LSE_TOL = {torch.float16: 4e-3, torch.bfloat16: 2e-2}, 1e-4
 
 
-def _inputs(batch, heads, heads_kv, n_q, n_k, d, dtype, bnhd=False, seed=0):
+def make_inputs(batch, heads, heads_kv, n_q, n_k, d, dtype, bnhd=False, seed=0, grad_out=False):
+    """q, k, v (and with ``grad_out`` an output gradient) on the GPU, (B, H, N, D), seeded; ``bnhd``: stored
+    (B, N, H, D) and seen as (B, H, N, D)."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
 
     def make(h, n):
-        if bnhd:  # (B, N, H, D) memory seen as (B, H, N, D)
+        if bnhd:
             return torch.randn(batch, n, h, d, device="cuda", dtype=dtype, generator=gen).transpose(1, 2)
         return torch.randn(batch, h, n, d, device="cuda", dtype=dtype, generator=gen)
-    return make(heads, n_q), make(heads_kv, n_k), make(heads_kv, n_k)
+    tensors = (make(heads, n_q), make(heads_kv, n_k), make(heads_kv, n_k))
+    return tensors + (make(heads, n_q),) if grad_out else tensors
 
 
 def run_gluon(q, k, v, causal, **kwargs):
@@ -78,18 +81,22 @@ def check(case: str, q, k, v, causal) -> dict:
     return dict(case=case, o_rel_err=o_err, lse_rel_err=lse_err, status="ok" if ok else "wrong")
 
 
-def checks(dtypes) -> list[dict]:
+#: The checked shapes: (name, (B, H, H_kv, N_q, N_k), stored as (B, N, H, D)).
+CHECK_CASES = [("B=2 H=4 N=1000", (2, 4, 4, 1000, 1000), False), ("N_q=77 N_k=300", (1, 2, 2, 77, 300), False),
+               ("N_q=300 N_k=77", (1, 2, 2, 300, 77), False), ("GQA 8/2 N=512", (2, 8, 2, 512, 512), False),
+               ("BNHD N=384", (2, 4, 4, 384, 384), True)]
+
+
+def check_grid(dtypes, check, grad_out=False) -> list[dict]:
+    """``check(case, *tensors, causal)`` at every dtype, head_dim 64 and 128, mask and :data:`CHECK_CASES`."""
     rows = []
     for name in dtypes:
-        dtype = DTYPES[name]
         for d in (64, 128):
             for causal in (False, True):
-                tag = f"{name} d={d} causal={causal}"
-                rows.append(check(f"{tag} B=2 H=4 N=1000", *_inputs(2, 4, 4, 1000, 1000, d, dtype), causal))
-                rows.append(check(f"{tag} N_q=77 N_k=300", *_inputs(1, 2, 2, 77, 300, d, dtype), causal))
-                rows.append(check(f"{tag} N_q=300 N_k=77", *_inputs(1, 2, 2, 300, 77, d, dtype), causal))
-                rows.append(check(f"{tag} GQA 8/2 N=512", *_inputs(2, 8, 2, 512, 512, d, dtype), causal))
-                rows.append(check(f"{tag} BNHD N=384", *_inputs(2, 4, 4, 384, 384, d, dtype, bnhd=True), causal))
+                for case, shape, bnhd in CHECK_CASES:
+                    tensors = make_inputs(*shape, d, DTYPES[name], bnhd=bnhd, grad_out=grad_out)
+                    rows.append(check(f"{name} d={d} causal={causal} {case}", *tensors, causal))
+                    print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
@@ -114,36 +121,41 @@ def run_variant(config, pingpong, q, k, v, causal):
         hopper.CONFIGS[d] = saved
 
 
-def timings(dtypes, head_dims, lengths, variants=None) -> list[dict]:
-    rows = []
+def fa2_points(dtypes, head_dims, lengths):
+    """(dtype name, D, N, causal, batch, heads) of every timed point: the FlashAttention-2 benchmark's shapes."""
     for name in dtypes:
         for d in head_dims:
             for n in lengths:
                 for causal in (False, True):
-                    batch, heads = fa2_shape(n, d)
-                    q, k, v = _inputs(batch, heads, heads, n, n, d, DTYPES[name])
-                    o_gluon, lse_gluon = run_gluon(q, k, v, causal)
-                    o_triton, lse_triton = run_triton(q, k, v, causal)
-                    flops = attention_flops(batch, heads, n, d, causal)
-                    row = dict(dtype=name, d=d, N=n, causal=causal, batch=batch, heads=heads,
-                               o_vs_triton=relative_error(o_gluon, o_triton),
-                               lse_vs_triton=relative_error(lse_gluon, lse_triton))
-                    calls = {
-                        "gluon": lambda: run_gluon(q, k, v, causal),
-                        "triton": lambda: run_triton(q, k, v, causal),
-                        "cudnn": lambda: _cudnn(q, k, v, causal),
-                    }
-                    for name_, (vd, config, pingpong) in (variants or {}).items():
-                        if vd == d:
-                            calls[name_] = lambda config=config, pp=pingpong: run_variant(config, pp, q, k, v, causal)
-                    for impl, fn in calls.items():
-                        ms = graph_time_ms(fn, rep=100)
-                        row[f"{impl}_tflops"] = flops / ms * 1e-9
-                    row["gluon/triton"] = row["gluon_tflops"] / row["triton_tflops"]
-                    row["gluon/cudnn"] = row["gluon_tflops"] / row["cudnn_tflops"]
-                    print(json.dumps({k_: (round(v_, 4) if isinstance(v_, float) else v_) for k_, v_ in row.items()}),
-                          flush=True)
-                    rows.append(row)
+                    yield (name, d, n, causal, *fa2_shape(n, d))
+
+
+def timings(dtypes, head_dims, lengths, variants=None) -> list[dict]:
+    rows = []
+    for name, d, n, causal, batch, heads in fa2_points(dtypes, head_dims, lengths):
+        q, k, v = make_inputs(batch, heads, heads, n, n, d, DTYPES[name])
+        o_gluon, lse_gluon = run_gluon(q, k, v, causal)
+        o_triton, lse_triton = run_triton(q, k, v, causal)
+        flops = attention_flops(batch, heads, n, d, causal)
+        row = dict(dtype=name, d=d, N=n, causal=causal, batch=batch, heads=heads,
+                   o_vs_triton=relative_error(o_gluon, o_triton),
+                   lse_vs_triton=relative_error(lse_gluon, lse_triton))
+        calls = {
+            "gluon": lambda: run_gluon(q, k, v, causal),
+            "triton": lambda: run_triton(q, k, v, causal),
+            "cudnn": lambda: _cudnn(q, k, v, causal),
+        }
+        for name_, (vd, config, pingpong) in (variants or {}).items():
+            if vd == d:
+                calls[name_] = lambda config=config, pp=pingpong: run_variant(config, pp, q, k, v, causal)
+        for impl, fn in calls.items():
+            ms = graph_time_ms(fn, rep=100)
+            row[f"{impl}_tflops"] = flops / ms * 1e-9
+        row["gluon/triton"] = row["gluon_tflops"] / row["triton_tflops"]
+        row["gluon/cudnn"] = row["gluon_tflops"] / row["cudnn_tflops"]
+        print(json.dumps({k_: (round(v_, 4) if isinstance(v_, float) else v_) for k_, v_ in row.items()}),
+              flush=True)
+        rows.append(row)
     return rows
 
 
@@ -154,7 +166,7 @@ def eager_times(shapes, causal=True, calls=200) -> list[dict]:
     import time
     rows = []
     for batch, heads, n, d in shapes:
-        q, k, v = _inputs(batch, heads, heads, n, n, d, torch.float16)
+        q, k, v = make_inputs(batch, heads, heads, n, n, d, torch.float16)
         o, lse = torch.empty_like(q), torch.empty(q.shape[:3], device="cuda")
         row = dict(batch=batch, heads=heads, N=n, d=d, causal=causal)
         for name, use_gluon in (("gluon", True), ("triton", False)):
@@ -196,9 +208,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     dtypes = args.dtype.split(",")
-    check_rows = [] if args.no_checks else checks(dtypes)
-    for row in check_rows:
-        print(json.dumps(row), flush=True)
+    check_rows = [] if args.no_checks else check_grid(dtypes, check)
     time_rows = [] if args.no_timings else timings(
         dtypes, [int(x) for x in args.d.split(",")], [int(x) for x in args.N.split(",")], parse_variants(args.variants))
     eager_rows = eager_times([tuple(int(x) for x in item.split(",")) for item in filter(None, args.eager.split(";"))])

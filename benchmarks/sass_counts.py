@@ -68,48 +68,36 @@ def captured_launches(kernel: str, d: int, n: int, dtype, spec: AttentionSpec, b
     return [call for call in calls if call[0] is wanted]
 
 
-def gluon_forward_launch(d: int, n: int, dtype, causal: bool) -> tuple:
-    """(kernel, positional args, keyword args) of the launch that
-    :func:`attention_fwd_hopper.launch_attention_forward_hopper` makes for the FlashAttention-2 benchmark's shape
-    (H = 2048 / D, B = 4) on CPU tensors, captured instead of run. Its block sizes, stages and warps are the
-    launcher's own (``--configs`` does not apply)."""
+def captured_gluon_launch(module, kernel_name: str, launcher) -> tuple:
+    """(kernel, positional args, keyword args) of the one launch of ``module.<kernel_name>`` that ``launcher()``
+    makes, captured instead of run (on CPU tensors). Block sizes, stages and warps are the launcher's own."""
     calls = []
 
     class Recorder:
         def __getitem__(self, grid):
             return lambda *args, **kwargs: calls.append((args, kwargs))
 
-    real = attention_fwd_hopper.attention_fwd_hopper_kernel
-    attention_fwd_hopper.attention_fwd_hopper_kernel = Recorder()
+    real = getattr(module, kernel_name)
+    setattr(module, kernel_name, Recorder())
     try:
-        q, k, v, o = (torch.randn(4, 2048 // d, n, d, dtype=dtype) for _ in range(4))
-        attention_fwd_hopper.launch_attention_forward_hopper(q, k, v, o, torch.empty(4, 2048 // d, n),
-                                                             scale=d ** -0.5, causal=causal)
+        launcher()
     finally:
-        attention_fwd_hopper.attention_fwd_hopper_kernel = real
+        setattr(module, kernel_name, real)
     args, kwargs = calls[0]
     return real, args, kwargs
 
 
-def gluon_dkdv_launch(d: int, n: int, dtype, causal: bool) -> tuple:
-    """As :func:`gluon_forward_launch`, for the Gluon dK/dV kernel (:mod:`flashlib.kernels.attention_bwd_hopper`)."""
-    calls = []
-
-    class Recorder:
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: calls.append((args, kwargs))
-
-    real = attention_bwd_hopper.attention_bwd_dkdv_hopper_kernel
-    attention_bwd_hopper.attention_bwd_dkdv_hopper_kernel = Recorder()
-    try:
-        q, k, v, do, dk, dv = (torch.randn(4, 2048 // d, n, d, dtype=dtype) for _ in range(6))
-        lse, delta = torch.empty(4, 2048 // d, n), torch.empty(4, 2048 // d, n)
-        attention_bwd_hopper.launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, scale=d ** -0.5,
-                                                          causal=causal)
-    finally:
-        attention_bwd_hopper.attention_bwd_dkdv_hopper_kernel = real
-    args, kwargs = calls[0]
-    return real, args, kwargs
+def gluon_launch(kernel: str, d: int, n: int, dtype, causal: bool) -> tuple:
+    """The launch of the Gluon forward (``gluon_fwd``) or dK/dV kernel (``gluon_dkdv``) for the FlashAttention-2
+    benchmark's shape (H = 2048 / D, B = 4), captured (``--configs`` does not apply)."""
+    q, k, v, o = (torch.randn(4, 2048 // d, n, d, dtype=dtype) for _ in range(4))
+    rows = torch.empty(4, 2048 // d, n)
+    if kernel == "gluon_fwd":
+        return captured_gluon_launch(attention_fwd_hopper, "attention_fwd_hopper_kernel", lambda: (
+            attention_fwd_hopper.launch_attention_forward_hopper(q, k, v, o, rows, scale=d ** -0.5, causal=causal)))
+    return captured_gluon_launch(attention_bwd_hopper, "attention_bwd_dkdv_hopper_kernel", lambda: (
+        attention_bwd_hopper.launch_attention_dkdv_hopper(q, k, v, o, rows, rows, torch.empty_like(k),
+                                                          torch.empty_like(v), scale=d ** -0.5, causal=causal)))
 
 
 def compile_gluon_for_hopper(fn, args, kwargs):
@@ -235,8 +223,7 @@ def main():
         if kernel.startswith("gluon"):
             if p > 0:
                 parser.error(f"--kernel {kernel} has no dropout")
-            launch_of = gluon_forward_launch if kernel == "gluon_fwd" else gluon_dkdv_launch
-            launches = [launch_of(d, 4096, dtype, causal == "yes")]
+            launches = [gluon_launch(kernel, d, 4096, dtype, causal == "yes")]
         else:
             launches = captured_launches(kernel, d, 4096, dtype, spec, block_m, block_n, args.tma == "host")
         for fn, call_args, call_kwargs in launches:

@@ -21,20 +21,17 @@ no window, lengths, packing, score modifier, dropout). dQ and D = rowsum(dO * O)
 """
 from __future__ import annotations
 
-import functools
-
-import torch
 import triton
 
-from ._common import LOG2E, descriptor_ready
-from .attention_fwd_hopper import CONSUMER_REGISTERS, HAVE_GLUON, KERNEL_REGISTERS, LOADER_REGISTERS
+from ._common import LOG2E
+from .attention_fwd_hopper import CONSUMER_REGISTERS, HAVE_GLUON, KERNEL_REGISTERS, LOADER_REGISTERS, tile_descriptor
+from .attention_fwd_hopper import can_run  # noqa: F401  (the same test, asked here by launch_attention_backward)
 
 if HAVE_GLUON:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                                    warpgroup_mma, warpgroup_mma_wait)
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
     from .attention_fwd_hopper import tma_load, tma_store
 
@@ -232,38 +229,17 @@ if HAVE_GLUON:
                             (_bwd_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
-def can_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, dk: torch.Tensor,
-            dv: torch.Tensor, *, scale: float) -> bool:
-    """Whether this kernel can compute dK and dV of this call (see :func:`.attention_fwd_hopper.can_run`; the caller
-    has checked that the call is plain)."""
-    if not (HAVE_GLUON and q.is_cuda and scale > 0 and q.dtype in (torch.float16, torch.bfloat16)
-            and q.shape[-1] in CONFIGS):
-        return False
-    if torch.cuda.get_device_capability(q.device) != (9, 0):
-        return False
-    return all(descriptor_ready(t) for t in (q, k, v, do, dk, dv))
-
-
-@functools.lru_cache(maxsize=None)
-def _tile_layout(rows: int, head_dim: int, dtype: torch.dtype):
-    return gl.NVMMASharedLayout.get_default_for([1, 1, rows, head_dim],
-                                                gl.float16 if dtype == torch.float16 else gl.bfloat16)
-
-
-def _descriptor(t: torch.Tensor, rows: int) -> "GluonDescriptor":
-    return GluonDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, t.shape[-1]],
-                           _tile_layout(rows, t.shape[-1], t.dtype))
-
-
 def launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, *, scale: float, causal: bool) -> None:
     """Fill dk, dv (B, H_kv, N_k, D) from q, do (B, H, N_q, D), k, v, lse and delta (B, H, N_q) float32
-    contiguous, for a call :func:`can_run` accepts: no mask, or a causal one with ``causal``."""
+    contiguous, for a call :func:`.attention_fwd_hopper.can_run` accepts (all six tensors, and head_dim in this
+    module's :data:`CONFIGS`): no mask, or a causal one with ``causal``."""
     batch, heads, n_q, head_dim = q.shape
     kv_heads, n_k = k.shape[1], k.shape[2]
     block_m, block_n, stages = CONFIGS[head_dim]
     grid = (triton.cdiv(n_k, 2 * block_n), batch * kv_heads)
     attention_bwd_dkdv_hopper_kernel[grid](
-        _descriptor(q, block_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(do, block_m),
-        _descriptor(dk, block_n), _descriptor(dv, block_n), lse, delta, scale, heads, heads // kv_heads, n_q, n_k,
+        tile_descriptor(q, block_m), tile_descriptor(k, block_n), tile_descriptor(v, block_n),
+        tile_descriptor(do, block_m), tile_descriptor(dk, block_n), tile_descriptor(dv, block_n), lse, delta, scale,
+        heads, heads // kv_heads, n_q, n_k,
         CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, STAGES=stages,
         CONSUMER_REGS=CONSUMER_REGISTERS, LOADER_REGS=LOADER_REGISTERS, num_warps=4, maxnreg=KERNEL_REGISTERS)

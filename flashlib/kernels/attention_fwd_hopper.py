@@ -340,16 +340,17 @@ def _is_hopper(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index) == (9, 0)
 
 
-def can_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, *, scale: float) -> bool:
-    """Whether this kernel can compute this call: Gluon present, a Hopper GPU, float16 or bfloat16, a head_dim of
-    :data:`CONFIGS`, a positive scale, and every tensor readable by the copy engine. The caller has checked that
-    nothing but no mask or a causal one is asked for (no window, lengths, packing, score modifier, dropout, FP8)."""
+def can_run(q: torch.Tensor, *others: torch.Tensor, scale: float) -> bool:
+    """Whether a Gluon Hopper kernel can take this call: Gluon present, a Hopper GPU, ``q`` float16 or bfloat16 with
+    a head_dim of :data:`CONFIGS`, a positive scale, and ``q`` and every tensor of ``others`` readable by the copy
+    engine. The caller has checked that nothing but no mask or a causal one is asked for (no window, lengths,
+    packing, score modifier, dropout, FP8)."""
     if not (HAVE_GLUON and q.is_cuda and scale > 0 and q.dtype in (torch.float16, torch.bfloat16)
             and q.shape[-1] in CONFIGS):
         return False
     if not _is_hopper(q.device.index if q.device.index is not None else torch.cuda.current_device()):
         return False
-    return all(descriptor_ready(t) for t in (q, k, v, o))
+    return all(descriptor_ready(t) for t in (q, *others))
 
 
 @functools.lru_cache(maxsize=None)
@@ -359,8 +360,8 @@ def _tile_layout(rows: int, head_dim: int, dtype: torch.dtype):
                                                 gl.float16 if dtype == torch.float16 else gl.bfloat16)
 
 
-def _descriptor(t: torch.Tensor, rows: int) -> "GluonDescriptor":
-    """A (B, H, N, D) descriptor of ``t`` with (1, 1, rows, D) tiles."""
+def tile_descriptor(t: torch.Tensor, rows: int) -> "GluonDescriptor":
+    """A Gluon descriptor of the (B, H, N, D) tensor ``t`` with (1, 1, rows, D) tiles."""
     return GluonDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, t.shape[-1]],
                            _tile_layout(rows, t.shape[-1], t.dtype))
 
@@ -376,7 +377,8 @@ def launch_attention_forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.T
     block_m, block_n, stages = CONFIGS[head_dim]
     grid = (triton.cdiv(n_q, 2 * block_m), batch * heads)
     attention_fwd_hopper_kernel[grid](
-        _descriptor(q, block_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(o, block_m), lse,
+        tile_descriptor(q, block_m), tile_descriptor(k, block_n), tile_descriptor(v, block_n),
+        tile_descriptor(o, block_m), lse,
         scale * LOG2E.value, heads, heads // k.shape[1], n_q, k.shape[2], int(pingpong),
         CAUSAL=causal, LONGEST_FIRST=causal and longest_first, BLOCK_M=block_m, BLOCK_N=block_n,
         HEAD_DIM=head_dim, STAGES=stages, CONSUMER_REGS=CONSUMER_REGISTERS, LOADER_REGS=LOADER_REGISTERS,

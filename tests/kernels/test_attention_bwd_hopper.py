@@ -1,12 +1,6 @@
 """The experimental Gluon dK/dV kernel (flashlib.kernels.attention_bwd_hopper): launch_attention_backward takes it
 only when asked (use_gluon=True) and only for plain calls; it compiles for sm_90a with the installed Triton; on a
 Hopper GPU its gradients equal float64 autograd's (these GPU tests had not run when the kernel was written)."""
-import os
-import re
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -16,9 +10,8 @@ from flashlib.kernels.attention_fwd import launch_attention_forward
 from flashlib.reference import naive_attention
 from flashlib.spec import AttentionSpec
 from flashlib.validation import relative_error, tolerance
-from support.attention import DEVICE, as_bhnd, make_inputs
-
-SASS_COUNTS = Path(__file__).resolve().parents[2] / "benchmarks" / "sass_counts.py"
+from support.attention import DEVICE, ODD_SHAPES, UNCOVERED_CASES, as_bhnd, make_inputs, uncovered_call
+from support.sass import compiled_variants, run_sass_counts
 
 
 @pytest.fixture
@@ -34,14 +27,12 @@ def recorded(monkeypatch):
 def _backward(spec=AttentionSpec(), **kwargs):
     """dq, dk, dv of a small call (dk, dv start as NaN: the Triton kernel overwrites them, the recorder does not)."""
     q, k, v, do = (torch.randn(1, 2, 64, 64, dtype=torch.float16, device=DEVICE) for _ in range(4))
-    alibi = kwargs.pop("alibi_slopes", None)
-    seq_lens = kwargs.pop("seq_lens", None)
+    shared = {name: kwargs.pop(name) for name in ("alibi_slopes", "seq_lens", "dropout_seed") if name in kwargs}
     o, lse = torch.empty_like(q), torch.empty(1, 2, 64, device=DEVICE)
-    launch_attention_forward(q, k, v, o, lse, spec, alibi_slopes=alibi, seq_lens=seq_lens)
+    launch_attention_forward(q, k, v, o, lse, spec, **shared)
     dq = torch.zeros_like(q)
     dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
-    attention_bwd.launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec, alibi_slopes=alibi,
-                                            seq_lens=seq_lens, **kwargs)
+    attention_bwd.launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec, **shared, **kwargs)
     return dq, dk, dv
 
 
@@ -55,25 +46,10 @@ def test_only_an_asked_plain_call_takes_it_and_dq_still_comes_from_triton(record
     assert len(recorded) == 1
 
 
-@pytest.mark.parametrize("case", ["window", "softcap", "dropout", "alibi", "seq_lens", "pointers", "fixed_blocks"])
+@pytest.mark.parametrize("case", UNCOVERED_CASES)
 def test_calls_it_does_not_cover_stay_on_the_triton_kernels(recorded, case):
-    spec, kwargs = AttentionSpec(), dict(use_gluon=True)
-    if case == "window":
-        spec = AttentionSpec(window=(16, 0))
-    elif case == "softcap":
-        spec = AttentionSpec(softcap=30.0)
-    elif case == "dropout":
-        spec = AttentionSpec(dropout_p=0.1)
-        kwargs["dropout_seed"] = torch.zeros(1, dtype=torch.int64, device=DEVICE)
-    elif case == "alibi":
-        spec, kwargs["alibi_slopes"] = AttentionSpec(has_alibi=True), torch.ones(2, device=DEVICE)
-    elif case == "seq_lens":
-        kwargs["seq_lens"] = torch.tensor([40], dtype=torch.int32, device=DEVICE)
-    elif case == "pointers":
-        kwargs["use_tma"] = False
-    else:
-        kwargs.update(block_m=32, block_n=32)
-    dq, dk, dv = _backward(spec, **kwargs)
+    spec, kwargs = uncovered_call(case)
+    dq, dk, dv = _backward(spec, use_gluon=True, **kwargs)
     assert recorded == []
     assert not dk.isnan().any() and not dv.isnan().any()  # the Triton kernel wrote them
 
@@ -81,17 +57,12 @@ def test_calls_it_does_not_cover_stay_on_the_triton_kernels(recorded, case):
 def test_compiles_for_hopper_with_warpgroup_mma_the_copy_engine_and_partition_registers():
     """The installed Triton compiles the kernel for sm_90a (Triton 3.6, the GPU machine's, without spills; 3.9
     spills a little under the causal mask)."""
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    done = subprocess.run([sys.executable, str(SASS_COUNTS), "--kernel", "gluon_dkdv", "--d", "128,64", "--causal",
-                           "no,yes", "--top", "300"], capture_output=True, text=True, env=env, timeout=600,
-                          cwd=SASS_COUNTS.parents[1])
+    done = run_sass_counts("--kernel", "gluon_dkdv", "--d", "128,64", "--causal", "no,yes", "--top", "300")
     assert done.returncode == 0, done.stderr[-3000:]
-    lines = done.stdout.splitlines()
-    heads = [i for i, line in enumerate(lines) if line.startswith("gluon_dkdv D=")]
-    assert len(heads) == 4, done.stdout
-    for i in heads:
-        opcodes = dict((op, int(n)) for op, n in re.findall(r"([A-Z][A-Z0-9_]*) (\d+)", lines[i + 1]))
-        assert opcodes.get("HGMMA", 0) > 0 and opcodes.get("UTMALDG", 0) > 0, lines[i + 1]
+    variants = compiled_variants(done.stdout, "gluon_dkdv")
+    assert len(variants) == 4, done.stdout
+    for header, _, opcodes in variants:
+        assert opcodes.get("HGMMA", 0) > 0 and opcodes.get("UTMALDG", 0) > 0, header
         assert opcodes.get("USETMAXREG", 0) > 0, "the partitions' registers must be set (setmaxnreg)"
 
 
@@ -99,9 +70,7 @@ def test_compiles_for_hopper_with_warpgroup_mma_the_copy_engine_and_partition_re
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("shape", [(2, 4, 4, 1000, 1000, "bhnd"), (1, 2, 2, 77, 300, "bhnd"),
-                                   (1, 2, 2, 300, 77, "bhnd"), (2, 8, 2, 512, 512, "bhnd"),
-                                   (2, 4, 4, 384, 384, "bnhd")])
+@pytest.mark.parametrize("shape", ODD_SHAPES)
 def test_gpu_gluon_dkdv_matches_float64(monkeypatch, dtype, head_dim, causal, shape):
     batch, heads, kv_heads, n_q, n_k, layout = shape
     q, k, v, do = (as_bhnd(t, layout) for t in make_inputs(batch, heads, kv_heads, n_q, n_k, head_dim, dtype,

@@ -2,12 +2,6 @@
 compiles for sm_90a with the installed Triton (warpgroup MMA, the copy engine, per-partition registers, no
 spills), and on a Hopper GPU that it equals the float64 reference, writes every output, and agrees with the Triton
 forward through the front door, gradients included."""
-import os
-import re
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -17,9 +11,8 @@ from flashlib.kernels import attention_fwd_hopper as hopper
 from flashlib.reference import naive_attention
 from flashlib.spec import AttentionSpec
 from flashlib.validation import relative_error, tolerance
-from support.attention import DEVICE, as_bhnd, make_inputs
-
-SASS_COUNTS = Path(__file__).resolve().parents[2] / "benchmarks" / "sass_counts.py"
+from support.attention import DEVICE, ODD_SHAPES, UNCOVERED_CASES, as_bhnd, make_inputs, uncovered_call
+from support.sass import compiled_variants, run_sass_counts
 
 
 # ---------------------------------------------------------------- where the launcher takes it (CPU)
@@ -73,51 +66,31 @@ def test_the_default_routes_only_preferred_sizes_and_counts_the_scores_a_mask_le
     assert asked == [(128, 64, 64, 2 * 64 * 64 * 0.5), (128, 64, 64, 2 * 64 * 64 * 1.0)]
 
 
-@pytest.mark.parametrize("case", ["window", "right_window", "softcap", "dropout", "alibi", "seq_lens", "pointers",
-                                  "fixed_blocks", "refused", "negative_scale"])
+@pytest.mark.parametrize("case", UNCOVERED_CASES + ["right_window", "refused", "negative_scale"])
 def test_calls_it_does_not_cover_stay_on_the_triton_forward(recorded, case):
-    spec, kwargs = AttentionSpec(), dict(use_gluon=True)
-    if case == "window":
-        spec = AttentionSpec(window=(16, 0))
-    elif case == "right_window":
-        spec = AttentionSpec(window=(None, 8))
-    elif case == "softcap":
-        spec = AttentionSpec(softcap=30.0)
-    elif case == "dropout":
-        spec = AttentionSpec(dropout_p=0.1)
-    elif case == "alibi":
-        spec, kwargs["alibi_slopes"] = AttentionSpec(has_alibi=True), torch.ones(2, device=DEVICE)
-    elif case == "seq_lens":
-        kwargs["seq_lens"] = torch.tensor([40], dtype=torch.int32, device=DEVICE)
-    elif case == "pointers":
-        kwargs["use_tma"] = False
-    elif case == "fixed_blocks":
-        kwargs.update(block_m=32, block_n=32)
+    if case == "right_window":
+        spec, kwargs = AttentionSpec(window=(None, 8)), {}
     elif case == "refused":
-        kwargs["use_gluon"] = False
+        spec, kwargs = AttentionSpec(), dict(use_gluon=False)
+    elif case == "negative_scale":
+        spec, kwargs = AttentionSpec(softmax_scale=-0.1), {}
     else:
-        spec = AttentionSpec(softmax_scale=-0.1)
-    out = _launch(spec=spec, **kwargs)
+        spec, kwargs = uncovered_call(case)
+    out = _launch(spec=spec, **{"use_gluon": True, **kwargs})
     assert recorded == []
     assert out.abs().sum() > 0  # the Triton forward filled it
 
 
 def test_compiles_for_hopper_with_warpgroup_mma_the_copy_engine_and_no_spills():
-    """The installed Triton compiles the kernel for sm_90a (its Gluon API as this module uses it), in a process
-    that compiles for the GPU; D = 128, the routed head_dim, without and with the causal mask."""
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    done = subprocess.run([sys.executable, str(SASS_COUNTS), "--kernel", "gluon_fwd", "--d", "128", "--causal",
-                           "no,yes", "--top", "300"], capture_output=True, text=True, env=env, timeout=600,
-                          cwd=SASS_COUNTS.parents[1])
+    """The installed Triton compiles the kernel for sm_90a (its Gluon API as this module uses it); D = 128, the
+    routed head_dim, without and with the causal mask."""
+    done = run_sass_counts("--kernel", "gluon_fwd", "--d", "128", "--causal", "no,yes", "--top", "300")
     assert done.returncode == 0, done.stderr[-3000:]
-    lines = done.stdout.splitlines()
-    heads = [i for i, line in enumerate(lines) if line.startswith("gluon_fwd D=128")]
-    assert len(heads) == 2, done.stdout
-    for i in heads:
-        stack = int(re.search(r"stack (\d+) B", lines[i])[1])
-        opcodes = dict((op, int(n)) for op, n in re.findall(r"([A-Z][A-Z0-9_]*) (\d+)", lines[i + 1]))
-        assert stack == 0, lines[i]
-        assert opcodes.get("HGMMA", 0) > 0 and opcodes.get("UTMALDG", 0) > 0, lines[i + 1]
+    variants = compiled_variants(done.stdout, "gluon_fwd")
+    assert len(variants) == 2, done.stdout
+    for header, stack, opcodes in variants:
+        assert stack == 0, header
+        assert opcodes.get("HGMMA", 0) > 0 and opcodes.get("UTMALDG", 0) > 0, header
         assert opcodes.get("USETMAXREG", 0) > 0, "the partitions' registers must be set (setmaxnreg)"
 
 
@@ -143,9 +116,7 @@ def _count_launches(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("shape", [(2, 4, 4, 1000, 1000, "bhnd"), (1, 2, 2, 77, 300, "bhnd"),
-                                   (1, 2, 2, 300, 77, "bhnd"), (2, 8, 2, 512, 512, "bhnd"),
-                                   (2, 4, 4, 384, 384, "bnhd")])
+@pytest.mark.parametrize("shape", ODD_SHAPES)
 def test_gpu_gluon_forward_matches_float64_and_writes_every_output(monkeypatch, dtype, head_dim, causal, shape):
     if not hopper.can_run(*(torch.empty(1, 1, 16, head_dim, device="cuda", dtype=dtype) for _ in range(4)),
                           scale=1.0):

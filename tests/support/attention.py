@@ -16,6 +16,35 @@ from flashlib.kernels import attention_bwd, attention_fwd
 DEVICE = runtime.DEVICE
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
+#: Shapes the Gluon kernels' GPU tests check: (B, H, H_kv, N_q, N_k, layout): odd lengths, N_q != N_k both ways,
+#: GQA, the (B, N, H, D) layout.
+ODD_SHAPES = [(2, 4, 4, 1000, 1000, "bhnd"), (1, 2, 2, 77, 300, "bhnd"), (1, 2, 2, 300, 77, "bhnd"),
+              (2, 8, 2, 512, 512, "bhnd"), (2, 4, 4, 384, 384, "bnhd")]
+
+#: Calls that the Gluon kernels do not cover, each as a spec and launcher arguments (see :func:`uncovered_call`).
+UNCOVERED_CASES = ["window", "softcap", "dropout", "alibi", "seq_lens", "pointers", "fixed_blocks"]
+
+
+def uncovered_call(case: str, heads: int = 2):
+    """(spec, launcher keyword arguments) of one of :data:`UNCOVERED_CASES` for a sample of ``heads`` heads."""
+    from flashlib.spec import AttentionSpec
+    if case == "window":
+        return AttentionSpec(window=(16, 0)), {}
+    if case == "softcap":
+        return AttentionSpec(softcap=30.0), {}
+    if case == "dropout":
+        return AttentionSpec(dropout_p=0.1), dict(dropout_seed=torch.zeros(1, dtype=torch.int64, device=DEVICE))
+    if case == "alibi":
+        return AttentionSpec(has_alibi=True), dict(alibi_slopes=torch.ones(heads, device=DEVICE))
+    if case == "seq_lens":
+        return AttentionSpec(), dict(seq_lens=torch.tensor([40], dtype=torch.int32, device=DEVICE))
+    if case == "pointers":
+        return AttentionSpec(), dict(use_tma=False)
+    if case == "fixed_blocks":
+        return AttentionSpec(), dict(block_m=32, block_n=32)
+    raise ValueError(f"case must be one of {UNCOVERED_CASES}; got {case!r}")
+
+
 #: The blocks a GPU test runs with when it does not test the autotuner.
 FIXED_FORWARD = dict(block_m=64, block_n=32)
 FIXED_BACKWARD = dict(block_m=32, block_n=32)

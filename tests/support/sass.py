@@ -1,0 +1,33 @@
+"""benchmarks/sass_counts.py run from the tests: kernels compiled for the H100 (sm_90a) on a machine without a GPU.
+
+The script compiles real kernels, which needs a process that is not in Triton's interpreter: it runs in a subprocess
+with TRITON_INTERPRET=0, from the repository's root.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+SASS_COUNTS = Path(__file__).resolve().parents[2] / "benchmarks" / "sass_counts.py"
+
+
+def run_sass_counts(*args: str) -> subprocess.CompletedProcess:
+    """The script with ``args``, in a process that compiles for the GPU."""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    return subprocess.run([sys.executable, str(SASS_COUNTS), *args], capture_output=True, text=True, env=env,
+                          timeout=600, cwd=SASS_COUNTS.parents[1])
+
+
+def compiled_variants(stdout: str, kernel: str) -> list[tuple[str, int, dict[str, int]]]:
+    """(header line, stack bytes, {opcode: count}) of every variant of ``kernel`` the script printed."""
+    lines = stdout.splitlines()
+    found = []
+    for i, line in enumerate(lines):
+        if line.startswith(f"{kernel} D="):
+            stack = int(re.search(r"stack (\d+) B", line)[1])
+            opcodes = dict((op, int(n)) for op, n in re.findall(r"([A-Z][A-Z0-9_]*) (\d+)", lines[i + 1]))
+            found.append((line, stack, opcodes))
+    return found
