@@ -16,7 +16,7 @@ import sys
 import torch
 
 import flashlib  # noqa: F401  (before triton: chooses the interpreter where there is no GPU)
-from flashlib.bench_results import results_meta
+from flashlib.bench_results import DTYPES, results_meta
 from flashlib.io_model import attention_flops
 from flashlib.kernels import attention_bwd_hopper as bwd_hopper
 from flashlib.kernels.attention_bwd import launch_attention_backward
@@ -25,7 +25,7 @@ from flashlib.reference import naive_attention
 from flashlib.spec import AttentionSpec
 from flashlib.timing import graph_time_ms
 from flashlib.validation import relative_error, tolerance
-from gluon_fwd_ab import DTYPES, check_grid, fa2_points, make_inputs
+from gluon_fwd_ab import check_grid, fa2_points, make_inputs
 
 def backward(q, k, v, do, causal, use_gluon):
     """(dq, dk, dv) after a forward, through ``launch_attention_backward``."""

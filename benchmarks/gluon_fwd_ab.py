@@ -19,12 +19,10 @@ import json
 import sys
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashlib  # noqa: F401  (before triton: chooses the interpreter where there is no GPU)
-from flashlib.bench import fa2_shape
-from flashlib.bench_results import results_meta
+from flashlib.bench import ATTENTION_IMPLS, fa2_shape
+from flashlib.bench_results import DTYPES, results_meta
 from flashlib.io_model import attention_flops
 from flashlib.kernels import attention_fwd_hopper as hopper
 from flashlib.kernels.attention_fwd import launch_attention_forward
@@ -33,7 +31,6 @@ from flashlib.spec import AttentionSpec
 from flashlib.timing import graph_time_ms
 from flashlib.validation import relative_error
 
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 #: O's tolerance against float64 (2-byte inputs, fp32 accumulation), LSE's (float32 throughout).
 O_TOL, LSE_TOL = {torch.float16: 4e-3, torch.bfloat16: 2e-2}, 1e-4
 
@@ -143,7 +140,7 @@ def timings(dtypes, head_dims, lengths, variants=None) -> list[dict]:
         calls = {
             "gluon": lambda: run_gluon(q, k, v, causal),
             "triton": lambda: run_triton(q, k, v, causal),
-            "cudnn": lambda: _cudnn(q, k, v, causal),
+            "cudnn": lambda: ATTENTION_IMPLS["sdpa_cudnn"](q, k, v, causal),
         }
         for name_, (vd, config, pingpong) in (variants or {}).items():
             if vd == d:
@@ -186,11 +183,6 @@ def eager_times(shapes, causal=True, calls=200) -> list[dict]:
         print(json.dumps({k_: (round(v_, 1) if isinstance(v_, float) else v_) for k_, v_ in row.items()}), flush=True)
         rows.append(row)
     return rows
-
-
-def _cudnn(q, k, v, causal):
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
 def main(argv=None) -> int:

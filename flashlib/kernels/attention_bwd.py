@@ -622,8 +622,7 @@ def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec: AttentionSp
     """
     varlen = cu_seqlens_q is not None
     left, right = spec.bounds()
-    plain = (not varlen and seq_lens is None and alibi_slopes is None and block_m is None and use_tma is not False
-             and spec.softcap == 0 and spec.dropout_p <= 0 and left is None and right in (None, 0))
+    plain = bwd_hopper.covers(spec, use_tma, cu_seqlens_q, seq_lens, alibi_slopes, block_m)
     o_rows, do_rows = o, do  # what the preprocess reads, (B, H, N_q, D)
     if varlen:
         # D = rowsum(dO * O) is per row, blind to sequences: one sample of all the packed rows.

@@ -25,7 +25,8 @@ import triton
 
 from ._common import LOG2E
 from .attention_fwd_hopper import CONSUMER_REGISTERS, HAVE_GLUON, KERNEL_REGISTERS, LOADER_REGISTERS, tile_descriptor
-from .attention_fwd_hopper import can_run  # noqa: F401  (the same test, asked here by launch_attention_backward)
+# the same tests as the forward's, asked here by launch_attention_backward
+from .attention_fwd_hopper import can_run, covers  # noqa: F401
 
 if HAVE_GLUON:
     from triton.experimental import gluon

@@ -525,9 +525,7 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """
     filled = (o, lse)  # returned as the caller gave them (packed, when varlen)
     left, right = spec.bounds()
-    plain = (cu_seqlens_q is None and seq_lens is None and alibi_slopes is None and tiles is None
-             and descale is None and block_m is None and use_tma is not False and spec.softcap == 0
-             and spec.dropout_p <= 0 and left is None and right in (None, 0))
+    plain = hopper.covers(spec, use_tma, cu_seqlens_q, seq_lens, alibi_slopes, tiles, descale, block_m)
     if (use_gluon is not False and plain and hopper.can_run(q, k, v, o, scale=spec.scale(q.shape[-1]))
             and (use_gluon or _gluon_preferred(q, k, right == 0))):
         hopper.launch_attention_forward_hopper(q, k, v, o, lse, scale=spec.scale(q.shape[-1]), causal=right == 0,

@@ -334,6 +334,15 @@ def preferred(head_dim: int, n_q: int, n_k: int, scores: float) -> bool:
     return head_dim in ROUTED_HEAD_DIMS and min(n_q, n_k) >= MIN_ROWS and scores >= MIN_SCORES
 
 
+def covers(spec, use_tma: bool | None, *unsupported) -> bool:
+    """Whether a Gluon kernel covers a call of this ``spec`` (a :class:`flashlib.spec.AttentionSpec`): no mask or
+    a causal one, no softcap, no dropout, the copy engine not refused (``use_tma=False``), and none of the
+    launcher's other arguments ``unsupported`` (lengths, packing, slopes, fixed blocks, ...) given."""
+    left, right = spec.bounds()
+    return (use_tma is not False and spec.softcap == 0 and spec.dropout_p <= 0 and left is None
+            and right in (None, 0) and all(arg is None for arg in unsupported))
+
+
 @functools.lru_cache(maxsize=None)
 def _is_hopper(device_index: int) -> bool:
     """Asked once per GPU: ``wgmma`` and ``setmaxnreg`` are sm_90's own (Blackwell has neither)."""

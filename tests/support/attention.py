@@ -12,6 +12,7 @@ import torch
 
 from flashlib import runtime
 from flashlib.kernels import attention_bwd, attention_fwd
+from flashlib.spec import AttentionSpec
 
 DEVICE = runtime.DEVICE
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -27,7 +28,6 @@ UNCOVERED_CASES = ["window", "softcap", "dropout", "alibi", "seq_lens", "pointer
 
 def uncovered_call(case: str, heads: int = 2):
     """(spec, launcher keyword arguments) of one of :data:`UNCOVERED_CASES` for a sample of ``heads`` heads."""
-    from flashlib.spec import AttentionSpec
     if case == "window":
         return AttentionSpec(window=(16, 0)), {}
     if case == "softcap":
