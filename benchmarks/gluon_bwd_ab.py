@@ -25,7 +25,7 @@ from flashlib.reference import naive_attention
 from flashlib.spec import AttentionSpec
 from flashlib.timing import graph_time_ms
 from flashlib.validation import relative_error, tolerance
-from gluon_fwd_ab import check_grid, fa2_points, make_inputs
+from gluon_fwd_ab import check_grid, dtype_names, fa2_points, head_dims, make_inputs, positive_ints
 
 def backward(q, k, v, do, causal, use_gluon):
     """(dq, dk, dv) after a forward, through ``launch_attention_backward``."""
@@ -56,9 +56,9 @@ def check(case, q, k, v, do, causal) -> dict:
     return dict(case=case, gluon_ran=bool(calls), rel_err=errors, vs_triton=vs_triton, status="ok" if ok else "wrong")
 
 
-def timings(dtypes, head_dims, lengths) -> list[dict]:
+def timings(dtypes, dims, lengths) -> list[dict]:
     rows = []
-    for name, d, n, causal, batch, heads in fa2_points(dtypes, head_dims, lengths):
+    for name, d, n, causal, batch, heads in fa2_points(dtypes, dims, lengths):
         q, k, v, do = make_inputs(batch, heads, heads, n, n, d, DTYPES[name], grad_out=True)
         spec = AttentionSpec(causal=causal)
         o, lse = torch.empty_like(q), torch.empty(q.shape[:3], device="cuda")
@@ -79,15 +79,14 @@ def timings(dtypes, head_dims, lengths) -> list[dict]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dtype", default="fp16,bf16")
-    parser.add_argument("--d", default="64,128")
-    parser.add_argument("--N", default="1024,4096,16384")
+    parser.add_argument("--dtype", type=dtype_names, default="fp16,bf16")
+    parser.add_argument("--d", type=head_dims, default="64,128")
+    parser.add_argument("--N", type=positive_ints, default="1024,4096,16384")
     parser.add_argument("--no-checks", action="store_true")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    dtypes = args.dtype.split(",")
-    check_rows = [] if args.no_checks else check_grid(dtypes, check, grad_out=True)
-    time_rows = timings(dtypes, [int(x) for x in args.d.split(",")], [int(x) for x in args.N.split(",")])
+    check_rows = [] if args.no_checks else check_grid(args.dtype, check, grad_out=True)
+    time_rows = timings(args.dtype, args.d, args.N)
     if args.out:
         with open(args.out, "w") as f:
             meta = results_meta(method="each call replayed from a CUDA graph (graph_time_ms, rep=100 ms)",

@@ -58,7 +58,7 @@ def run_gluon(q, k, v, causal, **kwargs):
 def run_triton(q, k, v, causal):
     o = torch.empty_like(q)
     lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
-    launch_attention_forward(q, k, v, o, lse, AttentionSpec(causal=causal))
+    launch_attention_forward(q, k, v, o, lse, AttentionSpec(causal=causal), use_gluon=False)
     return o, lse
 
 
@@ -97,14 +97,50 @@ def check_grid(dtypes, check, grad_out=False) -> list[dict]:
     return rows
 
 
+def positive_ints(text: str, count: int | None = None) -> list[int]:
+    """Comma-separated positive integers (exactly ``count`` of them if given), else argparse's error."""
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1 or (count is not None and len(values) != count):
+        wanted = f"{count} positive integers" if count else "positive integers"
+        raise argparse.ArgumentTypeError(f"expected {wanted}, comma separated; got {text!r}")
+    return values
+
+
+def dtype_names(text: str) -> list[str]:
+    """Comma-separated names of :data:`DTYPES`, else argparse's error."""
+    names = text.split(",")
+    if not all(name in DTYPES for name in names):
+        raise argparse.ArgumentTypeError(f"expected {' and '.join(DTYPES)}, comma separated; got {text!r}")
+    return names
+
+
+def head_dims(text: str) -> list[int]:
+    """Comma-separated head dims the Gluon kernels have configs for, else argparse's error."""
+    dims = positive_ints(text)
+    if not all(d in hopper.CONFIGS for d in dims):
+        raise argparse.ArgumentTypeError(f"expected head dims among {sorted(hopper.CONFIGS)}; got {text!r}")
+    return dims
+
+
 def parse_variants(text: str) -> dict[str, tuple[int, tuple[int, int, int], bool]]:
     """{name: (head_dim, (BLOCK_M, BLOCK_N, STAGES), pingpong)} from 'NAME=D:BLOCK_M,BLOCK_N,STAGES[:nopp];...'."""
     variants = {}
     for item in filter(None, text.split(";")):
-        name, spec = item.split("=")
-        d, config, *flags = spec.split(":")
-        variants[name] = (int(d), tuple(int(x) for x in config.split(",")), "nopp" not in flags)
+        try:
+            name, spec = item.split("=")
+            d, config, *flags = spec.split(":")
+            variants[name] = (head_dims(d)[0], tuple(positive_ints(config, 3)), "nopp" not in flags)
+        except (ValueError, argparse.ArgumentTypeError):
+            raise argparse.ArgumentTypeError(f"expected NAME=D:BLOCK_M,BLOCK_N,STAGES[:nopp]; got {item!r}") from None
     return variants
+
+
+def eager_shapes(text: str) -> list[tuple[int, int, int, int]]:
+    """'B,H,N,D;...' as (B, H, N, D) tuples, else argparse's error."""
+    return [tuple(positive_ints(item, 4)) for item in filter(None, text.split(";"))]
 
 
 def run_variant(config, pingpong, q, k, v, causal):
@@ -118,18 +154,18 @@ def run_variant(config, pingpong, q, k, v, causal):
         hopper.CONFIGS[d] = saved
 
 
-def fa2_points(dtypes, head_dims, lengths):
+def fa2_points(dtypes, dims, lengths):
     """(dtype name, D, N, causal, batch, heads) of every timed point: the FlashAttention-2 benchmark's shapes."""
     for name in dtypes:
-        for d in head_dims:
+        for d in dims:
             for n in lengths:
                 for causal in (False, True):
                     yield (name, d, n, causal, *fa2_shape(n, d))
 
 
-def timings(dtypes, head_dims, lengths, variants=None) -> list[dict]:
+def timings(dtypes, dims, lengths, variants=None) -> list[dict]:
     rows = []
-    for name, d, n, causal, batch, heads in fa2_points(dtypes, head_dims, lengths):
+    for name, d, n, causal, batch, heads in fa2_points(dtypes, dims, lengths):
         q, k, v = make_inputs(batch, heads, heads, n, n, d, DTYPES[name])
         o_gluon, lse_gluon = run_gluon(q, k, v, causal)
         o_triton, lse_triton = run_triton(q, k, v, causal)
@@ -187,23 +223,21 @@ def eager_times(shapes, causal=True, calls=200) -> list[dict]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dtype", default="fp16,bf16")
-    parser.add_argument("--d", default="64,128")
-    parser.add_argument("--N", default="1024,4096,16384")
+    parser.add_argument("--dtype", type=dtype_names, default="fp16,bf16")
+    parser.add_argument("--d", type=head_dims, default="64,128")
+    parser.add_argument("--N", type=positive_ints, default="1024,4096,16384")
     parser.add_argument("--no-checks", action="store_true")
-    parser.add_argument("--variants", default="",
+    parser.add_argument("--variants", type=parse_variants, default="",
                         help="extra Gluon configs timed beside the others: 'NAME=D:BLOCK_M,BLOCK_N,STAGES;...'")
-    parser.add_argument("--eager", default="",
+    parser.add_argument("--eager", type=eager_shapes, default="",
                         help="also time eager calls, wall clock per call, at 'B,H,N,D;...' (the Gluon route and the "
                              "Triton one)")
     parser.add_argument("--no-timings", action="store_true", help="skip the FA2-shape timings")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    dtypes = args.dtype.split(",")
-    check_rows = [] if args.no_checks else check_grid(dtypes, check)
-    time_rows = [] if args.no_timings else timings(
-        dtypes, [int(x) for x in args.d.split(",")], [int(x) for x in args.N.split(",")], parse_variants(args.variants))
-    eager_rows = eager_times([tuple(int(x) for x in item.split(",")) for item in filter(None, args.eager.split(";"))])
+    check_rows = [] if args.no_checks else check_grid(args.dtype, check)
+    time_rows = [] if args.no_timings else timings(args.dtype, args.d, args.N, args.variants)
+    eager_rows = eager_times(args.eager)
     if args.out:
         with open(args.out, "w") as f:
             method = "each call replayed from a CUDA graph (flashlib.timing.graph_time_ms, rep=100 ms)"
