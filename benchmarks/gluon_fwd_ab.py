@@ -125,16 +125,21 @@ def head_dims(text: str) -> list[int]:
     return dims
 
 
-def parse_variants(text: str) -> dict[str, tuple[int, tuple[int, int, int], bool]]:
-    """{name: (head_dim, (BLOCK_M, BLOCK_N, STAGES), pingpong)} from 'NAME=D:BLOCK_M,BLOCK_N,STAGES[:nopp];...'."""
+def parse_variants(text: str) -> dict[str, tuple[int, tuple[int, int, int], bool, bool]]:
+    """{name: (head_dim, (BLOCK_M, BLOCK_N, STAGES), pingpong, persistent)} from
+    'NAME=D:BLOCK_M,BLOCK_N,STAGES[:nopp][:nopersist];...'."""
     variants = {}
     for item in filter(None, text.split(";")):
         try:
             name, spec = item.split("=")
             d, config, *flags = spec.split(":")
-            variants[name] = (head_dims(d)[0], tuple(positive_ints(config, 3)), "nopp" not in flags)
+            if not set(flags) <= {"nopp", "nopersist"}:
+                raise ValueError(flags)
+            variants[name] = (head_dims(d)[0], tuple(positive_ints(config, 3)), "nopp" not in flags,
+                              "nopersist" not in flags)
         except (ValueError, argparse.ArgumentTypeError):
-            raise argparse.ArgumentTypeError(f"expected NAME=D:BLOCK_M,BLOCK_N,STAGES[:nopp]; got {item!r}") from None
+            raise argparse.ArgumentTypeError(
+                f"expected NAME=D:BLOCK_M,BLOCK_N,STAGES[:nopp][:nopersist]; got {item!r}") from None
     return variants
 
 
@@ -143,13 +148,14 @@ def eager_shapes(text: str) -> list[tuple[int, int, int, int]]:
     return [tuple(positive_ints(item, 4)) for item in filter(None, text.split(";"))]
 
 
-def run_variant(config, pingpong, q, k, v, causal):
-    """The Gluon forward with ``config`` in place of its own for this head_dim, ping-pong on or off."""
+def run_variant(config, pingpong, persistent, q, k, v, causal):
+    """The Gluon forward with ``config`` in place of its own for this head_dim, ping-pong and persistence on or
+    off."""
     d = q.shape[-1]
     saved = hopper.CONFIGS[d]
     hopper.CONFIGS[d] = config
     try:
-        return run_gluon(q, k, v, causal, pingpong=pingpong)
+        return run_gluon(q, k, v, causal, pingpong=pingpong, persistent=persistent)
     finally:
         hopper.CONFIGS[d] = saved
 
@@ -178,9 +184,10 @@ def timings(dtypes, dims, lengths, variants=None) -> list[dict]:
             "triton": lambda: run_triton(q, k, v, causal),
             "cudnn": lambda: ATTENTION_IMPLS["sdpa_cudnn"](q, k, v, causal),
         }
-        for name_, (vd, config, pingpong) in (variants or {}).items():
+        for name_, (vd, config, pingpong, persistent) in (variants or {}).items():
             if vd == d:
-                calls[name_] = lambda config=config, pp=pingpong: run_variant(config, pp, q, k, v, causal)
+                calls[name_] = lambda config=config, pp=pingpong, ps=persistent: run_variant(config, pp, ps, q, k, v,
+                                                                                           causal)
         for impl, fn in calls.items():
             ms = graph_time_ms(fn, rep=100)
             row[f"{impl}_tflops"] = flops / ms * 1e-9
@@ -228,7 +235,8 @@ def main(argv=None) -> int:
     parser.add_argument("--N", type=positive_ints, default="1024,4096,16384")
     parser.add_argument("--no-checks", action="store_true")
     parser.add_argument("--variants", type=parse_variants, default="",
-                        help="extra Gluon configs timed beside the others: 'NAME=D:BLOCK_M,BLOCK_N,STAGES;...'")
+                        help="extra Gluon configs timed beside the others: "
+                             "'NAME=D:BLOCK_M,BLOCK_N,STAGES[:nopp][:nopersist];...'")
     parser.add_argument("--eager", type=eager_shapes, default="",
                         help="also time eager calls, wall clock per call, at 'B,H,N,D;...' (the Gluon route and the "
                              "Triton one)")

@@ -94,7 +94,8 @@ def gluon_launch(kernel: str, d: int, n: int, dtype, causal: bool) -> tuple:
     rows = torch.empty(4, 2048 // d, n)
     if kernel == "gluon_fwd":
         return captured_gluon_launch(attention_fwd_hopper, "attention_fwd_hopper_kernel", lambda: (
-            attention_fwd_hopper.launch_attention_forward_hopper(q, k, v, o, rows, scale=d ** -0.5, causal=causal)))
+            attention_fwd_hopper.launch_attention_forward_hopper(q, k, v, o, rows, scale=d ** -0.5, causal=causal,
+                                                                 persistent=False)))  # the grid asks no GPU
     return captured_gluon_launch(attention_bwd_hopper, "attention_bwd_dkdv_hopper_kernel", lambda: (
         attention_bwd_hopper.launch_attention_dkdv_hopper(q, k, v, o, rows, rows, torch.empty_like(k),
                                                           torch.empty_like(v), scale=d ** -0.5, causal=causal)))
@@ -172,15 +173,35 @@ def sass_of(compiled) -> tuple[str, dict]:
     return sass, {key: int(value) for key, value in re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", usage)}
 
 
-def disassemble(compiled) -> tuple[collections.Counter, dict]:
-    """(opcode counts, resource usage) of a compiled kernel."""
+def opcode_of(line: str) -> str | None:
+    """The opcode of one SASS instruction line (after its address and any predicate), else None."""
+    match = re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*)", line)
+    return match.group(1) if match else None
+
+
+def disassemble(compiled) -> tuple[collections.Counter, dict, int]:
+    """(opcode counts, resource usage, :func:`spills_among_products`) of a compiled kernel."""
     sass, resources = sass_of(compiled)
-    opcodes = collections.Counter()
-    for line in sass.splitlines():
-        match = re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*)", line)
-        if match:
-            opcodes[match.group(1)] += 1
-    return opcodes, resources
+    opcodes = collections.Counter(op for op in map(opcode_of, sass.splitlines()) if op)
+    return opcodes, resources, spills_among_products(sass)
+
+
+def spills_among_products(sass: str) -> int:
+    """Spill instructions (STL, LDL) between the first and the last warpgroup product (HGMMA) of each register
+    region, the code between two ``setmaxnreg`` (USETMAXREG): in a warp-specialized kernel, the spills of a
+    consumer's loops. ptxas hands a few scalars computed before the partitions split to them through the stack
+    (stored at the kernel's entry, loaded at a partition's): those lie outside, as do the loading warp's (it has
+    no product), and cost once per program, not per key block."""
+    count, region = 0, []
+    for line in sass.splitlines() + ["USETMAXREG"]:
+        if "USETMAXREG" in line:
+            ops = [opcode_of(x) for x in region]
+            products = [i for i, op in enumerate(ops) if op == "HGMMA"]
+            if products:
+                count += sum(op in ("STL", "LDL") for op in ops[products[0]:products[-1]])
+            region = []
+        region.append(line)
+    return count
 
 
 def main():
@@ -231,7 +252,7 @@ def main():
                 compiled = compile_gluon_for_hopper(fn, call_args, call_kwargs)
             else:
                 compiled = compile_for_hopper(fn, call_args, call_kwargs, warps, stages, args.maxnreg)
-            opcodes, resources = disassemble(compiled)
+            opcodes, resources, among_products = disassemble(compiled)
             key = (kernel, d, causal, p, (block_m, block_n, stages, warps))
             counted[key] = opcodes
             spills = opcodes["STL"] + opcodes["LDL"]
@@ -239,7 +260,8 @@ def main():
                     else f"{block_m}x{block_n}")  # the Gluon launchers' own blocks
             print(f"{kernel} D={d} causal={causal} dropout={p} {tile} "
                   f"s{compiled.metadata.num_stages} w{compiled.metadata.num_warps}: {sum(opcodes.values())} instructions, "
-                  f"registers {resources.get('REG')}, stack {resources.get('STACK')} B ({spills} STL/LDL), "
+                  f"registers {resources.get('REG')}, stack {resources.get('STACK')} B ({spills} STL/LDL, "
+                  f"{among_products} among the products), "
                   f"shared {compiled.metadata.shared} B")
             print("    " + ", ".join(f"{op} {n}" for op, n in opcodes.most_common(args.top)))
     for (a_key, a), (b_key, b) in itertools.combinations(counted.items(), 2):

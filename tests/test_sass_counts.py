@@ -13,7 +13,7 @@ from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "sass_counts.py"
 LINE = re.compile(r"^fwd D=64 causal=no dropout=(?P<p>[\d.]+) 128x64 s\d+ w\d+: (?P<total>\d+) instructions, "
-                  r"registers (?P<regs>\d+), stack \d+ B \((?P<spills>\d+) STL/LDL\)")
+                  r"registers (?P<regs>\d+), stack \d+ B \((?P<spills>\d+) STL/LDL, \d+ among the products\)")
 
 
 def run_script(*args: str) -> subprocess.CompletedProcess:
@@ -48,3 +48,22 @@ def test_the_hopper_forward_compiles_to_wgmma_and_tma_without_spills_and_dropout
 def test_a_malformed_config_is_refused_with_its_text():
     done = run_script("--configs", "64by64")
     assert done.returncode == 2 and "64by64" in done.stderr and "BLOCK_MxBLOCK_N" in done.stderr
+
+
+def _sass(*ops: str) -> str:
+    return "\n".join(f"        /*{16 * i:04x}*/                   {op} ;" for i, op in enumerate(ops))
+
+
+def test_spills_among_products_counts_only_those_between_a_regions_first_and_last_product():
+    sys.path.insert(0, str(SCRIPT.parent))
+    from sass_counts import spills_among_products
+
+    entry = ["STL [R1], R3", "USETMAXREG.DEALLOC.CTAPOOL 0xf0", "LDL R6, [R1]"]  # handed to a partition: not counted
+    consumer = ["HGMMA.64x128x16.F32", "FADD R1, R2, R3", "STL [R1+0x4], R9", "LDL R9, [R1+0x4]",
+                "HGMMA.64x128x16.F32", "LDL R2, [R1]"]
+    loader = ["USETMAXREG.DEALLOC.CTAPOOL 0x18", "LDL R2, [R1+0x8]", "UTMALDG.4D [UR8], [UR4]"]
+    assert spills_among_products(_sass(*entry, *consumer, *loader)) == 2
+    assert spills_among_products(_sass(*entry, "HGMMA.64x128x16.F32", "HGMMA.64x128x16.F32", *loader)) == 0
+    # a spill between two products of different regions is no loop's: each region is counted on its own
+    assert spills_among_products(_sass("HGMMA.64x128x16.F32", "USETMAXREG.TRY_ALLOC.CTAPOOL UP1, 0xf0",
+                                       "STL [R1], R2", "HGMMA.64x128x16.F32")) == 0

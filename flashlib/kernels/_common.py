@@ -65,6 +65,12 @@ def descriptors_supported(device: torch.device) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
+def multiprocessor_count(device_index: int) -> int:
+    """SMs of a CUDA device (cached: the property query costs host time on every call)."""
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
 def _hopper_or_later(device_index: int) -> bool:
     """Asked once per GPU: every launch asks, and the host's time per launch counts at short N."""
     return torch.cuda.get_device_capability(device_index)[0] >= 9

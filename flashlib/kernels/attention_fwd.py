@@ -481,7 +481,7 @@ def _gluon_preferred(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
     batch, heads, n_q, head_dim = q.shape
     n_k = k.shape[2]
     scores = batch * heads * n_q * n_k * (0.5 if causal else 1.0)
-    return hopper.preferred(head_dim, n_q, n_k, scores)
+    return hopper.preferred(head_dim, n_q, n_k, scores, causal)
 
 
 def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -528,8 +528,7 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     plain = hopper.covers(spec, use_tma, cu_seqlens_q, seq_lens, alibi_slopes, tiles, descale, block_m)
     if (use_gluon is not False and plain and hopper.can_run(q, k, v, o, scale=spec.scale(q.shape[-1]))
             and (use_gluon or _gluon_preferred(q, k, right == 0))):
-        hopper.launch_attention_forward_hopper(q, k, v, o, lse, scale=spec.scale(q.shape[-1]), causal=right == 0,
-                                               longest_first=longest_first(left, right))
+        hopper.launch_attention_forward_hopper(q, k, v, o, lse, scale=spec.scale(q.shape[-1]), causal=right == 0)
         return filled
     varlen = cu_seqlens_q is not None
     if varlen:

@@ -39,7 +39,7 @@ import functools
 import torch
 import triton
 
-from ._common import LN2, LOG2E, descriptor_ready
+from ._common import LN2, LOG2E, descriptor_ready, multiprocessor_count
 
 try:  # Gluon ships with Triton 3.5 and later; its Hopper API is what this kernel is written against.
     from triton.experimental import gluon
@@ -64,6 +64,9 @@ CONFIGS = {64: (64, 128, 3), 128: (64, 128, 2)}
 CONSUMER_REGISTERS, LOADER_REGISTERS, KERNEL_REGISTERS = 240, 24, 168
 #: Whether the two consumers take turns issuing their products (FlashAttention-3's ping-pong).
 PINGPONG = True
+#: Whether one program per SM walks the query tiles (the loading warp then fetches the next tile's Q, K and V
+#: during this tile's last products and its epilogue) rather than one program per work item.
+PERSISTENT = True
 
 if HAVE_GLUON:
 
@@ -91,30 +94,75 @@ if HAVE_GLUON:
         return p, m_new, l_i, alpha
 
     @gluon.jit
-    def _load_partition(descs, smem, bars, coords, counts, LSE, qk_scale, causal, pingpong):
-        """One warp: the Q tiles of both consumers, then K and V of every key block into the ring of
-        ``STAGES`` slots, each slot refilled once both consumers have released it."""
+    def _work_item(item, sched, causal):
+        """The (batch, head) of work item ``item``, the query tile it starts with, the one it may pair with and how
+        many tiles it holds. Without a mask an item is one tile (2 x BLOCK_M query rows). Under a causal mask tile
+        ``t`` of ``n`` costs about ``t + 1`` key blocks, so an item pairs tile ``n - 1 - k`` with tile ``k`` (one
+        tile where they meet): every item costs about the same, and a static round-robin over the items balances
+        the persistent programs (FlashAttention-3 takes a dynamic scheduler for this)."""
+        items_per_head, n_tiles = sched[1], sched[2]
+        hz = item // items_per_head
+        k = item % items_per_head
+        first = k
+        if causal:
+            first = n_tiles - 1 - k
+        n_sub = 1 + (first != k).to(gl.int32)
+        return hz, first, k, n_sub
+
+    @gluon.jit
+    def _tile(hz, tile, sched, causal, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+        """Where query tile ``tile`` of (batch, head) ``hz`` reads and writes: (b, h, kv head, first row), and its
+        key blocks: [0, n_blocks) hold a key some row sees, [0, n_full) are seen whole by every row."""
+        H, KV_GROUP, N_Q, N_K = sched[3], sched[4], sched[5], sched[6]
+        off_b = hz // H
+        off_h = hz % H
+        m0 = tile * 2 * BLOCK_M
+        offset = N_K - N_Q  # query row i sits at key position i + offset
+        hi = N_K
+        n_full = N_K // BLOCK_N
+        if causal:
+            hi = gl.minimum(N_K, gl.maximum(m0 + 2 * BLOCK_M + offset, 0))
+            n_full = gl.maximum(m0 + offset + 1, 0) // BLOCK_N
+        n_blocks = gl.cdiv(hi, BLOCK_N)
+        n_full = gl.minimum(n_full, n_blocks)
+        return off_b, off_h, off_h // KV_GROUP, m0, n_blocks, n_full
+
+    @gluon.jit
+    def _load_partition(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong):
+        """One warp: for each query tile of the program, its Q tiles once both consumers released the last ones,
+        then K and V of every key block into the ring of ``STAGES`` slots, each slot refilled once both consumers
+        have released it. The ring runs on across tiles, so the next tile's first blocks load during this
+        tile's last products and its epilogue."""
         q_desc, k_desc, v_desc = descs[0], descs[1], descs[2]
-        q_smem, k_smem, v_smem = smem
-        q_bars, k_ready, v_ready, k_empty, v_empty = bars[0], bars[1], bars[2], bars[3], bars[4]
-        off_b, off_h, off_kvh, m0 = coords[0], coords[1], coords[2], coords[4]
-        n_blocks = counts[0]
+        q_smem, k_smem, v_smem = smem[0], smem[1], smem[2]
+        q_ready, q_empty, k_ready, v_ready, k_empty, v_empty = bars[0], bars[1], bars[2], bars[3], bars[4], bars[5]
         BLOCK_M: gl.constexpr = q_smem.type.shape[3]
         STAGES: gl.constexpr = k_smem.type.shape[0]
         BLOCK_N: gl.constexpr = k_smem.type.shape[3]
-        for half in gl.static_range(2):
-            mbarrier.expect(q_bars.index(half), q_desc.block_type.nbytes)
-            tma_load(q_desc, [off_b, off_h, m0 + half * BLOCK_M, 0], q_bars.index(half), q_smem.index(half))
-        for j in range(n_blocks):
-            slot = j % STAGES
-            phase = (j // STAGES) & 1
-            # A fresh barrier counts as having completed the phase before its first: the first lap passes.
-            mbarrier.wait(k_empty.index(slot), phase ^ 1)
-            mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-            tma_load(k_desc, [off_b, off_kvh, j * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot))
-            mbarrier.wait(v_empty.index(slot), phase ^ 1)
-            mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-            tma_load(v_desc, [off_b, off_kvh, j * BLOCK_N, 0], v_ready.index(slot), v_smem.index(slot))
+        ring = 0  # K/V blocks loaded so far
+        tiles = 0  # query tiles begun so far
+        for item in range(sched[7], sched[0], sched[8]):
+            hz, first, second, n_sub = _work_item(item, sched, causal)
+            for sub in range(n_sub):
+                off_b, off_h, off_kvh, m0, n_blocks, n_full = _tile(hz, first - sub * (first - second), sched,
+                                                                    causal, BLOCK_M, BLOCK_N)
+                for half in gl.static_range(2):
+                    # A fresh barrier counts as having completed the phase before its first: the first lap passes.
+                    mbarrier.wait(q_empty.index(half), (tiles & 1) ^ 1)
+                    mbarrier.expect(q_ready.index(half), q_desc.block_type.nbytes)
+                    tma_load(q_desc, [off_b, off_h, m0 + half * BLOCK_M, 0], q_ready.index(half),
+                             q_smem.index(half))
+                for j in range(n_blocks):
+                    slot = ring % STAGES
+                    phase = (ring // STAGES) & 1
+                    mbarrier.wait(k_empty.index(slot), phase ^ 1)
+                    mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+                    tma_load(k_desc, [off_b, off_kvh, j * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot))
+                    mbarrier.wait(v_empty.index(slot), phase ^ 1)
+                    mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+                    tma_load(v_desc, [off_b, off_kvh, j * BLOCK_N, 0], v_ready.index(slot), v_smem.index(slot))
+                    ring += 1
+                tiles += 1
 
     @gluon.jit
     def _scores(q_tile, k_smem, k_ready, j, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -147,54 +195,57 @@ if HAVE_GLUON:
             mbarrier.arrive(turns.index(1 - HALF), count=1)
 
     @gluon.jit
-    def _overlapped_step(q_tile, k_smem, v_smem, bars, o, p, alpha, m_i, l_i, j, rows, offset, N_K, qk_scale,
-                         pingpong, HALF: gl.constexpr, MASKED: gl.constexpr, causal, BLOCK_M: gl.constexpr,
+    def _overlapped_step(q_tile, k_smem, v_smem, bars, o, p, alpha, m_i, l_i, j, ring, turn, rows, offset, N_K,
+                         qk_scale, pingpong, HALF: gl.constexpr, MASKED: gl.constexpr, causal, BLOCK_M: gl.constexpr,
                          BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
                          s_layout: gl.constexpr, p_layout: gl.constexpr, o_layout: gl.constexpr):
-        """Key block ``j``: its S, overlapped with P V of block ``j - 1`` (``p``: that block's weights,
-        ``alpha``: O's rescale to that block's max, applied while S is on the tensor cores).
-        Returns O (through block j - 1), block j's weights and rescale, m and l."""
-        q_bars, k_ready, v_ready, k_empty, v_empty, turns = bars
-        _wait_turn(turns, j, pingpong, HALF)
-        s = _scores(q_tile, k_smem, k_ready, j, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, s_layout)
+        """Key block ``j`` (at place ``ring + j`` of the K/V ring, in round ``turn + j`` of the ping-pong): its S,
+        overlapped with P V of block ``j - 1`` (``p``: that block's weights, ``alpha``: O's rescale to that
+        block's max, applied while S is on the tensor cores). Returns O (through block j - 1), block j's weights
+        and rescale, m and l."""
+        k_ready, v_ready, k_empty, v_empty, turns = bars[2], bars[3], bars[4], bars[5], bars[6]
+        _wait_turn(turns, turn + j, pingpong, HALF)
+        s = _scores(q_tile, k_smem, k_ready, ring + j, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, s_layout)
         o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-        o = _add_pv(o, p, v_smem, v_ready, j - 1, BLOCK_N, HEAD_DIM, STAGES)
+        o = _add_pv(o, p, v_smem, v_ready, ring + j - 1, BLOCK_N, HEAD_DIM, STAGES)
         _pass_turn(turns, pingpong, HALF)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
-        mbarrier.arrive(k_empty.index(j % STAGES), count=1)
+        mbarrier.arrive(k_empty.index((ring + j) % STAGES), count=1)
         p_f32, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, j * BLOCK_N, rows, offset, N_K, qk_scale,
                                                MASKED, causal, BLOCK_N, s_layout)
         o, p = warpgroup_mma_wait(num_outstanding=0, deps=(o, p))
-        mbarrier.arrive(v_empty.index((j - 1) % STAGES), count=1)
+        mbarrier.arrive(v_empty.index((ring + j - 1) % STAGES), count=1)
         p = gl.convert_layout(p_f32.to(q_tile.dtype), p_layout)
         return o, p, alpha, m_i, l_i
 
     @gluon.jit
-    def _overlapped_blocks(q_tile, k_smem, v_smem, bars, o, p, alpha, m_i, l_i, first, last, rows, offset, N_K,
-                           qk_scale, pingpong, HALF: gl.constexpr, MASKED: gl.constexpr, causal,
+    def _overlapped_blocks(q_tile, k_smem, v_smem, bars, o, p, alpha, m_i, l_i, first, last, ring, turn, rows,
+                           offset, N_K, qk_scale, pingpong, HALF: gl.constexpr, MASKED: gl.constexpr, causal,
                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
                            s_layout: gl.constexpr, p_layout: gl.constexpr, o_layout: gl.constexpr):
         """Key blocks ``first`` to ``last - 1``."""
         for j in range(first, last):
-            o, p, alpha, m_i, l_i = _overlapped_step(q_tile, k_smem, v_smem, bars, o, p, alpha, m_i, l_i, j, rows,
-                                                     offset, N_K, qk_scale, pingpong, HALF, MASKED, causal, BLOCK_M,
-                                                     BLOCK_N, HEAD_DIM, STAGES, s_layout, p_layout, o_layout)
+            o, p, alpha, m_i, l_i = _overlapped_step(q_tile, k_smem, v_smem, bars, o, p, alpha, m_i, l_i, j, ring,
+                                                     turn, rows, offset, N_K, qk_scale, pingpong, HALF, MASKED,
+                                                     causal, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, s_layout, p_layout,
+                                                     o_layout)
         return o, p, alpha, m_i, l_i
 
     @gluon.jit
-    def _consume(descs, smem, bars, coords, counts, LSE, qk_scale, causal, pingpong, HALF: gl.constexpr):
-        """One warpgroup: O and LSE of the program's ``HALF``-th BLOCK_M query rows. Partitions take no
-        constexpr arguments (Triton 3.6 turns them into values), so the block sizes come from the shared
-        memory's shapes and ``causal`` is a value (used only in the masked blocks)."""
-        q_desc, k_desc, v_desc, o_desc = descs
-        q_smem, k_smem, v_smem = smem
-        q_bars, k_ready, v_ready, k_empty, v_empty, turns = bars
-        off_b, off_h, off_kvh, off_hz, m0 = coords
-        n_blocks, n_full, offset, N_Q, N_K = counts
-        BLOCK_M: gl.constexpr = q_smem.type.shape[3]
-        HEAD_DIM: gl.constexpr = q_smem.type.shape[4]
-        STAGES: gl.constexpr = k_smem.type.shape[0]
-        BLOCK_N: gl.constexpr = k_smem.type.shape[3]
+    def _consume_tile(descs, smem, bars, q_tile, tile_at, ring, turn, tiles, LSE, qk_scale, causal, pingpong,
+                      HALF: gl.constexpr):
+        """O and LSE of the ``HALF``-th BLOCK_M query rows of one query tile (``tile_at``: its place from
+        :func:`_tile` and its (batch, head) ``hz``), whose key blocks start at place ``ring`` of the K/V ring and
+        round ``turn`` of the ping-pong; ``tiles``: query tiles this consumer finished before."""
+        o_desc = descs[3]
+        o_smem = smem[3]
+        q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns = bars
+        off_b, off_h, hz, m0, n_blocks, n_full, offset, N_Q, N_K = tile_at
+        BLOCK_M: gl.constexpr = q_tile.type.shape[0]
+        HEAD_DIM: gl.constexpr = q_tile.type.shape[1]
+        STAGES: gl.constexpr = smem[1].type.shape[0]
+        BLOCK_N: gl.constexpr = smem[1].type.shape[3]
+        k_smem, v_smem = smem[1], smem[2]
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -205,98 +256,115 @@ if HAVE_GLUON:
         m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
         l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
         o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
-        q_tile = q_smem.index(HALF).reshape([BLOCK_M, HEAD_DIM])
-        mbarrier.wait(q_bars.index(HALF), 0)
+        mbarrier.wait(q_ready.index(HALF), tiles & 1)
 
         if n_blocks > 0:
             # Block 0: its scores alone (always through the mask: cheap once, right for every block).
-            _wait_turn(turns, 0, pingpong, HALF)
-            s = _scores(q_tile, k_smem, k_ready, 0, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, s_layout)
+            _wait_turn(turns, turn, pingpong, HALF)
+            s = _scores(q_tile, k_smem, k_ready, ring, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, s_layout)
             _pass_turn(turns, pingpong, HALF)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-            mbarrier.arrive(k_empty.index(0), count=1)
+            mbarrier.arrive(k_empty.index(ring % STAGES), count=1)
             p_f32, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, 0, rows_s, offset, N_K, qk_scale,
                                                    True, causal, BLOCK_N, s_layout)
             p = gl.convert_layout(p_f32.to(q_tile.dtype), p_layout)
             # Blocks every row of the program sees whole, then the ones cut by the diagonal or N_K.
             split = gl.maximum(n_full, 1)
             o, p, alpha, m_i, l_i = _overlapped_blocks(q_tile, k_smem, v_smem, bars, o, p, alpha, m_i, l_i, 1,
-                                                       split, rows_s, offset, N_K, qk_scale, pingpong, HALF, False,
-                                                       causal, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, s_layout,
-                                                       p_layout, o_layout)
+                                                       split, ring, turn, rows_s, offset, N_K, qk_scale, pingpong,
+                                                       HALF, False, causal, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
+                                                       s_layout, p_layout, o_layout)
             o, p, alpha, m_i, l_i = _overlapped_blocks(q_tile, k_smem, v_smem, bars, o, p, alpha, m_i, l_i, split,
-                                                       n_blocks, rows_s, offset, N_K, qk_scale, pingpong, HALF, True,
-                                                       causal, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, s_layout,
-                                                       p_layout, o_layout)
+                                                       n_blocks, ring, turn, rows_s, offset, N_K, qk_scale, pingpong,
+                                                       HALF, True, causal, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
+                                                       s_layout, p_layout, o_layout)
+            # Q is read by no more product: the loader may bring the next tile's.
+            mbarrier.arrive(q_empty.index(HALF), count=1)
             # P V of the last block.
             o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-            _wait_turn(turns, n_blocks, pingpong, HALF)
-            o = _add_pv(o, p, v_smem, v_ready, n_blocks - 1, BLOCK_N, HEAD_DIM, STAGES)
+            _wait_turn(turns, turn + n_blocks, pingpong, HALF)
+            o = _add_pv(o, p, v_smem, v_ready, ring + n_blocks - 1, BLOCK_N, HEAD_DIM, STAGES)
             _pass_turn(turns, pingpong, HALF)
             o = warpgroup_mma_wait(num_outstanding=0, deps=(o, ))
-            mbarrier.arrive(v_empty.index((n_blocks - 1) % STAGES), count=1)
+            mbarrier.arrive(v_empty.index((ring + n_blocks - 1) % STAGES), count=1)
+        else:
+            mbarrier.arrive(q_empty.index(HALF), count=1)
 
         # Rows with no visible key (l = 0): O = 0, L = -inf. A NaN score makes l NaN and reaches O and L.
         valid = l_i != 0.0
         l_safe = gl.where(valid, l_i, 1.0)
         lse = gl.where(valid, (m_i + gl.log2(l_safe)) * LN2, float("-inf"))
         out = o / gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout))[:, None]
-        gl.store(LSE + off_hz.to(gl.int64) * N_Q + rows_s, lse, mask=rows_s < N_Q)
-        # O leaves through this half's Q slot (read by no product now); the copy engine drops rows past N_Q.
-        q_tile.store(out.to(o_desc.dtype))
+        gl.store(LSE + hz.to(gl.int64) * N_Q + rows_s, lse, mask=rows_s < N_Q)
+        # O leaves through this consumer's O slot, once the copy engine has read the last tile's out of it; the
+        # store runs on while the next tile begins. The copy engine drops rows past N_Q.
+        tma.store_wait(pendings=0)
+        o_smem.index(HALF).reshape([BLOCK_M, HEAD_DIM]).store(out.to(o_desc.dtype))
         fence_async_shared()
-        tma_store(o_desc, [off_b, off_h, row0, 0], q_smem.index(HALF))
+        tma_store(o_desc, [off_b, off_h, row0, 0], o_smem.index(HALF))
+
+    @gluon.jit
+    def _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, HALF: gl.constexpr):
+        """One warpgroup: O and LSE of the ``HALF``-th BLOCK_M query rows of each of the program's query tiles.
+        Partitions take no constexpr arguments (Triton 3.6 turns them into values), so the block sizes come from
+        the shared memory's shapes and ``causal`` is a value."""
+        q_smem, k_smem = smem[0], smem[1]
+        BLOCK_M: gl.constexpr = q_smem.type.shape[3]
+        HEAD_DIM: gl.constexpr = q_smem.type.shape[4]
+        BLOCK_N: gl.constexpr = k_smem.type.shape[3]
+        N_Q, N_K = sched[5], sched[6]
+        q_tile = q_smem.index(HALF).reshape([BLOCK_M, HEAD_DIM])
+        ring = 0  # K/V blocks consumed so far
+        turn = 0  # ping-pong rounds so far
+        tiles = 0
+        for item in range(sched[7], sched[0], sched[8]):
+            hz, first, second, n_sub = _work_item(item, sched, causal)
+            for sub in range(n_sub):
+                off_b, off_h, off_kvh, m0, n_blocks, n_full = _tile(hz, first - sub * (first - second), sched,
+                                                                    causal, BLOCK_M, BLOCK_N)
+                tile_at = (off_b, off_h, hz, m0, n_blocks, n_full, N_K - N_Q, N_Q, N_K)
+                _consume_tile(descs, smem, bars, q_tile, tile_at, ring, turn, tiles, LSE, qk_scale, causal,
+                              pingpong, HALF)
+                ring += n_blocks
+                turn += n_blocks + (n_blocks > 0).to(gl.int32)
+                tiles += 1
         tma.store_wait(pendings=0)
 
     @gluon.jit
-    def _consume_first_half(descs, smem, bars, coords, counts, LSE, qk_scale, causal, pingpong):
-        _consume(descs, smem, bars, coords, counts, LSE, qk_scale, causal, pingpong, 0)
+    def _consume_first_half(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong):
+        _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, 0)
 
     @gluon.jit
-    def _consume_second_half(descs, smem, bars, coords, counts, LSE, qk_scale, causal, pingpong):
-        _consume(descs, smem, bars, coords, counts, LSE, qk_scale, causal, pingpong, 1)
+    def _consume_second_half(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong):
+        _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, 1)
 
     @gluon.jit
     def attention_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, qk_scale, H, KV_GROUP, N_Q, N_K,
-                                    pingpong, CAUSAL: gl.constexpr, LONGEST_FIRST: gl.constexpr, BLOCK_M: gl.constexpr,
-                                    BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                                    CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, num_warps: gl.constexpr):
-        """O and LSE of query rows ``2 * BLOCK_M * program_id(0)`` on (last to first with ``LONGEST_FIRST``),
-        two consumer warpgroups of BLOCK_M rows each and one loading warp, of (batch, head) ``program_id(1)``.
-        q/k/v/o_desc: (B, H, N, D) descriptors with (1, 1, rows, D) tiles (K and V with ``H // KV_GROUP``
-        heads); LSE (B, H, N_Q) float32; ``qk_scale`` = scale * log2(e) > 0."""
+                                    n_items, items_per_head, n_tiles, pingpong, CAUSAL: gl.constexpr,
+                                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                                    STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
+                                    num_warps: gl.constexpr):
+        """O and LSE of work items ``program_id(0)``, ``program_id(0) + num_programs(0)``, ... of ``n_items``
+        (:func:`_work_item`: ``items_per_head`` per (batch, head), over ``n_tiles`` query tiles of 2 x BLOCK_M
+        rows each), two consumer warpgroups of BLOCK_M rows each and one loading warp. A grid of one program per
+        item runs each program once; a grid of one program per SM is persistent. q/k/v/o_desc: (B, H, N, D)
+        descriptors with (1, 1, rows, D) tiles (K and V with ``H // KV_GROUP`` heads); LSE (B, H, N_Q) float32;
+        ``qk_scale`` = scale * log2(e) > 0."""
         gl.static_assert(num_warps == 4)
-        start_m = gl.program_id(0)
-        if LONGEST_FIRST:
-            start_m = gl.num_programs(0) - 1 - start_m
-        off_hz = gl.program_id(1)
-        off_b = off_hz // H
-        off_h = off_hz % H
-        off_kvh = off_h // KV_GROUP
-        m0 = start_m * 2 * BLOCK_M
-        offset = N_K - N_Q  # query row i sits at key position i + offset
-
-        # Key blocks [0, n_blocks) hold a visible key for some row; [0, n_full) are seen whole by every row.
-        if CAUSAL:
-            hi = gl.minimum(N_K, gl.maximum(m0 + 2 * BLOCK_M + offset, 0))
-            n_full = gl.maximum(m0 + offset + 1, 0) // BLOCK_N
-        else:
-            hi = N_K
-            n_full = N_K // BLOCK_N
-        n_blocks = gl.cdiv(hi, BLOCK_N)
-        n_full = gl.minimum(n_full, n_blocks)
-
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
+        o_smem = gl.allocate_shared_memory(o_desc.dtype, [2, 1, 1, BLOCK_M, HEAD_DIM], o_desc.layout)
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
         v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
-        q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(2):
-            mbarrier.init(q_bars.index(i), count=1)
+            mbarrier.init(q_ready.index(i), count=1)
+            mbarrier.init(q_empty.index(i), count=1)  # released by its consumer
             mbarrier.init(turns.index(i), count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)
@@ -305,33 +373,30 @@ if HAVE_GLUON:
             mbarrier.init(v_empty.index(i), count=2)
 
         CAUSAL_FLAG = gl.to_tensor(CAUSAL)
-        args = ((q_desc, k_desc, v_desc, o_desc), (q_smem, k_smem, v_smem),
-                (q_bars, k_ready, v_ready, k_empty, v_empty, turns), (off_b, off_h, off_kvh, off_hz, m0),
-                (n_blocks, n_full, offset, N_Q, N_K), LSE, qk_scale, CAUSAL_FLAG, pingpong)
+        args = ((q_desc, k_desc, v_desc, o_desc), (q_smem, k_smem, v_smem, o_smem),
+                (q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns),
+                (n_items, items_per_head, n_tiles, H, KV_GROUP, N_Q, N_K, gl.program_id(0), gl.num_programs(0)), LSE, qk_scale, CAUSAL_FLAG, pingpong)
         gl.warp_specialize([(_consume_first_half, args), (_consume_second_half, args), (_load_partition, args)],
                            [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
 #: Where :func:`flashlib.kernels.attention_fwd.launch_attention_forward` takes this kernel on its own: where it
-#: was measured faster than the Triton forward on the H100 (fp16 and bf16, FlashAttention-2 shapes, same process,
-#: ``benchmarks/gluon_fwd_ab.py``, benchmarks/TUNING.md thirty-first finding): head_dim 128 from 2048 query and
-#: key rows (1.02-1.14x of the GPU's time). At 1024 rows it ties without a mask and loses 7-12% with one (the
-#: prologue and epilogue of a program are a larger share of its work); at head_dim 64 it runs 0.73-1.01x.
+#: was measured faster than the Triton forward (fp16 and bf16, FlashAttention-2 shapes, same process,
+#: ``benchmarks/gluon_fwd_ab.py``, benchmarks/TUNING.md thirty-first and thirty-second findings): head_dim 128
+#: from 1024 query and key rows without a mask (1.07-1.08x at 1024 rows once persistent, session 40, H200) and
+#: from 2048 with the causal mask (1.12-1.20x; at 1024 rows it is 0.98x: the short tiles of a causal grid leave
+#: little to hide a program's prologue behind); at head_dim 64 it runs 0.77-1.04x.
 ROUTED_HEAD_DIMS = (128,)
-MIN_ROWS = 2048
-#: ... and from 2**27 scores (B * H * N_q * N_k, halved under a causal mask): an eager launch of this kernel costs
-#: the H100 machine's host about 115 us against the Triton route's 90-105 us, so below that much work the host sets
-#: the pace and the Triton route wins (``gluon_fwd_ab.py --eager``: B = 1, H = 32, N = 2048, causal, 2**26 scores:
-#: 116 against 104 us a call, though the kernel alone is 91 against 101 us; B = 4, H = 16, 2**27 scores: 158
-#: against 203 us). A captured CUDA graph would not pay the host, but the rule stays the same there: a route that
-#: changed under capture would compile its kernel for the first time inside the capture.
+MIN_ROWS = 1024
+MIN_ROWS_CAUSAL = 2048
 MIN_SCORES = 2 ** 27
 
 
-def preferred(head_dim: int, n_q: int, n_k: int, scores: float) -> bool:
-    """Whether this kernel is the faster forward for these sizes: :data:`ROUTED_HEAD_DIMS`, :data:`MIN_ROWS` and
-    :data:`MIN_SCORES` ``scores``."""
-    return head_dim in ROUTED_HEAD_DIMS and min(n_q, n_k) >= MIN_ROWS and scores >= MIN_SCORES
+def preferred(head_dim: int, n_q: int, n_k: int, scores: float, causal: bool) -> bool:
+    """Whether this kernel is the faster forward for these sizes: :data:`ROUTED_HEAD_DIMS`, :data:`MIN_ROWS`
+    (:data:`MIN_ROWS_CAUSAL` under a ``causal`` mask) and :data:`MIN_SCORES` ``scores``."""
+    rows = MIN_ROWS_CAUSAL if causal else MIN_ROWS
+    return head_dim in ROUTED_HEAD_DIMS and min(n_q, n_k) >= rows and scores >= MIN_SCORES
 
 
 def covers(spec, use_tma: bool | None, *unsupported) -> bool:
@@ -376,19 +441,24 @@ def tile_descriptor(t: torch.Tensor, rows: int) -> "GluonDescriptor":
 
 
 def launch_attention_forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-                                    lse: torch.Tensor, *, scale: float, causal: bool,
-                                    longest_first: bool = True, pingpong: bool = PINGPONG) -> None:
+                                    lse: torch.Tensor, *, scale: float, causal: bool, pingpong: bool = PINGPONG,
+                                    persistent: bool = PERSISTENT) -> None:
     """Fill o (B, H, N_q, D) and lse (B, H, N_q) float32 contiguous from q, k, v ((B, H[_kv], N, D)), a call
-    :func:`can_run` accepts: no mask, or a causal one (bottom-right aligned) with ``causal``. ``longest_first``: a
-    causal grid runs its last query blocks first (as :data:`flashlib.kernels.attention_fwd.LONGEST_FIRST`);
-    ``pingpong``: the consumers take turns (:data:`PINGPONG`; off only to measure it)."""
+    :func:`can_run` accepts: no mask, or a causal one (bottom-right aligned) with ``causal``. ``pingpong``: the
+    consumers take turns (:data:`PINGPONG`); ``persistent``: one program per SM walks the work items
+    (:data:`PERSISTENT`), else one program per item. Either is off only to measure it."""
     batch, heads, n_q, head_dim = q.shape
     block_m, block_n, stages = CONFIGS[head_dim]
-    grid = (triton.cdiv(n_q, 2 * block_m), batch * heads)
+    n_tiles = triton.cdiv(n_q, 2 * block_m)
+    items_per_head = (n_tiles + 1) // 2 if causal else n_tiles
+    n_items = batch * heads * items_per_head
+    grid = (n_items, )
+    if persistent:
+        device = q.device.index if q.device.index is not None else torch.cuda.current_device()
+        grid = (min(n_items, multiprocessor_count(device)), )
     attention_fwd_hopper_kernel[grid](
         tile_descriptor(q, block_m), tile_descriptor(k, block_n), tile_descriptor(v, block_n),
         tile_descriptor(o, block_m), lse,
-        scale * LOG2E.value, heads, heads // k.shape[1], n_q, k.shape[2], int(pingpong),
-        CAUSAL=causal, LONGEST_FIRST=causal and longest_first, BLOCK_M=block_m, BLOCK_N=block_n,
-        HEAD_DIM=head_dim, STAGES=stages, CONSUMER_REGS=CONSUMER_REGISTERS, LOADER_REGS=LOADER_REGISTERS,
-        num_warps=4, maxnreg=KERNEL_REGISTERS)
+        scale * LOG2E.value, heads, heads // k.shape[1], n_q, k.shape[2], n_items, items_per_head, n_tiles,
+        int(pingpong), CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, STAGES=stages,
+        CONSUMER_REGS=CONSUMER_REGISTERS, LOADER_REGS=LOADER_REGISTERS, num_warps=4, maxnreg=KERNEL_REGISTERS)

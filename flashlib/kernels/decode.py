@@ -48,7 +48,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from .. import runtime
 from ..integer_math import ceil_div, power_of_two_at_least
 from ..spec import window_bounds
-from ._common import LN2, LOG2E, band_mask, scores_log2
+from ._common import LN2, LOG2E, band_mask, multiprocessor_count, scores_log2
 from .attention_fwd import smem_budget
 from .launch import launch
 
@@ -404,12 +404,6 @@ def merges_early(device: torch.device) -> bool:
     capability 9.0 or later (never in the interpreter or on ROCm), unless :data:`MERGE_LAUNCHES_EARLY` is off."""
     return (MERGE_LAUNCHES_EARLY and not runtime.INTERPRET and device.type == "cuda"
             and _pdl_supported(device.index or 0))
-
-
-@functools.lru_cache(maxsize=None)
-def multiprocessor_count(device_index: int) -> int:
-    """SMs of a CUDA device (cached: the property query costs host time on every call)."""
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def rows_per_program(rows: int) -> int:

@@ -22,12 +22,14 @@ def run_sass_counts(*args: str) -> subprocess.CompletedProcess:
 
 
 def compiled_variants(stdout: str, kernel: str) -> list[tuple[str, int, dict[str, int]]]:
-    """(header line, stack bytes, {opcode: count}) of every variant of ``kernel`` the script printed."""
+    """(header line, spill instructions among the products, {opcode: count}) of every variant of ``kernel`` the
+    script printed (``sass_counts.spills_among_products``: the spills of the loops that issue the tensor cores'
+    products, not the few scalars ptxas hands to a warp-specialized kernel's partitions through the stack)."""
     lines = stdout.splitlines()
     found = []
     for i, line in enumerate(lines):
         if line.startswith(f"{kernel} D="):
-            stack = int(re.search(r"stack (\d+) B", line)[1])
+            among_products = int(re.search(r"(\d+) among the products", line)[1])
             opcodes = dict((op, int(n)) for op, n in re.findall(r"([A-Z][A-Z0-9_]*) (\d+)", lines[i + 1]))
-            found.append((line, stack, opcodes))
+            found.append((line, among_products, opcodes))
     return found
