@@ -50,6 +50,9 @@ README_GRIDS = (
     # the forward at D = 128 after it took the Gluon Hopper kernel from 2048 rows, beside cuDNN (session 39)
     "hopper_gluon_fwd_fp16_nvidia_h100_80gb_hbm3.json",
     "hopper_gluon_fwd_bf16_nvidia_h100_80gb_hbm3.json",
+    # the same after it became persistent and took 1024 rows without a mask (session 40)
+    "hopper_gluon_fwd_persistent_fp16_nvidia_h100_80gb_hbm3.json",
+    "hopper_gluon_fwd_persistent_bf16_nvidia_h100_80gb_hbm3.json",
 )
 _MIB = 2 ** 20
 
