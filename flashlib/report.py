@@ -47,7 +47,7 @@ OUTSIDE_BASELINES = ("tutorial", "fa4")
 README_GRIDS = (
     "hopper_fp16_nvidia_h100_80gb_hbm3.json",  # fp16: flashlib, sdpa_cudnn, tutorial in one process (session 18)
     "hopper_bf16_nvidia_h100_80gb_hbm3.json",  # bf16: the same (session 18)
-    # the forward at D = 128 after it took the Gluon Hopper kernel from 2048 rows, beside cuDNN (session 39)
+    # the forward at D = 128 after it took the Gluon Hopper kernel from 2048 rows, beside cuDNN (session 39);
     "hopper_gluon_fwd_fp16_nvidia_h100_80gb_hbm3.json",
     "hopper_gluon_fwd_bf16_nvidia_h100_80gb_hbm3.json",
     # the same after it became persistent and took 1024 rows without a mask (session 40)

@@ -21,6 +21,12 @@ warps do what, and how many registers each group of warps gets. A program here h
   and take turns issuing their rounds (**ping-pong**, :data:`PINGPONG`), so one warpgroup's products
   run while the other computes its softmax.
 
+A program is **persistent** (:data:`PERSISTENT`): one per SM, it walks work items of 2 x 64 query rows (under a
+causal mask, a long tile paired with a short one, :func:`_work_item`), and the loader's ring runs on from one
+tile into the next, so the next tile's Q, K and V arrive while this tile's last products and its epilogue run
+(O leaves through its own shared-memory slot, not Q's). At 1024 rows a program walks only 8 key blocks, and
+those ends were a tenth of its time (benchmarks/TUNING.md, thirty-second finding).
+
 The wait for O inside a round is where FlashAttention-3's *intra*-warpgroup overlap would come from;
 ptxas moves that wait above the exponentials (TUNING.md, thirty-first finding), so the overlap that
 counts here is the one between the two consumers, which the SM's warp schedulers make.
