@@ -140,6 +140,24 @@ def test_gpu_gluon_forward_matches_float64_and_writes_every_output(monkeypatch, 
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("persistent", [True, False])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_programs_that_walk_many_tiles_match_float64(causal, persistent):
+    """More work items than SMs (4 samples x 48 heads x 5 query tiles of 128 rows): a persistent program walks
+    several, its K/V ring, ping-pong turns and Q and O slots running on from tile to tile; GQA, N_q != N_k, and
+    an odd tile count (under the causal mask, tiles 4 and 0, 3 and 1 pair up and tile 2 is alone)."""
+    q, k, v = make_inputs(4, 48, 12, 600, 700, 128, torch.float16, seed=11)
+    if not hopper.can_run(q, k, v, q, scale=1.0):
+        pytest.skip("needs a Hopper GPU (sm_90) and Gluon")
+    o = torch.full_like(q, float("nan"))
+    lse = torch.full(q.shape[:3], float("nan"), device="cuda")
+    hopper.launch_attention_forward_hopper(q, k, v, o, lse, scale=128 ** -0.5, causal=causal, persistent=persistent)
+    ref_o, ref_lse = _reference(q, k, v, causal)
+    assert relative_error(o, ref_o) <= tolerance(torch.float16)  # also fails on a NaN: every element written
+    assert relative_error(lse, ref_lse) <= tolerance(torch.float32)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_front_door_takes_it_at_d128_and_gradients_follow(monkeypatch, dtype, causal):
