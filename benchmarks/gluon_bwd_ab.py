@@ -5,7 +5,12 @@ Checks first: dQ, dK, dV of ``launch_attention_backward(use_gluon=True)`` agains
 Triton kernels' (odd lengths, N_q != N_k under a causal mask, GQA, the (B, N, H, D) layout), and that the Gluon
 kernel ran. Then the backward at the FlashAttention-2 shapes, both ways, each replayed from a CUDA graph.
 
-    PYTHONPATH=. python3 benchmarks/gluon_bwd_ab.py [--dtype fp16,bf16] [--d 64,128] [--N 1024,4096,16384] --out FILE
+    PYTHONPATH=. python3 benchmarks/gluon_bwd_ab.py [--dtype fp16,bf16] [--d 64,128] [--N 1024,4096,16384]
+        [--variants "NAME=D:BLOCK_M,BLOCK_N,STAGES;..."] [--no-checks] --out FILE
+
+``--variants``: the Gluon kernel also with other (query rows a step, keys a consumer, Q/dO slots) at a head_dim,
+timed beside its own; e.g. 64 query rows a step at head_dim 128, where the offline compile keeps a few scalars
+on the stack among the products (benchmarks/TUNING.md, thirty-second finding).
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ from flashlib.reference import naive_attention
 from flashlib.spec import AttentionSpec
 from flashlib.timing import graph_time_ms
 from flashlib.validation import relative_error, tolerance
-from gluon_fwd_ab import check_grid, dtype_names, fa2_points, head_dims, make_inputs, positive_ints
+from gluon_fwd_ab import check_grid, config_variants, dtype_names, fa2_points, head_dims, make_inputs, positive_ints
 
 def backward(q, k, v, do, causal, use_gluon):
     """(dq, dk, dv) after a forward, through ``launch_attention_backward``."""
@@ -56,7 +61,18 @@ def check(case, q, k, v, do, causal) -> dict:
     return dict(case=case, gluon_ran=bool(calls), rel_err=errors, vs_triton=vs_triton, status="ok" if ok else "wrong")
 
 
-def timings(dtypes, dims, lengths) -> list[dict]:
+def with_config(config, call):
+    """``call()`` with the Gluon dK/dV kernel's config for this head_dim replaced by ``config`` (head_dim, blocks)."""
+    d, blocks = config
+    saved = bwd_hopper.CONFIGS[d]
+    bwd_hopper.CONFIGS[d] = blocks
+    try:
+        return call()
+    finally:
+        bwd_hopper.CONFIGS[d] = saved
+
+
+def timings(dtypes, dims, lengths, variants=None) -> list[dict]:
     rows = []
     for name, d, n, causal, batch, heads in fa2_points(dtypes, dims, lengths):
         q, k, v, do = make_inputs(batch, heads, heads, n, n, d, DTYPES[name], grad_out=True)
@@ -66,9 +82,14 @@ def timings(dtypes, dims, lengths) -> list[dict]:
         dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
         flops = attention_flops(batch, heads, n, d, causal, mode="bwd")
         row = dict(dtype=name, d=d, N=n, causal=causal)
-        for impl, use_gluon in (("gluon", True), ("triton", False)):
-            ms = graph_time_ms(lambda: launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec,
-                                                                 use_gluon=use_gluon), rep=100)
+        calls = {impl: (lambda use_gluon=use_gluon: launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec,
+                                                                             use_gluon=use_gluon))
+                 for impl, use_gluon in (("gluon", True), ("triton", False))}
+        for name_, (vd, blocks, _) in (variants or {}).items():
+            if vd == d:
+                calls[name_] = lambda blocks=blocks: with_config((d, blocks), calls["gluon"])
+        for impl, call in calls.items():
+            ms = graph_time_ms(call, rep=100)
             row[f"{impl}_tflops"] = flops / ms * 1e-9
         row["gluon/triton"] = row["gluon_tflops"] / row["triton_tflops"]
         print(json.dumps({k_: (round(v_, 4) if isinstance(v_, float) else v_) for k_, v_ in row.items()}),
@@ -82,11 +103,13 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", type=dtype_names, default="fp16,bf16")
     parser.add_argument("--d", type=head_dims, default="64,128")
     parser.add_argument("--N", type=positive_ints, default="1024,4096,16384")
+    parser.add_argument("--variants", type=config_variants, default="",
+                        help="other Gluon dK/dV configs timed beside its own: 'NAME=D:BLOCK_M,BLOCK_N,STAGES;...'")
     parser.add_argument("--no-checks", action="store_true")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     check_rows = [] if args.no_checks else check_grid(args.dtype, check, grad_out=True)
-    time_rows = timings(args.dtype, args.d, args.N)
+    time_rows = timings(args.dtype, args.d, args.N, args.variants)
     if args.out:
         with open(args.out, "w") as f:
             meta = results_meta(method="each call replayed from a CUDA graph (graph_time_ms, rep=100 ms)",

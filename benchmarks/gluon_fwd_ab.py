@@ -125,22 +125,28 @@ def head_dims(text: str) -> list[int]:
     return dims
 
 
-def parse_variants(text: str) -> dict[str, tuple[int, tuple[int, int, int], bool, bool]]:
-    """{name: (head_dim, (BLOCK_M, BLOCK_N, STAGES), pingpong, persistent)} from
-    'NAME=D:BLOCK_M,BLOCK_N,STAGES[:nopp][:nopersist];...'."""
+def config_variants(text: str, flags: tuple[str, ...] = ()) -> dict[str, tuple[int, tuple[int, int, int], set]]:
+    """{name: (head_dim, (BLOCK_M, BLOCK_N, STAGES), flags given)} from 'NAME=D:BLOCK_M,BLOCK_N,STAGES[:FLAG]...;...',
+    each FLAG among ``flags``, else argparse's error."""
     variants = {}
+    form = "NAME=D:BLOCK_M,BLOCK_N,STAGES" + "".join(f"[:{flag}]" for flag in flags)
     for item in filter(None, text.split(";")):
         try:
             name, spec = item.split("=")
-            d, config, *flags = spec.split(":")
-            if not set(flags) <= {"nopp", "nopersist"}:
-                raise ValueError(flags)
-            variants[name] = (head_dims(d)[0], tuple(positive_ints(config, 3)), "nopp" not in flags,
-                              "nopersist" not in flags)
+            d, config, *given = spec.split(":")
+            if not set(given) <= set(flags):
+                raise ValueError(given)
+            variants[name] = (head_dims(d)[0], tuple(positive_ints(config, 3)), set(given))
         except (ValueError, argparse.ArgumentTypeError):
-            raise argparse.ArgumentTypeError(
-                f"expected NAME=D:BLOCK_M,BLOCK_N,STAGES[:nopp][:nopersist]; got {item!r}") from None
+            raise argparse.ArgumentTypeError(f"expected {form}; got {item!r}") from None
     return variants
+
+
+def parse_variants(text: str) -> dict[str, tuple[int, tuple[int, int, int], bool, bool]]:
+    """{name: (head_dim, (BLOCK_M, BLOCK_N, STAGES), pingpong, persistent)} from
+    'NAME=D:BLOCK_M,BLOCK_N,STAGES[:nopp][:nopersist];...'."""
+    return {name: (d, config, "nopp" not in given, "nopersist" not in given)
+            for name, (d, config, given) in config_variants(text, ("nopp", "nopersist")).items()}
 
 
 def eager_shapes(text: str) -> list[tuple[int, int, int, int]]:

@@ -1,0 +1,44 @@
+"""The Gluon A/B scripts' options (benchmarks/gluon_fwd_ab.py, gluon_bwd_ab.py), on the CPU machine: what they
+measure needs a Hopper GPU, but a mistyped option must stop them at once, by name, before any GPU time is spent."""
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import gluon_fwd_ab  # noqa: E402
+
+
+def test_variants_parse_with_their_flags():
+    assert gluon_fwd_ab.parse_variants("a=128:64,128,2:nopersist;b=64:64,128,3:nopp") == {
+        "a": (128, (64, 128, 2), True, False), "b": (64, (64, 128, 3), False, True)}
+    assert gluon_fwd_ab.config_variants("v=128:64,64,2") == {"v": (128, (64, 64, 2), set())}
+
+
+@pytest.mark.parametrize("text", ["a=128:64,128", "a=96:64,128,2", "a=128:64,128,2:fast", "a128:64,128,2",
+                                  "a=128:64,0,2"])
+def test_a_malformed_variant_is_refused_with_the_expected_form(text):
+    with pytest.raises(argparse.ArgumentTypeError, match=r"NAME=D:BLOCK_M,BLOCK_N,STAGES\[:nopp\]\[:nopersist\]"):
+        gluon_fwd_ab.parse_variants(text)
+
+
+def test_the_backward_variants_take_no_flags():
+    with pytest.raises(argparse.ArgumentTypeError, match="expected NAME=D:BLOCK_M,BLOCK_N,STAGES; got"):
+        gluon_fwd_ab.config_variants("a=128:64,64,2:nopp")
+
+
+@pytest.mark.parametrize("script, option, value", [("gluon_bwd_ab.py", "--variants", "a=128:64,64"),
+                                                   ("gluon_bwd_ab.py", "--d", "96"),
+                                                   ("gluon_fwd_ab.py", "--variants", "a=128:64,128,2:fast"),
+                                                   ("gluon_fwd_ab.py", "--dtype", "fp8")])
+def test_the_scripts_stop_on_a_bad_option_naming_it(script, option, value):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(BENCHMARKS.parent), str(BENCHMARKS)]))
+    done = subprocess.run([sys.executable, str(BENCHMARKS / script), option, value], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"argument {option}" in done.stderr and repr(value) in done.stderr
