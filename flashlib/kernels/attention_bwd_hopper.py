@@ -3,8 +3,9 @@
 Status: **an experiment, measured and not the default**: on the H100 it matches float64 at every checked shape,
 and the whole backward with it runs 0.91-1.01x the backward with the Triton dK/dV kernel (benchmarks/TUNING.md,
 thirty-second finding: each consumer waits for every product before its next, and at head_dim 128 the registers
-leave room for 32 query rows a step only). Nothing takes it unless asked: :func:`flashlib.kernels.attention_bwd.launch_attention_backward` runs it only with
-``use_gluon=True``, and ``benchmarks/gluon_bwd_ab.py`` checks and times it. Why it exists: the dK/dV kernel is the
+leave room for 32 query rows a step only). Nothing takes it unless asked:
+:func:`flashlib.kernels.attention_bwd.launch_attention_backward` runs it only with ``use_gluon=True``, and
+``benchmarks/gluon_bwd_ab.py`` checks and times it. Why it exists: the dK/dV kernel is the
 backward's bottleneck (benchmarks/TUNING.md, fifteenth finding: 1.5-1.7x the dQ kernel's time for 4/3 of its
 products), and the forward gained 5-14% from the same structure (thirty-first finding).
 

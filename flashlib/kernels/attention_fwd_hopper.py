@@ -147,7 +147,8 @@ if HAVE_GLUON:
         BLOCK_N: gl.constexpr = k_smem.type.shape[3]
         ring = 0  # K/V blocks loaded so far
         tiles = 0  # query tiles begun so far
-        for item in range(sched[7], sched[0], sched[8]):
+        n_items, first_item, item_stride = sched[0], sched[7], sched[8]
+        for item in range(first_item, n_items, item_stride):
             hz, first, second, n_sub = _work_item(item, sched, causal)
             for sub in range(n_sub):
                 off_b, off_h, off_kvh, m0, n_blocks, n_full = _tile(hz, first - sub * (first - second), sched,
@@ -323,7 +324,8 @@ if HAVE_GLUON:
         ring = 0  # K/V blocks consumed so far
         turn = 0  # ping-pong rounds so far
         tiles = 0
-        for item in range(sched[7], sched[0], sched[8]):
+        n_items, first_item, item_stride = sched[0], sched[7], sched[8]
+        for item in range(first_item, n_items, item_stride):
             hz, first, second, n_sub = _work_item(item, sched, causal)
             for sub in range(n_sub):
                 off_b, off_h, off_kvh, m0, n_blocks, n_full = _tile(hz, first - sub * (first - second), sched,
@@ -379,9 +381,12 @@ if HAVE_GLUON:
             mbarrier.init(v_empty.index(i), count=2)
 
         CAUSAL_FLAG = gl.to_tensor(CAUSAL)
+        # sched: the work items (how many, per head, over how many query tiles), the sizes, and this program's
+        # first item and stride between its items.
         args = ((q_desc, k_desc, v_desc, o_desc), (q_smem, k_smem, v_smem, o_smem),
                 (q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns),
-                (n_items, items_per_head, n_tiles, H, KV_GROUP, N_Q, N_K, gl.program_id(0), gl.num_programs(0)), LSE, qk_scale, CAUSAL_FLAG, pingpong)
+                (n_items, items_per_head, n_tiles, H, KV_GROUP, N_Q, N_K, gl.program_id(0), gl.num_programs(0)),
+                LSE, qk_scale, CAUSAL_FLAG, pingpong)
         gl.warp_specialize([(_consume_first_half, args), (_consume_second_half, args), (_load_partition, args)],
                            [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
