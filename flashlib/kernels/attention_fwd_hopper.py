@@ -22,7 +22,7 @@ warps do what, and how many registers each group of warps gets. A program here h
   run while the other computes its softmax.
 
 A program is **persistent** (:data:`PERSISTENT`): one per SM, it walks work items of 2 x 64 query rows (under a
-causal mask, a long tile paired with a short one, :func:`_work_item`), and the loader's ring runs on from one
+causal mask, a long tile paired with a short one, :func:`_item_head_and_tiles`), and the loader's ring runs on from one
 tile into the next, so the next tile's Q, K and V arrive while this tile's last products and its epilogue run
 (O leaves through its own shared-memory slot, not Q's). At 1024 rows a program walks only 8 key blocks, and
 those ends were a tenth of its time (benchmarks/TUNING.md, thirty-second finding).
@@ -100,20 +100,32 @@ if HAVE_GLUON:
         return p, m_new, l_i, alpha
 
     @gluon.jit
-    def _work_item(item, sched, causal):
-        """The (batch, head) of work item ``item``, the query tile it starts with, the one it may pair with and how
-        many tiles it holds. Without a mask an item is one tile (2 x BLOCK_M query rows). Under a causal mask tile
-        ``t`` of ``n`` costs about ``t + 1`` key blocks, so an item pairs tile ``n - 1 - k`` with tile ``k`` (one
-        tile where they meet): every item costs about the same, and a static round-robin over the items balances
-        the persistent programs (FlashAttention-3 takes a dynamic scheduler for this)."""
+    def _item_head_and_tiles(item, sched, causal):
+        """The (batch, head) index of work item ``item``, its first query tile, its second and how many it holds.
+        Without a mask an item is one tile (2 x BLOCK_M query rows). Under a causal mask tile ``t`` of ``n`` costs
+        about ``t + 1`` key blocks, so an item pairs tile ``n - 1 - k`` with tile ``k`` (one tile where they meet):
+        every item costs about the same, and a static round-robin over the items balances the persistent programs
+        (FlashAttention-3 takes a dynamic scheduler for this)."""
         items_per_head, n_tiles = sched[1], sched[2]
         hz = item // items_per_head
         k = item % items_per_head
         first = k
         if causal:
             first = n_tiles - 1 - k
-        n_sub = 1 + (first != k).to(gl.int32)
-        return hz, first, k, n_sub
+        return hz, first, k, 1 + (first != k).to(gl.int32)
+
+    @gluon.jit
+    def _item_tile_count(item, sched, causal):
+        """How many query tiles work item ``item`` holds (1, or 2 for a causal pair)."""
+        return _item_head_and_tiles(item, sched, causal)[3]
+
+    @gluon.jit
+    def _item_tile(item, sub, sched, causal, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+        """The ``sub``-th query tile of work item ``item``: its (batch, head) index and :func:`_tile`'s place."""
+        hz, first, second, n_sub = _item_head_and_tiles(item, sched, causal)
+        off_b, off_h, off_kvh, m0, n_blocks, n_full = _tile(hz, first - sub * (first - second), sched, causal,
+                                                            BLOCK_M, BLOCK_N)
+        return hz, off_b, off_h, off_kvh, m0, n_blocks, n_full
 
     @gluon.jit
     def _tile(hz, tile, sched, causal, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
@@ -149,10 +161,9 @@ if HAVE_GLUON:
         tiles = 0  # query tiles begun so far
         n_items, first_item, item_stride = sched[0], sched[7], sched[8]
         for item in range(first_item, n_items, item_stride):
-            hz, first, second, n_sub = _work_item(item, sched, causal)
-            for sub in range(n_sub):
-                off_b, off_h, off_kvh, m0, n_blocks, n_full = _tile(hz, first - sub * (first - second), sched,
-                                                                    causal, BLOCK_M, BLOCK_N)
+            for sub in range(_item_tile_count(item, sched, causal)):
+                hz, off_b, off_h, off_kvh, m0, n_blocks, n_full = _item_tile(item, sub, sched, causal, BLOCK_M,
+                                                                             BLOCK_N)
                 for half in gl.static_range(2):
                     # A fresh barrier counts as having completed the phase before its first: the first lap passes.
                     mbarrier.wait(q_empty.index(half), (tiles & 1) ^ 1)
@@ -326,10 +337,9 @@ if HAVE_GLUON:
         tiles = 0
         n_items, first_item, item_stride = sched[0], sched[7], sched[8]
         for item in range(first_item, n_items, item_stride):
-            hz, first, second, n_sub = _work_item(item, sched, causal)
-            for sub in range(n_sub):
-                off_b, off_h, off_kvh, m0, n_blocks, n_full = _tile(hz, first - sub * (first - second), sched,
-                                                                    causal, BLOCK_M, BLOCK_N)
+            for sub in range(_item_tile_count(item, sched, causal)):
+                hz, off_b, off_h, off_kvh, m0, n_blocks, n_full = _item_tile(item, sub, sched, causal, BLOCK_M,
+                                                                             BLOCK_N)
                 tile_at = (off_b, off_h, hz, m0, n_blocks, n_full, N_K - N_Q, N_Q, N_K)
                 _consume_tile(descs, smem, bars, q_tile, tile_at, ring, turn, tiles, LSE, qk_scale, causal,
                               pingpong, HALF)
@@ -353,8 +363,8 @@ if HAVE_GLUON:
                                     STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
                                     num_warps: gl.constexpr):
         """O and LSE of work items ``program_id(0)``, ``program_id(0) + num_programs(0)``, ... of ``n_items``
-        (:func:`_work_item`: ``items_per_head`` per (batch, head), over ``n_tiles`` query tiles of 2 x BLOCK_M
-        rows each), two consumer warpgroups of BLOCK_M rows each and one loading warp. A grid of one program per
+        (:func:`_item_head_and_tiles`: ``items_per_head`` per (batch, head), over ``n_tiles`` query tiles of
+        2 x BLOCK_M rows each), two consumer warpgroups of BLOCK_M rows each and one loading warp. A grid of one program per
         item runs each program once; a grid of one program per SM is persistent. q/k/v/o_desc: (B, H, N, D)
         descriptors with (1, 1, rows, D) tiles (K and V with ``H // KV_GROUP`` heads); LSE (B, H, N_Q) float32;
         ``qk_scale`` = scale * log2(e) > 0."""
