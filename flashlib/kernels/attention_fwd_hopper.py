@@ -366,8 +366,8 @@ if HAVE_GLUON:
         (:func:`_item_head_and_tiles`: ``items_per_head`` per (batch, head), over ``n_tiles`` query tiles of
         2 x BLOCK_M rows each), two consumer warpgroups of BLOCK_M rows each and one loading warp. A grid of one
         program per item runs each program once; a grid of one program per SM is persistent. q/k/v/o_desc:
-        (B, H, N, D) descriptors with (1, 1, rows, D) tiles (K and V with ``H // KV_GROUP`` heads); LSE (B, H, N_Q) float32;
-        ``qk_scale`` = scale * log2(e) > 0."""
+        (B, H, N, D) descriptors with (1, 1, rows, D) tiles (K and V with ``H // KV_GROUP`` heads);
+        LSE (B, H, N_Q) float32; ``qk_scale`` = scale * log2(e) > 0."""
         gl.static_assert(num_warps == 4)
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
         o_smem = gl.allocate_shared_memory(o_desc.dtype, [2, 1, 1, BLOCK_M, HEAD_DIM], o_desc.layout)
