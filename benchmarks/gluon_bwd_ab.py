@@ -1,5 +1,6 @@
 """The experimental Gluon dK/dV kernel (:mod:`flashlib.kernels.attention_bwd_hopper`) checked and timed beside the
-Triton backward, in one process on a Hopper GPU. Written in session 39 without GPU time: not yet run.
+Triton backward, in one process on a Hopper GPU (first run in session 40: benchmarks/TUNING.md, thirty-second
+finding).
 
 Checks first: dQ, dK, dV of ``launch_attention_backward(use_gluon=True)`` against float64 autograd and against the
 Triton kernels' (odd lengths, N_q != N_k under a causal mask, GQA, the (B, N, H, D) layout), and that the Gluon
@@ -30,7 +31,9 @@ from flashlib.reference import naive_attention
 from flashlib.spec import AttentionSpec
 from flashlib.timing import graph_time_ms
 from flashlib.validation import relative_error, tolerance
-from gluon_fwd_ab import check_grid, config_variants, dtype_names, fa2_points, head_dims, make_inputs, positive_ints
+from gluon_fwd_ab import (check_grid, config_in_place, config_variants, dtype_names, fa2_points, head_dims,
+                          make_inputs, positive_ints)
+
 
 def backward(q, k, v, do, causal, use_gluon):
     """(dq, dk, dv) after a forward, through ``launch_attention_backward``."""
@@ -61,15 +64,10 @@ def check(case, q, k, v, do, causal) -> dict:
     return dict(case=case, gluon_ran=bool(calls), rel_err=errors, vs_triton=vs_triton, status="ok" if ok else "wrong")
 
 
-def with_config(config, call):
-    """``call()`` with the Gluon dK/dV kernel's config for this head_dim replaced by ``config`` (head_dim, blocks)."""
-    d, blocks = config
-    saved = bwd_hopper.CONFIGS[d]
-    bwd_hopper.CONFIGS[d] = blocks
-    try:
+def with_config(d, blocks, call):
+    """``call()`` with the Gluon dK/dV kernel's config at head_dim ``d`` replaced by ``blocks``."""
+    with config_in_place(bwd_hopper.CONFIGS, d, blocks):
         return call()
-    finally:
-        bwd_hopper.CONFIGS[d] = saved
 
 
 def timings(dtypes, dims, lengths, variants=None) -> list[dict]:
@@ -87,7 +85,7 @@ def timings(dtypes, dims, lengths, variants=None) -> list[dict]:
                  for impl, use_gluon in (("gluon", True), ("triton", False))}
         for name_, (vd, blocks, _) in (variants or {}).items():
             if vd == d:
-                calls[name_] = lambda blocks=blocks: with_config((d, blocks), calls["gluon"])
+                calls[name_] = lambda blocks=blocks: with_config(d, blocks, calls["gluon"])
         for impl, call in calls.items():
             ms = graph_time_ms(call, rep=100)
             row[f"{impl}_tflops"] = flops / ms * 1e-9

@@ -15,6 +15,7 @@ launch's host time may exceed its kernel's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 
@@ -154,16 +155,22 @@ def eager_shapes(text: str) -> list[tuple[int, int, int, int]]:
     return [tuple(positive_ints(item, 4)) for item in filter(None, text.split(";"))]
 
 
+@contextlib.contextmanager
+def config_in_place(configs: dict, head_dim: int, config: tuple[int, int, int]):
+    """A Gluon kernel's ``configs`` (its module's CONFIGS) with ``config`` at ``head_dim``, restored on leaving."""
+    saved = configs[head_dim]
+    configs[head_dim] = config
+    try:
+        yield
+    finally:
+        configs[head_dim] = saved
+
+
 def run_variant(config, pingpong, persistent, q, k, v, causal):
     """The Gluon forward with ``config`` in place of its own for this head_dim, ping-pong and persistence on or
     off."""
-    d = q.shape[-1]
-    saved = hopper.CONFIGS[d]
-    hopper.CONFIGS[d] = config
-    try:
+    with config_in_place(hopper.CONFIGS, q.shape[-1], config):
         return run_gluon(q, k, v, causal, pingpong=pingpong, persistent=persistent)
-    finally:
-        hopper.CONFIGS[d] = saved
 
 
 def fa2_points(dtypes, dims, lengths):

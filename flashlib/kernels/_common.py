@@ -56,12 +56,16 @@ def use_torch_scratch() -> None:
     triton.set_allocator(_scratch)
 
 
+def cuda_index(device: torch.device) -> int:
+    """The index of a CUDA ``device``, the current device's where it names none ("cuda")."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def descriptors_supported(device: torch.device) -> bool:
     """Whether kernels on ``device`` may use tensor descriptors: Hopper and later, or the interpreter."""
     if runtime.INTERPRET:
         return True
-    return device.type == "cuda" and _hopper_or_later(device.index if device.index is not None
-                                                      else torch.cuda.current_device())
+    return device.type == "cuda" and _hopper_or_later(cuda_index(device))
 
 
 @functools.lru_cache(maxsize=None)

@@ -622,7 +622,8 @@ def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec: AttentionSp
     """
     varlen = cu_seqlens_q is not None
     left, right = spec.bounds()
-    plain = bwd_hopper.covers(spec, use_tma, cu_seqlens_q, seq_lens, alibi_slopes, block_m)
+    # asked before use_tma and block_m take their defaults below (a Gluon kernel covers neither choice)
+    plain = use_gluon and bwd_hopper.covers(spec, use_tma, cu_seqlens_q, seq_lens, alibi_slopes, block_m)
     o_rows, do_rows = o, do  # what the preprocess reads, (B, H, N_q, D)
     if varlen:
         # D = rowsum(dO * O) is per row, blind to sequences: one sample of all the packed rows.

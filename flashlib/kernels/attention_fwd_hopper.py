@@ -45,7 +45,7 @@ import functools
 import torch
 import triton
 
-from ._common import LN2, LOG2E, descriptor_ready, multiprocessor_count
+from ._common import LN2, LOG2E, cuda_index, descriptor_ready, multiprocessor_count
 
 try:  # Gluon ships with Triton 3.5 and later; its Hopper API is what this kernel is written against.
     from triton.experimental import gluon
@@ -443,7 +443,7 @@ def can_run(q: torch.Tensor, *others: torch.Tensor, scale: float) -> bool:
     if not (HAVE_GLUON and q.is_cuda and scale > 0 and q.dtype in (torch.float16, torch.bfloat16)
             and q.shape[-1] in CONFIGS):
         return False
-    if not _is_hopper(q.device.index if q.device.index is not None else torch.cuda.current_device()):
+    if not _is_hopper(cuda_index(q.device)):
         return False
     return all(descriptor_ready(t) for t in (q, *others))
 
@@ -475,8 +475,7 @@ def launch_attention_forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.T
     n_items = batch * heads * items_per_head
     grid = (n_items, )
     if persistent:
-        device = q.device.index if q.device.index is not None else torch.cuda.current_device()
-        grid = (min(n_items, multiprocessor_count(device)), )
+        grid = (min(n_items, multiprocessor_count(cuda_index(q.device))), )
     attention_fwd_hopper_kernel[grid](
         tile_descriptor(q, block_m), tile_descriptor(k, block_n), tile_descriptor(v, block_n),
         tile_descriptor(o, block_m), lse,
