@@ -31,8 +31,8 @@ from flashlib.reference import naive_attention
 from flashlib.spec import AttentionSpec
 from flashlib.timing import graph_time_ms
 from flashlib.validation import relative_error, tolerance
-from gluon_fwd_ab import (check_grid, config_in_place, config_variants, dtype_names, fa2_points, head_dims,
-                          make_inputs, positive_ints)
+from gluon_fwd_ab import (add_grid_options, check_grid, config_in_place, config_variants, fa2_points, make_inputs,
+                          print_row)
 
 
 def backward(q, k, v, do, causal, use_gluon):
@@ -90,17 +90,14 @@ def timings(dtypes, dims, lengths, variants=None) -> list[dict]:
             ms = graph_time_ms(call, rep=100)
             row[f"{impl}_tflops"] = flops / ms * 1e-9
         row["gluon/triton"] = row["gluon_tflops"] / row["triton_tflops"]
-        print(json.dumps({k_: (round(v_, 4) if isinstance(v_, float) else v_) for k_, v_ in row.items()}),
-              flush=True)
+        print_row(row)
         rows.append(row)
     return rows
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dtype", type=dtype_names, default="fp16,bf16")
-    parser.add_argument("--d", type=head_dims, default="64,128")
-    parser.add_argument("--N", type=positive_ints, default="1024,4096,16384")
+    add_grid_options(parser)
     parser.add_argument("--variants", type=config_variants, default="",
                         help="other Gluon dK/dV configs timed beside its own: 'NAME=D:BLOCK_M,BLOCK_N,STAGES;...'")
     parser.add_argument("--no-checks", action="store_true")

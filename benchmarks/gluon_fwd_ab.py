@@ -173,6 +173,19 @@ def run_variant(config, pingpong, persistent, q, k, v, causal):
         return run_gluon(q, k, v, causal, pingpong=pingpong, persistent=persistent)
 
 
+def print_row(row: dict, digits: int = 4) -> None:
+    """One measured row as a JSON line, floats rounded, printed at once (a run cut short keeps what it printed)."""
+    print(json.dumps({key: (round(value, digits) if isinstance(value, float) else value)
+                      for key, value in row.items()}), flush=True)
+
+
+def add_grid_options(parser: argparse.ArgumentParser) -> None:
+    """--dtype, --d and --N: the grid both A/B scripts time, each checked as it is parsed."""
+    parser.add_argument("--dtype", type=dtype_names, default="fp16,bf16")
+    parser.add_argument("--d", type=head_dims, default="64,128")
+    parser.add_argument("--N", type=positive_ints, default="1024,4096,16384")
+
+
 def fa2_points(dtypes, dims, lengths):
     """(dtype name, D, N, causal, batch, heads) of every timed point: the FlashAttention-2 benchmark's shapes."""
     for name in dtypes:
@@ -206,8 +219,7 @@ def timings(dtypes, dims, lengths, variants=None) -> list[dict]:
             row[f"{impl}_tflops"] = flops / ms * 1e-9
         row["gluon/triton"] = row["gluon_tflops"] / row["triton_tflops"]
         row["gluon/cudnn"] = row["gluon_tflops"] / row["cudnn_tflops"]
-        print(json.dumps({k_: (round(v_, 4) if isinstance(v_, float) else v_) for k_, v_ in row.items()}),
-              flush=True)
+        print_row(row)
         rows.append(row)
     return rows
 
@@ -236,16 +248,14 @@ def eager_times(shapes, causal=True, calls=200) -> list[dict]:
                 best = min(best, (time.perf_counter() - start) / calls * 1e6)
             row[f"{name}_us"] = best
             row[f"{name}_gpu_us"] = graph_time_ms(call, rep=50) * 1e3
-        print(json.dumps({k_: (round(v_, 1) if isinstance(v_, float) else v_) for k_, v_ in row.items()}), flush=True)
+        print_row(row, digits=1)
         rows.append(row)
     return rows
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dtype", type=dtype_names, default="fp16,bf16")
-    parser.add_argument("--d", type=head_dims, default="64,128")
-    parser.add_argument("--N", type=positive_ints, default="1024,4096,16384")
+    add_grid_options(parser)
     parser.add_argument("--no-checks", action="store_true")
     parser.add_argument("--variants", type=parse_variants, default="",
                         help="extra Gluon configs timed beside the others: "
