@@ -592,13 +592,20 @@ def _launch_fixed(kernel, grid, positional, args, block_m, block_n, block_d, ele
                 raise
 
 
+def _gluon_preferred(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
+    """:func:`.attention_bwd_hopper.preferred` for (B, H, N, D) q and k on a GPU."""
+    batch, heads, n_q, head_dim = q.shape
+    n_k = k.shape[2]
+    return bwd_hopper.preferred(head_dim, n_q, n_k, batch * heads * n_q * n_k * (0.5 if causal else 1.0))
+
+
 def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec: AttentionSpec = AttentionSpec(), *,
                               seq_lens: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None,
                               block_m: int | None = None, block_n: int | None = None,
                               cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
                               max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
                               use_tma: bool | None = None, dropout_seed: torch.Tensor | None = None,
-                              use_gluon: bool = False):
+                              use_gluon: bool | None = None):
     """Fill dq (if not None) and dk, dv (if not None) for checked (B, H, N, D) tensors, any strides.
 
     q, o, do, dq: (B, H, N_q, D); k, v, dk, dv: (B, H_kv, N_k, D); lse: (B, H, N_q) contiguous
@@ -613,17 +620,20 @@ def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec: AttentionSp
 
     ``use_tma``: the streamed tiles (Q and dO of dK/dV, K and V of dQ) come through host tensor
     descriptors, by default where head_dim >= 128 (:data:`TMA_MIN_BLOCK_D`), the device and the tensors
-    allow it and the batch is not padded or packed (a host descriptor bounds rows by N only; padded rows must not be read).
+    allow it and the batch is not padded or packed (a host descriptor bounds rows by N only; padded rows must not be
+    read).
     ``False`` forces the pointer path (tests compare the two).
 
-    ``use_gluon`` (an experiment, off by default: :mod:`.attention_bwd_hopper` is 0-9% slower on the H100): dK and dV
-    of a plain call (no mask or a causal one, nothing else) come from the warp-specialized Gluon kernel where
-    :func:`.attention_bwd_hopper.can_run` accepts the call; elsewhere from the Triton kernel.
+    ``use_gluon``: dK and dV of a plain call (no mask or a causal one, nothing else) that
+    :func:`.attention_bwd_hopper.can_run` accepts come from the warp-specialized Gluon kernel of
+    :mod:`.attention_bwd_hopper` where it is the faster one (:func:`.attention_bwd_hopper.preferred`) by default;
+    ``True`` wherever it can run, ``False`` never (``use_tma=False`` also keeps the Triton kernel). dQ and D always
+    come from the Triton kernels.
     """
     varlen = cu_seqlens_q is not None
     left, right = spec.bounds()
     # asked before use_tma and block_m take their defaults below (a Gluon kernel covers neither choice)
-    plain = use_gluon and bwd_hopper.covers(spec, use_tma, cu_seqlens_q, seq_lens, alibi_slopes, block_m)
+    plain = use_gluon is not False and bwd_hopper.covers(spec, use_tma, cu_seqlens_q, seq_lens, alibi_slopes, block_m)
     o_rows, do_rows = o, do  # what the preprocess reads, (B, H, N_q, D)
     if varlen:
         # D = rowsum(dO * O) is per row, blind to sequences: one sample of all the packed rows.
@@ -658,8 +668,8 @@ def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec: AttentionSp
     )
     modifiers = (alibi, *scalars)
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
-    if (use_gluon and dk is not None and plain
-            and bwd_hopper.can_run(q, k, v, do, dk, dv, scale=spec.scale(head_dim))):
+    if (plain and dk is not None and bwd_hopper.can_run(q, k, v, do, dk, dv, scale=spec.scale(head_dim))
+            and (use_gluon or _gluon_preferred(q, k, right == 0))):
         bwd_hopper.launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, scale=spec.scale(head_dim),
                                                 causal=right == 0)
         dk = None  # done

@@ -1,13 +1,13 @@
 """The backward's dK/dV kernel for Hopper in Gluon, warp-specialized as the forward of :mod:`.attention_fwd_hopper`.
 
-Status: **an experiment, measured and not the default**: on the H100 it matches float64 at every checked shape,
-and the whole backward with it runs 0.91-1.01x the backward with the Triton dK/dV kernel (benchmarks/TUNING.md,
-thirty-second finding: each consumer waits for every product before its next, and at head_dim 128 the registers
-leave room for 32 query rows a step only). Nothing takes it unless asked:
-:func:`flashlib.kernels.attention_bwd.launch_attention_backward` runs it only with ``use_gluon=True``, and
-``benchmarks/gluon_bwd_ab.py`` checks and times it. Why it exists: the dK/dV kernel is the
-backward's bottleneck (benchmarks/TUNING.md, fifteenth finding: 1.5-1.7x the dQ kernel's time for 4/3 of its
-products), and the forward gained 5-14% from the same structure (thirty-first finding).
+Status: **the backward's dK/dV kernel at head_dim 128** (routed by :func:`preferred`): with 64 query rows a step it
+runs the whole backward 1.04-1.06x faster than the Triton dK/dV kernel on the H100 at every FlashAttention-2 shape,
+causal or not (benchmarks/TUNING.md, thirty-third finding); with 32 rows a step it had been 1-9% slower (thirty-second
+finding). :func:`flashlib.kernels.attention_bwd.launch_attention_backward` takes it for a plain call that
+:func:`preferred` picks, or wherever it can run with ``use_gluon=True``; ``benchmarks/gluon_bwd_ab.py`` checks and
+times it. Why it exists: the dK/dV kernel is the backward's bottleneck (benchmarks/TUNING.md, fifteenth finding:
+1.5-1.7x the dQ kernel's time for 4/3 of its products), and the forward gained 5-14% from the same structure
+(thirty-first finding).
 
 A program owns 2 x 64 keys of one (sample, kv head); three partitions:
 
@@ -38,8 +38,16 @@ if HAVE_GLUON:
 
     from .attention_fwd_hopper import tma_load, tma_store
 
-#: (BLOCK_M query rows a step, BLOCK_N keys of each consumer, STAGES Q/dO slots) per head_dim.
-CONFIGS = {64: (64, 64, 3), 128: (32, 64, 3)}
+#: (BLOCK_M query rows a step, BLOCK_N keys of each consumer, STAGES Q/dO slots) per head_dim. At 128, 64 rows a
+#: step leave ptxas a few loop scalars to keep on the stack, none of them a tile, and beat 32 rows by 6-14% on the
+#: H100 (thirty-third finding); two slots, as a third measured no faster.
+CONFIGS = {64: (64, 64, 3), 128: (64, 64, 2)}
+#: Where this kernel is the backward's dK/dV kernel by default (:func:`preferred`): the head_dims where it was measured
+#: faster than the Triton kernel at every point (head_dim 64: 0.91-1.01x, thirty-second finding), from
+#: :data:`MIN_ROWS` query and key rows (the smallest length measured) and :data:`MIN_SCORES` scores (as the forward's).
+ROUTED_HEAD_DIMS = (128,)
+MIN_ROWS = 1024
+MIN_SCORES = 2 ** 27
 
 if HAVE_GLUON:
 
@@ -230,6 +238,12 @@ if HAVE_GLUON:
                 (lo, full_lo, full_hi, hi), LSE, DELTA, sm_scale, causal)
         gl.warp_specialize([(_dkdv_consume_first_half, args), (_dkdv_consume_second_half, args),
                             (_bwd_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+
+
+def preferred(head_dim: int, n_q: int, n_k: int, scores: float) -> bool:
+    """Whether this kernel is the faster dK/dV kernel for these sizes: :data:`ROUTED_HEAD_DIMS`, :data:`MIN_ROWS` and
+    :data:`MIN_SCORES` ``scores`` (those a mask leaves)."""
+    return head_dim in ROUTED_HEAD_DIMS and min(n_q, n_k) >= MIN_ROWS and scores >= MIN_SCORES
 
 
 def launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, *, scale: float, causal: bool) -> None:

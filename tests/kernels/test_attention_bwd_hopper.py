@@ -1,9 +1,11 @@
-"""The experimental Gluon dK/dV kernel (flashlib.kernels.attention_bwd_hopper): launch_attention_backward takes it
-only when asked (use_gluon=True) and only for plain calls; it compiles for sm_90a with the installed Triton; on a
-Hopper GPU its gradients equal float64 autograd's (these GPU tests had not run when the kernel was written)."""
+"""The Gluon dK/dV kernel (flashlib.kernels.attention_bwd_hopper): launch_attention_backward takes it for plain calls
+only, by default where it was measured faster (preferred), wherever it can run with use_gluon=True, never with
+use_gluon=False; it compiles for sm_90a with the installed Triton; on a Hopper GPU its gradients equal float64
+autograd's, through the launcher and through the front door."""
 import pytest
 import torch
 
+from flashlib import flash_attention
 from flashlib.kernels import attention_bwd
 from flashlib.kernels import attention_bwd_hopper as bwd_hopper
 from flashlib.kernels.attention_fwd import launch_attention_forward
@@ -12,6 +14,15 @@ from flashlib.spec import AttentionSpec
 from flashlib.validation import relative_error, tolerance
 from support.attention import DEVICE, ODD_SHAPES, UNCOVERED_CASES, as_bhnd, make_inputs, uncovered_call
 from support.sass import compiled_variants, run_sass_counts
+
+
+@pytest.mark.parametrize("head_dim, n_q, n_k, scores, expected", [
+    (128, 1024, 1024, 2 ** 28, True), (128, 16384, 4096, 2 ** 30, True), (128, 4096, 1024, 2 ** 27, True),
+    (128, 1023, 4096, 2 ** 30, False), (128, 4096, 1023, 2 ** 30, False),
+    (64, 4096, 4096, 2 ** 30, False), (256, 4096, 4096, 2 ** 30, False),
+    (128, 2048, 2048, 2 ** 27 - 1, False)])  # too little work: the host's time per launch decides
+def test_preferred_where_it_was_measured_faster(head_dim, n_q, n_k, scores, expected):
+    assert bwd_hopper.preferred(head_dim, n_q, n_k, scores) is expected
 
 
 @pytest.fixture
@@ -24,9 +35,9 @@ def recorded(monkeypatch):
     return calls
 
 
-def _backward(spec=AttentionSpec(), **kwargs):
+def _backward(spec=AttentionSpec(), head_dim=64, **kwargs):
     """dq, dk, dv of a small call (dk, dv start as NaN: the Triton kernel overwrites them, the recorder does not)."""
-    q, k, v, do = (torch.randn(1, 2, 64, 64, dtype=torch.float16, device=DEVICE) for _ in range(4))
+    q, k, v, do = (torch.randn(1, 2, 64, head_dim, dtype=torch.float16, device=DEVICE) for _ in range(4))
     shared = {name: kwargs.pop(name) for name in ("alibi_slopes", "seq_lens", "dropout_seed") if name in kwargs}
     o, lse = torch.empty_like(q), torch.empty(1, 2, 64, device=DEVICE)
     launch_attention_forward(q, k, v, o, lse, spec, **shared)
@@ -37,13 +48,25 @@ def _backward(spec=AttentionSpec(), **kwargs):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_only_an_asked_plain_call_takes_it_and_dq_still_comes_from_triton(recorded, causal):
+def test_an_asked_plain_call_takes_it_and_dq_still_comes_from_triton(recorded, causal):
     dq, dk, dv = _backward(AttentionSpec(causal=causal), use_gluon=True)
     assert recorded == [dict(scale=AttentionSpec().scale(64), causal=causal)]
     assert dk.isnan().all() and dv.isnan().all()  # left to the (recorded) Gluon kernel
     assert dq.abs().sum() > 0
-    _backward(AttentionSpec(causal=causal))  # not asked: the Triton kernels
+    _backward(AttentionSpec(causal=causal))  # by default, at 64 rows and head_dim 64: not preferred
+    _backward(AttentionSpec(causal=causal), use_gluon=False)
     assert len(recorded) == 1
+
+
+def test_the_default_routes_only_preferred_sizes_and_counts_the_scores_a_mask_leaves(recorded, monkeypatch):
+    asked = []
+    monkeypatch.setattr(bwd_hopper, "preferred", lambda *args: asked.append(args) or True)
+    _backward(AttentionSpec(causal=True), head_dim=128)
+    _backward(AttentionSpec(), head_dim=128)
+    _, dk, dv = _backward(AttentionSpec(), head_dim=128, use_gluon=False)  # refused: the Triton kernel
+    assert len(recorded) == 2 and not dk.isnan().any() and not dv.isnan().any()
+    # (head_dim, n_q, n_k, scores): B * H * N_q * N_k scores, half of them under the causal mask
+    assert asked == [(128, 64, 64, 2 * 64 * 64 * 0.5), (128, 64, 64, 2 * 64 * 64 * 1.0)]
 
 
 @pytest.mark.parametrize("case", UNCOVERED_CASES)
@@ -92,3 +115,28 @@ def test_gpu_gluon_dkdv_matches_float64(monkeypatch, dtype, head_dim, causal, sh
                     causal=causal).backward(do.double())
     for got, want in ((dq, q64.grad), (dk, k64.grad), (dv, v64.grad)):
         assert relative_error(got, want) <= tolerance(dtype)  # also fails on a NaN: every element written
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_front_door_takes_it_at_d128_with_gradients_that_match_and_repeat_bitwise(monkeypatch, dtype, causal):
+    q, k, v, do = make_inputs(1, 4, 2, 2048, 2048, 128, dtype, seed=7, grad_out=True)
+    if not bwd_hopper.can_run(q, k, v, do, k, v, scale=1.0):
+        pytest.skip("needs a Hopper GPU (sm_90) and Gluon")
+    monkeypatch.setattr(bwd_hopper, "MIN_SCORES", 0)  # this small batch is below the default's threshold of work
+    calls = []
+    real = bwd_hopper.launch_attention_dkdv_hopper
+    monkeypatch.setattr(bwd_hopper, "launch_attention_dkdv_hopper", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    grads = []
+    for _ in range(2):
+        torch.autograd.backward(flash_attention(q, k, v, causal=causal), do)
+        grads.append([t.grad for t in (q, k, v)])
+        q.grad = k.grad = v.grad = None
+    assert calls == [1, 1]
+    assert all(torch.equal(a, b) for a, b in zip(*grads))  # deterministic: no atomics, the same order each time
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    naive_attention(q64, k64.repeat_interleave(2, 1), v64.repeat_interleave(2, 1), causal=causal).backward(do.double())
+    for got, want in zip(grads[0], (q64.grad, k64.grad, v64.grad)):
+        assert relative_error(got, want) <= tolerance(dtype)
