@@ -1,9 +1,9 @@
 """The backward's dK/dV kernel for Hopper in Gluon, warp-specialized as the forward of :mod:`.attention_fwd_hopper`.
 
 Status: **the backward's dK/dV kernel at head_dim 128** (routed by :func:`preferred`): with 64 query rows a step it
-runs the whole backward 1.04-1.06x faster than the Triton dK/dV kernel on the H100 at every FlashAttention-2 shape,
-causal or not (benchmarks/TUNING.md, thirty-third finding); with 32 rows a step it had been 1-9% slower (thirty-second
-finding). :func:`flashlib.kernels.attention_bwd.launch_attention_backward` takes it for a plain call that
+makes the whole backward 1.04-1.07x faster than the Triton dK/dV kernel does, on an H200 at every FlashAttention-2
+shape, fp16 and bf16, causal or not (benchmarks/TUNING.md, thirty-third finding); with 32 rows a step it had been
+1-9% slower (thirty-second finding). :func:`flashlib.kernels.attention_bwd.launch_attention_backward` takes it for a plain call that
 :func:`preferred` picks, or wherever it can run with ``use_gluon=True``; ``benchmarks/gluon_bwd_ab.py`` checks and
 times it. Why it exists: the dK/dV kernel is the backward's bottleneck (benchmarks/TUNING.md, fifteenth finding:
 1.5-1.7x the dQ kernel's time for 4/3 of its products), and the forward gained 5-14% from the same structure
@@ -39,8 +39,8 @@ if HAVE_GLUON:
     from .attention_fwd_hopper import tma_load, tma_store
 
 #: (BLOCK_M query rows a step, BLOCK_N keys of each consumer, STAGES Q/dO slots) per head_dim. At 128, 64 rows a
-#: step leave ptxas a few loop scalars to keep on the stack, none of them a tile, and beat 32 rows by 6-14% on the
-#: H100 (thirty-third finding); two slots, as a third measured no faster.
+#: step leave ptxas a few loop scalars to keep on the stack, none of them a tile, and beat 32 rows by 7-12% on the
+#: H200 (thirty-third finding); two slots, as a third measured no faster.
 CONFIGS = {64: (64, 64, 3), 128: (64, 64, 2)}
 #: Where this kernel is the backward's dK/dV kernel by default (:func:`preferred`): the head_dims where it was measured
 #: faster than the Triton kernel at every point (head_dim 64: 0.91-1.01x, thirty-second finding), from
