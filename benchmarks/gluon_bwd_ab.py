@@ -1,6 +1,5 @@
-"""The experimental Gluon dK/dV kernel (:mod:`flashlib.kernels.attention_bwd_hopper`) checked and timed beside the
-Triton backward, in one process on a Hopper GPU (first run in session 40: benchmarks/TUNING.md, thirty-second
-finding).
+"""The Gluon dK/dV kernel (:mod:`flashlib.kernels.attention_bwd_hopper`) checked and timed beside the Triton
+backward, in one process on a Hopper GPU (benchmarks/TUNING.md, thirty-second and thirty-third findings).
 
 Checks first: dQ, dK, dV of ``launch_attention_backward(use_gluon=True)`` against float64 autograd and against the
 Triton kernels' (odd lengths, N_q != N_k under a causal mask, GQA, the (B, N, H, D) layout), and that the Gluon
@@ -10,8 +9,7 @@ kernel ran. Then the backward at the FlashAttention-2 shapes, both ways, each re
         [--variants "NAME=D:BLOCK_M,BLOCK_N,STAGES;..."] [--no-checks] --out FILE
 
 ``--variants``: the Gluon kernel also with other (query rows a step, keys a consumer, Q/dO slots) at a head_dim,
-timed beside its own; e.g. 64 query rows a step at head_dim 128, where the offline compile keeps a few scalars
-on the stack among the products (benchmarks/TUNING.md, thirty-second finding).
+timed beside its own; e.g. ``"m32=128:32,64,3"``, the config head_dim 128 had before the thirty-third finding.
 """
 from __future__ import annotations
 
