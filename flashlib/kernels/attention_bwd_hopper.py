@@ -2,9 +2,9 @@
 
 Status: **the backward's dK/dV kernel at head_dim 128** (routed by :func:`preferred`): with 64 query rows a step it
 makes the whole backward 1.04-1.07x faster than the Triton dK/dV kernel does, on an H200 at every FlashAttention-2
-shape, fp16 and bf16, causal or not (benchmarks/TUNING.md, thirty-third finding); with 32 rows a step it had been
-1-9% slower (thirty-second finding). :func:`flashlib.kernels.attention_bwd.launch_attention_backward` takes it for
-a plain call that :func:`preferred` picks, or wherever it can run with ``use_gluon=True``;
+shape from N = 512, fp16 and bf16, causal or not (benchmarks/TUNING.md, thirty-third finding); with 32 rows a step
+it had been 1-9% slower (thirty-second finding). :func:`flashlib.kernels.attention_bwd.launch_attention_backward`
+takes it for a plain call that :func:`preferred` picks, or wherever it can run with ``use_gluon=True``;
 ``benchmarks/gluon_bwd_ab.py`` checks and times it. Why it exists: the dK/dV kernel is the backward's bottleneck
 (benchmarks/TUNING.md, fifteenth finding: 1.5-1.7x the dQ kernel's time for 4/3 of its products), and the forward
 gained 5-14% from the same structure (thirty-first finding).
@@ -44,9 +44,10 @@ if HAVE_GLUON:
 CONFIGS = {64: (64, 64, 3), 128: (64, 64, 2)}
 #: Where this kernel is the backward's dK/dV kernel by default (:func:`preferred`): the head_dims where it was measured
 #: faster than the Triton kernel at every point (head_dim 64: 0.91-1.01x, thirty-second finding), from
-#: :data:`MIN_ROWS` query and key rows (the smallest length measured) and :data:`MIN_SCORES` scores (as the forward's).
+#: :data:`MIN_ROWS` query and key rows (the smallest length measured: 1.05x there) and :data:`MIN_SCORES` scores (as
+#: the forward's).
 ROUTED_HEAD_DIMS = (128,)
-MIN_ROWS = 1024
+MIN_ROWS = 512
 MIN_SCORES = 2 ** 27
 
 if HAVE_GLUON:
