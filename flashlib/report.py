@@ -53,6 +53,10 @@ README_GRIDS = (
     # the same after it became persistent and took 1024 rows without a mask (session 40)
     "hopper_gluon_fwd_persistent_fp16_nvidia_h100_80gb_hbm3.json",
     "hopper_gluon_fwd_persistent_bf16_nvidia_h100_80gb_hbm3.json",
+    # an H200 (its own table): forward and backward at D = 64 and 128 beside cuDNN, after the backward took the
+    # Gluon dK/dV kernel at D = 128 (session 42); and that backward's first front-door run at D = 128
+    "hopper_session42_grid_fp16_bf16_nvidia_h200.json",
+    "hopper_gluon_bwd_m64_fp16_bf16_nvidia_h200.json",
 )
 _MIB = 2 ** 20
 
