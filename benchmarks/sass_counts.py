@@ -88,14 +88,18 @@ def captured_gluon_launch(module, kernel_name: str, launcher) -> tuple:
 
 
 def gluon_launch(kernel: str, d: int, n: int, dtype, causal: bool) -> tuple:
-    """The launch of the Gluon forward (``gluon_fwd``) or dK/dV kernel (``gluon_dkdv``) for the FlashAttention-2
-    benchmark's shape (H = 2048 / D, B = 4), captured (``--configs`` does not apply)."""
+    """The launch of the Gluon forward (``gluon_fwd``), dK/dV (``gluon_dkdv``) or dQ kernel (``gluon_dq``) for the
+    FlashAttention-2 benchmark's shape (H = 2048 / D, B = 4), captured (``--configs`` does not apply)."""
     q, k, v, o = (torch.randn(4, 2048 // d, n, d, dtype=dtype) for _ in range(4))
     rows = torch.empty(4, 2048 // d, n)
     if kernel == "gluon_fwd":
         return captured_gluon_launch(attention_fwd_hopper, "attention_fwd_hopper_kernel", lambda: (
             attention_fwd_hopper.launch_attention_forward_hopper(q, k, v, o, rows, scale=d ** -0.5, causal=causal,
                                                                  persistent=False)))  # the grid asks no GPU
+    if kernel == "gluon_dq":
+        return captured_gluon_launch(attention_bwd_hopper, "attention_bwd_dq_hopper_kernel", lambda: (
+            attention_bwd_hopper.launch_attention_dq_hopper(q, k, v, o, rows, rows, torch.empty_like(q),
+                                                            scale=d ** -0.5, causal=causal)))
     return captured_gluon_launch(attention_bwd_hopper, "attention_bwd_dkdv_hopper_kernel", lambda: (
         attention_bwd_hopper.launch_attention_dkdv_hopper(q, k, v, o, rows, rows, torch.empty_like(k),
                                                           torch.empty_like(v), scale=d ** -0.5, causal=causal)))
@@ -207,7 +211,7 @@ def spills_among_products(sass: str) -> int:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernel", default="fwd",
-                        help="comma list of fwd, dkdv, dq, gluon_fwd, gluon_dkdv (the Gluon Hopper kernels; "
+                        help="comma list of fwd, dkdv, dq, gluon_fwd, gluon_dkdv, gluon_dq (the Gluon kernels; "
                         "default fwd)")
     parser.add_argument("--d", default="64", help="comma list of head dims (default 64)")
     parser.add_argument("--dropout", default="0", help="comma list of dropout_p (default 0)")
@@ -238,8 +242,8 @@ def main():
     for kernel, d, causal, p, (block_m, block_n, stages, warps) in grid:
         if causal not in ("no", "yes"):
             parser.error(f"--causal takes no and yes; got {causal!r}")
-        if kernel not in ("fwd", "dkdv", "dq", "gluon_fwd", "gluon_dkdv"):
-            parser.error(f"--kernel takes fwd, dkdv, dq, gluon_fwd and gluon_dkdv; got {kernel!r}")
+        if kernel not in ("fwd", "dkdv", "dq", "gluon_fwd", "gluon_dkdv", "gluon_dq"):
+            parser.error(f"--kernel takes fwd, dkdv, dq, gluon_fwd, gluon_dkdv and gluon_dq; got {kernel!r}")
         spec = AttentionSpec(causal=causal == "yes", dropout_p=p)
         if kernel.startswith("gluon"):
             if p > 0:

@@ -592,11 +592,12 @@ def _launch_fixed(kernel, grid, positional, args, block_m, block_n, block_d, ele
                 raise
 
 
-def _gluon_preferred(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
-    """:func:`.attention_bwd_hopper.preferred` for (B, H, N, D) q and k on a GPU."""
+def _gluon_preferred(rule, q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
+    """``rule`` (:func:`.attention_bwd_hopper.preferred` or :func:`.attention_bwd_hopper.dq_preferred`) for
+    (B, H, N, D) q and k on a GPU."""
     batch, heads, n_q, head_dim = q.shape
     n_k = k.shape[2]
-    return bwd_hopper.preferred(head_dim, n_q, n_k, batch * heads * n_q * n_k * (0.5 if causal else 1.0))
+    return rule(head_dim, n_q, n_k, batch * heads * n_q * n_k * (0.5 if causal else 1.0))
 
 
 def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec: AttentionSpec = AttentionSpec(), *,
@@ -624,11 +625,12 @@ def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec: AttentionSp
     read).
     ``False`` forces the pointer path (tests compare the two).
 
-    ``use_gluon``: dK and dV of a plain call (no mask or a causal one, nothing else) that
-    :func:`.attention_bwd_hopper.can_run` accepts come from the warp-specialized Gluon kernel of
-    :mod:`.attention_bwd_hopper` where it is the faster one (:func:`.attention_bwd_hopper.preferred`) by default;
-    ``True`` wherever it can run, ``False`` never (``use_tma=False`` also keeps the Triton kernel). dQ and D always
-    come from the Triton kernels.
+    ``use_gluon``: dK and dV, and dQ, of a plain call (no mask or a causal one, nothing else) that
+    :func:`.attention_bwd_hopper.can_run` accepts come from the warp-specialized Gluon kernels of
+    :mod:`.attention_bwd_hopper` where each is the faster one (:func:`.attention_bwd_hopper.preferred`,
+    :func:`.attention_bwd_hopper.dq_preferred`) by default; ``True`` wherever they can run, ``False`` never
+    (``use_tma=False`` also keeps the Triton kernels). D always comes from the Triton preprocess kernel. Either way
+    no atomics: gradients repeat bitwise.
     """
     varlen = cu_seqlens_q is not None
     left, right = spec.bounds()
@@ -669,10 +671,15 @@ def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec: AttentionSp
     modifiers = (alibi, *scalars)
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
     if (plain and dk is not None and bwd_hopper.can_run(q, k, v, do, dk, dv, scale=spec.scale(head_dim))
-            and (use_gluon or _gluon_preferred(q, k, right == 0))):
+            and (use_gluon or _gluon_preferred(bwd_hopper.preferred, q, k, right == 0))):
         bwd_hopper.launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, scale=spec.scale(head_dim),
                                                 causal=right == 0)
         dk = None  # done
+    if (plain and dq is not None and bwd_hopper.can_run(q, k, v, do, dq, scale=spec.scale(head_dim))
+            and (use_gluon or _gluon_preferred(bwd_hopper.dq_preferred, q, k, right == 0))):
+        bwd_hopper.launch_attention_dq_hopper(q, k, v, do, lse, delta, dq, scale=spec.scale(head_dim),
+                                              causal=right == 0)
+        dq = None  # done
     if block_m is None and runtime.INTERPRET:
         block_m, block_n = INTERPRETER_BLOCKS["BLOCK_M"], INTERPRETER_BLOCKS["BLOCK_N"]
     jobs = []

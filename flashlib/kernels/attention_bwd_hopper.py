@@ -1,15 +1,17 @@
-"""The backward's dK/dV kernel for Hopper in Gluon, warp-specialized as the forward of :mod:`.attention_fwd_hopper`.
+"""The backward's kernels for Hopper in Gluon, warp-specialized as the forward of :mod:`.attention_fwd_hopper`:
+dK/dV, and dQ.
 
-Status: **the backward's dK/dV kernel at head_dim 128** (routed by :func:`preferred`): with 64 query rows a step it
-makes the whole backward 1.04-1.07x faster than the Triton dK/dV kernel does, on an H200 at every FlashAttention-2
-shape from N = 512, fp16 and bf16, causal or not (benchmarks/TUNING.md, thirty-third finding); with 32 rows a step
-it had been 1-9% slower (thirty-second finding). :func:`flashlib.kernels.attention_bwd.launch_attention_backward`
-takes it for a plain call that :func:`preferred` picks, or wherever it can run with ``use_gluon=True``;
-``benchmarks/gluon_bwd_ab.py`` checks and times it. Why it exists: the dK/dV kernel is the backward's bottleneck
-(benchmarks/TUNING.md, fifteenth finding: 1.5-1.7x the dQ kernel's time for 4/3 of its products), and the forward
-gained 5-14% from the same structure (thirty-first finding).
+Status: both are the backward's kernels at head_dim 128 (routed by :func:`preferred` and :func:`dq_preferred`).
+With 64 query rows a step the dK/dV kernel makes the whole backward 1.04-1.07x faster than the Triton dK/dV kernel
+does, on an H200 at every FlashAttention-2 shape from N = 512, fp16 and bf16, causal or not (benchmarks/TUNING.md,
+thirty-third finding); the dQ kernel runs 1.09-1.32x the Triton dQ kernel from N = 1024 and takes the whole backward
+a further 1.04-1.13x (thirty-fourth finding). :func:`flashlib.kernels.attention_bwd.launch_attention_backward` takes
+them for a plain call that the rules pick, or wherever they can run with ``use_gluon=True``;
+``benchmarks/gluon_bwd_ab.py`` and ``benchmarks/gluon_dq_ab.py`` check and time them. Why they exist: the forward
+gained 5-14% from the same structure (thirty-first finding), and the backward's Triton kernels wait on each
+product in turn.
 
-A program owns 2 x 64 keys of one (sample, kv head); three partitions:
+A dK/dV program owns 2 x 64 keys of one (sample, kv head); three partitions:
 
 * a **loading warp**: K and V of both halves once, then Q and dO of every query block of every query head of the
   kv head (GQA) into a ring of ``STAGES`` slots, each refilled once both consumers released it;
@@ -18,8 +20,15 @@ A program owns 2 x 64 keys of one (sample, kv head); three partitions:
   ``dS^T = P^T (dP^T - D)``, ``dK += dS^T Q``, the products through ``warpgroup_mma`` with P^T and dS^T as
   register operands. dK is scaled once at the end; dK and dV leave through the copy engine.
 
+A dQ program owns 2 x 64 query rows of one (sample, head), the forward's shape: the loading warp brings Q and dO
+of both halves once, then K and V of every key block either half sees into the ring; each consumer adds
+``dS K`` of a block to dQ in float32 registers (``S = Q K^T`` and ``dP = dO V^T`` issued together, P while dP
+is on the tensor cores, dS as a register operand). Under a causal mask the first half releases the blocks only
+the second sees, unread, and the longest tiles run first. No atomics: each dQ row is summed by one warpgroup in a
+fixed order, so gradients repeat bitwise.
+
 Scope: the plain backward (no mask or a causal one, bottom-right aligned; GQA; 2-byte types; head_dim 64 or 128;
-no window, lengths, packing, score modifier, dropout). dQ and D = rowsum(dO * O) stay with the Triton kernels.
+no window, lengths, packing, score modifier, dropout). D = rowsum(dO * O) stays with the Triton preprocess kernel.
 """
 from __future__ import annotations
 
@@ -42,6 +51,9 @@ if HAVE_GLUON:
 #: step leave ptxas a few loop scalars to keep on the stack, none of them a tile, and beat 32 rows by 7-12% on the
 #: H200 (thirty-third finding); two slots, as a third measured no faster.
 CONFIGS = {64: (64, 64, 3), 128: (64, 64, 2)}
+#: The dQ kernel's (BLOCK_M query rows of each consumer, BLOCK_N keys a step, STAGES K/V slots) per head_dim: dQ in
+#: float32 registers is 64 of a thread's 240 at head_dim 128, which leaves room for S and dP of 64 keys.
+DQ_CONFIGS = {64: (64, 128, 2), 128: (64, 64, 3)}
 #: Where this kernel is the backward's dK/dV kernel by default (:func:`preferred`): the head_dims where it was measured
 #: faster than the Triton kernel at every point (head_dim 64: 0.91-1.01x, thirty-second finding), from
 #: :data:`MIN_ROWS` query and key rows (the smallest length measured: 1.05x there) and :data:`MIN_SCORES` scores (as
@@ -49,6 +61,11 @@ CONFIGS = {64: (64, 64, 3), 128: (64, 64, 2)}
 ROUTED_HEAD_DIMS = (128,)
 MIN_ROWS = 512
 MIN_SCORES = 2 ** 27
+#: Where the dQ kernel is the backward's by default (:func:`dq_preferred`): head_dim 128, where it was measured
+#: 1.09-1.32x the Triton dQ kernel from 1024 query and key rows (the smallest length measured), fp16, causal or not
+#: (thirty-fourth finding), and :data:`MIN_SCORES` scores.
+DQ_ROUTED_HEAD_DIMS = (128,)
+DQ_MIN_ROWS = 1024
 
 if HAVE_GLUON:
 
@@ -241,10 +258,192 @@ if HAVE_GLUON:
                             (_bwd_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
+    @gluon.jit
+    def _dq_load_partition(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal):
+        """One warp: Q and dO of both consumers once, then K and V of every key block any of them sees into the
+        ring, each slot refilled once both consumers released it."""
+        q_desc, k_desc, v_desc, do_desc = descs[0], descs[1], descs[2], descs[3]
+        q_smem, k_smem, v_smem, do_smem = smem
+        qdo_bar, k_ready, v_ready, k_empty, v_empty = bars[0], bars[1], bars[2], bars[3], bars[4]
+        off_b, off_h, off_kvh, m0 = coords[0], coords[1], coords[2], coords[3]
+        hi = bounds[3]
+        BLOCK_M: gl.constexpr = q_smem.type.shape[3]
+        BLOCK_N: gl.constexpr = k_smem.type.shape[3]
+        STAGES: gl.constexpr = k_smem.type.shape[0]
+        mbarrier.expect(qdo_bar, 2 * q_desc.block_type.nbytes + 2 * do_desc.block_type.nbytes)
+        for half in gl.static_range(2):
+            tma_load(q_desc, [off_b, off_h, m0 + half * BLOCK_M, 0], qdo_bar, q_smem.index(half))
+            tma_load(do_desc, [off_b, off_h, m0 + half * BLOCK_M, 0], qdo_bar, do_smem.index(half))
+        for n in range(0, hi, BLOCK_N):
+            t = n // BLOCK_N
+            slot = t % STAGES
+            phase = (t // STAGES) & 1
+            mbarrier.wait(k_empty.index(slot), phase ^ 1)
+            mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+            tma_load(k_desc, [off_b, off_kvh, n, 0], k_ready.index(slot), k_smem.index(slot))
+            mbarrier.wait(v_empty.index(slot), phase ^ 1)
+            mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+            tma_load(v_desc, [off_b, off_kvh, n, 0], v_ready.index(slot), v_smem.index(slot))
+
+    @gluon.jit
+    def _dq_step(q_tile, do_tile, k_smem, v_smem, bars, dq, n, rows, lse2, delta, offset, N_K, score_scale, causal,
+                 MASKED: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, s_layout: gl.constexpr,
+                 op_layout: gl.constexpr):
+        """The terms of key block ``n`` added to dQ (queries along rows)."""
+        k_ready, v_ready, k_empty, v_empty = bars[1], bars[2], bars[3], bars[4]
+        STAGES: gl.constexpr = k_smem.type.shape[0]
+        BLOCK_M: gl.constexpr = q_tile.type.shape[0]
+        t = n // BLOCK_N
+        slot = t % STAGES
+        phase = (t // STAGES) & 1
+        mbarrier.wait(k_ready.index(slot), phase)
+        k_tile = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM])
+        s = warpgroup_mma(q_tile, k_tile.permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
+                          use_acc=False, is_async=True)
+        mbarrier.wait(v_ready.index(slot), phase)
+        v_tile = v_smem.index(slot).reshape([BLOCK_N, HEAD_DIM])
+        dp = warpgroup_mma(do_tile, v_tile.permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
+                           use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
+        s = s * score_scale
+        if MASKED:
+            keys = n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            visible = (keys[None, :] < N_K) & ((rows[:, None] + offset >= keys[None, :]) | (causal == 0))
+            s = gl.where(visible, s, float("-inf"))
+        p = gl.exp2(s - lse2[:, None])
+        dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
+        mbarrier.arrive(v_empty.index(slot), count=1)
+        ds_op = gl.convert_layout((p * (dp - delta[:, None])).to(q_tile.dtype), op_layout)
+        dq = warpgroup_mma(ds_op, k_tile, dq, is_async=True)
+        dq, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ds_op))
+        mbarrier.arrive(k_empty.index(slot), count=1)
+        return dq
+
+    @gluon.jit
+    def _dq_consume(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, HALF: gl.constexpr):
+        """One warpgroup: dQ of the program's ``HALF``-th BLOCK_M query rows."""
+        dq_desc = descs[4]
+        q_smem, k_smem, v_smem, do_smem = smem
+        qdo_bar, k_ready, v_ready, k_empty, v_empty = bars[0], bars[1], bars[2], bars[3], bars[4]
+        off_b, off_h, m0, H, N_Q, N_K, offset = coords[0], coords[1], coords[3], coords[4], coords[5], coords[6], \
+            coords[7]
+        BLOCK_M: gl.constexpr = q_smem.type.shape[3]
+        HEAD_DIM: gl.constexpr = q_smem.type.shape[4]
+        BLOCK_N: gl.constexpr = k_smem.type.shape[3]
+        STAGES: gl.constexpr = k_smem.type.shape[0]
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, HEAD_DIM, 16])
+        op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2)
+        m = m0 + HALF * BLOCK_M
+        rows = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        row_base = (off_b * H + off_h).to(gl.int64) * N_Q
+        lse = gl.load(LSE + row_base + rows, mask=rows < N_Q, other=float("inf"))
+        # L = -inf (a row that sees no key) read as +inf: P = exp2(S - inf) = 0, never NaN.
+        lse2 = gl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
+        delta = gl.load(DELTA + row_base + rows, mask=rows < N_Q, other=0.0)
+        score_scale = sm_scale * LOG2E
+        # key blocks [0, full) are seen whole by every row of this half, [full, hi) in part; the loader walks to the
+        # second half's hi, so the first half releases the blocks between its hi and that one unread.
+        full, hi, hi_all = bounds[HALF * 2], bounds[HALF * 2 + 1], bounds[3]
+        dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
+        mbarrier.wait(qdo_bar, 0)
+        q_tile = q_smem.index(HALF).reshape([BLOCK_M, HEAD_DIM])
+        do_tile = do_smem.index(HALF).reshape([BLOCK_M, HEAD_DIM])
+        for n in range(0, full, BLOCK_N):
+            dq = _dq_step(q_tile, do_tile, k_smem, v_smem, bars, dq, n, rows, lse2, delta, offset, N_K, score_scale,
+                          causal, False, BLOCK_N, HEAD_DIM, s_layout, op_layout)
+        for n in range(full, hi, BLOCK_N):
+            dq = _dq_step(q_tile, do_tile, k_smem, v_smem, bars, dq, n, rows, lse2, delta, offset, N_K, score_scale,
+                          causal, True, BLOCK_N, HEAD_DIM, s_layout, op_layout)
+        for n in range(hi, hi_all, BLOCK_N):
+            t = n // BLOCK_N
+            slot = t % STAGES
+            phase = (t // STAGES) & 1
+            mbarrier.wait(k_ready.index(slot), phase)
+            mbarrier.wait(v_ready.index(slot), phase)
+            mbarrier.arrive(k_empty.index(slot), count=1)
+            mbarrier.arrive(v_empty.index(slot), count=1)
+        # dQ leaves through this half's Q slot (read by no product now); rows past N_Q are dropped.
+        q_tile.store((dq * sm_scale).to(dq_desc.dtype))
+        fence_async_shared()
+        tma_store(dq_desc, [off_b, off_h, m, 0], q_smem.index(HALF))
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def _dq_consume_first_half(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal):
+        _dq_consume(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, 0)
+
+    @gluon.jit
+    def _dq_consume_second_half(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal):
+        _dq_consume(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, 1)
+
+    @gluon.jit
+    def attention_bwd_dq_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, sm_scale, H,
+                                       KV_GROUP, N_Q, N_K, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+                                       BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                                       CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
+                                       num_warps: gl.constexpr):
+        """dQ of query rows ``2 * BLOCK_M`` times a query tile on of (sample, head) ``program_id(1)``; under a
+        causal mask the longest tiles (the last rows) first. Descriptors: (B, H, N_q, D) q/do/dq with
+        (1, 1, BLOCK_M, D) tiles, (B, H_kv, N_k, D) k/v with (1, 1, BLOCK_N, D) tiles; LSE, DELTA (B, H, N_q)
+        float32 contiguous."""
+        gl.static_assert(num_warps == 4)
+        off_bh = gl.program_id(1)
+        off_b = off_bh // H
+        off_h = off_bh % H
+        off_kvh = off_h // KV_GROUP
+        tile = gl.program_id(0)
+        if CAUSAL:
+            tile = gl.num_programs(0) - 1 - tile
+        m0 = tile * 2 * BLOCK_M
+        offset = N_K - N_Q  # query row i sits at key position i + offset
+        # Per half: key blocks [0, full) seen whole by its rows, [full, hi) in part (rounded up to a block).
+        full0 = N_K // BLOCK_N * BLOCK_N
+        full1 = full0
+        hi0 = gl.cdiv(N_K, BLOCK_N) * BLOCK_N
+        hi1 = hi0
+        if CAUSAL:  # key j is seen by rows i with i + offset >= j
+            full0 = gl.minimum(gl.maximum(m0 + offset + 1, 0) // BLOCK_N * BLOCK_N, full0)
+            full1 = gl.minimum(gl.maximum(m0 + BLOCK_M + offset + 1, 0) // BLOCK_N * BLOCK_N, full1)
+            hi0 = gl.minimum(gl.cdiv(gl.maximum(m0 + BLOCK_M + offset, 0), BLOCK_N) * BLOCK_N, hi0)
+            hi1 = gl.minimum(gl.cdiv(gl.maximum(m0 + 2 * BLOCK_M + offset, 0), BLOCK_N) * BLOCK_N, hi1)
+
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
+        do_smem = gl.allocate_shared_memory(do_desc.dtype, [2, 1, 1, BLOCK_M, HEAD_DIM], do_desc.layout)
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
+        qdo_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(qdo_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=2)  # released by both consumers
+            mbarrier.init(v_empty.index(i), count=2)
+
+        causal = gl.to_tensor(CAUSAL)
+        args = ((q_desc, k_desc, v_desc, do_desc, dq_desc), (q_smem, k_smem, v_smem, do_smem),
+                (qdo_bar, k_ready, v_ready, k_empty, v_empty), (off_b, off_h, off_kvh, m0, H, N_Q, N_K, offset),
+                (full0, hi0, full1, hi1), LSE, DELTA, sm_scale, causal)
+        gl.warp_specialize([(_dq_consume_first_half, args), (_dq_consume_second_half, args),
+                            (_dq_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+
+
 def preferred(head_dim: int, n_q: int, n_k: int, scores: float) -> bool:
     """Whether this kernel is the faster dK/dV kernel for these sizes: :data:`ROUTED_HEAD_DIMS`, :data:`MIN_ROWS` and
     :data:`MIN_SCORES` ``scores`` (those a mask leaves)."""
     return head_dim in ROUTED_HEAD_DIMS and min(n_q, n_k) >= MIN_ROWS and scores >= MIN_SCORES
+
+
+def dq_preferred(head_dim: int, n_q: int, n_k: int, scores: float) -> bool:
+    """Whether the dQ kernel is the faster one for these sizes: :data:`DQ_ROUTED_HEAD_DIMS`, :data:`DQ_MIN_ROWS`
+    and :data:`MIN_SCORES` ``scores`` (those a mask leaves)."""
+    return head_dim in DQ_ROUTED_HEAD_DIMS and min(n_q, n_k) >= DQ_MIN_ROWS and scores >= MIN_SCORES
 
 
 def launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, *, scale: float, causal: bool) -> None:
@@ -258,6 +457,22 @@ def launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, *, scale: floa
     attention_bwd_dkdv_hopper_kernel[grid](
         tile_descriptor(q, block_m), tile_descriptor(k, block_n), tile_descriptor(v, block_n),
         tile_descriptor(do, block_m), tile_descriptor(dk, block_n), tile_descriptor(dv, block_n), lse, delta, scale,
+        heads, heads // kv_heads, n_q, n_k,
+        CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, STAGES=stages,
+        CONSUMER_REGS=CONSUMER_REGISTERS, LOADER_REGS=LOADER_REGISTERS, num_warps=4, maxnreg=KERNEL_REGISTERS)
+
+
+def launch_attention_dq_hopper(q, k, v, do, lse, delta, dq, *, scale: float, causal: bool) -> None:
+    """Fill dq (B, H, N_q, D) from q, do (B, H, N_q, D), k, v (B, H_kv, N_k, D), lse and delta (B, H, N_q) float32
+    contiguous, for a call :func:`.attention_fwd_hopper.can_run` accepts (all six tensors, and head_dim in
+    :data:`DQ_CONFIGS`): no mask, or a causal one with ``causal``."""
+    batch, heads, n_q, head_dim = q.shape
+    kv_heads, n_k = k.shape[1], k.shape[2]
+    block_m, block_n, stages = DQ_CONFIGS[head_dim]
+    grid = (triton.cdiv(n_q, 2 * block_m), batch * heads)
+    attention_bwd_dq_hopper_kernel[grid](
+        tile_descriptor(q, block_m), tile_descriptor(k, block_n), tile_descriptor(v, block_n),
+        tile_descriptor(do, block_m), tile_descriptor(dq, block_m), lse, delta, scale,
         heads, heads // kv_heads, n_q, n_k,
         CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, STAGES=stages,
         CONSUMER_REGS=CONSUMER_REGISTERS, LOADER_REGS=LOADER_REGISTERS, num_warps=4, maxnreg=KERNEL_REGISTERS)

@@ -1,7 +1,7 @@
-"""The Gluon dK/dV kernel (flashlib.kernels.attention_bwd_hopper): launch_attention_backward takes it for plain calls
-only, by default where it was measured faster (preferred), wherever it can run with use_gluon=True, never with
-use_gluon=False; it compiles for sm_90a with the installed Triton; on a Hopper GPU its gradients equal float64
-autograd's, through the launcher and through the front door."""
+"""The Gluon dK/dV and dQ kernels (flashlib.kernels.attention_bwd_hopper): launch_attention_backward takes them for
+plain calls only, by default each where it was measured faster (preferred, dq_preferred), wherever they can run with
+use_gluon=True, never with use_gluon=False; they compile for sm_90a with the installed Triton; on a Hopper GPU their
+gradients equal float64 autograd's, through the launcher and through the front door, and repeat bitwise."""
 import pytest
 import torch
 
@@ -25,48 +25,71 @@ def test_preferred_where_it_was_measured_faster(head_dim, n_q, n_k, scores, expe
     assert bwd_hopper.preferred(head_dim, n_q, n_k, scores) is expected
 
 
+@pytest.mark.parametrize("head_dim, n_q, n_k, scores, expected", [
+    (128, 1024, 1024, 2 ** 27, True), (128, 16384, 4096, 2 ** 30, True),
+    (128, 1023, 4096, 2 ** 30, False), (128, 4096, 1023, 2 ** 30, False),  # 512 rows: not measured for dQ
+    (64, 4096, 4096, 2 ** 30, False), (256, 4096, 4096, 2 ** 30, False), (128, 2048, 2048, 2 ** 27 - 1, False)])
+def test_dq_preferred_where_it_was_measured_faster(head_dim, n_q, n_k, scores, expected):
+    assert bwd_hopper.dq_preferred(head_dim, n_q, n_k, scores) is expected
+
+
 @pytest.fixture
 def recorded(monkeypatch):
-    """Pretend the Gluon kernel can run, and record its launches instead of running them."""
+    """Pretend the Gluon kernels can run, and record their launches (kernel name, keywords) instead of running
+    them."""
     calls = []
-    monkeypatch.setattr(bwd_hopper, "can_run", lambda q, k, v, do, dk, dv, *, scale: scale > 0)
+    monkeypatch.setattr(bwd_hopper, "can_run", lambda q, *others, scale: scale > 0)
     monkeypatch.setattr(bwd_hopper, "launch_attention_dkdv_hopper",
-                        lambda q, k, v, do, lse, delta, dk, dv, **kwargs: calls.append(kwargs))
+                        lambda q, k, v, do, lse, delta, dk, dv, **kwargs: calls.append(("dkdv", kwargs)))
+    monkeypatch.setattr(bwd_hopper, "launch_attention_dq_hopper",
+                        lambda q, k, v, do, lse, delta, dq, **kwargs: calls.append(("dq", kwargs)))
     return calls
 
 
 def _backward(spec=AttentionSpec(), head_dim=64, **kwargs):
-    """dq, dk, dv of a small call (dk, dv start as NaN: the Triton kernel overwrites them, the recorder does not)."""
+    """dq, dk, dv of a small call (they start as NaN: the Triton kernels overwrite them, the recorder does not)."""
     q, k, v, do = (torch.randn(1, 2, 64, head_dim, dtype=torch.float16, device=DEVICE) for _ in range(4))
     shared = {name: kwargs.pop(name) for name in ("alibi_slopes", "seq_lens", "dropout_seed") if name in kwargs}
     o, lse = torch.empty_like(q), torch.empty(1, 2, 64, device=DEVICE)
     launch_attention_forward(q, k, v, o, lse, spec, **shared)
-    dq = torch.zeros_like(q)
-    dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
     attention_bwd.launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec, **shared, **kwargs)
     return dq, dk, dv
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_an_asked_plain_call_takes_it_and_dq_still_comes_from_triton(recorded, causal):
+def test_an_asked_plain_call_takes_both_kernels(recorded, causal):
     dq, dk, dv = _backward(AttentionSpec(causal=causal), use_gluon=True)
-    assert recorded == [dict(scale=AttentionSpec().scale(64), causal=causal)]
-    assert dk.isnan().all() and dv.isnan().all()  # left to the (recorded) Gluon kernel
-    assert dq.abs().sum() > 0
+    asked = dict(scale=AttentionSpec().scale(64), causal=causal)
+    assert recorded == [("dkdv", asked), ("dq", asked)]
+    assert dq.isnan().all() and dk.isnan().all() and dv.isnan().all()  # left to the (recorded) Gluon kernels
     _backward(AttentionSpec(causal=causal))  # by default, at 64 rows and head_dim 64: not preferred
     _backward(AttentionSpec(causal=causal), use_gluon=False)
-    assert len(recorded) == 1
+    assert len(recorded) == 2
+
+
+@pytest.mark.parametrize("dkdv, dq", [(True, False), (False, True)])
+def test_each_kernel_is_routed_by_its_own_rule(recorded, monkeypatch, dkdv, dq):
+    monkeypatch.setattr(bwd_hopper, "preferred", lambda *args: dkdv)
+    monkeypatch.setattr(bwd_hopper, "dq_preferred", lambda *args: dq)
+    got_dq, dk, dv = _backward(AttentionSpec(), head_dim=128)
+    assert [name for name, _ in recorded] == (["dkdv"] if dkdv else ["dq"])
+    # what the (recorded) Gluon kernel was given stays NaN; the Triton kernel wrote the rest, every element
+    for grad, by_gluon in ((dk, dkdv), (dv, dkdv), (got_dq, dq)):
+        assert bool(grad.isnan().all()) == by_gluon and bool(grad.isnan().any()) == by_gluon
 
 
 def test_the_default_routes_only_preferred_sizes_and_counts_the_scores_a_mask_leaves(recorded, monkeypatch):
     asked = []
-    monkeypatch.setattr(bwd_hopper, "preferred", lambda *args: asked.append(args) or True)
+    monkeypatch.setattr(bwd_hopper, "preferred", lambda *args: asked.append(("dkdv", *args)) or True)
+    monkeypatch.setattr(bwd_hopper, "dq_preferred", lambda *args: asked.append(("dq", *args)) or True)
     _backward(AttentionSpec(causal=True), head_dim=128)
     _backward(AttentionSpec(), head_dim=128)
-    _, dk, dv = _backward(AttentionSpec(), head_dim=128, use_gluon=False)  # refused: the Triton kernel
-    assert len(recorded) == 2 and not dk.isnan().any() and not dv.isnan().any()
+    dq, dk, dv = _backward(AttentionSpec(), head_dim=128, use_gluon=False)  # refused: the Triton kernels
+    assert len(recorded) == 4 and not dq.isnan().any() and not dk.isnan().any() and not dv.isnan().any()
     # (head_dim, n_q, n_k, scores): B * H * N_q * N_k scores, half of them under the causal mask
-    assert asked == [(128, 64, 64, 2 * 64 * 64 * 0.5), (128, 64, 64, 2 * 64 * 64 * 1.0)]
+    causal, full = (128, 64, 64, 2 * 64 * 64 * 0.5), (128, 64, 64, 2 * 64 * 64 * 1.0)
+    assert asked == [("dkdv", *causal), ("dq", *causal), ("dkdv", *full), ("dq", *full)]
 
 
 @pytest.mark.parametrize("case", UNCOVERED_CASES)
@@ -74,19 +97,29 @@ def test_calls_it_does_not_cover_stay_on_the_triton_kernels(recorded, case):
     spec, kwargs = uncovered_call(case)
     dq, dk, dv = _backward(spec, use_gluon=True, **kwargs)
     assert recorded == []
-    assert not dk.isnan().any() and not dv.isnan().any()  # the Triton kernel wrote them
+    assert not dq.isnan().any() and not dk.isnan().any() and not dv.isnan().any()  # the Triton kernels wrote them
 
 
 def test_compiles_for_hopper_with_warpgroup_mma_the_copy_engine_and_partition_registers():
     """The installed Triton compiles the kernel for sm_90a (Triton 3.6, the GPU machine's, without spills; 3.9
     spills a little under the causal mask)."""
-    done = run_sass_counts("--kernel", "gluon_dkdv", "--d", "128,64", "--causal", "no,yes", "--top", "300")
+    done = run_sass_counts("--kernel", "gluon_dkdv,gluon_dq", "--d", "128,64", "--causal", "no,yes", "--top", "300")
     assert done.returncode == 0, done.stderr[-3000:]
-    variants = compiled_variants(done.stdout, "gluon_dkdv")
-    assert len(variants) == 4, done.stdout
+    variants = compiled_variants(done.stdout, "gluon_dkdv") + compiled_variants(done.stdout, "gluon_dq")
+    assert len(variants) == 8, done.stdout
     for header, _, opcodes in variants:
         assert opcodes.get("HGMMA", 0) > 0 and opcodes.get("UTMALDG", 0) > 0, header
         assert opcodes.get("USETMAXREG", 0) > 0, "the partitions' registers must be set (setmaxnreg)"
+
+
+def _count_launches(monkeypatch) -> list[str]:
+    """The names of the Gluon kernels launched (and run) from now on."""
+    calls = []
+    for name in ("dkdv", "dq"):
+        real = getattr(bwd_hopper, f"launch_attention_{name}_hopper")
+        monkeypatch.setattr(bwd_hopper, f"launch_attention_{name}_hopper",
+                            lambda *a, name=name, real=real, **kw: calls.append(name) or real(*a, **kw))
+    return calls
 
 
 @pytest.mark.gpu
@@ -94,21 +127,19 @@ def test_compiles_for_hopper_with_warpgroup_mma_the_copy_engine_and_partition_re
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", ODD_SHAPES)
-def test_gpu_gluon_dkdv_matches_float64(monkeypatch, dtype, head_dim, causal, shape):
+def test_gpu_gluon_dkdv_and_dq_match_float64(monkeypatch, dtype, head_dim, causal, shape):
     batch, heads, kv_heads, n_q, n_k, layout = shape
     q, k, v, do = (as_bhnd(t, layout) for t in make_inputs(batch, heads, kv_heads, n_q, n_k, head_dim, dtype,
                                                            layout, seed=n_k + head_dim, grad_out=True))
     if not bwd_hopper.can_run(q, k, v, do, k, v, scale=1.0):
         pytest.skip("needs a Hopper GPU (sm_90) and Gluon")
-    calls = []
-    real = bwd_hopper.launch_attention_dkdv_hopper
-    monkeypatch.setattr(bwd_hopper, "launch_attention_dkdv_hopper", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    calls = _count_launches(monkeypatch)
     spec = AttentionSpec(causal=causal)
     o, lse = torch.empty_like(q), torch.empty(q.shape[:3], device="cuda")
     launch_attention_forward(q, k, v, o, lse, spec)
     dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
     attention_bwd.launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec, use_gluon=True)
-    assert calls == [1]
+    assert calls == ["dkdv", "dq"]
     group = heads // kv_heads
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     naive_attention(q64, k64.repeat_interleave(group, 1), v64.repeat_interleave(group, 1),
@@ -125,16 +156,14 @@ def test_gpu_front_door_takes_it_at_d128_with_gradients_that_match_and_repeat_bi
     if not bwd_hopper.can_run(q, k, v, do, k, v, scale=1.0):
         pytest.skip("needs a Hopper GPU (sm_90) and Gluon")
     monkeypatch.setattr(bwd_hopper, "MIN_SCORES", 0)  # this small batch is below the default's threshold of work
-    calls = []
-    real = bwd_hopper.launch_attention_dkdv_hopper
-    monkeypatch.setattr(bwd_hopper, "launch_attention_dkdv_hopper", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    calls = _count_launches(monkeypatch)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     grads = []
     for _ in range(2):
         torch.autograd.backward(flash_attention(q, k, v, causal=causal), do)
         grads.append([t.grad for t in (q, k, v)])
         q.grad = k.grad = v.grad = None
-    assert calls == [1, 1]
+    assert calls == ["dkdv", "dq"] * 2
     assert all(torch.equal(a, b) for a, b in zip(*grads))  # deterministic: no atomics, the same order each time
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     naive_attention(q64, k64.repeat_interleave(2, 1), v64.repeat_interleave(2, 1), causal=causal).backward(do.double())

@@ -1,0 +1,125 @@
+"""The Gluon dQ kernel (:func:`flashlib.kernels.attention_bwd_hopper.launch_attention_dq_hopper`) checked and timed
+beside the Triton dQ kernel, in one process on a Hopper GPU (benchmarks/TUNING.md, thirty-fourth finding).
+
+Checks first: its dQ against float64 autograd and against the Triton kernel's (odd lengths, N_q != N_k under a
+causal mask, GQA, the (B, N, H, D) layout), the output filled with NaN before. Then, at the FlashAttention-2 shapes,
+each replayed from a CUDA graph: the dQ pass alone (with D = rowsum(dO * O)) by either kernel, and the whole
+backward (the Gluon dK/dV kernel where it is routed) with either dQ kernel.
+
+    PYTHONPATH=.:benchmarks python3 benchmarks/gluon_dq_ab.py [--dtype fp16,bf16] [--d 64,128]
+        [--N 1024,4096,16384] [--variants "NAME=D:BLOCK_M,BLOCK_N,STAGES;..."] [--no-checks] --out FILE
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+import flashlib  # noqa: F401  (before triton: chooses the interpreter where there is no GPU)
+from flashlib.bench_results import DTYPES, results_meta
+from flashlib.io_model import attention_flops
+from flashlib.kernels import attention_bwd_hopper as bwd_hopper
+from flashlib.kernels.attention_bwd import launch_attention_backward
+from flashlib.kernels.attention_fwd import launch_attention_forward
+from flashlib.reference import naive_attention
+from flashlib.spec import AttentionSpec
+from flashlib.timing import graph_time_ms
+from flashlib.validation import relative_error, tolerance
+from gluon_fwd_ab import (add_grid_options, check_grid, config_in_place, config_variants, fa2_points, make_inputs,
+                          print_row)
+
+
+def forward(q, k, v, causal):
+    spec = AttentionSpec(causal=causal)
+    o, lse = torch.empty_like(q), torch.empty(q.shape[:3], device="cuda")
+    launch_attention_forward(q, k, v, o, lse, spec)
+    return spec, o, lse
+
+
+def dq_pass(q, k, v, o, lse, do, dq, spec, gluon: bool):
+    """dQ alone: D = rowsum(dO * O), then either dQ kernel."""
+    if not gluon:
+        return launch_attention_backward(q, k, v, o, lse, do, dq, None, None, spec)
+    delta = launch_attention_backward(q, k, v, o, lse, do, None, None, None, spec)
+    bwd_hopper.launch_attention_dq_hopper(q, k, v, do, lse, delta, dq, scale=spec.scale(q.shape[-1]),
+                                          causal=spec.causal)
+
+
+def whole_backward(q, k, v, o, lse, do, dq, dk, dv, spec, gluon: bool):
+    """dQ, dK, dV: dK/dV as routed, dQ by either kernel."""
+    if not gluon:
+        return launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec)
+    delta = launch_attention_backward(q, k, v, o, lse, do, None, dk, dv, spec)
+    bwd_hopper.launch_attention_dq_hopper(q, k, v, do, lse, delta, dq, scale=spec.scale(q.shape[-1]),
+                                          causal=spec.causal)
+
+
+def check(case, q, k, v, do, causal) -> dict:
+    spec, o, lse = forward(q, k, v, causal)
+    got, triton_dq = (torch.full_like(q, float("nan")) for _ in range(2))
+    dq_pass(q, k, v, o, lse, do, got, spec, True)
+    dq_pass(q, k, v, o, lse, do, triton_dq, spec, False)
+    group = q.shape[1] // k.shape[1]
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    out = naive_attention(q64, k64.repeat_interleave(group, 1), v64.repeat_interleave(group, 1), causal=causal)
+    out.backward(do.double())
+    error, vs_triton = relative_error(got, q64.grad), relative_error(got, triton_dq)
+    ok = bool(torch.isfinite(got).all()) and error <= tolerance(q.dtype)
+    return dict(case=case, rel_err=error, triton_rel_err=relative_error(triton_dq, q64.grad), vs_triton=vs_triton,
+                status="ok" if ok else "wrong")
+
+
+def timings(dtypes, dims, lengths, variants=None) -> list[dict]:
+    rows = []
+    for name, d, n, causal, batch, heads in fa2_points(dtypes, dims, lengths):
+        q, k, v, do = make_inputs(batch, heads, heads, n, n, d, DTYPES[name], grad_out=True)
+        spec, o, lse = forward(q, k, v, causal)
+        dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+        flops = attention_flops(batch, heads, n, d, causal, mode="bwd")
+        row = dict(dtype=name, d=d, N=n, causal=causal)
+        calls = {}
+        for gluon, impl in ((True, "gluon"), (False, "triton")):
+            calls[f"dq_{impl}"] = lambda g=gluon: dq_pass(q, k, v, o, lse, do, dq, spec, g)
+            calls[f"bwd_{impl}"] = lambda g=gluon: whole_backward(q, k, v, o, lse, do, dq, dk, dv, spec, g)
+        for name_, (vd, blocks, _) in (variants or {}).items():
+            if vd == d:
+                calls[f"bwd_{name_}"] = lambda blocks=blocks: _with_dq_config(d, blocks, calls["bwd_gluon"])
+        for impl, call in calls.items():
+            ms = graph_time_ms(call, rep=100)
+            row[f"{impl}_ms"] = ms
+            if impl.startswith("bwd"):
+                row[f"{impl}_tflops"] = flops / ms * 1e-9
+        row["dq gluon/triton"] = row["dq_triton_ms"] / row["dq_gluon_ms"]
+        row["bwd gluon/triton"] = row["bwd_triton_ms"] / row["bwd_gluon_ms"]
+        print_row(row)
+        rows.append(row)
+    return rows
+
+
+def _with_dq_config(d, blocks, call):
+    with config_in_place(bwd_hopper.DQ_CONFIGS, d, blocks):
+        return call()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_grid_options(parser)
+    parser.add_argument("--variants", type=config_variants, default="",
+                        help="other Gluon dQ configs timed beside its own: 'NAME=D:BLOCK_M,BLOCK_N,STAGES;...'")
+    parser.add_argument("--no-checks", action="store_true")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    check_rows = [] if args.no_checks else check_grid(args.dtype, check, grad_out=True)
+    time_rows = timings(args.dtype, args.d, args.N, args.variants)
+    if args.out:
+        with open(args.out, "w") as f:
+            meta = results_meta(method="each call replayed from a CUDA graph (graph_time_ms, rep=100 ms)",
+                                command=" ".join(sys.argv))
+            json.dump(dict(meta=meta, checks=check_rows, timings=time_rows), f, indent=1)
+    return 0 if all(r["status"] == "ok" for r in check_rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
