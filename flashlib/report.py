@@ -57,6 +57,8 @@ README_GRIDS = (
     # Gluon dK/dV kernel at D = 128 (session 42); and that backward's first front-door run at D = 128
     "hopper_session42_grid_fp16_bf16_nvidia_h200.json",
     "hopper_gluon_bwd_m64_fp16_bf16_nvidia_h200.json",
+    # the backward at D = 128 once its dQ also came from a Gluon kernel (session 43)
+    "hopper_gluon_dq_bwd_fp16_bf16_nvidia_h200.json",
 )
 _MIB = 2 ** 20
 

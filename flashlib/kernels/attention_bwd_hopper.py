@@ -1,15 +1,15 @@
 """The backward's kernels for Hopper in Gluon, warp-specialized as the forward of :mod:`.attention_fwd_hopper`:
 dK/dV, and dQ.
 
-Status: both are the backward's kernels at head_dim 128 (routed by :func:`preferred` and :func:`dq_preferred`).
-With 64 query rows a step the dK/dV kernel makes the whole backward 1.04-1.07x faster than the Triton dK/dV kernel
-does, on an H200 at every FlashAttention-2 shape from N = 512, fp16 and bf16, causal or not (benchmarks/TUNING.md,
-thirty-third finding); the dQ kernel runs 1.09-1.32x the Triton dQ kernel from N = 1024 and takes the whole backward
-a further 1.04-1.13x (thirty-fourth finding). :func:`flashlib.kernels.attention_bwd.launch_attention_backward` takes
-them for a plain call that the rules pick, or wherever they can run with ``use_gluon=True``;
-``benchmarks/gluon_bwd_ab.py`` and ``benchmarks/gluon_dq_ab.py`` check and time them. Why they exist: the forward
-gained 5-14% from the same structure (thirty-first finding), and the backward's Triton kernels wait on each
-product in turn.
+Status: both are the backward's kernels at head_dim 128, and the dQ kernel also at 64 from 4096 rows (routed by
+:func:`preferred` and :func:`dq_preferred`). With 64 query rows a step the dK/dV kernel makes the whole backward
+1.04-1.07x faster than the Triton dK/dV kernel does, on an H200 at every FlashAttention-2 shape from N = 512, fp16
+and bf16, causal or not (benchmarks/TUNING.md, thirty-third finding); the dQ kernel runs 1.09-1.32x the Triton dQ
+kernel from N = 1024 at head_dim 128 and takes the whole backward a further 1.04-1.13x (1.00-1.05x at head_dim 64
+from N = 4096; thirty-fourth finding). :func:`flashlib.kernels.attention_bwd.launch_attention_backward` takes them
+for a plain call that the rules pick, or wherever they can run with ``use_gluon=True``; ``benchmarks/gluon_bwd_ab.py``
+and ``benchmarks/gluon_dq_ab.py`` check and time them. Why they exist: the forward gained 5-14% from the same
+structure (thirty-first finding), and the backward's Triton kernels wait on each product in turn.
 
 A dK/dV program owns 2 x 64 keys of one (sample, kv head); three partitions:
 
@@ -61,11 +61,10 @@ DQ_CONFIGS = {64: (64, 128, 2), 128: (64, 64, 3)}
 ROUTED_HEAD_DIMS = (128,)
 MIN_ROWS = 512
 MIN_SCORES = 2 ** 27
-#: Where the dQ kernel is the backward's by default (:func:`dq_preferred`): head_dim 128, where it was measured
-#: 1.09-1.32x the Triton dQ kernel from 1024 query and key rows (the smallest length measured), fp16, causal or not
-#: (thirty-fourth finding), and :data:`MIN_SCORES` scores.
-DQ_ROUTED_HEAD_DIMS = (128,)
-DQ_MIN_ROWS = 1024
+#: Where the dQ kernel is the backward's by default (:func:`dq_preferred`), from these query and key rows per
+#: head_dim and :data:`MIN_SCORES` scores (thirty-fourth finding, H200): at 128 it ran 1.09-1.32x the Triton dQ
+#: kernel from 1024 rows (the smallest length measured); at 64 0.99-1.00x at 1024 rows, 1.02-1.12x from 4096.
+DQ_MIN_ROWS = {128: 1024, 64: 4096}
 
 if HAVE_GLUON:
 
@@ -441,9 +440,9 @@ def preferred(head_dim: int, n_q: int, n_k: int, scores: float) -> bool:
 
 
 def dq_preferred(head_dim: int, n_q: int, n_k: int, scores: float) -> bool:
-    """Whether the dQ kernel is the faster one for these sizes: :data:`DQ_ROUTED_HEAD_DIMS`, :data:`DQ_MIN_ROWS`
-    and :data:`MIN_SCORES` ``scores`` (those a mask leaves)."""
-    return head_dim in DQ_ROUTED_HEAD_DIMS and min(n_q, n_k) >= DQ_MIN_ROWS and scores >= MIN_SCORES
+    """Whether the dQ kernel is the faster one for these sizes: :data:`DQ_MIN_ROWS` at this head_dim, and
+    :data:`MIN_SCORES` ``scores`` (those a mask leaves)."""
+    return head_dim in DQ_MIN_ROWS and min(n_q, n_k) >= DQ_MIN_ROWS[head_dim] and scores >= MIN_SCORES
 
 
 def launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, *, scale: float, causal: bool) -> None:

@@ -28,7 +28,9 @@ def test_preferred_where_it_was_measured_faster(head_dim, n_q, n_k, scores, expe
 @pytest.mark.parametrize("head_dim, n_q, n_k, scores, expected", [
     (128, 1024, 1024, 2 ** 27, True), (128, 16384, 4096, 2 ** 30, True),
     (128, 1023, 4096, 2 ** 30, False), (128, 4096, 1023, 2 ** 30, False),  # 512 rows: not measured for dQ
-    (64, 4096, 4096, 2 ** 30, False), (256, 4096, 4096, 2 ** 30, False), (128, 2048, 2048, 2 ** 27 - 1, False)])
+    (64, 4096, 4096, 2 ** 30, True), (64, 16384, 4096, 2 ** 30, True),
+    (64, 2048, 4096, 2 ** 30, False), (64, 4096, 2048, 2 ** 30, False),  # level with Triton at 1024 rows
+    (256, 4096, 4096, 2 ** 30, False), (128, 2048, 2048, 2 ** 27 - 1, False)])
 def test_dq_preferred_where_it_was_measured_faster(head_dim, n_q, n_k, scores, expected):
     assert bwd_hopper.dq_preferred(head_dim, n_q, n_k, scores) is expected
 
