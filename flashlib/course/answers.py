@@ -11,19 +11,27 @@ come back as warnings for the instructor.
 
 Cells are matched by their id (Jupyter keeps ids), else by the name the exercise
 cell defines. This module imports no torch.
+
+A given cell tagged ``demo`` in the course's notebook shows an answer at work for the
+learner (a figure, a comparison with the library); the grader does not run it, since
+no verdict depends on it. Nothing after a demo cell may use a name it binds or
+changes (:func:`demo_names_used_later` finds any; a test holds every notebook to it).
 """
 from __future__ import annotations
 
 import ast
 import dataclasses
 import re
+import symtable
 
 import nbformat
 
 from . import registry
 from .make_exercises import ANSWER_BEGIN, ANSWER_END, BEGIN, END, PLACEHOLDER
 
-GIVEN, ANSWER, CHECK = "given", "answer", "check"
+GIVEN, ANSWER, CHECK, DEMO = "given", "answer", "check", "demo"
+#: The cell tag that makes a given cell a demo: shown to the learner, not run by the grader.
+DEMO_TAG = "demo"
 _CHECK_CALL = re.compile(r"\bchecks\.check_\w+\s*\(")
 
 
@@ -99,7 +107,7 @@ def _defines(source: str, name: str) -> bool:
 
 
 def _canonical_cells(canonical: nbformat.NotebookNode, notebook: str) -> list[Cell]:
-    """The canonical notebook's code cells, each marked as given, answer (with its exercise) or check."""
+    """The canonical notebook's code cells, each marked as given, demo, answer (with its exercise) or check."""
     by_answer = {exercise.answer: exercise.key for exercise in registry.exercises_of(notebook)}
     cells = []
     for index, cell in enumerate(canonical.cells):
@@ -108,7 +116,13 @@ def _canonical_cells(canonical: nbformat.NotebookNode, notebook: str) -> list[Ce
         pairs = marker_pairs(cell.source.split("\n"))
         if isinstance(pairs, str):
             raise ValueError(f"canonical notebook {notebook}, cell {index}: {pairs}")
-        if pairs:
+        demo = DEMO_TAG in cell.metadata.get("tags", [])
+        if demo and (pairs or _CHECK_CALL.search(cell.source)):
+            raise ValueError(f"canonical notebook {notebook}, cell {index}: tagged {DEMO_TAG!r} but holds "
+                             f"{'answer markers' if pairs else 'a check'}; the grader must run it")
+        if demo:
+            cells.append(Cell(index, DEMO, cell.source))
+        elif pairs:
             names = [name for name in _defined_names(cell.source) if name in by_answer]
             if len(names) != 1:
                 raise ValueError(f"canonical notebook {notebook}, cell {index}: answer markers in a cell "
@@ -216,3 +230,51 @@ def is_unattempted(region_source: str) -> bool:
     """Whether a region still holds the generator's placeholder (or nothing)."""
     text = "\n".join(line.strip() for line in region_source.split("\n") if line.strip())
     return text in ("", PLACEHOLDER)
+
+
+def _tables(source: str) -> list[symtable.SymbolTable]:
+    """The cell's symbol tables: the module's, then every function's and class's inside it."""
+    tables, todo = [], [symtable.symtable(source, "<cell>", "exec")]
+    while todo:
+        table = todo.pop()
+        tables.append(table)
+        todo += table.get_children()
+    return tables
+
+
+def _bound_or_changed(source: str) -> set[str]:
+    """Global names a cell binds (assignment, import, def, for, with; ``global`` in a function) or changes in
+    place (``x.a = ...``, ``x[i] += ...``; counted wherever it is written, to be safe)."""
+    names = {symbol.get_name() for table in _tables(source) for symbol in table.get_symbols()
+             if (table.get_type() == "module" or symbol.is_declared_global())
+             and (symbol.is_assigned() or symbol.is_imported())}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            base = node.value
+            while isinstance(base, (ast.Attribute, ast.Subscript)):
+                base = base.value
+            if isinstance(base, ast.Name):
+                names.add(base.id)
+    return names
+
+
+def _globals_read(source: str) -> set[str]:
+    """Global names a cell reads: at its top level, or inside a function or class where they are not local."""
+    return {symbol.get_name() for table in _tables(source) for symbol in table.get_symbols()
+            if symbol.is_referenced() and (table.get_type() == "module" or symbol.is_global())}
+
+
+def demo_names_used_later(canonical: nbformat.NotebookNode, notebook: str) -> list[str]:
+    """Each name a demo cell binds or changes that a later cell the grader runs uses ("cell 6 -> cell 11: q").
+
+    Empty when skipping the demo cells changes nothing the graded cells can see by name.
+    """
+    found, demo_names = [], {}
+    for cell in _canonical_cells(canonical, notebook):
+        if cell.kind == DEMO:
+            for name in _bound_or_changed(cell.source):
+                demo_names[name] = cell.index
+        elif cell.kind != CHECK:
+            found += [f"cell {demo_names[name]} -> cell {cell.index}: {name}"
+                      for name in sorted(_globals_read(cell.source) & demo_names.keys())]
+    return found

@@ -189,7 +189,7 @@ def _judge_all(notebook: str, submission: answers.Submission, refused: dict[str,
 
 def _cells_to_run(submission: answers.Submission, canonical: nbformat.NotebookNode,
                   enforce_policy: bool) -> tuple[list[dict], dict[str, str]]:
-    """The cells the worker runs (no check cells), and why each refused answer was refused.
+    """The cells the worker runs (no check or demo cells), and why each refused answer was refused.
 
     A refused answer never runs: its cell goes back to the canonical one, placeholder and all.
     """
@@ -197,7 +197,7 @@ def _cells_to_run(submission: answers.Submission, canonical: nbformat.NotebookNo
     refused: dict[str, str] = {}
     run_cells = []
     for cell in submission.cells:
-        if cell.kind == answers.CHECK:
+        if cell.kind in (answers.CHECK, answers.DEMO):
             continue
         source = cell.source
         if cell.kind == answers.ANSWER:
