@@ -41,11 +41,15 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 lab: install  ## start JupyterLab at the course root (notebooks/, exercises/, solutions/), on notebook 00
 	$(VENV)/bin/jupyter lab $(ROOT_FLAG) --ServerApp.root_dir="$(CURDIR)" $(LAB_ARGS) notebooks/00_setup.ipynb
 
-test: install  ## every test: pytest for flashlib, nbval over notebooks/ and solutions/ (about 15 min on 2 CPU cores)
-	$(PY) -m pytest tests $(PYTEST_NOTEBOOKS) --nbval --nbval-current-env -p no:cacheprovider -rs
+# One pytest-xdist worker per core. --dist loadfile keeps a file on one worker: a notebook's cells run in
+# order in one kernel (nbval), and a module-scoped fixture (a whole grading run, say) is made once.
+XDIST := -n auto --dist loadfile
 
-test-lib: install  ## only the library tests, no notebooks (about 10 min on 2 CPU cores)
-	$(PY) -m pytest tests -rs
+test: install  ## every test: pytest for flashlib, nbval over notebooks/ and solutions/ (about 27 min on 2 CPU cores)
+	$(PY) -m pytest tests $(PYTEST_NOTEBOOKS) --nbval --nbval-current-env -p no:cacheprovider -rs $(XDIST)
+
+test-lib: install  ## only the library tests, no notebooks (most of make test's time)
+	$(PY) -m pytest tests -rs $(XDIST)
 
 # The GPU tests (marked gpu) in the files that hold them; the machine needs no Jupyter packages.
 GPU_TEST_FILES = $(shell grep -rl --include="test_*.py" "mark.gpu" tests)
