@@ -11,14 +11,12 @@ backward (the Gluon dK/dV kernel where it is routed) with either dQ kernel.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 
 import torch
 
 import flashlib  # noqa: F401  (before triton: chooses the interpreter where there is no GPU)
-from flashlib.bench_results import DTYPES, results_meta
+from flashlib.bench_results import DTYPES
 from flashlib.io_model import attention_flops
 from flashlib.kernels import attention_bwd_hopper as bwd_hopper
 from flashlib.kernels.attention_bwd import launch_attention_backward
@@ -27,8 +25,7 @@ from flashlib.reference import naive_attention
 from flashlib.spec import AttentionSpec
 from flashlib.timing import graph_time_ms
 from flashlib.validation import relative_error, tolerance
-from gluon_fwd_ab import (add_grid_options, check_grid, config_in_place, config_variants, fa2_points, make_inputs,
-                          print_row)
+from gluon_fwd_ab import backward_ab_main, config_in_place, fa2_points, make_inputs, print_row
 
 
 def forward(q, k, v, causal):
@@ -104,21 +101,7 @@ def _with_dq_config(d, blocks, call):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_grid_options(parser)
-    parser.add_argument("--variants", type=config_variants, default="",
-                        help="other Gluon dQ configs timed beside its own: 'NAME=D:BLOCK_M,BLOCK_N,STAGES;...'")
-    parser.add_argument("--no-checks", action="store_true")
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args(argv)
-    check_rows = [] if args.no_checks else check_grid(args.dtype, check, grad_out=True)
-    time_rows = timings(args.dtype, args.d, args.N, args.variants)
-    if args.out:
-        with open(args.out, "w") as f:
-            meta = results_meta(method="each call replayed from a CUDA graph (graph_time_ms, rep=100 ms)",
-                                command=" ".join(sys.argv))
-            json.dump(dict(meta=meta, checks=check_rows, timings=time_rows), f, indent=1)
-    return 0 if all(r["status"] == "ok" for r in check_rows) else 1
+    return backward_ab_main(argv, __doc__, "dQ", check, timings)
 
 
 if __name__ == "__main__":

@@ -186,6 +186,26 @@ def add_grid_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--N", type=positive_ints, default="1024,4096,16384")
 
 
+def backward_ab_main(argv, doc: str, kernel: str, check, timings) -> int:
+    """``main`` of a backward A/B script (gluon_bwd_ab.py, gluon_dq_ab.py): its checks unless --no-checks, then its
+    timings, both written to --out; the exit status says whether every check passed."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    add_grid_options(parser)
+    parser.add_argument("--variants", type=config_variants, default="",
+                        help=f"other Gluon {kernel} configs timed beside its own: 'NAME=D:BLOCK_M,BLOCK_N,STAGES;...'")
+    parser.add_argument("--no-checks", action="store_true")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    check_rows = [] if args.no_checks else check_grid(args.dtype, check, grad_out=True)
+    time_rows = timings(args.dtype, args.d, args.N, args.variants)
+    if args.out:
+        with open(args.out, "w") as f:
+            meta = results_meta(method="each call replayed from a CUDA graph (graph_time_ms, rep=100 ms)",
+                                command=" ".join(sys.argv))
+            json.dump(dict(meta=meta, checks=check_rows, timings=time_rows), f, indent=1)
+    return 0 if all(r["status"] == "ok" for r in check_rows) else 1
+
+
 def fa2_points(dtypes, dims, lengths):
     """(dtype name, D, N, causal, batch, heads) of every timed point: the FlashAttention-2 benchmark's shapes."""
     for name in dtypes:
