@@ -15,7 +15,9 @@ cell defines. This module imports no torch.
 A given cell tagged ``demo`` in the course's notebook shows an answer at work for the
 learner (a figure, a comparison with the library); the grader does not run it, since
 no verdict depends on it. Nothing after a demo cell may use a name it binds or
-changes (:func:`demo_names_used_later` finds any; a test holds every notebook to it).
+changes (:func:`demo_names_used_later` finds any; a test holds every notebook to it),
+and a demo cell whose names a learner's answer reads does run
+(:func:`demo_cells_read_by`), so that the grader's verdict stays the notebook's.
 """
 from __future__ import annotations
 
@@ -278,3 +280,17 @@ def demo_names_used_later(canonical: nbformat.NotebookNode, notebook: str) -> li
             found += [f"cell {demo_names[name]} -> cell {cell.index}: {name}"
                       for name in sorted(_globals_read(cell.source) & demo_names.keys())]
     return found
+
+
+def demo_cells_read_by(submission: Submission, sources: list[str]) -> set[int]:
+    """The indices of the demo cells that bind or change a global name one of ``sources`` reads.
+
+    A source that does not parse reads nothing (it fails on its own).
+    """
+    read = set()
+    for source in sources:
+        try:
+            read |= _globals_read(source)
+        except SyntaxError:
+            continue
+    return {cell.index for cell in submission.cells if cell.kind == DEMO and _bound_or_changed(cell.source) & read}

@@ -189,17 +189,17 @@ def _judge_all(notebook: str, submission: answers.Submission, refused: dict[str,
 
 def _cells_to_run(submission: answers.Submission, canonical: nbformat.NotebookNode,
                   enforce_policy: bool) -> tuple[list[dict], dict[str, str]]:
-    """The cells the worker runs (no check or demo cells), and why each refused answer was refused.
+    """The cells the worker runs, and why each refused answer was refused.
 
     A refused answer never runs: its cell goes back to the canonical one, placeholder and all.
+    Check cells never run; a demo cell runs only if an answer that runs reads a name it binds
+    (so the grader's verdict stays the notebook's).
     """
     given = policy.flashlib_names([cell.source for cell in submission.cells if cell.kind != answers.ANSWER])
     refused: dict[str, str] = {}
-    run_cells = []
+    sources = {}
     for cell in submission.cells:
-        if cell.kind in (answers.CHECK, answers.DEMO):
-            continue
-        source = cell.source
+        sources[cell.index] = cell.source
         if cell.kind == answers.ANSWER:
             lines = cell.source.split("\n")
             regions = [(first, last) for first, last in cell.regions
@@ -208,8 +208,12 @@ def _cells_to_run(submission: answers.Submission, canonical: nbformat.NotebookNo
             if regions and problems and enforce_policy:
                 refused[cell.exercise] = ("answer refused: " + "; ".join(str(p) for p in problems[:3])
                                           + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""))
-                source = canonical.cells[cell.index].source
-        run_cells.append({"index": cell.index, "kind": cell.kind, "source": source})
+                sources[cell.index] = canonical.cells[cell.index].source
+    answer_sources = [sources[cell.index] for cell in submission.cells if cell.kind == answers.ANSWER]
+    demos_needed = answers.demo_cells_read_by(submission, answer_sources)
+    run_cells = [{"index": cell.index, "kind": cell.kind, "source": sources[cell.index]}
+                 for cell in submission.cells
+                 if cell.kind != answers.CHECK and (cell.kind != answers.DEMO or cell.index in demos_needed)]
     return run_cells, refused
 
 

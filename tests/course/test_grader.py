@@ -142,16 +142,18 @@ def test_an_answer_or_check_cell_tagged_demo_is_refused(kind):
         answers.take_answers(canonical, canonical, "01_naive_attention")
 
 
-def exercises_with_a_failing_cell(tmp_path, tag: bool) -> Path:
-    """A copy of the course's exercise notebooks where 01 gains a given cell that raises, tagged demo or not."""
+def exercises_with_demo_cells(tmp_path, tag: bool) -> Path:
+    """A copy of the course's exercise notebooks where 01 gains two given cells before its first answer, tagged demo
+    or not: one binds ``SHIFT``, the next raises."""
     folder = tmp_path / ("tagged" if tag else "untagged")
     folder.mkdir()
     for path in EXERCISES.glob("*.ipynb"):
         (folder / path.name).write_bytes(path.read_bytes())
     nb = nbformat.read(folder / "01_naive_attention.ipynb", as_version=4)
-    cell = nbformat.v4.new_code_cell("raise RuntimeError('a demo cell ran')")
-    cell.metadata["tags"] = [answers.DEMO_TAG] if tag else []
-    nb.cells.insert(5, cell)
+    cells = [nbformat.v4.new_code_cell("SHIFT = 0.0"), nbformat.v4.new_code_cell("raise RuntimeError('a demo ran')")]
+    for cell in cells:
+        cell.metadata["tags"] = [answers.DEMO_TAG] if tag else []
+    nb.cells[2:2] = cells
     nbformat.write(nb, folder / "01_naive_attention.ipynb")
     return folder
 
@@ -161,11 +163,22 @@ def test_the_grader_skips_demo_cells_and_reads_the_tag_from_the_course_not_the_l
     for cell in learner.cells:  # the learner's own tags decide nothing
         cell.metadata["tags"] = [answers.DEMO_TAG]
     path = write(learner, tmp_path / "learner" / "01_naive_attention.ipynb")
-    skipped = grader.grade_notebook(path, exercises_dir=exercises_with_a_failing_cell(tmp_path, tag=True))
-    run = grader.grade_notebook(path, exercises_dir=exercises_with_a_failing_cell(tmp_path, tag=False))
+    skipped = grader.grade_notebook(path, exercises_dir=exercises_with_demo_cells(tmp_path, tag=True))
+    run = grader.grade_notebook(path, exercises_dir=exercises_with_demo_cells(tmp_path, tag=False))
     assert skipped.total == run.total == 4
-    assert not any("a demo cell ran" in w for w in skipped.warnings), skipped.warnings
-    assert any("cell 5 raised RuntimeError: a demo cell ran" in w for w in run.warnings), run.warnings
+    assert not any("a demo ran" in w for w in skipped.warnings), skipped.warnings
+    assert any("cell 3 raised RuntimeError: a demo ran" in w for w in run.warnings), run.warnings
+
+
+def test_a_demo_cell_whose_name_the_answer_reads_runs_so_the_verdict_is_the_notebooks(tmp_path):
+    """An answer that reads a demo cell's global works in Jupyter, so it must in the grader too: that demo runs."""
+    learner = learner_notebook("01_naive_attention", {"naive_attention": """
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) + SHIFT
+        return torch.softmax(scores, dim=-1) @ v"""})
+    path = write(learner, tmp_path / "learner" / "01_naive_attention.ipynb")
+    report = grader.grade_notebook(path, exercises_dir=exercises_with_demo_cells(tmp_path, tag=True))
+    assert scores(report)["naive_attention"].status == "PASS", report.exercises
+    assert not any("a demo ran" in w for w in report.warnings), report.warnings  # only the cell it reads ran
 
 
 # ------------------------------------------------------------------ whose work it is
