@@ -45,7 +45,7 @@ lab: install  ## start JupyterLab at the course root (notebooks/, exercises/, so
 # order in one kernel (nbval), and a module-scoped fixture (a whole grading run, say) is made once.
 XDIST := -n auto --dist loadfile
 
-test: install  ## every test: pytest for flashlib, nbval over notebooks/ and solutions/ (about 27 min on 2 CPU cores)
+test: install  ## every test: pytest for flashlib, nbval over notebooks/ and solutions/ (23-27 min on 2 CPU cores)
 	$(PY) -m pytest tests $(PYTEST_NOTEBOOKS) --nbval --nbval-current-env -p no:cacheprovider -rs $(XDIST)
 
 test-lib: install  ## only the library tests, no notebooks (most of make test's time)
