@@ -23,6 +23,7 @@ exercise's maximum, totals cannot be NaN, a notebook of no known exercise and a
 second submission of the same notebook are reported and not scored.
 
     python -m flashlib.grade NOTEBOOK_OR_FOLDER [--json FILE] [--timeout SECONDS] [--sandbox MODE]
+    python -m flashlib.grade CLASS_FOLDER --learners [--csv FILE] [--json FILE] ...   (:mod:`.gradebook`)
 """
 from __future__ import annotations
 
@@ -311,13 +312,14 @@ def grade(paths: list[Path], **options) -> list[NotebookReport]:
 
 # ------------------------------------------------------------------ reporting
 
-def _points(value: float) -> str:
+def format_points(value: float) -> str:
+    """Points as printed: 4, 2.5."""
     return f"{value:g}"
 
 
 def format_report(report: NotebookReport) -> str:
     """The score table of one notebook, as printed."""
-    rows = [(s.exercise, f"{_points(s.points)}/{_points(s.max_points)}", s.status,
+    rows = [(s.exercise, f"{format_points(s.points)}/{format_points(s.max_points)}", s.status,
              _short(s.feedback, TABLE_FEEDBACK_CHARS)) for s in report.exercises]
     header = ("exercise", "points", "status", "feedback")
     widths = [max([len(header[i])] + [len(row[i]) for row in rows]) for i in range(3)]
@@ -327,7 +329,7 @@ def format_report(report: NotebookReport) -> str:
     out += [line.format(*row) for row in rows]
     if not rows:
         out.append("  (no exercises)")
-    out.append(line.format("total", f"{_points(report.total)}/{_points(report.max_total)}", "", ""))
+    out.append(line.format("total", f"{format_points(report.total)}/{format_points(report.max_total)}", "", ""))
     out += [f"  ! {warning}" for warning in report.warnings]
     return "\n".join(out)
 
@@ -346,7 +348,11 @@ def main(argv: list[str] | None = None) -> int:
         description="Grade flashlib exercise notebooks. The notebooks are read, never changed or run: "
                     "the grader runs each learner's answers in a sandbox and judges them itself.",
     )
-    parser.add_argument("target", help="a notebook, or a folder holding one learner's notebooks")
+    parser.add_argument("target", help="a notebook, or a folder holding one learner's notebooks "
+                                       "(with --learners: a folder holding one folder per learner)")
+    parser.add_argument("--learners", action="store_true",
+                        help="grade every subfolder of TARGET as one learner's notebooks, into one gradebook")
+    parser.add_argument("--csv", metavar="FILE", help="with --learners: write the gradebook as CSV to FILE")
     parser.add_argument("--json", metavar="FILE", help="also write the scores as JSON to FILE")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                         help=f"time limit per notebook (default {DEFAULT_TIMEOUT:g})")
@@ -359,11 +365,23 @@ def main(argv: list[str] | None = None) -> int:
     target = Path(args.target)
     if not target.exists():
         parser.error(f"NOTEBOOK_OR_FOLDER: {args.target!r} does not exist")
-    if target.is_file() and target.suffix != ".ipynb":
-        parser.error(f"NOTEBOOK_OR_FOLDER: expected an .ipynb file or a folder, got {args.target!r}")
-    notebooks = find_notebooks(target)
-    if not notebooks:
-        parser.error(f"NOTEBOOK_OR_FOLDER: no *.ipynb files in folder {args.target!r}")
+    if args.csv and not args.learners:
+        parser.error("--csv: the gradebook is written for a class; add --learners")
+    if args.learners:
+        from . import gradebook
+
+        if not target.is_dir():
+            parser.error(f"--learners: expected a folder holding one folder per learner, got the file {args.target!r}")
+        if not gradebook.find_learners(target):
+            parser.error(f"--learners: {args.target!r} holds no learner folders (one subfolder per learner)")
+    else:
+        if target.is_file() and target.suffix != ".ipynb":
+            parser.error(f"NOTEBOOK_OR_FOLDER: expected an .ipynb file or a folder, got {args.target!r}")
+        notebooks = find_notebooks(target)
+        if not notebooks:
+            hint = (": it holds folders; add --learners to grade one folder per learner"
+                    if any(p.is_dir() for p in target.iterdir()) else "")
+            parser.error(f"NOTEBOOK_OR_FOLDER: no *.ipynb files in folder {args.target!r}{hint}")
     if args.timeout <= 0:
         parser.error(f"--timeout: expected a positive number of seconds, got {args.timeout:g}")
     exercises_dir = Path(args.exercises) if args.exercises else default_exercises_dir()
@@ -374,16 +392,32 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         parser.error(f"--sandbox: {error}")
     print(f"sandbox: {mode}: {sandbox.GUARANTEES[mode]}", flush=True)
-    json_path = Path(args.json).resolve() if args.json else None
-    hide = [json_path.parent] if json_path else []
-    reports = grade(notebooks, timeout=args.timeout, mode=mode, exercises_dir=exercises_dir, hide=hide)
-    for report in reports:
-        print(format_report(report), flush=True)
-        print(flush=True)
-    summary = to_json(reports)
-    print(f"grand total: {_points(summary['total'])}/{_points(summary['max_total'])} "
-          f"({sum(r.counted for r in reports)} of {len(reports)} notebook(s) scored)")
-    if json_path:
+    outputs = [Path(path).resolve() for path in (args.json, args.csv) if path]
+    hide = [path.parent for path in outputs]
+    options = dict(timeout=args.timeout, mode=mode, exercises_dir=exercises_dir, hide=hide)
+    if args.learners:
+        results = gradebook.grade_class(target, **options)
+        for result in results:
+            print(f"== {result.learner} ==", flush=True)
+            for report in result.reports:
+                print(format_report(report), flush=True)
+                print(flush=True)
+            if not result.reports:
+                print("  (no notebooks)\n", flush=True)
+        print("\n".join(gradebook.summary_lines(results)))
+        summary = gradebook.to_json(results)
+        if args.csv:
+            gradebook.write_csv(results, Path(args.csv).resolve())
+    else:
+        reports = grade(notebooks, **options)
+        for report in reports:
+            print(format_report(report), flush=True)
+            print(flush=True)
+        summary = to_json(reports)
+        print(f"grand total: {format_points(summary['total'])}/{format_points(summary['max_total'])} "
+              f"({sum(r.counted for r in reports)} of {len(reports)} notebook(s) scored)")
+    if args.json:
+        json_path = Path(args.json).resolve()
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return 0
