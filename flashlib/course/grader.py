@@ -353,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--learners", action="store_true",
                         help="grade every subfolder of TARGET as one learner's notebooks, into one gradebook")
     parser.add_argument("--csv", metavar="FILE", help="with --learners: write the gradebook as CSV to FILE")
+    parser.add_argument("--jobs", type=int, default=1, metavar="N",
+                        help="with --learners: grade N learners at once (default 1; not with --sandbox user)")
     parser.add_argument("--json", metavar="FILE", help="also write the scores as JSON to FILE")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                         help=f"time limit per notebook (default {DEFAULT_TIMEOUT:g})")
@@ -367,6 +369,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"NOTEBOOK_OR_FOLDER: {args.target!r} does not exist")
     if args.csv and not args.learners:
         parser.error("--csv: the gradebook is written for a class; add --learners")
+    if args.jobs != 1 and not args.learners:
+        parser.error("--jobs: learners are graded side by side only with --learners")
+    if args.jobs < 1:
+        parser.error(f"--jobs: expected a whole number of at least 1, got {args.jobs}")
     if args.learners:
         from . import gradebook
 
@@ -391,12 +397,15 @@ def main(argv: list[str] | None = None) -> int:
         mode = sandbox.pick_mode(args.sandbox)
     except ValueError as error:
         parser.error(f"--sandbox: {error}")
+    if args.jobs > 1 and mode == "user":
+        parser.error("--jobs: the 'user' sandbox kills every process of its one user id when a notebook ends, "
+                     "so learners cannot be graded side by side with it; use --jobs 1, or install bubblewrap")
     print(f"sandbox: {mode}: {sandbox.GUARANTEES[mode]}", flush=True)
     outputs = [Path(path).resolve() for path in (args.json, args.csv) if path]
     hide = [path.parent for path in outputs]
     options = dict(timeout=args.timeout, mode=mode, exercises_dir=exercises_dir, hide=hide)
     if args.learners:
-        results = gradebook.grade_class(target, **options)
+        results = gradebook.grade_class(target, jobs=args.jobs, **options)
         for result in results:
             print(f"== {result.learner} ==", flush=True)
             for report in result.reports:

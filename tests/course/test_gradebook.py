@@ -9,7 +9,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from flashlib.course import gradebook, grader, registry
+from flashlib.course import gradebook, grader, registry, sandbox
 
 REPO = Path(__file__).resolve().parents[2]
 SOLUTIONS = REPO / "solutions"
@@ -29,9 +29,24 @@ def copy_solution(key: str, folder: Path, name: str | None = None, answer: tuple
     return path
 
 
+def sandbox_mode() -> str:
+    """The strongest mode that lets learners be graded side by side here."""
+    return "bwrap" if sandbox._bwrap_works() else "session"
+
+
+def grade_by_cli(root: Path, out: Path, *options: str) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "flashlib.grade", str(root), "--learners", "--sandbox", sandbox_mode(),
+                           "--csv", str(out / "grades.csv"), "--json", str(out / "grades.json"), *options],
+                          capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with open(out / "grades.csv", newline="", encoding="utf-8") as handle:
+        rows = {row["learner"]: row for row in csv.DictReader(handle)}
+    return {"stdout": proc.stdout, "csv": rows, "json": json.loads((out / "grades.json").read_text())}
+
+
 @pytest.fixture(scope="module")
-def graded_class(tmp_path_factory):
-    """alice: notebooks 01 and 07, both right; bob: 01 with the scale forgotten, and 01 twice; carol: nothing;
+def class_folder(tmp_path_factory):
+    """alice: notebooks 01 and 07, both right; bob: 01 with the scale forgotten; carol: nothing; dave: 03 twice;
     a notebook lying at the top of the class folder (no learner's) and a hidden folder are not graded."""
     root = tmp_path_factory.mktemp("class") / "submissions"
     copy_solution("01_naive_attention", root / "alice")
@@ -43,14 +58,31 @@ def graded_class(tmp_path_factory):
     (root / "carol").mkdir()
     copy_solution("01_naive_attention", root)
     copy_solution("01_naive_attention", root / ".ipynb_checkpoints")
-    out = tmp_path_factory.mktemp("out")
-    proc = subprocess.run([sys.executable, "-m", "flashlib.grade", str(root), "--learners",
-                           "--csv", str(out / "grades.csv"), "--json", str(out / "grades.json")],
-                          capture_output=True, text=True, cwd=REPO, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    with open(out / "grades.csv", newline="", encoding="utf-8") as handle:
-        rows = {row["learner"]: row for row in csv.DictReader(handle)}
-    return {"stdout": proc.stdout, "csv": rows, "json": json.loads((out / "grades.json").read_text())}
+    return root
+
+
+@pytest.fixture(scope="module")
+def graded_class(class_folder, tmp_path_factory):
+    return grade_by_cli(class_folder, tmp_path_factory.mktemp("out"))
+
+
+@pytest.mark.slow
+def test_two_learners_at_a_time_give_the_same_gradebook(class_folder, graded_class, tmp_path):
+    side_by_side = grade_by_cli(class_folder, tmp_path, "--jobs", "2")
+    assert side_by_side["csv"] == graded_class["csv"]
+    assert side_by_side["stdout"].split("\n")[1:] == graded_class["stdout"].split("\n")[1:]
+
+
+def test_learners_are_not_graded_side_by_side_in_the_user_sandbox(tmp_path, monkeypatch, capsys):
+    (tmp_path / "ann").mkdir()
+    (tmp_path / "ann" / "01_naive_attention.ipynb").write_text("{}")
+    monkeypatch.setattr(sandbox, "pick_mode", lambda requested=None: "user")
+    with pytest.raises(SystemExit) as info:
+        grader.main([str(tmp_path), "--learners", "--jobs", "2"])
+    assert info.value.code == 2 and "the 'user' sandbox kills every process" in capsys.readouterr().err
+    (tmp_path / "ben").mkdir()
+    with pytest.raises(ValueError, match="needs the 'bwrap' or 'session' sandbox"):
+        gradebook.grade_class(tmp_path, jobs=2, mode="user")
 
 
 @pytest.mark.slow
@@ -100,6 +132,8 @@ def test_the_whole_class_folder_is_hidden_from_every_learner(tmp_path, monkeypat
     (["{root}/ann", "--learners"], "holds no learner folders"),
     (["{root}/ann", "--csv", "grades.csv"], "--csv: the gradebook is written for a class; add --learners"),
     (["{root}"], "it holds folders; add --learners"),
+    (["{root}", "--jobs", "2"], "--jobs: learners are graded side by side only with --learners"),
+    (["{root}", "--learners", "--jobs", "0"], "--jobs: expected a whole number of at least 1, got 0"),
 ])
 def test_class_usage_errors_exit_2_and_say_what_to_do(argv, words, tmp_path, capsys):
     (tmp_path / "ann").mkdir()
