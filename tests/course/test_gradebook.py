@@ -31,7 +31,10 @@ def copy_solution(key: str, folder: Path, name: str | None = None, answer: tuple
 
 def sandbox_mode() -> str:
     """The strongest mode that lets learners be graded side by side here."""
-    return "bwrap" if sandbox._bwrap_works() else "session"
+    try:
+        return sandbox.pick_mode("bwrap")
+    except ValueError:  # no bubblewrap here
+        return "session"
 
 
 def grade_by_cli(root: Path, out: Path, *options: str) -> dict:
