@@ -16,10 +16,8 @@ points. While one learner's code runs, the whole class folder is hidden from it
 """
 from __future__ import annotations
 
-import concurrent.futures
 import csv
 import dataclasses
-import multiprocessing
 from pathlib import Path
 
 from . import grader, registry
@@ -77,24 +75,12 @@ def _grade_learner(name: str, notebooks: list[Path], options: dict) -> LearnerRe
 def grade_class(root: str | Path, hide: list[str | Path] = (), jobs: int = 1, **options) -> list[LearnerResult]:
     """Grade each learner folder under ``root`` (options as :func:`grader.grade`); ``root`` is hidden from all.
 
-    ``jobs`` > 1 grades that many learners at once, each in a process of its own (started fresh, not
-    forked), so that each one's clean-up kills only the processes of its own sandbox. Not with the
-    ``user`` sandbox, whose clean-up kills every process of its one user id.
+    ``jobs`` > 1 grades that many learners at once (:func:`grader.side_by_side`).
     """
     root = Path(root).resolve()
     options = dict(options, hide=[root, *hide])
-    learners = find_learners(root)
-    if jobs < 1:
-        raise ValueError(f"jobs: expected a whole number of at least 1, got {jobs}")
-    if jobs == 1 or len(learners) < 2:
-        return [_grade_learner(name, notebooks, options) for name, notebooks in learners]
-    if options.get("mode") not in ("bwrap", "session"):
-        raise ValueError(f"jobs: grading learners side by side needs the 'bwrap' or 'session' sandbox, whose "
-                         f"clean-up stays inside one job; got mode {options.get('mode')!r}")
-    context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-        futures = [pool.submit(_grade_learner, name, notebooks, options) for name, notebooks in learners]
-        return [future.result() for future in futures]
+    calls = [(name, notebooks, options) for name, notebooks in find_learners(root)]
+    return grader.side_by_side(_grade_learner, calls, jobs, options.get("mode"))
 
 
 def gradebook_rows(results: list[LearnerResult]) -> list[dict]:

@@ -28,8 +28,11 @@ second submission of the same notebook are reported and not scored.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
+import functools
 import json
+import multiprocessing
 import os
 import shutil
 import sys
@@ -293,9 +296,31 @@ def find_notebooks(target: Path) -> list[Path]:
     return [target]
 
 
-def grade(paths: list[Path], **options) -> list[NotebookReport]:
-    """Grade notebooks of one learner; a second notebook with the same key is reported, not scored."""
-    reports = [grade_notebook(path, **options) for path in paths]
+def side_by_side(function, calls: list[tuple], jobs: int, mode: str | None) -> list:
+    """``[function(*args) for args in calls]``, ``jobs`` at a time, each in a process of its own.
+
+    The processes are started fresh (spawned, not forked from a grader that holds torch's threads),
+    and each is the child subreaper of its own sandboxes, so a clean-up kills only its own job's
+    processes. Not with the ``user`` sandbox, whose clean-up kills every process of its one user id.
+    """
+    if jobs < 1:
+        raise ValueError(f"jobs: expected a whole number of at least 1, got {jobs}")
+    if jobs == 1 or len(calls) < 2:
+        return [function(*args) for args in calls]
+    if mode not in ("bwrap", "session"):
+        raise ValueError(f"jobs: grading side by side needs the 'bwrap' or 'session' sandbox, whose clean-up "
+                         f"stays inside one job; got mode {mode!r}")
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        futures = [pool.submit(function, *args) for args in calls]
+        return [future.result() for future in futures]
+
+
+def grade(paths: list[Path], jobs: int = 1, **options) -> list[NotebookReport]:
+    """Grade notebooks of one learner, ``jobs`` at a time (:func:`side_by_side`); a second notebook with the
+    same key is reported, not scored."""
+    reports = side_by_side(functools.partial(grade_notebook, **options), [(path,) for path in paths], jobs,
+                           options.get("mode"))
     by_key: dict[str, list[NotebookReport]] = {}
     for report in reports:
         if report.notebook is not None and report.status == GRADED:
@@ -354,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="grade every subfolder of TARGET as one learner's notebooks, into one gradebook")
     parser.add_argument("--csv", metavar="FILE", help="with --learners: write the gradebook as CSV to FILE")
     parser.add_argument("--jobs", type=int, default=1, metavar="N",
-                        help="with --learners: grade N learners at once (default 1; not with --sandbox user)")
+                        help="grade N notebooks (with --learners: N learners) at once, each in a process of its own "
+                             "(default 1; not with --sandbox user)")
     parser.add_argument("--json", metavar="FILE", help="also write the scores as JSON to FILE")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                         help=f"time limit per notebook (default {DEFAULT_TIMEOUT:g})")
@@ -369,8 +395,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"NOTEBOOK_OR_FOLDER: {args.target!r} does not exist")
     if args.csv and not args.learners:
         parser.error("--csv: the gradebook is written for a class; add --learners")
-    if args.jobs != 1 and not args.learners:
-        parser.error("--jobs: learners are graded side by side only with --learners")
     if args.jobs < 1:
         parser.error(f"--jobs: expected a whole number of at least 1, got {args.jobs}")
     if args.learners:
@@ -399,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--sandbox: {error}")
     if args.jobs > 1 and mode == "user":
         parser.error("--jobs: the 'user' sandbox kills every process of its one user id when a notebook ends, "
-                     "so learners cannot be graded side by side with it; use --jobs 1, or install bubblewrap")
+                     "so nothing can be graded side by side with it; use --jobs 1, or install bubblewrap")
     print(f"sandbox: {mode}: {sandbox.GUARANTEES[mode]}", flush=True)
     outputs = [Path(path).resolve() for path in (args.json, args.csv) if path]
     hide = [path.parent for path in outputs]
@@ -418,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.csv:
             gradebook.write_csv(results, Path(args.csv).resolve())
     else:
-        reports = grade(notebooks, **options)
+        reports = grade(notebooks, jobs=args.jobs, **options)
         for report in reports:
             print(format_report(report), flush=True)
             print(flush=True)

@@ -70,6 +70,18 @@ def graded_class(class_folder, tmp_path_factory):
 
 
 @pytest.mark.slow
+def test_one_learners_notebooks_side_by_side_score_the_same_and_duplicates_are_still_found(tmp_path):
+    folder = tmp_path / "ann"
+    for key in ("01_naive_attention", "03_online_softmax", "07_performance"):
+        copy_solution(key, folder)
+    copy_solution("01_naive_attention", folder, name="01_naive_attention_again.ipynb")
+    one, two = (grader.grade(grader.find_notebooks(folder), jobs=jobs, mode=sandbox_mode()) for jobs in (1, 2))
+    assert [(r.path, r.status, r.total) for r in two] == [(r.path, r.status, r.total) for r in one]
+    assert [r.status for r in two] == ["duplicate", "duplicate", "graded", "graded"]
+    assert sum(r.total for r in two) == 4 + 5
+
+
+@pytest.mark.slow
 def test_two_learners_at_a_time_give_the_same_gradebook(class_folder, graded_class, tmp_path):
     side_by_side = grade_by_cli(class_folder, tmp_path, "--jobs", "2")
     assert side_by_side["csv"] == graded_class["csv"]
@@ -135,7 +147,6 @@ def test_the_whole_class_folder_is_hidden_from_every_learner(tmp_path, monkeypat
     (["{root}/ann", "--learners"], "holds no learner folders"),
     (["{root}/ann", "--csv", "grades.csv"], "--csv: the gradebook is written for a class; add --learners"),
     (["{root}"], "it holds folders; add --learners"),
-    (["{root}", "--jobs", "2"], "--jobs: learners are graded side by side only with --learners"),
     (["{root}", "--learners", "--jobs", "0"], "--jobs: expected a whole number of at least 1, got 0"),
 ])
 def test_class_usage_errors_exit_2_and_say_what_to_do(argv, words, tmp_path, capsys):
