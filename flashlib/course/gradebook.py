@@ -1,4 +1,4 @@
-"""A whole class at once: one folder per learner, graded one learner after another, into one gradebook.
+"""A whole class at once: one folder per learner, graded into one gradebook (``--jobs N``: N learners at a time).
 
 ``python -m flashlib.grade submissions/ --learners --csv grades.csv`` grades every
 subfolder of ``submissions/`` as one learner's submission (its ``*.ipynb`` files, as

@@ -367,6 +367,12 @@ def to_json(reports: list[NotebookReport]) -> dict:
     }
 
 
+def _print_reports(reports: list[NotebookReport]) -> None:
+    for report in reports:
+        print(format_report(report), flush=True)
+        print(flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m flashlib.grade",
@@ -432,9 +438,7 @@ def main(argv: list[str] | None = None) -> int:
         results = gradebook.grade_class(target, jobs=args.jobs, **options)
         for result in results:
             print(f"== {result.learner} ==", flush=True)
-            for report in result.reports:
-                print(format_report(report), flush=True)
-                print(flush=True)
+            _print_reports(result.reports)
             if not result.reports:
                 print("  (no notebooks)\n", flush=True)
         print("\n".join(gradebook.summary_lines(results)))
@@ -443,9 +447,7 @@ def main(argv: list[str] | None = None) -> int:
             gradebook.write_csv(results, Path(args.csv).resolve())
     else:
         reports = grade(notebooks, jobs=args.jobs, **options)
-        for report in reports:
-            print(format_report(report), flush=True)
-            print(flush=True)
+        _print_reports(reports)
         summary = to_json(reports)
         print(f"grand total: {format_points(summary['total'])}/{format_points(summary['max_total'])} "
               f"({sum(r.counted for r in reports)} of {len(reports)} notebook(s) scored)")
