@@ -35,6 +35,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 from config_text import parse_config  # noqa: E402
 from flashlib import runtime  # noqa: E402
 from flashlib.kernels import attention_bwd, attention_bwd_hopper, attention_fwd, attention_fwd_hopper  # noqa: E402
+from flashlib.kernels.dropout import effective_dropout_p  # noqa: E402
 from flashlib.spec import AttentionSpec  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
@@ -87,22 +88,24 @@ def captured_gluon_launch(module, kernel_name: str, launcher) -> tuple:
     return real, args, kwargs
 
 
-def gluon_launch(kernel: str, d: int, n: int, dtype, causal: bool) -> tuple:
+def gluon_launch(kernel: str, d: int, n: int, dtype, causal: bool, dropout_p: float = 0.0) -> tuple:
     """The launch of the Gluon forward (``gluon_fwd``), dK/dV (``gluon_dkdv``) or dQ kernel (``gluon_dq``) for the
     FlashAttention-2 benchmark's shape (H = 2048 / D, B = 4), captured (``--configs`` does not apply)."""
     q, k, v, o = (torch.randn(4, 2048 // d, n, d, dtype=dtype) for _ in range(4))
     rows = torch.empty(4, 2048 // d, n)
+    drop = dict(dropout_p=effective_dropout_p(dropout_p), dropout_seed=torch.zeros(1, dtype=torch.int64))
     if kernel == "gluon_fwd":
         return captured_gluon_launch(attention_fwd_hopper, "attention_fwd_hopper_kernel", lambda: (
             attention_fwd_hopper.launch_attention_forward_hopper(q, k, v, o, rows, scale=d ** -0.5, causal=causal,
-                                                                 persistent=False)))  # the grid asks no GPU
+                                                                 persistent=False, **drop)))  # the grid asks no GPU
     if kernel == "gluon_dq":
         return captured_gluon_launch(attention_bwd_hopper, "attention_bwd_dq_hopper_kernel", lambda: (
             attention_bwd_hopper.launch_attention_dq_hopper(q, k, v, o, rows, rows, torch.empty_like(q),
-                                                            scale=d ** -0.5, causal=causal)))
+                                                            scale=d ** -0.5, causal=causal, **drop)))
     return captured_gluon_launch(attention_bwd_hopper, "attention_bwd_dkdv_hopper_kernel", lambda: (
         attention_bwd_hopper.launch_attention_dkdv_hopper(q, k, v, o, rows, rows, torch.empty_like(k),
-                                                          torch.empty_like(v), scale=d ** -0.5, causal=causal)))
+                                                          torch.empty_like(v), scale=d ** -0.5, causal=causal,
+                                                          **drop)))
 
 
 def compile_gluon_for_hopper(fn, args, kwargs):
@@ -246,9 +249,7 @@ def main():
             parser.error(f"--kernel takes fwd, dkdv, dq, gluon_fwd, gluon_dkdv and gluon_dq; got {kernel!r}")
         spec = AttentionSpec(causal=causal == "yes", dropout_p=p)
         if kernel.startswith("gluon"):
-            if p > 0:
-                parser.error(f"--kernel {kernel} has no dropout")
-            launches = [gluon_launch(kernel, d, 4096, dtype, causal == "yes")]
+            launches = [gluon_launch(kernel, d, 4096, dtype, causal == "yes", p)]
         else:
             launches = captured_launches(kernel, d, 4096, dtype, spec, block_m, block_n, args.tma == "host")
         for fn, call_args, call_kwargs in launches:

@@ -79,7 +79,7 @@ from ._common import (INTERPRETER_BLOCKS, LOG2E, band_mask, descriptor_ready, de
                       load_rows, packed_as_bhnd, query_block_range, row_stats_offset, sample_bounds, scores_log2,
                       set_block_shapes, tensor_of, tile_sources)
 from . import attention_bwd_hopper as bwd_hopper
-from .attention_fwd import full_float32_config, longest_first, modifier_args, smem_budget
+from .attention_fwd import full_float32_config, gluon_dropout_args, longest_first, modifier_args, smem_budget
 from .dropout import dropout_keep, dropout_keep_t, dropout_stream_key, load_dropout_seed
 from .launch import launch, launch_tuned
 
@@ -625,7 +625,7 @@ def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec: AttentionSp
     read).
     ``False`` forces the pointer path (tests compare the two).
 
-    ``use_gluon``: dK and dV, and dQ, of a plain call (no mask or a causal one, nothing else) that
+    ``use_gluon``: dK and dV, and dQ, of a plain call (no mask or a causal one, dropout or not, nothing else) that
     :func:`.attention_bwd_hopper.can_run` accepts come from the warp-specialized Gluon kernels of
     :mod:`.attention_bwd_hopper` where each is the faster one (:func:`.attention_bwd_hopper.preferred`,
     :func:`.attention_bwd_hopper.dq_preferred`) by default; ``True`` wherever they can run, ``False`` never
@@ -673,12 +673,12 @@ def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec: AttentionSp
     if (plain and dk is not None and bwd_hopper.can_run(q, k, v, do, dk, dv, scale=spec.scale(head_dim))
             and (use_gluon or _gluon_preferred(bwd_hopper.preferred, q, k, right == 0))):
         bwd_hopper.launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, scale=spec.scale(head_dim),
-                                                causal=right == 0)
+                                                causal=right == 0, **gluon_dropout_args(spec, dropout_seed, lse))
         dk = None  # done
     if (plain and dq is not None and bwd_hopper.can_run(q, k, v, do, dq, scale=spec.scale(head_dim))
             and (use_gluon or _gluon_preferred(bwd_hopper.dq_preferred, q, k, right == 0))):
         bwd_hopper.launch_attention_dq_hopper(q, k, v, do, lse, delta, dq, scale=spec.scale(head_dim),
-                                              causal=right == 0)
+                                              causal=right == 0, **gluon_dropout_args(spec, dropout_seed, lse))
         dq = None  # done
     if block_m is None and runtime.INTERPRET:
         block_m, block_n = INTERPRETER_BLOCKS["BLOCK_M"], INTERPRETER_BLOCKS["BLOCK_N"]

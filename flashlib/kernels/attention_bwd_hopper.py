@@ -28,7 +28,8 @@ the second sees, unread, and the longest tiles run first. No atomics: each dQ ro
 fixed order, so gradients repeat bitwise.
 
 Scope: the plain backward (no mask or a causal one, bottom-right aligned; GQA; 2-byte types; head_dim 64 or 128;
-no window, lengths, packing, score modifier, dropout). D = rowsum(dO * O) stays with the Triton preprocess kernel.
+no window, lengths, packing, score modifier) and its dropout, whose draws (:mod:`.dropout_hopper`) recompute the
+forward's. D = rowsum(dO * O) stays with the Triton preprocess kernel.
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ if HAVE_GLUON:
                                                                    warpgroup_mma, warpgroup_mma_wait)
 
     from .attention_fwd_hopper import tma_load, tma_store
+    from .dropout_hopper import dropout_keep, keep_threshold, stream_key
 
 #: (BLOCK_M query rows a step, BLOCK_N keys of each consumer, STAGES Q/dO slots) per head_dim. At 128, 64 rows a
 #: step leave ptxas a few loop scalars to keep on the stack, none of them a tile, and beat 32 rows by 7-12% on the
@@ -69,7 +71,7 @@ DQ_MIN_ROWS = {128: 1024, 64: 4096}
 if HAVE_GLUON:
 
     @gluon.jit
-    def _bwd_load_partition(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal):
+    def _bwd_load_partition(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout):
         """One warp: K and V of both consumers, then Q and dO of every query block of every query head of this
         kv head into the ring, each slot refilled once both consumers released it."""
         q_desc, k_desc, v_desc, do_desc = descs[0], descs[1], descs[2], descs[3]
@@ -100,9 +102,11 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _dkdv_step(k_tile, v_tile, q_smem, do_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr, keys, offset, N_Q,
-                   score_scale, causal, MASKED: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
-                   st_layout: gl.constexpr, acc_layout: gl.constexpr, op_layout: gl.constexpr):
-        """The terms of query block ``m`` (ring position ``t``) added to dK and dV (keys along rows)."""
+                   score_scale, causal, drop, MASKED: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
+                   DROPOUT: gl.constexpr, st_layout: gl.constexpr, acc_layout: gl.constexpr,
+                   op_layout: gl.constexpr):
+        """The terms of query block ``m`` (ring position ``t``) added to dK and dV (keys along rows). With
+        ``DROPOUT``, ``drop`` is (stream key, keep threshold, 1 / (1 - p), first key) of the forward's draws."""
         kv_bar, q_ready, do_ready, q_empty, do_empty = bars[0], bars[1], bars[2], bars[3], bars[4]
         STAGES: gl.constexpr = q_smem.type.shape[0]
         BLOCK_N: gl.constexpr = k_tile.type.shape[0]
@@ -127,7 +131,11 @@ if HAVE_GLUON:
         p_t = gl.exp2(s_t - lse2[None, :])
         mbarrier.wait(do_ready.index(slot), phase)
         do_tile = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
-        p_op = gl.convert_layout(p_t.to(q_tile.dtype), op_layout)
+        if DROPOUT:  # dV sums the weights the forward kept, scaled as it scaled them
+            keep_t = dropout_keep(drop[0], m, drop[3], drop[1], BLOCK_N, BLOCK_M, True, st_layout)
+            p_op = gl.convert_layout(gl.where(keep_t, p_t * drop[2], 0.0).to(q_tile.dtype), op_layout)
+        else:
+            p_op = gl.convert_layout(p_t.to(q_tile.dtype), op_layout)
         dv = warpgroup_mma(p_op, do_tile, dv, is_async=True)
         dp_t = warpgroup_mma(v_tile, do_tile.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout),
                              use_acc=False, is_async=True)
@@ -137,6 +145,8 @@ if HAVE_GLUON:
             delta = gl.load(delta_ptr + rows)
         dv, dp_t, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dp_t, p_op))
         mbarrier.arrive(do_empty.index(slot), count=1)
+        if DROPOUT:  # dP of the kept weights only
+            dp_t = gl.where(keep_t, dp_t * drop[2], 0.0)
         ds_op = gl.convert_layout((p_t * (dp_t - delta[None, :])).to(q_tile.dtype), op_layout)
         dk = warpgroup_mma(ds_op, q_tile, dk, is_async=True)
         dk, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ds_op))
@@ -144,9 +154,11 @@ if HAVE_GLUON:
         return dk, dv
 
     @gluon.jit
-    def _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, HALF: gl.constexpr):
+    def _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, HALF: gl.constexpr,
+                      DROPOUT: gl.constexpr):
         """One warpgroup: dK and dV of the program's ``HALF``-th BLOCK_N keys, summed over the kv head's query
-        heads. Block sizes come from the shared memory's shapes (partitions take no constexpr arguments)."""
+        heads. Block sizes come from the shared memory's shapes (partitions take no constexpr arguments).
+        ``dropout``: (the seed's pointer, p), read with ``DROPOUT`` only."""
         dk_desc, dv_desc = descs[4], descs[5]
         q_smem, k_smem, v_smem, do_smem = smem
         kv_bar = bars[0]
@@ -169,27 +181,34 @@ if HAVE_GLUON:
         mbarrier.wait(kv_bar, 0)
         k_tile = k_smem.index(HALF).reshape([BLOCK_N, HEAD_DIM])
         v_tile = v_smem.index(HALF).reshape([BLOCK_N, HEAD_DIM])
+        seed = 0
+        if DROPOUT:
+            seed = gl.load(dropout[0])
         t = 0
         for g in range(KV_GROUP):
             off_h = off_kvh * KV_GROUP + g
             row_base = (off_b * H + off_h).to(gl.int64) * N_Q
             lse_ptr = LSE + row_base
             delta_ptr = DELTA + row_base
+            drop = (0, 0, 1.0, key0)  # (stream key, keep threshold, 1 / (1 - p), first key)
+            if DROPOUT:
+                drop = (stream_key(seed, off_b * H + off_h), keep_threshold(dropout[1]), 1.0 / (1.0 - dropout[1]),
+                        key0)
             # the diagonal's query blocks, then the ones that see every key whole, then the N_Q tail
             for m in range(lo, full_lo, BLOCK_M):
                 dk, dv = _dkdv_step(k_tile, v_tile, q_smem, do_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr, keys,
-                                    offset, N_Q, score_scale, causal, True, BLOCK_M, HEAD_DIM, st_layout,
-                                    acc_layout, op_layout)
+                                    offset, N_Q, score_scale, causal, drop, True, BLOCK_M, HEAD_DIM, DROPOUT,
+                                    st_layout, acc_layout, op_layout)
                 t += 1
             for m in range(full_lo, full_hi, BLOCK_M):
                 dk, dv = _dkdv_step(k_tile, v_tile, q_smem, do_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr, keys,
-                                    offset, N_Q, score_scale, causal, False, BLOCK_M, HEAD_DIM, st_layout,
-                                    acc_layout, op_layout)
+                                    offset, N_Q, score_scale, causal, drop, False, BLOCK_M, HEAD_DIM, DROPOUT,
+                                    st_layout, acc_layout, op_layout)
                 t += 1
             for m in range(full_hi, hi, BLOCK_M):
                 dk, dv = _dkdv_step(k_tile, v_tile, q_smem, do_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr, keys,
-                                    offset, N_Q, score_scale, causal, True, BLOCK_M, HEAD_DIM, st_layout,
-                                    acc_layout, op_layout)
+                                    offset, N_Q, score_scale, causal, drop, True, BLOCK_M, HEAD_DIM, DROPOUT,
+                                    st_layout, acc_layout, op_layout)
                 t += 1
         # dK and dV leave through this half's K and V slots (read by no product now); rows past N_K are dropped.
         k_tile.store((dk * sm_scale).to(dk_desc.dtype))
@@ -200,22 +219,31 @@ if HAVE_GLUON:
         tma.store_wait(pendings=0)
 
     @gluon.jit
-    def _dkdv_consume_first_half(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal):
-        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, 0)
+    def _dkdv_consume_first_half(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout):
+        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, 0, False)
 
     @gluon.jit
-    def _dkdv_consume_second_half(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal):
-        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, 1)
+    def _dkdv_consume_second_half(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout):
+        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, 1, False)
+
+    @gluon.jit
+    def _dkdv_consume_first_half_dropout(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout):
+        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, 0, True)
+
+    @gluon.jit
+    def _dkdv_consume_second_half_dropout(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout):
+        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, 1, True)
 
     @gluon.jit
     def attention_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, DELTA, sm_scale,
-                                         H, KV_GROUP, N_Q, N_K, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
-                                         BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                                         CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
-                                         num_warps: gl.constexpr):
+                                         H, KV_GROUP, N_Q, N_K, DROPOUT_SEED, dropout_p, CAUSAL: gl.constexpr,
+                                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                                         STAGES: gl.constexpr, DROPOUT: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                                         LOADER_REGS: gl.constexpr, num_warps: gl.constexpr):
         """dK, dV of keys ``2 * BLOCK_N * program_id(0)`` on of (sample, kv head) ``program_id(1)``. Descriptors:
         (B, H, N_q, D) q/do with (1, 1, BLOCK_M, D) tiles, (B, H_kv, N_k, D) k/v/dk/dv with (1, 1, BLOCK_N, D)
-        tiles; LSE, DELTA (B, H, N_q) float32 contiguous."""
+        tiles; LSE, DELTA (B, H, N_q) float32 contiguous. ``DROPOUT``: the forward's dropout of probability
+        ``dropout_p`` from the int64 seed at ``DROPOUT_SEED``."""
         gl.static_assert(num_warps == 4)
         off_hkv = gl.program_id(1)
         kv_heads = H // KV_GROUP
@@ -252,13 +280,17 @@ if HAVE_GLUON:
         causal = gl.to_tensor(CAUSAL)
         args = ((q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc), (q_smem, k_smem, v_smem, do_smem),
                 (kv_bar, q_ready, do_ready, q_empty, do_empty), (off_b, off_kvh, n0, KV_GROUP, H, N_Q, offset),
-                (lo, full_lo, full_hi, hi), LSE, DELTA, sm_scale, causal)
-        gl.warp_specialize([(_dkdv_consume_first_half, args), (_dkdv_consume_second_half, args),
-                            (_bwd_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+                (lo, full_lo, full_hi, hi), LSE, DELTA, sm_scale, causal, (DROPOUT_SEED, dropout_p))
+        if DROPOUT:
+            gl.warp_specialize([(_dkdv_consume_first_half_dropout, args), (_dkdv_consume_second_half_dropout, args),
+                                (_bwd_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+        else:
+            gl.warp_specialize([(_dkdv_consume_first_half, args), (_dkdv_consume_second_half, args),
+                                (_bwd_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
     @gluon.jit
-    def _dq_load_partition(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal):
+    def _dq_load_partition(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout):
         """One warp: Q and dO of both consumers once, then K and V of every key block any of them sees into the
         ring, each slot refilled once both consumers released it."""
         q_desc, k_desc, v_desc, do_desc = descs[0], descs[1], descs[2], descs[3]
@@ -286,9 +318,10 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _dq_step(q_tile, do_tile, k_smem, v_smem, bars, dq, n, rows, lse2, delta, offset, N_K, score_scale, causal,
-                 MASKED: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, s_layout: gl.constexpr,
-                 op_layout: gl.constexpr):
-        """The terms of key block ``n`` added to dQ (queries along rows)."""
+                 drop, MASKED: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, DROPOUT: gl.constexpr,
+                 s_layout: gl.constexpr, op_layout: gl.constexpr):
+        """The terms of key block ``n`` added to dQ (queries along rows). With ``DROPOUT``, ``drop`` is (stream
+        key, keep threshold, 1 / (1 - p), first query row) of the forward's draws."""
         k_ready, v_ready, k_empty, v_empty = bars[1], bars[2], bars[3], bars[4]
         STAGES: gl.constexpr = k_smem.type.shape[0]
         BLOCK_M: gl.constexpr = q_tile.type.shape[0]
@@ -312,6 +345,9 @@ if HAVE_GLUON:
         p = gl.exp2(s - lse2[:, None])
         dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
         mbarrier.arrive(v_empty.index(slot), count=1)
+        if DROPOUT:  # dP of the kept weights only
+            keep = dropout_keep(drop[0], drop[3], n, drop[1], BLOCK_M, BLOCK_N, False, s_layout)
+            dp = gl.where(keep, dp * drop[2], 0.0)
         ds_op = gl.convert_layout((p * (dp - delta[:, None])).to(q_tile.dtype), op_layout)
         dq = warpgroup_mma(ds_op, k_tile, dq, is_async=True)
         dq, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ds_op))
@@ -319,8 +355,10 @@ if HAVE_GLUON:
         return dq
 
     @gluon.jit
-    def _dq_consume(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, HALF: gl.constexpr):
-        """One warpgroup: dQ of the program's ``HALF``-th BLOCK_M query rows."""
+    def _dq_consume(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout, HALF: gl.constexpr,
+                    DROPOUT: gl.constexpr):
+        """One warpgroup: dQ of the program's ``HALF``-th BLOCK_M query rows. ``dropout``: (the seed's pointer,
+        p), read with ``DROPOUT`` only."""
         dq_desc = descs[4]
         q_smem, k_smem, v_smem, do_smem = smem
         qdo_bar, k_ready, v_ready, k_empty, v_empty = bars[0], bars[1], bars[2], bars[3], bars[4]
@@ -346,16 +384,20 @@ if HAVE_GLUON:
         # key blocks [0, full) are seen whole by every row of this half, [full, hi) in part; the loader walks to the
         # second half's hi, so the first half releases the blocks between its hi and that one unread.
         full, hi, hi_all = bounds[HALF * 2], bounds[HALF * 2 + 1], bounds[3]
+        drop = (0, 0, 1.0, m)  # (stream key, keep threshold, 1 / (1 - p), first row)
+        if DROPOUT:
+            drop = (stream_key(gl.load(dropout[0]), off_b * H + off_h), keep_threshold(dropout[1]),
+                    1.0 / (1.0 - dropout[1]), m)
         dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
         mbarrier.wait(qdo_bar, 0)
         q_tile = q_smem.index(HALF).reshape([BLOCK_M, HEAD_DIM])
         do_tile = do_smem.index(HALF).reshape([BLOCK_M, HEAD_DIM])
         for n in range(0, full, BLOCK_N):
             dq = _dq_step(q_tile, do_tile, k_smem, v_smem, bars, dq, n, rows, lse2, delta, offset, N_K, score_scale,
-                          causal, False, BLOCK_N, HEAD_DIM, s_layout, op_layout)
+                          causal, drop, False, BLOCK_N, HEAD_DIM, DROPOUT, s_layout, op_layout)
         for n in range(full, hi, BLOCK_N):
             dq = _dq_step(q_tile, do_tile, k_smem, v_smem, bars, dq, n, rows, lse2, delta, offset, N_K, score_scale,
-                          causal, True, BLOCK_N, HEAD_DIM, s_layout, op_layout)
+                          causal, drop, True, BLOCK_N, HEAD_DIM, DROPOUT, s_layout, op_layout)
         for n in range(hi, hi_all, BLOCK_N):
             t = n // BLOCK_N
             slot = t % STAGES
@@ -371,23 +413,32 @@ if HAVE_GLUON:
         tma.store_wait(pendings=0)
 
     @gluon.jit
-    def _dq_consume_first_half(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal):
-        _dq_consume(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, 0)
+    def _dq_consume_first_half(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout):
+        _dq_consume(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout, 0, False)
 
     @gluon.jit
-    def _dq_consume_second_half(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal):
-        _dq_consume(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, 1)
+    def _dq_consume_second_half(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout):
+        _dq_consume(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout, 1, False)
+
+    @gluon.jit
+    def _dq_consume_first_half_dropout(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout):
+        _dq_consume(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout, 0, True)
+
+    @gluon.jit
+    def _dq_consume_second_half_dropout(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout):
+        _dq_consume(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout, 1, True)
 
     @gluon.jit
     def attention_bwd_dq_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, sm_scale, H,
-                                       KV_GROUP, N_Q, N_K, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
-                                       BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                                       CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
-                                       num_warps: gl.constexpr):
+                                       KV_GROUP, N_Q, N_K, DROPOUT_SEED, dropout_p, CAUSAL: gl.constexpr,
+                                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                                       STAGES: gl.constexpr, DROPOUT: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                                       LOADER_REGS: gl.constexpr, num_warps: gl.constexpr):
         """dQ of query rows ``2 * BLOCK_M`` times a query tile on of (sample, head) ``program_id(1)``; under a
         causal mask the longest tiles (the last rows) first. Descriptors: (B, H, N_q, D) q/do/dq with
         (1, 1, BLOCK_M, D) tiles, (B, H_kv, N_k, D) k/v with (1, 1, BLOCK_N, D) tiles; LSE, DELTA (B, H, N_q)
-        float32 contiguous."""
+        float32 contiguous. ``DROPOUT``: the forward's dropout of probability ``dropout_p`` from the int64 seed at
+        ``DROPOUT_SEED``."""
         gl.static_assert(num_warps == 4)
         off_bh = gl.program_id(1)
         off_b = off_bh // H
@@ -428,9 +479,13 @@ if HAVE_GLUON:
         causal = gl.to_tensor(CAUSAL)
         args = ((q_desc, k_desc, v_desc, do_desc, dq_desc), (q_smem, k_smem, v_smem, do_smem),
                 (qdo_bar, k_ready, v_ready, k_empty, v_empty), (off_b, off_h, off_kvh, m0, H, N_Q, N_K, offset),
-                (full0, hi0, full1, hi1), LSE, DELTA, sm_scale, causal)
-        gl.warp_specialize([(_dq_consume_first_half, args), (_dq_consume_second_half, args),
-                            (_dq_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+                (full0, hi0, full1, hi1), LSE, DELTA, sm_scale, causal, (DROPOUT_SEED, dropout_p))
+        if DROPOUT:
+            gl.warp_specialize([(_dq_consume_first_half_dropout, args), (_dq_consume_second_half_dropout, args),
+                                (_dq_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+        else:
+            gl.warp_specialize([(_dq_consume_first_half, args), (_dq_consume_second_half, args),
+                                (_dq_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
 def preferred(head_dim: int, n_q: int, n_k: int, scores: float) -> bool:
@@ -445,10 +500,12 @@ def dq_preferred(head_dim: int, n_q: int, n_k: int, scores: float) -> bool:
     return head_dim in DQ_MIN_ROWS and min(n_q, n_k) >= DQ_MIN_ROWS[head_dim] and scores >= MIN_SCORES
 
 
-def launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, *, scale: float, causal: bool) -> None:
+def launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, *, scale: float, causal: bool, dropout_p: float = 0.0,
+                                 dropout_seed=None) -> None:
     """Fill dk, dv (B, H_kv, N_k, D) from q, do (B, H, N_q, D), k, v, lse and delta (B, H, N_q) float32
     contiguous, for a call :func:`.attention_fwd_hopper.can_run` accepts (all six tensors, and head_dim in this
-    module's :data:`CONFIGS`): no mask, or a causal one with ``causal``."""
+    module's :data:`CONFIGS`): no mask, or a causal one with ``causal``. ``dropout_p`` and ``dropout_seed``: the
+    forward's (:func:`.attention_fwd_hopper.launch_attention_forward_hopper`)."""
     batch, heads, n_q, head_dim = q.shape
     kv_heads, n_k = k.shape[1], k.shape[2]
     block_m, block_n, stages = CONFIGS[head_dim]
@@ -456,15 +513,17 @@ def launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, *, scale: floa
     attention_bwd_dkdv_hopper_kernel[grid](
         tile_descriptor(q, block_m), tile_descriptor(k, block_n), tile_descriptor(v, block_n),
         tile_descriptor(do, block_m), tile_descriptor(dk, block_n), tile_descriptor(dv, block_n), lse, delta, scale,
-        heads, heads // kv_heads, n_q, n_k,
-        CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, STAGES=stages,
+        heads, heads // kv_heads, n_q, n_k, lse if dropout_seed is None else dropout_seed, float(dropout_p),
+        CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, STAGES=stages, DROPOUT=dropout_p > 0,
         CONSUMER_REGS=CONSUMER_REGISTERS, LOADER_REGS=LOADER_REGISTERS, num_warps=4, maxnreg=KERNEL_REGISTERS)
 
 
-def launch_attention_dq_hopper(q, k, v, do, lse, delta, dq, *, scale: float, causal: bool) -> None:
+def launch_attention_dq_hopper(q, k, v, do, lse, delta, dq, *, scale: float, causal: bool, dropout_p: float = 0.0,
+                               dropout_seed=None) -> None:
     """Fill dq (B, H, N_q, D) from q, do (B, H, N_q, D), k, v (B, H_kv, N_k, D), lse and delta (B, H, N_q) float32
     contiguous, for a call :func:`.attention_fwd_hopper.can_run` accepts (all six tensors, and head_dim in
-    :data:`DQ_CONFIGS`): no mask, or a causal one with ``causal``."""
+    :data:`DQ_CONFIGS`): no mask, or a causal one with ``causal``. ``dropout_p`` and ``dropout_seed``: the
+    forward's."""
     batch, heads, n_q, head_dim = q.shape
     kv_heads, n_k = k.shape[1], k.shape[2]
     block_m, block_n, stages = DQ_CONFIGS[head_dim]
@@ -472,6 +531,6 @@ def launch_attention_dq_hopper(q, k, v, do, lse, delta, dq, *, scale: float, cau
     attention_bwd_dq_hopper_kernel[grid](
         tile_descriptor(q, block_m), tile_descriptor(k, block_n), tile_descriptor(v, block_n),
         tile_descriptor(do, block_m), tile_descriptor(dq, block_m), lse, delta, scale,
-        heads, heads // kv_heads, n_q, n_k,
-        CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, STAGES=stages,
+        heads, heads // kv_heads, n_q, n_k, lse if dropout_seed is None else dropout_seed, float(dropout_p),
+        CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, STAGES=stages, DROPOUT=dropout_p > 0,
         CONSUMER_REGS=CONSUMER_REGISTERS, LOADER_REGS=LOADER_REGISTERS, num_warps=4, maxnreg=KERNEL_REGISTERS)

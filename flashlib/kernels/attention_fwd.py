@@ -476,6 +476,16 @@ def modifier_args(spec: AttentionSpec, alibi_slopes: torch.Tensor | None, head_d
     return alibi, alibi_strides, scalars, flags
 
 
+def gluon_dropout_args(spec: AttentionSpec, dropout_seed: torch.Tensor | None, dummy: torch.Tensor) -> dict:
+    """The dropout arguments of the Gluon launchers (:mod:`.attention_fwd_hopper`, :mod:`.attention_bwd_hopper`):
+    none without dropout, else the effective p and the seed's tensor, as :func:`modifier_args` gives the Triton
+    kernels (the same draws)."""
+    if spec.dropout_p <= 0:
+        return {}
+    dropout_p, seed = modifier_args(spec, None, 1, dummy, dropout_seed)[2][2:]
+    return dict(dropout_p=dropout_p, dropout_seed=seed)
+
+
 def _gluon_preferred(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
     """:func:`.attention_fwd_hopper.preferred` for (B, H, N, D) q and k on a GPU."""
     batch, heads, n_q, head_dim = q.shape
@@ -517,8 +527,8 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     descale float32 (3, B, H_kv) contiguous (q, k, v factors). V is best stored with N contiguous
     (``v.stride(2) == 1``): host descriptors then read it as the FP8 tensor cores want it.
 
-    ``use_gluon``: a plain call (no mask or a causal one; none of the arguments above beyond q, k, v, o, lse
-    and ``spec``'s mask and scale) that :func:`.attention_fwd_hopper.can_run` accepts runs the warp-specialized
+    ``use_gluon``: a plain call (no mask or a causal one, dropout or not; none of the arguments above beyond q, k,
+    v, o, lse, ``dropout_seed`` and ``spec``'s mask, scale and dropout) that :func:`.attention_fwd_hopper.can_run` accepts runs the warp-specialized
     Gluon forward of :mod:`.attention_fwd_hopper` where it is the faster one
     (:func:`.attention_fwd_hopper.preferred`) by default; ``True`` wherever it can run, ``False`` never
     (``use_tma=False`` also keeps this kernel).
@@ -528,7 +538,8 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     plain = hopper.covers(spec, use_tma, cu_seqlens_q, seq_lens, alibi_slopes, tiles, descale, block_m)
     if (use_gluon is not False and plain and hopper.can_run(q, k, v, o, scale=spec.scale(q.shape[-1]))
             and (use_gluon or _gluon_preferred(q, k, right == 0))):
-        hopper.launch_attention_forward_hopper(q, k, v, o, lse, scale=spec.scale(q.shape[-1]), causal=right == 0)
+        hopper.launch_attention_forward_hopper(q, k, v, o, lse, scale=spec.scale(q.shape[-1]), causal=right == 0,
+                                               **gluon_dropout_args(spec, dropout_seed, lse))
         return filled
     varlen = cu_seqlens_q is not None
     if varlen:

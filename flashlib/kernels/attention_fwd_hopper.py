@@ -31,9 +31,10 @@ The wait for O inside a round is where FlashAttention-3's *intra*-warpgroup over
 ptxas moves that wait above the exponentials (TUNING.md, thirty-first finding), so the overlap that
 counts here is the one between the two consumers, which the SM's warp schedulers make.
 
-Scope: the plain forward only (no mask or a causal one, bottom-right aligned as everywhere in
-flashlib; GQA/MQA; 2-byte types; head_dim 64 or 128; a positive scale), on Hopper. Everything else
-(windows, lengths, packed sequences, score modifiers, dropout, FP8, other head dims, float32) runs
+Scope: the plain forward (no mask or a causal one, bottom-right aligned as everywhere in
+flashlib; GQA/MQA; 2-byte types; head_dim 64 or 128; a positive scale) and its dropout, whose draws
+(:mod:`.dropout_hopper`) are the Triton kernels', on Hopper. Everything else
+(windows, lengths, packed sequences, score modifiers, FP8, other head dims, float32) runs
 in :mod:`.attention_fwd`, which is also the only forward of the interpreter: Gluon has no
 interpreter. :func:`can_run` says which calls this kernel can take and :func:`preferred` where it is the faster
 forward; GPU tests compare it with the float64 reference and with :mod:`.attention_fwd`.
@@ -56,6 +57,7 @@ try:  # Gluon ships with Triton 3.5 and later; its Hopper API is what this kerne
     # The copy engine's load and store were renamed after Triton 3.6 (the H100 machine's version).
     tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+    from .dropout_hopper import dropout_keep, keep_threshold, stream_key
     HAVE_GLUON = True
 except ImportError:  # pragma: no cover - older Triton
     HAVE_GLUON = False
@@ -98,6 +100,16 @@ if HAVE_GLUON:
         alpha = gl.exp2(m_i - m_sub)
         l_i = l_i * alpha + gl.sum(p, 1)
         return p, m_new, l_i, alpha
+
+    @gluon.jit
+    def _dropped(p, drop, start_n, DROPOUT: gl.constexpr, s_layout: gl.constexpr):
+        """``p`` (a block of weights from key ``start_n`` on) with the weights dropout drops set to 0, under
+        ``DROPOUT``; ``drop``: (stream key, keep threshold, first query row) of :mod:`.dropout_hopper`."""
+        if DROPOUT:
+            keep = dropout_keep(drop[0], drop[2], start_n, drop[1], p.type.shape[0], p.type.shape[1], False,
+                                s_layout)
+            p = gl.where(keep, p, 0.0)
+        return p
 
     @gluon.jit
     def _item_head_and_tiles(item, sched, causal):
@@ -146,7 +158,7 @@ if HAVE_GLUON:
         return off_b, off_h, off_h // KV_GROUP, m0, n_blocks, n_full
 
     @gluon.jit
-    def _load_partition(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong):
+    def _load_partition(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout):
         """One warp: for each query tile of the program, its Q tiles once both consumers released the last ones,
         then K and V of every key block into the ring of ``STAGES`` slots, each slot refilled once both consumers
         have released it. The ring runs on across tiles, so the next tile's first blocks load during this
@@ -214,9 +226,10 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _overlapped_step(q_tile, k_smem, v_smem, bars, o, p, alpha, m_i, l_i, j, ring, turn, rows, offset, N_K,
-                         qk_scale, pingpong, HALF: gl.constexpr, MASKED: gl.constexpr, causal, BLOCK_M: gl.constexpr,
-                         BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                         s_layout: gl.constexpr, p_layout: gl.constexpr, o_layout: gl.constexpr):
+                         qk_scale, pingpong, drop, HALF: gl.constexpr, MASKED: gl.constexpr, causal,
+                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                         DROPOUT: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
+                         o_layout: gl.constexpr):
         """Key block ``j`` (at place ``ring + j`` of the K/V ring, in round ``turn + j`` of the ping-pong): its S,
         overlapped with P V of block ``j - 1`` (``p``: that block's weights, ``alpha``: O's rescale to that
         block's max, applied while S is on the tensor cores). Returns O (through block j - 1), block j's weights
@@ -233,28 +246,31 @@ if HAVE_GLUON:
                                                MASKED, causal, BLOCK_N, s_layout)
         o, p = warpgroup_mma_wait(num_outstanding=0, deps=(o, p))
         mbarrier.arrive(v_empty.index((ring + j - 1) % STAGES), count=1)
+        p_f32 = _dropped(p_f32, drop, j * BLOCK_N, DROPOUT, s_layout)
         p = gl.convert_layout(p_f32.to(q_tile.dtype), p_layout)
         return o, p, alpha, m_i, l_i
 
     @gluon.jit
     def _overlapped_blocks(q_tile, k_smem, v_smem, bars, o, p, alpha, m_i, l_i, first, last, ring, turn, rows,
-                           offset, N_K, qk_scale, pingpong, HALF: gl.constexpr, MASKED: gl.constexpr, causal,
+                           offset, N_K, qk_scale, pingpong, drop, HALF: gl.constexpr, MASKED: gl.constexpr, causal,
                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                           s_layout: gl.constexpr, p_layout: gl.constexpr, o_layout: gl.constexpr):
+                           DROPOUT: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
+                           o_layout: gl.constexpr):
         """Key blocks ``first`` to ``last - 1``."""
         for j in range(first, last):
             o, p, alpha, m_i, l_i = _overlapped_step(q_tile, k_smem, v_smem, bars, o, p, alpha, m_i, l_i, j, ring,
-                                                     turn, rows, offset, N_K, qk_scale, pingpong, HALF, MASKED,
-                                                     causal, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, s_layout, p_layout,
-                                                     o_layout)
+                                                     turn, rows, offset, N_K, qk_scale, pingpong, drop, HALF, MASKED,
+                                                     causal, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, DROPOUT, s_layout,
+                                                     p_layout, o_layout)
         return o, p, alpha, m_i, l_i
 
     @gluon.jit
     def _consume_tile(descs, smem, bars, q_tile, tile_at, ring, turn, tiles, LSE, qk_scale, causal, pingpong,
-                      HALF: gl.constexpr):
+                      dropout, HALF: gl.constexpr, DROPOUT: gl.constexpr):
         """O and LSE of the ``HALF``-th BLOCK_M query rows of one query tile (``tile_at``: its place from
         :func:`_tile` and its (batch, head) ``hz``), whose key blocks start at place ``ring`` of the K/V ring and
-        round ``turn`` of the ping-pong; ``tiles``: query tiles this consumer finished before."""
+        round ``turn`` of the ping-pong; ``tiles``: query tiles this consumer finished before. With ``DROPOUT``,
+        ``dropout`` is (seed, p): the weights P V sums are dropped as :mod:`.dropout` draws them."""
         o_desc = descs[3]
         o_smem = smem[3]
         q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns = bars
@@ -271,6 +287,9 @@ if HAVE_GLUON:
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         row0 = m0 + HALF * BLOCK_M
         rows_s = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        drop = (0, 0, row0)  # (stream key, keep threshold, first row) of the draws
+        if DROPOUT:
+            drop = (stream_key(dropout[0], hz), keep_threshold(dropout[1]), row0)
         m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
         l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
         o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
@@ -285,17 +304,18 @@ if HAVE_GLUON:
             mbarrier.arrive(k_empty.index(ring % STAGES), count=1)
             p_f32, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, 0, rows_s, offset, N_K, qk_scale,
                                                    True, causal, BLOCK_N, s_layout)
+            p_f32 = _dropped(p_f32, drop, 0, DROPOUT, s_layout)
             p = gl.convert_layout(p_f32.to(q_tile.dtype), p_layout)
             # Blocks every row of the program sees whole, then the ones cut by the diagonal or N_K.
             split = gl.maximum(n_full, 1)
             o, p, alpha, m_i, l_i = _overlapped_blocks(q_tile, k_smem, v_smem, bars, o, p, alpha, m_i, l_i, 1,
                                                        split, ring, turn, rows_s, offset, N_K, qk_scale, pingpong,
-                                                       HALF, False, causal, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                                                       s_layout, p_layout, o_layout)
+                                                       drop, HALF, False, causal, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
+                                                       DROPOUT, s_layout, p_layout, o_layout)
             o, p, alpha, m_i, l_i = _overlapped_blocks(q_tile, k_smem, v_smem, bars, o, p, alpha, m_i, l_i, split,
                                                        n_blocks, ring, turn, rows_s, offset, N_K, qk_scale, pingpong,
-                                                       HALF, True, causal, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                                                       s_layout, p_layout, o_layout)
+                                                       drop, HALF, True, causal, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
+                                                       DROPOUT, s_layout, p_layout, o_layout)
             # Q is read by no more product: the loader may bring the next tile's.
             mbarrier.arrive(q_empty.index(HALF), count=1)
             # P V of the last block.
@@ -312,6 +332,8 @@ if HAVE_GLUON:
         valid = l_i != 0.0
         l_safe = gl.where(valid, l_i, 1.0)
         lse = gl.where(valid, (m_i + gl.log2(l_safe)) * LN2, float("-inf"))
+        if DROPOUT:
+            l_safe = l_safe * (1.0 - dropout[1])  # kept weights are scaled by 1 / (1 - p)
         out = o / gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout))[:, None]
         gl.store(LSE + hz.to(gl.int64) * N_Q + rows_s, lse, mask=rows_s < N_Q)
         # O leaves through this consumer's O slot, once the copy engine has read the last tile's out of it; the
@@ -322,10 +344,12 @@ if HAVE_GLUON:
         tma_store(o_desc, [off_b, off_h, row0, 0], o_smem.index(HALF))
 
     @gluon.jit
-    def _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, HALF: gl.constexpr):
+    def _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, HALF: gl.constexpr,
+                 DROPOUT: gl.constexpr):
         """One warpgroup: O and LSE of the ``HALF``-th BLOCK_M query rows of each of the program's query tiles.
         Partitions take no constexpr arguments (Triton 3.6 turns them into values), so the block sizes come from
-        the shared memory's shapes and ``causal`` is a value."""
+        the shared memory's shapes and ``causal`` is a value. ``dropout``: (the seed's pointer, p), read with
+        ``DROPOUT`` only."""
         q_smem, k_smem = smem[0], smem[1]
         BLOCK_M: gl.constexpr = q_smem.type.shape[3]
         HEAD_DIM: gl.constexpr = q_smem.type.shape[4]
@@ -335,6 +359,9 @@ if HAVE_GLUON:
         ring = 0  # K/V blocks consumed so far
         turn = 0  # ping-pong rounds so far
         tiles = 0
+        seed_and_p = (0, 0.0)
+        if DROPOUT:
+            seed_and_p = (gl.load(dropout[0]), dropout[1])
         n_items, first_item, item_stride = sched[0], sched[7], sched[8]
         for item in range(first_item, n_items, item_stride):
             for sub in range(_item_tile_count(item, sched, causal)):
@@ -342,32 +369,42 @@ if HAVE_GLUON:
                                                                              BLOCK_N)
                 tile_at = (off_b, off_h, hz, m0, n_blocks, n_full, N_K - N_Q, N_Q, N_K)
                 _consume_tile(descs, smem, bars, q_tile, tile_at, ring, turn, tiles, LSE, qk_scale, causal,
-                              pingpong, HALF)
+                              pingpong, seed_and_p, HALF, DROPOUT)
                 ring += n_blocks
                 turn += n_blocks + (n_blocks > 0).to(gl.int32)
                 tiles += 1
         tma.store_wait(pendings=0)
 
     @gluon.jit
-    def _consume_first_half(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong):
-        _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, 0)
+    def _consume_first_half(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout):
+        _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, 0, False)
 
     @gluon.jit
-    def _consume_second_half(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong):
-        _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, 1)
+    def _consume_second_half(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout):
+        _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, 1, False)
+
+    @gluon.jit
+    def _consume_first_half_dropout(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout):
+        _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, 0, True)
+
+    @gluon.jit
+    def _consume_second_half_dropout(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout):
+        _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, 1, True)
 
     @gluon.jit
     def attention_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, qk_scale, H, KV_GROUP, N_Q, N_K,
-                                    n_items, items_per_head, n_tiles, pingpong, CAUSAL: gl.constexpr,
-                                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                                    STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
+                                    n_items, items_per_head, n_tiles, pingpong, DROPOUT_SEED, dropout_p,
+                                    CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                                    HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, DROPOUT: gl.constexpr,
+                                    CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
                                     num_warps: gl.constexpr):
         """O and LSE of work items ``program_id(0)``, ``program_id(0) + num_programs(0)``, ... of ``n_items``
         (:func:`_item_head_and_tiles`: ``items_per_head`` per (batch, head), over ``n_tiles`` query tiles of
         2 x BLOCK_M rows each), two consumer warpgroups of BLOCK_M rows each and one loading warp. A grid of one
         program per item runs each program once; a grid of one program per SM is persistent. q/k/v/o_desc:
         (B, H, N, D) descriptors with (1, 1, rows, D) tiles (K and V with ``H // KV_GROUP`` heads);
-        LSE (B, H, N_Q) float32; ``qk_scale`` = scale * log2(e) > 0."""
+        LSE (B, H, N_Q) float32; ``qk_scale`` = scale * log2(e) > 0. With ``DROPOUT``, weights are dropped with
+        probability ``dropout_p`` (a multiple of 1/256) from the int64 seed at ``DROPOUT_SEED`` (:mod:`.dropout`)."""
         gl.static_assert(num_warps == 4)
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
         o_smem = gl.allocate_shared_memory(o_desc.dtype, [2, 1, 1, BLOCK_M, HEAD_DIM], o_desc.layout)
@@ -396,9 +433,13 @@ if HAVE_GLUON:
         args = ((q_desc, k_desc, v_desc, o_desc), (q_smem, k_smem, v_smem, o_smem),
                 (q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns),
                 (n_items, items_per_head, n_tiles, H, KV_GROUP, N_Q, N_K, gl.program_id(0), gl.num_programs(0)),
-                LSE, qk_scale, CAUSAL_FLAG, pingpong)
-        gl.warp_specialize([(_consume_first_half, args), (_consume_second_half, args), (_load_partition, args)],
-                           [4, 1], [CONSUMER_REGS, LOADER_REGS])
+                LSE, qk_scale, CAUSAL_FLAG, pingpong, (DROPOUT_SEED, dropout_p))
+        if DROPOUT:
+            gl.warp_specialize([(_consume_first_half_dropout, args), (_consume_second_half_dropout, args),
+                                (_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+        else:
+            gl.warp_specialize([(_consume_first_half, args), (_consume_second_half, args), (_load_partition, args)],
+                               [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
 #: Where :func:`flashlib.kernels.attention_fwd.launch_attention_forward` takes this kernel on its own: where it
@@ -422,10 +463,10 @@ def preferred(head_dim: int, n_q: int, n_k: int, scores: float, causal: bool) ->
 
 def covers(spec, use_tma: bool | None, *unsupported) -> bool:
     """Whether a Gluon kernel covers a call of this ``spec`` (a :class:`flashlib.spec.AttentionSpec`): no mask or
-    a causal one, no softcap, no dropout, the copy engine not refused (``use_tma=False``), and none of the
+    a causal one, dropout or not, no softcap, the copy engine not refused (``use_tma=False``), and none of the
     launcher's other arguments ``unsupported`` (lengths, packing, slopes, fixed blocks, ...) given."""
     left, right = spec.bounds()
-    return (use_tma is not False and spec.softcap == 0 and spec.dropout_p <= 0 and left is None
+    return (use_tma is not False and spec.softcap == 0 and left is None
             and right in (None, 0) and all(arg is None for arg in unsupported))
 
 
@@ -438,8 +479,8 @@ def _is_hopper(device_index: int) -> bool:
 def can_run(q: torch.Tensor, *others: torch.Tensor, scale: float) -> bool:
     """Whether a Gluon Hopper kernel can take this call: Gluon present, a Hopper GPU, ``q`` float16 or bfloat16 with
     a head_dim of :data:`CONFIGS`, a positive scale, and ``q`` and every tensor of ``others`` readable by the copy
-    engine. The caller has checked that nothing but no mask or a causal one is asked for (no window, lengths,
-    packing, score modifier, dropout, FP8)."""
+    engine. The caller has checked that nothing but no mask or a causal one, and dropout, is asked for (no window,
+    lengths, packing, score modifier, FP8)."""
     if not (HAVE_GLUON and q.is_cuda and scale > 0 and q.dtype in (torch.float16, torch.bfloat16)
             and q.shape[-1] in CONFIGS):
         return False
@@ -463,11 +504,14 @@ def tile_descriptor(t: torch.Tensor, rows: int) -> "GluonDescriptor":
 
 def launch_attention_forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                                     lse: torch.Tensor, *, scale: float, causal: bool, pingpong: bool = PINGPONG,
-                                    persistent: bool = PERSISTENT) -> None:
+                                    persistent: bool = PERSISTENT, dropout_p: float = 0.0,
+                                    dropout_seed: torch.Tensor | None = None) -> None:
     """Fill o (B, H, N_q, D) and lse (B, H, N_q) float32 contiguous from q, k, v ((B, H[_kv], N, D)), a call
     :func:`can_run` accepts: no mask, or a causal one (bottom-right aligned) with ``causal``. ``pingpong``: the
     consumers take turns (:data:`PINGPONG`); ``persistent``: one program per SM walks the work items
-    (:data:`PERSISTENT`), else one program per item. Either is off only to measure it."""
+    (:data:`PERSISTENT`), else one program per item. Either is off only to measure it. ``dropout_p`` > 0 (the
+    effective p, :func:`.dropout.effective_dropout_p`) drops weights from the int64 seed in ``dropout_seed`` (on q's
+    device), as the Triton forward does: the same seed drops the same weights."""
     batch, heads, n_q, head_dim = q.shape
     block_m, block_n, stages = CONFIGS[head_dim]
     n_tiles = triton.cdiv(n_q, 2 * block_m)
@@ -480,5 +524,6 @@ def launch_attention_forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.T
         tile_descriptor(q, block_m), tile_descriptor(k, block_n), tile_descriptor(v, block_n),
         tile_descriptor(o, block_m), lse,
         scale * LOG2E.value, heads, heads // k.shape[1], n_q, k.shape[2], n_items, items_per_head, n_tiles,
-        int(pingpong), CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, STAGES=stages,
+        int(pingpong), lse if dropout_seed is None else dropout_seed, float(dropout_p), CAUSAL=causal,
+        BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, STAGES=stages, DROPOUT=dropout_p > 0,
         CONSUMER_REGS=CONSUMER_REGISTERS, LOADER_REGS=LOADER_REGISTERS, num_warps=4, maxnreg=KERNEL_REGISTERS)

@@ -51,15 +51,20 @@ def effective_dropout_p(dropout_p: float) -> float:
     return min(round(dropout_p * levels), levels - 1) / levels
 
 
-@triton.jit
-def mix32(x):
+def lowbias32(x):
     """A bijective 32-bit hash: "lowbias32", two multiply-xorshift rounds (constants from Chris
-    Wellons' hash prospector). ``x`` is uint32; every output bit depends on every input bit."""
+    Wellons' hash prospector). ``x`` is uint32; every output bit depends on every input bit.
+    Plain operators only, so that Triton (:func:`mix32`) and Gluon
+    (:mod:`flashlib.kernels.dropout_hopper`) compile this one source."""
     x = x ^ (x >> 16)
     x = x * 0x21F0AAAD
     x = x ^ (x >> 15)
     x = x * 0x735A2D97
     return x ^ (x >> 15)
+
+
+#: :func:`lowbias32` for Triton kernels.
+mix32 = triton.jit(lowbias32)
 
 
 @triton.jit

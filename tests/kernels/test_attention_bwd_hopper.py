@@ -9,6 +9,7 @@ from flashlib import flash_attention
 from flashlib.kernels import attention_bwd
 from flashlib.kernels import attention_bwd_hopper as bwd_hopper
 from flashlib.kernels.attention_fwd import launch_attention_forward
+from flashlib.kernels.dropout import dropout_mask, effective_dropout_p
 from flashlib.reference import naive_attention
 from flashlib.spec import AttentionSpec
 from flashlib.validation import relative_error, tolerance
@@ -94,6 +95,14 @@ def test_the_default_routes_only_preferred_sizes_and_counts_the_scores_a_mask_le
     assert asked == [("dkdv", *causal), ("dq", *causal), ("dkdv", *full), ("dq", *full)]
 
 
+def test_dropout_is_routed_to_both_kernels_with_the_forwards_p_and_seed(recorded):
+    seed = torch.tensor([99], dtype=torch.int64, device=DEVICE)
+    _backward(AttentionSpec(dropout_p=0.1), head_dim=128, use_gluon=True, dropout_seed=seed)
+    assert [name for name, _ in recorded] == ["dkdv", "dq"]
+    for _, kwargs in recorded:
+        assert kwargs["dropout_p"] == effective_dropout_p(0.1) and kwargs["dropout_seed"] is seed
+
+
 @pytest.mark.parametrize("case", UNCOVERED_CASES)
 def test_calls_it_does_not_cover_stay_on_the_triton_kernels(recorded, case):
     spec, kwargs = uncovered_call(case)
@@ -171,3 +180,36 @@ def test_gpu_front_door_takes_it_at_d128_with_gradients_that_match_and_repeat_bi
     naive_attention(q64, k64.repeat_interleave(2, 1), v64.repeat_interleave(2, 1), causal=causal).backward(do.double())
     for got, want in zip(grads[0], (q64.grad, k64.grad, v64.grad)):
         assert relative_error(got, want) <= tolerance(dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_gluon_dropout_gradients_match_float64_with_the_kernels_mask(monkeypatch, dtype, head_dim, causal):
+    """Both Gluon kernels recompute the forward's dropout: gradients equal float64 autograd's through the mask that
+    ``dropout_mask`` writes for the seed (GQA, N_q != N_k, lengths inside a square of draws, a seed above 2^32),
+    and equal the Triton kernels' within rounding."""
+    q, k, v, do = make_inputs(2, 6, 3, 600, 700, head_dim, dtype, seed=head_dim + 3 * causal, grad_out=True)
+    if not bwd_hopper.can_run(q, k, v, do, k, v, scale=1.0):
+        pytest.skip("needs a Hopper GPU (sm_90) and Gluon")
+    p, seed = 0.2, (5 << 33) + 777
+    seed_tensor = torch.tensor([seed], dtype=torch.int64, device="cuda")
+    spec = AttentionSpec(causal=causal, dropout_p=p)
+    o, lse = torch.empty_like(q), torch.empty(q.shape[:3], device="cuda")
+    launch_attention_forward(q, k, v, o, lse, spec, dropout_seed=seed_tensor, use_gluon=True)
+    calls = _count_launches(monkeypatch)
+    grads = {}
+    for use_gluon in (True, False):
+        dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+        attention_bwd.launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec, dropout_seed=seed_tensor,
+                                                use_gluon=use_gluon)
+        grads[use_gluon] = (dq, dk, dv)
+    assert calls == ["dkdv", "dq"]
+    mask = dropout_mask(seed, p, 2, 6, 600, 700, q.device)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    naive_attention(q64, k64.repeat_interleave(2, 1), v64.repeat_interleave(2, 1), causal=causal,
+                    dropout_p=effective_dropout_p(p), dropout_mask=mask).backward(do.double())
+    for got, triton_got, want in zip(grads[True], grads[False], (q64.grad, k64.grad, v64.grad)):
+        assert relative_error(got, want) <= tolerance(dtype)  # also fails on a NaN: every element written
+        assert relative_error(got, triton_got) <= tolerance(dtype)

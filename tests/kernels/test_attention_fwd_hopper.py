@@ -8,6 +8,7 @@ import torch
 from flashlib import flash_attention
 from flashlib.kernels import attention_fwd
 from flashlib.kernels import attention_fwd_hopper as hopper
+from flashlib.kernels.dropout import dropout_mask, effective_dropout_p
 from flashlib.reference import naive_attention
 from flashlib.spec import AttentionSpec
 from flashlib.validation import relative_error, tolerance
@@ -53,6 +54,16 @@ def _launch(n=64, head_dim=128, spec=AttentionSpec(), **kwargs):
 def test_a_plain_call_is_routed_with_its_mask_and_schedule(recorded, causal):
     _launch(spec=AttentionSpec(causal=causal), use_gluon=True)
     assert recorded == [dict(scale=AttentionSpec().scale(128), causal=causal)]
+
+
+def test_dropout_is_routed_with_its_effective_p_and_the_seeds_tensor(recorded):
+    """The Gluon forward draws what the Triton forward draws: it gets p rounded as the Triton kernels get it
+    (0.3 -> 77/256) and the very seed tensor that ``flashlib.ops`` drew on the device."""
+    seed = torch.tensor([12345], dtype=torch.int64, device=DEVICE)
+    _launch(spec=AttentionSpec(causal=True, dropout_p=0.3), use_gluon=True, dropout_seed=seed)
+    assert len(recorded) == 1
+    assert recorded[0]["dropout_p"] == effective_dropout_p(0.3) == 77 / 256
+    assert recorded[0]["dropout_seed"] is seed and recorded[0]["causal"] is True
 
 
 def test_the_default_routes_only_preferred_sizes_and_counts_the_scores_a_mask_leaves(recorded, monkeypatch):
@@ -184,3 +195,41 @@ def test_gpu_front_door_takes_it_at_d128_and_gradients_follow(monkeypatch, dtype
         attention_fwd.launch_attention_forward(q, k, v, o_gluon, lse_gluon, AttentionSpec(causal=causal))
     assert relative_error(o_gluon, o_triton) <= tolerance(dtype)
     assert relative_error(lse_gluon, lse_triton) <= tolerance(torch.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("persistent", [True, False])
+def test_gpu_gluon_dropout_drops_the_triton_kernels_weights(dtype, head_dim, causal, persistent):
+    """Dropout in the Gluon forward against the float64 reference given the mask that ``dropout_mask`` writes
+    for the seed (the Triton kernels' draws), and against the Triton forward with the same seed: GQA, N_q != N_k,
+    lengths that end inside a square of draws, a seed above 2^32, and work items walked by persistent programs."""
+    q, k, v = make_inputs(2, 6, 3, 600, 700, head_dim, dtype, seed=head_dim + causal)
+    if not hopper.can_run(q, k, v, q, scale=1.0):
+        pytest.skip("needs a Hopper GPU (sm_90) and Gluon")
+    p, seed = 0.2, (7 << 33) + 12345
+    seed_tensor = torch.tensor([seed], dtype=torch.int64, device="cuda")
+    o = torch.full_like(q, float("nan"))
+    lse = torch.full(q.shape[:3], float("nan"), device="cuda")
+    hopper.launch_attention_forward_hopper(q, k, v, o, lse, scale=head_dim ** -0.5, causal=causal,
+                                           persistent=persistent, dropout_p=effective_dropout_p(p),
+                                           dropout_seed=seed_tensor)
+    mask = dropout_mask(seed, p, 2, 6, 600, 700, q.device)
+    assert 0.75 < mask.float().mean() < 0.85
+    group = q.shape[1] // k.shape[1]
+    k64, v64 = (t.double().repeat_interleave(group, dim=1) for t in (k, v))
+    ref_o, ref_lse = naive_attention(q.double(), k64, v64, causal=causal, return_lse=True,
+                                     dropout_p=effective_dropout_p(p), dropout_mask=mask)
+    assert relative_error(o, ref_o) <= tolerance(dtype)  # also fails on a NaN: every element written
+    seen = torch.isfinite(ref_lse)
+    assert relative_error(lse[seen], ref_lse[seen]) <= tolerance(torch.float32)
+    o_triton, lse_triton = torch.empty_like(o), torch.empty_like(lse)
+    attention_fwd.launch_attention_forward(q, k, v, o_triton, lse_triton, AttentionSpec(causal=causal, dropout_p=p),
+                                           dropout_seed=seed_tensor, use_gluon=False)
+    assert relative_error(o, o_triton) <= tolerance(dtype)
+    # a mask the kernel did not draw is far off: the test can tell masks apart
+    other = naive_attention(q.double(), k64, v64, causal=causal, dropout_p=effective_dropout_p(p),
+                            dropout_mask=dropout_mask(seed + 1, p, 2, 6, 600, 700, q.device))
+    assert relative_error(o, other) > 10 * tolerance(dtype)

@@ -23,7 +23,7 @@ ODD_SHAPES = [(2, 4, 4, 1000, 1000, "bhnd"), (1, 2, 2, 77, 300, "bhnd"), (1, 2, 
               (2, 8, 2, 512, 512, "bhnd"), (2, 4, 4, 384, 384, "bnhd")]
 
 #: Calls that the Gluon kernels do not cover, each as a spec and launcher arguments (see :func:`uncovered_call`).
-UNCOVERED_CASES = ["window", "softcap", "dropout", "alibi", "seq_lens", "pointers", "fixed_blocks"]
+UNCOVERED_CASES = ["window", "softcap", "alibi", "seq_lens", "pointers", "fixed_blocks"]
 
 
 def uncovered_call(case: str, heads: int = 2):
@@ -32,8 +32,6 @@ def uncovered_call(case: str, heads: int = 2):
         return AttentionSpec(window=(16, 0)), {}
     if case == "softcap":
         return AttentionSpec(softcap=30.0), {}
-    if case == "dropout":
-        return AttentionSpec(dropout_p=0.1), dict(dropout_seed=torch.zeros(1, dtype=torch.int64, device=DEVICE))
     if case == "alibi":
         return AttentionSpec(has_alibi=True), dict(alibi_slopes=torch.ones(heads, device=DEVICE))
     if case == "seq_lens":

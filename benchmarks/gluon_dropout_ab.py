@@ -1,0 +1,95 @@
+"""What dropout costs on Hopper, through the Gluon kernels and through the Triton kernels, in one process.
+
+Issue 13 asks for dropout at most 15% slower than the same call without it. On Hopper the call without dropout
+runs the warp-specialized Gluon kernels where they are preferred (:mod:`flashlib.kernels.attention_fwd_hopper`,
+:mod:`flashlib.kernels.attention_bwd_hopper`); with dropout it ran the Triton kernels until session 45. This
+script times, at the FlashAttention-2 benchmark's shapes (B * N = 16384, H * D = 2048), each call replayed from a
+CUDA graph (``flashlib.timing.graph_time_ms``: GPU time alone):
+
+* ``plain``: no dropout, the launchers' default route;
+* ``gluon``: dropout p through the Gluon kernels (``use_gluon=True``);
+* ``triton``: dropout p through the Triton kernels (``use_gluon=False``);
+
+for the forward and the backward (dK, dV, dQ and D from a saved forward), and prints each dropout time over the
+plain one (``fwd_gluon/plain``, ``bwd_...``, ``train_...`` for their sum). Before timing, each point checks that
+both dropout routes give the same O (relative error), so a broken draw cannot be timed as a fast one.
+
+    PYTHONPATH=.:benchmarks python3 benchmarks/gluon_dropout_ab.py [--dtype fp16,bf16] [--d 128,64]
+        [--N 1024,4096,16384] [--p 0.1] [--out FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+import flashlib  # noqa: F401  (before triton: chooses the interpreter where there is no GPU)
+from flashlib.bench_results import DTYPES, results_meta
+from flashlib.kernels.attention_bwd import launch_attention_backward
+from flashlib.kernels.attention_fwd import launch_attention_forward
+from flashlib.spec import AttentionSpec
+from flashlib.timing import graph_time_ms
+from flashlib.validation import relative_error
+from gluon_fwd_ab import add_grid_options, fa2_points, make_inputs, print_row
+
+ROUTES = {"plain": None, "gluon": True, "triton": False}
+
+
+def forward(q, k, v, spec, seed, use_gluon):
+    o = torch.empty_like(q)
+    lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
+    launch_attention_forward(q, k, v, o, lse, spec, dropout_seed=seed, use_gluon=use_gluon)
+    return o, lse
+
+
+def backward(q, k, v, o, lse, do, spec, seed, use_gluon):
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec, dropout_seed=seed, use_gluon=use_gluon)
+    return dq, dk, dv
+
+
+def timings(dtypes, dims, lengths, p: float) -> list[dict]:
+    rows = []
+    seed = torch.tensor([20261204], dtype=torch.int64, device="cuda")
+    for name, d, n, causal, batch, heads in fa2_points(dtypes, dims, lengths):
+        q, k, v, do = make_inputs(batch, heads, heads, n, n, d, DTYPES[name], grad_out=True)
+        row = dict(dtype=name, d=d, N=n, causal=causal, batch=batch, heads=heads, p=p)
+        outputs = {}
+        for route, use_gluon in ROUTES.items():
+            spec = AttentionSpec(causal=causal, dropout_p=0.0 if route == "plain" else p)
+            o, lse = outputs[route] = forward(q, k, v, spec, seed, use_gluon)
+            row[f"fwd_{route}_ms"] = graph_time_ms(lambda: forward(q, k, v, spec, seed, use_gluon), rep=100)
+            row[f"bwd_{route}_ms"] = graph_time_ms(lambda: backward(q, k, v, o, lse, do, spec, seed, use_gluon),
+                                                   rep=100)
+        row["o_gluon_vs_triton"] = relative_error(outputs["gluon"][0], outputs["triton"][0])
+        for route in ("gluon", "triton"):
+            for part in ("fwd", "bwd"):
+                row[f"{part}_{route}/plain"] = row[f"{part}_{route}_ms"] / row[f"{part}_plain_ms"]
+            row[f"train_{route}/plain"] = ((row[f"fwd_{route}_ms"] + row[f"bwd_{route}_ms"])
+                                           / (row["fwd_plain_ms"] + row["bwd_plain_ms"]))
+        print_row(row)
+        rows.append(row)
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_grid_options(parser)
+    parser.add_argument("--p", type=float, default=0.1, help="dropout_p (default 0.1)")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    if not 0 < args.p < 1:
+        parser.error(f"--p must lie in (0, 1); got {args.p}")
+    rows = timings(args.dtype, args.d, args.N, args.p)
+    if args.out:
+        with open(args.out, "w") as f:
+            meta = results_meta(method="each call replayed from a CUDA graph (graph_time_ms, rep=100 ms)",
+                                command=" ".join(sys.argv))
+            json.dump(dict(meta=meta, timings=rows), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
