@@ -15,7 +15,11 @@ plain one (``fwd_gluon/plain``, ``bwd_...``, ``train_...`` for their sum). Befor
 both dropout routes give the same O (relative error), so a broken draw cannot be timed as a fast one.
 
     PYTHONPATH=.:benchmarks python3 benchmarks/gluon_dropout_ab.py [--dtype fp16,bf16] [--d 128,64]
-        [--N 1024,4096,16384] [--p 0.1] [--out FILE]
+        [--N 1024,4096,16384] [--p 0.1] [--parts fwd,bwd] [--routes plain,gluon,triton]
+        [--fwd-configs "bn64=128:64,64,3"] [--out FILE]
+
+``--fwd-configs`` times the Gluon forward with dropout in other (BLOCK_M, BLOCK_N, STAGES) configs as well
+(``gluon_NAME``), for the head_dim given before the colon.
 """
 from __future__ import annotations
 
@@ -26,13 +30,14 @@ import sys
 import torch
 
 import flashlib  # noqa: F401  (before triton: chooses the interpreter where there is no GPU)
+from flashlib.kernels import attention_fwd_hopper as hopper
 from flashlib.bench_results import DTYPES, results_meta
 from flashlib.kernels.attention_bwd import launch_attention_backward
 from flashlib.kernels.attention_fwd import launch_attention_forward
 from flashlib.spec import AttentionSpec
 from flashlib.timing import graph_time_ms
 from flashlib.validation import relative_error
-from gluon_fwd_ab import add_grid_options, fa2_points, make_inputs, print_row
+from gluon_fwd_ab import add_grid_options, config_in_place, config_variants, fa2_points, make_inputs, print_row
 
 ROUTES = {"plain": None, "gluon": True, "triton": False}
 
@@ -50,25 +55,37 @@ def backward(q, k, v, o, lse, do, spec, seed, use_gluon):
     return dq, dk, dv
 
 
-def timings(dtypes, dims, lengths, p: float) -> list[dict]:
+def timings(dtypes, dims, lengths, p: float, parts=("fwd", "bwd"), routes=tuple(ROUTES),
+            fwd_configs=None) -> list[dict]:
     rows = []
     seed = torch.tensor([20261204], dtype=torch.int64, device="cuda")
     for name, d, n, causal, batch, heads in fa2_points(dtypes, dims, lengths):
         q, k, v, do = make_inputs(batch, heads, heads, n, n, d, DTYPES[name], grad_out=True)
         row = dict(dtype=name, d=d, N=n, causal=causal, batch=batch, heads=heads, p=p)
         outputs = {}
-        for route, use_gluon in ROUTES.items():
+        for route in routes:
+            use_gluon = ROUTES[route]
             spec = AttentionSpec(causal=causal, dropout_p=0.0 if route == "plain" else p)
             o, lse = outputs[route] = forward(q, k, v, spec, seed, use_gluon)
-            row[f"fwd_{route}_ms"] = graph_time_ms(lambda: forward(q, k, v, spec, seed, use_gluon), rep=100)
-            row[f"bwd_{route}_ms"] = graph_time_ms(lambda: backward(q, k, v, o, lse, do, spec, seed, use_gluon),
-                                                   rep=100)
-        row["o_gluon_vs_triton"] = relative_error(outputs["gluon"][0], outputs["triton"][0])
-        for route in ("gluon", "triton"):
-            for part in ("fwd", "bwd"):
-                row[f"{part}_{route}/plain"] = row[f"{part}_{route}_ms"] / row[f"{part}_plain_ms"]
-            row[f"train_{route}/plain"] = ((row[f"fwd_{route}_ms"] + row[f"bwd_{route}_ms"])
-                                           / (row["fwd_plain_ms"] + row["bwd_plain_ms"]))
+            if "fwd" in parts:
+                row[f"fwd_{route}_ms"] = graph_time_ms(lambda: forward(q, k, v, spec, seed, use_gluon), rep=100)
+            if "bwd" in parts:
+                row[f"bwd_{route}_ms"] = graph_time_ms(
+                    lambda: backward(q, k, v, o, lse, do, spec, seed, use_gluon), rep=100)
+        spec = AttentionSpec(causal=causal, dropout_p=p)
+        for label, (config_d, config) in (fwd_configs or {}).items():
+            if config_d == d:
+                with config_in_place(hopper.CONFIGS, d, config):
+                    o_config = forward(q, k, v, spec, seed, True)[0]
+                    if "gluon" in outputs:
+                        row[f"o_{label}_vs_gluon"] = relative_error(o_config, outputs["gluon"][0])
+                    row[f"fwd_gluon_{label}_ms"] = graph_time_ms(lambda: forward(q, k, v, spec, seed, True), rep=100)
+        if "gluon" in outputs and "triton" in outputs:
+            row["o_gluon_vs_triton"] = relative_error(outputs["gluon"][0], outputs["triton"][0])
+        for key in [key for key in row if key.endswith("_ms") and "plain" not in key]:
+            part = key.split("_")[0]
+            if f"{part}_plain_ms" in row:
+                row[key[:-3] + "/plain"] = row[key] / row[f"{part}_plain_ms"]
         print_row(row)
         rows.append(row)
     return rows
@@ -78,11 +95,20 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_grid_options(parser)
     parser.add_argument("--p", type=float, default=0.1, help="dropout_p (default 0.1)")
+    parser.add_argument("--parts", default="fwd,bwd", help="comma list of fwd, bwd (default both)")
+    parser.add_argument("--routes", default="plain,gluon,triton",
+                        help="comma list of plain, gluon, triton (default all; plain is every ratio's base)")
+    parser.add_argument("--fwd-configs", type=config_variants, default="",
+                        help="other Gluon forward configs timed with dropout: 'NAME=D:BLOCK_M,BLOCK_N,STAGES;...'")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     if not 0 < args.p < 1:
         parser.error(f"--p must lie in (0, 1); got {args.p}")
-    rows = timings(args.dtype, args.d, args.N, args.p)
+    parts, routes = args.parts.split(","), args.routes.split(",")
+    if not set(parts) <= {"fwd", "bwd"} or not set(routes) <= set(ROUTES):
+        parser.error(f"--parts takes fwd, bwd and --routes {', '.join(ROUTES)}; got {args.parts!r}, {args.routes!r}")
+    rows = timings(args.dtype, args.d, args.N, args.p, parts, routes,
+                   {label: (d, config) for label, (d, config, _) in args.fwd_configs.items()})
     if args.out:
         with open(args.out, "w") as f:
             meta = results_meta(method="each call replayed from a CUDA graph (graph_time_ms, rep=100 ms)",

@@ -592,12 +592,12 @@ def _launch_fixed(kernel, grid, positional, args, block_m, block_n, block_d, ele
                 raise
 
 
-def _gluon_preferred(rule, q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
+def _gluon_preferred(rule, q: torch.Tensor, k: torch.Tensor, causal: bool, dropout: bool) -> bool:
     """``rule`` (:func:`.attention_bwd_hopper.preferred` or :func:`.attention_bwd_hopper.dq_preferred`) for
-    (B, H, N, D) q and k on a GPU."""
+    (B, H, N, D) q and k on a GPU, with dropout or not."""
     batch, heads, n_q, head_dim = q.shape
     n_k = k.shape[2]
-    return rule(head_dim, n_q, n_k, batch * heads * n_q * n_k * (0.5 if causal else 1.0))
+    return rule(head_dim, n_q, n_k, batch * heads * n_q * n_k * (0.5 if causal else 1.0), dropout=dropout)
 
 
 def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec: AttentionSpec = AttentionSpec(), *,
@@ -671,12 +671,12 @@ def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec: AttentionSp
     modifiers = (alibi, *scalars)
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
     if (plain and dk is not None and bwd_hopper.can_run(q, k, v, do, dk, dv, scale=spec.scale(head_dim))
-            and (use_gluon or _gluon_preferred(bwd_hopper.preferred, q, k, right == 0))):
+            and (use_gluon or _gluon_preferred(bwd_hopper.preferred, q, k, right == 0, spec.dropout_p > 0))):
         bwd_hopper.launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, scale=spec.scale(head_dim),
                                                 causal=right == 0, **gluon_dropout_args(spec, dropout_seed, lse))
         dk = None  # done
     if (plain and dq is not None and bwd_hopper.can_run(q, k, v, do, dq, scale=spec.scale(head_dim))
-            and (use_gluon or _gluon_preferred(bwd_hopper.dq_preferred, q, k, right == 0))):
+            and (use_gluon or _gluon_preferred(bwd_hopper.dq_preferred, q, k, right == 0, spec.dropout_p > 0))):
         bwd_hopper.launch_attention_dq_hopper(q, k, v, do, lse, delta, dq, scale=spec.scale(head_dim),
                                               causal=right == 0, **gluon_dropout_args(spec, dropout_seed, lse))
         dq = None  # done

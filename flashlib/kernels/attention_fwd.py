@@ -486,12 +486,12 @@ def gluon_dropout_args(spec: AttentionSpec, dropout_seed: torch.Tensor | None, d
     return dict(dropout_p=dropout_p, dropout_seed=seed)
 
 
-def _gluon_preferred(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
-    """:func:`.attention_fwd_hopper.preferred` for (B, H, N, D) q and k on a GPU."""
+def _gluon_preferred(q: torch.Tensor, k: torch.Tensor, causal: bool, dropout: bool) -> bool:
+    """:func:`.attention_fwd_hopper.preferred` for (B, H, N, D) q and k on a GPU, with dropout or not."""
     batch, heads, n_q, head_dim = q.shape
     n_k = k.shape[2]
     scores = batch * heads * n_q * n_k * (0.5 if causal else 1.0)
-    return hopper.preferred(head_dim, n_q, n_k, scores, causal)
+    return hopper.preferred(head_dim, n_q, n_k, scores, causal, dropout=dropout)
 
 
 def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -537,7 +537,7 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     left, right = spec.bounds()
     plain = hopper.covers(spec, use_tma, cu_seqlens_q, seq_lens, alibi_slopes, tiles, descale, block_m)
     if (use_gluon is not False and plain and hopper.can_run(q, k, v, o, scale=spec.scale(q.shape[-1]))
-            and (use_gluon or _gluon_preferred(q, k, right == 0))):
+            and (use_gluon or _gluon_preferred(q, k, right == 0, spec.dropout_p > 0))):
         hopper.launch_attention_forward_hopper(q, k, v, o, lse, scale=spec.scale(q.shape[-1]), causal=right == 0,
                                                **gluon_dropout_args(spec, dropout_seed, lse))
         return filled

@@ -452,13 +452,20 @@ ROUTED_HEAD_DIMS = (128,)
 MIN_ROWS = 1024
 MIN_ROWS_CAUSAL = 2048
 MIN_SCORES = 2 ** 27
+#: Whether a causal call with dropout is routed here too. Measured (H200, fp16, D = 128, N 1k-16k, session 45,
+#: benchmarks/TUNING.md thirty-fifth finding): with dropout this kernel took 1.23-1.26x its time without a mask,
+#: where the Triton forward took 1.34-1.38x, but 1.49-1.66x under the causal mask against the Triton forward's
+#: 1.15-1.37x (0.73-0.88x its speed there).
+DROPOUT_CAUSAL = False
 
 
-def preferred(head_dim: int, n_q: int, n_k: int, scores: float, causal: bool) -> bool:
+def preferred(head_dim: int, n_q: int, n_k: int, scores: float, causal: bool, dropout: bool = False) -> bool:
     """Whether this kernel is the faster forward for these sizes: :data:`ROUTED_HEAD_DIMS`, :data:`MIN_ROWS`
-    (:data:`MIN_ROWS_CAUSAL` under a ``causal`` mask) and :data:`MIN_SCORES` ``scores``."""
+    (:data:`MIN_ROWS_CAUSAL` under a ``causal`` mask) and :data:`MIN_SCORES` ``scores``; with ``dropout``, only
+    without a mask (:data:`DROPOUT_CAUSAL`)."""
     rows = MIN_ROWS_CAUSAL if causal else MIN_ROWS
-    return head_dim in ROUTED_HEAD_DIMS and min(n_q, n_k) >= rows and scores >= MIN_SCORES
+    return (head_dim in ROUTED_HEAD_DIMS and min(n_q, n_k) >= rows and scores >= MIN_SCORES
+            and not (dropout and causal and not DROPOUT_CAUSAL))
 
 
 def covers(spec, use_tma: bool | None, *unsupported) -> bool:

@@ -36,6 +36,15 @@ def test_dq_preferred_where_it_was_measured_faster(head_dim, n_q, n_k, scores, e
     assert bwd_hopper.dq_preferred(head_dim, n_q, n_k, scores) is expected
 
 
+@pytest.mark.parametrize("rule", ["preferred", "dq_preferred"])
+def test_dropout_is_preferred_only_at_the_head_dims_measured_with_it(rule):
+    preferred = getattr(bwd_hopper, rule)
+    assert preferred(128, 4096, 4096, 2 ** 30, dropout=True) and preferred(128, 4096, 4096, 2 ** 30)
+    assert not preferred(128, 4096, 4096, 2 ** 26, dropout=True)  # the other rules still hold
+    if rule == "dq_preferred":  # head_dim 64: the dQ kernel without dropout, the Triton kernels with it
+        assert preferred(64, 4096, 4096, 2 ** 30) and not preferred(64, 4096, 4096, 2 ** 30, dropout=True)
+
+
 @pytest.fixture
 def recorded(monkeypatch):
     """Pretend the Gluon kernels can run, and record their launches (kernel name, keywords) instead of running
@@ -73,8 +82,8 @@ def test_an_asked_plain_call_takes_both_kernels(recorded, causal):
 
 @pytest.mark.parametrize("dkdv, dq", [(True, False), (False, True)])
 def test_each_kernel_is_routed_by_its_own_rule(recorded, monkeypatch, dkdv, dq):
-    monkeypatch.setattr(bwd_hopper, "preferred", lambda *args: dkdv)
-    monkeypatch.setattr(bwd_hopper, "dq_preferred", lambda *args: dq)
+    monkeypatch.setattr(bwd_hopper, "preferred", lambda *args, dropout: dkdv)
+    monkeypatch.setattr(bwd_hopper, "dq_preferred", lambda *args, dropout: dq)
     got_dq, dk, dv = _backward(AttentionSpec(), head_dim=128)
     assert [name for name, _ in recorded] == (["dkdv"] if dkdv else ["dq"])
     # what the (recorded) Gluon kernel was given stays NaN; the Triton kernel wrote the rest, every element
@@ -84,15 +93,15 @@ def test_each_kernel_is_routed_by_its_own_rule(recorded, monkeypatch, dkdv, dq):
 
 def test_the_default_routes_only_preferred_sizes_and_counts_the_scores_a_mask_leaves(recorded, monkeypatch):
     asked = []
-    monkeypatch.setattr(bwd_hopper, "preferred", lambda *args: asked.append(("dkdv", *args)) or True)
-    monkeypatch.setattr(bwd_hopper, "dq_preferred", lambda *args: asked.append(("dq", *args)) or True)
+    monkeypatch.setattr(bwd_hopper, "preferred", lambda *args, dropout: asked.append(("dkdv", *args, dropout)) or True)
+    monkeypatch.setattr(bwd_hopper, "dq_preferred", lambda *args, dropout: asked.append(("dq", *args, dropout)) or True)
     _backward(AttentionSpec(causal=True), head_dim=128)
-    _backward(AttentionSpec(), head_dim=128)
+    _backward(AttentionSpec(dropout_p=0.1), head_dim=128, dropout_seed=torch.zeros(1, dtype=torch.int64, device=DEVICE))
     dq, dk, dv = _backward(AttentionSpec(), head_dim=128, use_gluon=False)  # refused: the Triton kernels
     assert len(recorded) == 4 and not dq.isnan().any() and not dk.isnan().any() and not dv.isnan().any()
-    # (head_dim, n_q, n_k, scores): B * H * N_q * N_k scores, half of them under the causal mask
-    causal, full = (128, 64, 64, 2 * 64 * 64 * 0.5), (128, 64, 64, 2 * 64 * 64 * 1.0)
-    assert asked == [("dkdv", *causal), ("dq", *causal), ("dkdv", *full), ("dq", *full)]
+    # (head_dim, n_q, n_k, scores, dropout): B * H * N_q * N_k scores, half of them under the causal mask
+    causal, dropout = (128, 64, 64, 2 * 64 * 64 * 0.5, False), (128, 64, 64, 2 * 64 * 64 * 1.0, True)
+    assert asked == [("dkdv", *causal), ("dq", *causal), ("dkdv", *dropout), ("dq", *dropout)]
 
 
 def test_dropout_is_routed_to_both_kernels_with_the_forwards_p_and_seed(recorded):

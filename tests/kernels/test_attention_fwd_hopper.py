@@ -70,12 +70,18 @@ def test_the_default_routes_only_preferred_sizes_and_counts_the_scores_a_mask_le
     _launch(spec=AttentionSpec(causal=True))  # 64 rows: not preferred, the Triton forward runs
     assert recorded == []
     asked = []
-    monkeypatch.setattr(hopper, "preferred", lambda *args: asked.append(args) or True)
+    monkeypatch.setattr(hopper, "preferred", lambda *args, dropout: asked.append((*args, dropout)) or True)
     _launch(spec=AttentionSpec(causal=True))
-    _launch(spec=AttentionSpec())
+    _launch(spec=AttentionSpec(dropout_p=0.1), dropout_seed=torch.zeros(1, dtype=torch.int64, device=DEVICE))
     assert len(recorded) == 2
-    # (head_dim, n_q, n_k, scores, causal): B * H * N_q * N_k scores, half of them under the causal mask
-    assert asked == [(128, 64, 64, 2 * 64 * 64 * 0.5, True), (128, 64, 64, 2 * 64 * 64 * 1.0, False)]
+    # (head_dim, n_q, n_k, scores, causal, dropout): B * H * N_q * N_k scores, half of them under the causal mask
+    assert asked == [(128, 64, 64, 2 * 64 * 64 * 0.5, True, False), (128, 64, 64, 2 * 64 * 64 * 1.0, False, True)]
+
+
+def test_dropout_is_preferred_without_a_mask_only_as_measured():
+    assert hopper.preferred(128, 4096, 4096, 2 ** 30, False, dropout=True)
+    assert hopper.preferred(128, 4096, 4096, 2 ** 30, True) and not hopper.preferred(128, 4096, 4096, 2 ** 30, True,
+                                                                                     dropout=True)
 
 
 @pytest.mark.parametrize("case", UNCOVERED_CASES + ["right_window", "refused", "negative_scale"])
