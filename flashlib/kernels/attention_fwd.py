@@ -528,10 +528,10 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     (``v.stride(2) == 1``): host descriptors then read it as the FP8 tensor cores want it.
 
     ``use_gluon``: a plain call (no mask or a causal one, dropout or not; none of the arguments above beyond q, k,
-    v, o, lse, ``dropout_seed`` and ``spec``'s mask, scale and dropout) that :func:`.attention_fwd_hopper.can_run` accepts runs the warp-specialized
-    Gluon forward of :mod:`.attention_fwd_hopper` where it is the faster one
-    (:func:`.attention_fwd_hopper.preferred`) by default; ``True`` wherever it can run, ``False`` never
-    (``use_tma=False`` also keeps this kernel).
+    v, o, lse, ``dropout_seed`` and ``spec``'s mask, scale and dropout) that :func:`.attention_fwd_hopper.can_run`
+    accepts runs the warp-specialized Gluon forward of :mod:`.attention_fwd_hopper` where it is the faster one
+    (:func:`.attention_fwd_hopper.preferred`, which also weighs dropout) by default; ``True`` wherever it can run,
+    ``False`` never (``use_tma=False`` also keeps this kernel).
     """
     filled = (o, lse)  # returned as the caller gave them (packed, when varlen)
     left, right = spec.bounds()
