@@ -239,3 +239,19 @@ def test_gpu_gluon_dropout_drops_the_triton_kernels_weights(dtype, head_dim, cau
     other = naive_attention(q.double(), k64, v64, causal=causal, dropout_p=effective_dropout_p(p),
                             dropout_mask=dropout_mask(seed + 1, p, 2, 6, 600, 700, q.device))
     assert relative_error(o, other) > 10 * tolerance(dtype)
+
+
+def test_dropouts_draws_reach_the_accumulators_layout_without_shared_memory():
+    """:mod:`flashlib.kernels.dropout_hopper` builds each tile of draws in a layout whose final conversion to the
+    tensor cores' accumulator moves no data: with dropout, none of the three Gluon kernels (the dK/dV kernel has keys
+    along rows) stores to or loads from shared memory more than without it; they still issue warpgroup products."""
+    done = run_sass_counts("--kernel", "gluon_fwd,gluon_dkdv,gluon_dq", "--d", "128", "--dropout", "0,0.1",
+                           "--top", "300")
+    assert done.returncode == 0, done.stderr[-3000:]
+    for kernel in ("gluon_fwd", "gluon_dkdv", "gluon_dq"):
+        (plain_header, _, plain), (header, _, dropped) = compiled_variants(done.stdout, kernel)
+        assert "dropout=0.0" in plain_header and "dropout=0.1" in header
+        assert dropped.get("HGMMA", 0) > 0 and dropped["HGMMA"] == plain["HGMMA"], header
+        for shared_op in ("STS", "LDS", "STSM", "LDSM"):
+            assert dropped.get(shared_op, 0) == plain.get(shared_op, 0), (header, shared_op)
+        assert sum(dropped.values()) > sum(plain.values()) + 500, "the draws' integer work is there"
