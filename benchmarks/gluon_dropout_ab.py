@@ -16,10 +16,11 @@ both dropout routes give the same O (relative error), so a broken draw cannot be
 
     PYTHONPATH=.:benchmarks python3 benchmarks/gluon_dropout_ab.py [--dtype fp16,bf16] [--d 128,64]
         [--N 1024,4096,16384] [--p 0.1] [--parts fwd,bwd] [--routes plain,gluon,triton]
-        [--fwd-configs "bn64=128:64,64,3"] [--out FILE]
+        [--fwd-configs "bn64=128:64,64,3"] [--bwd-configs "m32=128:32,64,2"] [--out FILE]
 
 ``--fwd-configs`` times the Gluon forward with dropout in other (BLOCK_M, BLOCK_N, STAGES) configs as well
-(``gluon_NAME``), for the head_dim given before the colon.
+(``gluon_NAME``), for the head_dim given before the colon; ``--bwd-configs`` the backward with other configs of the
+Gluon dK/dV kernel (its ``CONFIGS``), each checked against the Triton kernels' gradients (``dk_NAME_vs_triton``...).
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ import sys
 import torch
 
 import flashlib  # noqa: F401  (before triton: chooses the interpreter where there is no GPU)
+from flashlib.kernels import attention_bwd_hopper as bwd_hopper
 from flashlib.kernels import attention_fwd_hopper as hopper
 from flashlib.bench_results import DTYPES, results_meta
 from flashlib.kernels.attention_bwd import launch_attention_backward
@@ -56,7 +58,7 @@ def backward(q, k, v, o, lse, do, spec, seed, use_gluon):
 
 
 def timings(dtypes, dims, lengths, p: float, parts=("fwd", "bwd"), routes=tuple(ROUTES),
-            fwd_configs=None) -> list[dict]:
+            fwd_configs=None, bwd_configs=None) -> list[dict]:
     rows = []
     seed = torch.tensor([20261204], dtype=torch.int64, device="cuda")
     for name, d, n, causal, batch, heads in fa2_points(dtypes, dims, lengths):
@@ -80,6 +82,17 @@ def timings(dtypes, dims, lengths, p: float, parts=("fwd", "bwd"), routes=tuple(
                     if "gluon" in outputs:
                         row[f"o_{label}_vs_gluon"] = relative_error(o_config, outputs["gluon"][0])
                     row[f"fwd_gluon_{label}_ms"] = graph_time_ms(lambda: forward(q, k, v, spec, seed, True), rep=100)
+        if bwd_configs:
+            o, lse = forward(q, k, v, spec, seed, False)
+            triton_grads = backward(q, k, v, o, lse, do, spec, seed, False)
+        for label, (config_d, config) in (bwd_configs or {}).items():
+            if config_d == d:
+                with config_in_place(bwd_hopper.CONFIGS, d, config):
+                    grads = backward(q, k, v, o, lse, do, spec, seed, True)
+                    for grad_name, got, want in zip(("dq", "dk", "dv"), grads, triton_grads):
+                        row[f"{grad_name}_{label}_vs_triton"] = relative_error(got, want)
+                    row[f"bwd_gluon_{label}_ms"] = graph_time_ms(
+                        lambda: backward(q, k, v, o, lse, do, spec, seed, True), rep=100)
         if "gluon" in outputs and "triton" in outputs:
             row["o_gluon_vs_triton"] = relative_error(outputs["gluon"][0], outputs["triton"][0])
         for key in [key for key in row if key.endswith("_ms") and "plain" not in key]:
@@ -100,6 +113,8 @@ def main(argv=None) -> int:
                         help="comma list of plain, gluon, triton (default all; plain is every ratio's base)")
     parser.add_argument("--fwd-configs", type=config_variants, default="",
                         help="other Gluon forward configs timed with dropout: 'NAME=D:BLOCK_M,BLOCK_N,STAGES;...'")
+    parser.add_argument("--bwd-configs", type=config_variants, default="",
+                        help="other Gluon dK/dV configs timed with dropout: 'NAME=D:BLOCK_M,BLOCK_N,STAGES;...'")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     if not 0 < args.p < 1:
@@ -108,7 +123,8 @@ def main(argv=None) -> int:
     if not set(parts) <= {"fwd", "bwd"} or not set(routes) <= set(ROUTES):
         parser.error(f"--parts takes fwd, bwd and --routes {', '.join(ROUTES)}; got {args.parts!r}, {args.routes!r}")
     rows = timings(args.dtype, args.d, args.N, args.p, parts, routes,
-                   {label: (d, config) for label, (d, config, _) in args.fwd_configs.items()})
+                   {label: (d, config) for label, (d, config, _) in args.fwd_configs.items()},
+                   {label: (d, config) for label, (d, config, _) in args.bwd_configs.items()})
     if args.out:
         with open(args.out, "w") as f:
             meta = results_meta(method="each call replayed from a CUDA graph (graph_time_ms, rep=100 ms)",
