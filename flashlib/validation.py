@@ -39,6 +39,19 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out64 - ref64).abs().max() / scale).item()
 
 
+#: Below this relative error, float32 results differ from float64 by rounding alone.
+ROUNDING_ERROR = 1e-6
+
+
+def relative_error_text(out: torch.Tensor, ref: torch.Tensor) -> str:
+    """:func:`relative_error` as a notebook prints it: two digits where the error says something, and
+    ``"< 1e-06"`` where it is float32 rounding alone (:data:`ROUNDING_ERROR`). The digits of a rounding error
+    depend on the CPU (its BLAS kernels sum in another order), so a notebook that printed them would compare
+    equal on one machine and differ on the next."""
+    err = relative_error(out, ref)
+    return f"{err:.1e}" if err >= ROUNDING_ERROR else f"< {ROUNDING_ERROR:.0e}"
+
+
 def max_abs_diff(out: torch.Tensor, ref: torch.Tensor) -> float:
     """max |out - ref| in float64 (inf for NaN or a wrong shape)."""
     if tuple(out.shape) != tuple(ref.shape):

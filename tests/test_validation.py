@@ -4,7 +4,7 @@ import torch
 
 from flashlib import naive_attention, runtime, validate_attention, validate_matmul
 from flashlib.timing import BenchmarkRunner, matmul_tflops, peak_memory_bytes, print_comparison_table, time_ms
-from flashlib.validation import max_abs_diff, relative_error
+from flashlib.validation import max_abs_diff, relative_error, relative_error_text
 
 
 def test_relative_error_basics():
@@ -66,3 +66,11 @@ def test_time_ms_off_the_gpu_warms_up_until_stable():
         _time.sleep(0.2 if len(calls) <= 2 else 0.001)
 
     assert time_ms(fn) < 20  # about 1 ms, not 200
+
+
+def test_relative_error_text_prints_digits_only_above_rounding():
+    ref = torch.tensor([1.0, -2.0], dtype=torch.float64)
+    assert relative_error_text(ref + torch.tensor([0.0, 0.5], dtype=torch.float64), ref) == "2.5e-01"
+    assert relative_error_text(ref + 3e-7, ref) == "< 1e-06"  # rounding: no digits that vary by machine
+    assert relative_error_text(ref + 2.2e-6, ref) == "1.1e-06"
+    assert relative_error_text(torch.full_like(ref, float("nan")), ref) == "inf"
