@@ -11,8 +11,8 @@ CUDA graph (``flashlib.timing.graph_time_ms``: GPU time alone):
 * ``triton``: dropout p through the Triton kernels (``use_gluon=False``);
 
 for the forward and the backward (dK, dV, dQ and D from a saved forward), and prints each dropout time over the
-plain one (``fwd_gluon/plain``, ``bwd_...``, ``train_...`` for their sum). Before timing, each point checks that
-both dropout routes give the same O (relative error), so a broken draw cannot be timed as a fast one.
+plain one (``fwd_gluon/plain``, ``bwd_...``, ``train_...`` for their sum). Each point also records how far apart
+the two dropout routes' O are (``o_gluon_vs_triton``, a relative error), so a broken draw shows beside its time.
 
     PYTHONPATH=.:benchmarks python3 benchmarks/gluon_dropout_ab.py [--dtype fp16,bf16] [--d 128,64]
         [--N 1024,4096,16384] [--p 0.1] [--parts fwd,bwd] [--routes plain,gluon,triton]
@@ -31,9 +31,9 @@ import sys
 import torch
 
 import flashlib  # noqa: F401  (before triton: chooses the interpreter where there is no GPU)
+from flashlib.bench_results import DTYPES, results_meta
 from flashlib.kernels import attention_bwd_hopper as bwd_hopper
 from flashlib.kernels import attention_fwd_hopper as hopper
-from flashlib.bench_results import DTYPES, results_meta
 from flashlib.kernels.attention_bwd import launch_attention_backward
 from flashlib.kernels.attention_fwd import launch_attention_forward
 from flashlib.spec import AttentionSpec
@@ -99,6 +99,10 @@ def timings(dtypes, dims, lengths, p: float, parts=("fwd", "bwd"), routes=tuple(
             part = key.split("_")[0]
             if f"{part}_plain_ms" in row:
                 row[key[:-3] + "/plain"] = row[key] / row[f"{part}_plain_ms"]
+        for route in ("gluon", "triton"):
+            times = [row.get(f"{part}_{r}_ms") for part in ("fwd", "bwd") for r in (route, "plain")]
+            if None not in times:  # forward + backward over the same without dropout
+                row[f"train_{route}/plain"] = (times[0] + times[2]) / (times[1] + times[3])
         print_row(row)
         rows.append(row)
     return rows

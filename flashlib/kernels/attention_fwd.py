@@ -465,15 +465,20 @@ def modifier_args(spec: AttentionSpec, alibi_slopes: torch.Tensor | None, head_d
     else:  # (H,) or (B, H) float32: a batch stride of 0 for (H,)
         alibi = alibi_slopes
         alibi_strides = (0, alibi.stride(0)) if alibi.dim() == 1 else tuple(alibi.stride())
-    if spec.dropout_p <= 0:
-        seed = dummy  # never read
-    elif dropout_seed is not None:
-        seed = dropout_seed
-    else:
-        seed = torch.full((1,), spec.dropout_seed, dtype=torch.int64, device=dummy.device)
+    seed = dropout_seed_tensor(spec, dropout_seed, dummy)
     scalars = (spec.scale(head_dim), float(spec.softcap), effective_dropout_p(spec.dropout_p), seed)
     flags = dict(HAS_SOFTCAP=spec.softcap > 0, HAS_ALIBI=alibi_slopes is not None, HAS_DROPOUT=spec.dropout_p > 0)
     return alibi, alibi_strides, scalars, flags
+
+
+def dropout_seed_tensor(spec: AttentionSpec, dropout_seed: torch.Tensor | None, dummy: torch.Tensor) -> torch.Tensor:
+    """The tensor whose first element the kernels read as the dropout seed: ``dropout_seed`` if given, else
+    ``spec.dropout_seed`` copied to ``dummy``'s device; ``dummy`` (never read) without dropout."""
+    if spec.dropout_p <= 0:
+        return dummy
+    if dropout_seed is not None:
+        return dropout_seed
+    return torch.full((1,), spec.dropout_seed, dtype=torch.int64, device=dummy.device)
 
 
 def gluon_dropout_args(spec: AttentionSpec, dropout_seed: torch.Tensor | None, dummy: torch.Tensor) -> dict:
@@ -482,8 +487,8 @@ def gluon_dropout_args(spec: AttentionSpec, dropout_seed: torch.Tensor | None, d
     kernels (the same draws)."""
     if spec.dropout_p <= 0:
         return {}
-    dropout_p, seed = modifier_args(spec, None, 1, dummy, dropout_seed)[2][2:]
-    return dict(dropout_p=dropout_p, dropout_seed=seed)
+    return dict(dropout_p=effective_dropout_p(spec.dropout_p),
+                dropout_seed=dropout_seed_tensor(spec, dropout_seed, dummy))
 
 
 def _gluon_preferred(q: torch.Tensor, k: torch.Tensor, causal: bool, dropout: bool) -> bool:
