@@ -35,6 +35,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 from config_text import parse_config  # noqa: E402
 from flashlib import runtime  # noqa: E402
 from flashlib.kernels import attention_bwd, attention_bwd_hopper, attention_fwd, attention_fwd_hopper  # noqa: E402
+from flashlib.fp8 import keys_innermost  # noqa: E402
 from flashlib.kernels.dropout import effective_dropout_p  # noqa: E402
 from flashlib.spec import AttentionSpec  # noqa: E402
 
@@ -90,9 +91,18 @@ def captured_gluon_launch(module, kernel_name: str, launcher) -> tuple:
 
 def gluon_launch(kernel: str, d: int, n: int, dtype, causal: bool, dropout_p: float = 0.0) -> tuple:
     """The launch of the Gluon forward (``gluon_fwd``), dK/dV (``gluon_dkdv``) or dQ kernel (``gluon_dq``) for the
-    FlashAttention-2 benchmark's shape (H = 2048 / D, B = 4), captured (``--configs`` does not apply)."""
-    q, k, v, o = (torch.randn(4, 2048 // d, n, d, dtype=dtype) for _ in range(4))
+    FlashAttention-2 benchmark's shape (H = 2048 / D, B = 4), captured (``--configs`` does not apply). ``dtype``
+    float8_e4m3fn (the forward only): q, k, v in FP8, V stored keys innermost, O in bfloat16, per-tensor factors."""
+    q, k, v, o = (torch.randn(4, 2048 // d, n, d).to(dtype) for _ in range(4))
     rows = torch.empty(4, 2048 // d, n)
+    if dtype == torch.float8_e4m3fn:
+        if kernel != "gluon_fwd":
+            raise ValueError(f"FP8 is a forward's type; {kernel} takes fp16 or bf16")
+        o, v = o.to(torch.bfloat16), keys_innermost(v)
+        descale = torch.ones(3, 4, q.shape[1])
+        return captured_gluon_launch(attention_fwd_hopper, "attention_fwd_hopper_kernel", lambda: (
+            attention_fwd_hopper.launch_attention_forward_hopper(q, k, v, o, rows, scale=d ** -0.5, causal=causal,
+                                                                 persistent=False, descale=descale)))
     drop = dict(dropout_p=effective_dropout_p(dropout_p), dropout_seed=torch.zeros(1, dtype=torch.int64))
     if kernel == "gluon_fwd":
         return captured_gluon_launch(attention_fwd_hopper, "attention_fwd_hopper_kernel", lambda: (
@@ -186,29 +196,62 @@ def opcode_of(line: str) -> str | None:
     return match.group(1) if match else None
 
 
-def disassemble(compiled) -> tuple[collections.Counter, dict, int]:
-    """(opcode counts, resource usage, :func:`spills_among_products`) of a compiled kernel."""
+#: The warpgroup products' opcodes: ``HGMMA`` multiplies 16-bit (and tf32) operands, ``QGMMA`` FP8 ones.
+PRODUCT_OPCODES = ("HGMMA", "QGMMA")
+
+
+def disassemble(compiled) -> tuple[collections.Counter, dict, int, collections.Counter, list]:
+    """(opcode counts, resource usage, :func:`spills_among_products`, the warpgroup products' instructions with
+    their shape and types, e.g. ``QGMMA.64x128x32.F32.E4M3.E4M3``, :func:`key_block_loops`) of a compiled kernel."""
     sass, resources = sass_of(compiled)
     opcodes = collections.Counter(op for op in map(opcode_of, sass.splitlines()) if op)
-    return opcodes, resources, spills_among_products(sass)
+    products = collections.Counter(re.findall(r"\b(?:HGMMA|QGMMA)\.[0-9A-Za-z_.]+", sass))
+    return opcodes, resources, spills_among_products(sass), products, key_block_loops(sass)
 
 
 def spills_among_products(sass: str) -> int:
-    """Spill instructions (STL, LDL) between the first and the last warpgroup product (HGMMA) of each register
-    region, the code between two ``setmaxnreg`` (USETMAXREG): in a warp-specialized kernel, the spills of a
-    consumer's loops. ptxas hands a few scalars computed before the partitions split to them through the stack
-    (stored at the kernel's entry, loaded at a partition's): those lie outside, as do the loading warp's (it has
-    no product), and cost once per program, not per key block."""
+    """Spill instructions (STL, LDL) between the first and the last warpgroup product (:data:`PRODUCT_OPCODES`) of
+    each register region, the code between two ``setmaxnreg`` (USETMAXREG): in a warp-specialized kernel, the
+    spills of a consumer's loops. ptxas hands a few scalars computed before the partitions split to them through
+    the stack (stored at the kernel's entry, loaded at a partition's): those lie outside, as do the loading warp's
+    (it has no product), and cost once per program, not per key block. :func:`key_block_loops` counts per loop."""
     count, region = 0, []
     for line in sass.splitlines() + ["USETMAXREG"]:
         if "USETMAXREG" in line:
             ops = [opcode_of(x) for x in region]
-            products = [i for i, op in enumerate(ops) if op == "HGMMA"]
+            products = [i for i, op in enumerate(ops) if op in PRODUCT_OPCODES]
             if products:
                 count += sum(op in ("STL", "LDL") for op in ops[products[0]:products[-1]])
             region = []
         region.append(line)
     return count
+
+
+def key_block_loops(sass: str) -> list[tuple[int, int, int, int]]:
+    """(instructions, products, STL, LDL) of each innermost loop that issues warpgroup products: a consumer's loop
+    over key (or query) blocks, one copy per mask stage and partition. A loop is a backward branch's span, innermost
+    when no other backward branch lies in it. A value that changes every block (a tile, a running max) can only
+    be spilled with an ``STL`` inside the loop; a value the loop does not change, spilled before it, is reloaded
+    with ``LDL`` alone: so STL counts what costs every block, LDL what ptxas chose to reload."""
+    instructions = []
+    for line in sass.splitlines():
+        match = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T\d]+\s+)?(.*)", line)
+        if match:
+            instructions.append((int(match.group(1), 16), match.group(2)))
+    loops = []
+    for end, (address, text) in enumerate(instructions):
+        branch = re.match(r"BRA\b[^;]*?(0x[0-9a-f]+)", text)
+        if branch and int(branch.group(1), 16) < address:
+            start = next(i for i, (a, _) in enumerate(instructions) if a >= int(branch.group(1), 16))
+            loops.append((start, end))
+    innermost = [(s, e) for s, e in loops if not any(s <= s2 and e2 <= e and (s2, e2) != (s, e) for s2, e2 in loops)]
+    found = []
+    for start, end in innermost:
+        ops = [opcode_of(f"        /*{a:04x}*/ {text}") for a, text in instructions[start:end + 1]]
+        products = sum(op in PRODUCT_OPCODES for op in ops)
+        if products:
+            found.append((end - start + 1, products, ops.count("STL"), ops.count("LDL")))
+    return found
 
 
 def main():
@@ -219,7 +262,8 @@ def main():
     parser.add_argument("--d", default="64", help="comma list of head dims (default 64)")
     parser.add_argument("--dropout", default="0", help="comma list of dropout_p (default 0)")
     parser.add_argument("--causal", default="no", help="comma list of no, yes (default no)")
-    parser.add_argument("--dtype", default="fp16", choices=("fp16", "bf16"))
+    parser.add_argument("--dtype", default="fp16", choices=("fp16", "bf16", "fp8"),
+                        help="fp8 (float8 e4m3, O in bfloat16) for gluon_fwd only (default fp16)")
     parser.add_argument("--configs", default="128x64",
                         help="comma list of BLOCK_MxBLOCK_N[/stages[/warps]], e.g. 64x64/3/8 (default 128x64; "
                         "stages and warps default to the launcher's choice)")
@@ -230,7 +274,9 @@ def main():
     args = parser.parse_args()
     if runtime.INTERPRET:
         parser.error("TRITON_INTERPRET=1 is set: this script compiles for the GPU; unset it")
-    dtype = torch.float16 if args.dtype == "fp16" else torch.bfloat16
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}[args.dtype]
+    if args.dtype == "fp8" and args.kernel != "gluon_fwd":
+        parser.error("--dtype fp8 compiles the Gluon forward only: pass --kernel gluon_fwd")
     try:
         configs = [parse_config(text) for text in args.configs.split(",")]
     except ValueError as error:
@@ -257,7 +303,7 @@ def main():
                 compiled = compile_gluon_for_hopper(fn, call_args, call_kwargs)
             else:
                 compiled = compile_for_hopper(fn, call_args, call_kwargs, warps, stages, args.maxnreg)
-            opcodes, resources, among_products = disassemble(compiled)
+            opcodes, resources, among_products, products, loops = disassemble(compiled)
             key = (kernel, d, causal, p, (block_m, block_n, stages, warps))
             counted[key] = opcodes
             spills = opcodes["STL"] + opcodes["LDL"]
@@ -269,6 +315,9 @@ def main():
                   f"{among_products} among the products), "
                   f"shared {compiled.metadata.shared} B")
             print("    " + ", ".join(f"{op} {n}" for op, n in opcodes.most_common(args.top)))
+            print("    products: " + ", ".join(f"{op} {n}" for op, n in sorted(products.items())))
+            print("    block loops: " + "; ".join(f"{n} instructions, {p} products, {st} STL, {ld} LDL"
+                                                 for n, p, st, ld in loops))
     for (a_key, a), (b_key, b) in itertools.combinations(counted.items(), 2):
         if a_key[0] == b_key[0] and sum(x != y for x, y in zip(a_key, b_key)) == 1:  # one kernel, one option
             changed = sorted(set(a) | set(b), key=lambda op: -abs(b[op] - a[op]))

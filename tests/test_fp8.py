@@ -180,3 +180,52 @@ def test_keys_innermost_pads_rows_to_16_bytes_and_keeps_values():
     assert stored.shape == v.shape and stored.stride(2) == 1 and stored.stride(3) % 16 == 0
     assert torch.equal(stored.float(), v.float())
     assert keys_innermost(stored) is stored, "already stored so: no copy"
+
+
+# ---------------------------------------------------------------- the Gluon forward's FP8 path (Hopper)
+def _gluon_fp8(monkeypatch, quantized, causal, out_dtype, use_gluon=True, persistent=True):
+    """O and L of (B, H, N, D) FP8 inputs through the launcher, O and L filled with NaN first, and how many times
+    the Gluon forward was launched."""
+    from flashlib.kernels import attention_fwd_hopper as hopper
+    launched = []
+    real = hopper.launch_attention_forward_hopper
+    monkeypatch.setattr(hopper, "launch_attention_forward_hopper",
+                        lambda *args, **kwargs: launched.append(1) or real(*args, persistent=persistent, **kwargs))
+    (q8, dq), (k8, dk), (v8, dv) = quantized
+    descale = torch.stack([t.expand(q8.shape[0], k8.shape[1]) for t in (dq, dk, dv)]).contiguous()
+    o = torch.full(q8.shape, float("nan"), dtype=out_dtype, device=DEVICE)
+    lse = torch.full(q8.shape[:3], float("nan"), device=DEVICE)
+    launch_attention_forward(q8, k8, keys_innermost(v8), o, lse, AttentionSpec(causal=causal), descale=descale,
+                             use_gluon=use_gluon)
+    return o, lse, len(launched)
+
+
+def _needs_hopper():
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon forward runs on Hopper (sm_90)")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("per_head", [False, True])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
+def test_gpu_gluon_fp8_matches_the_dequantized_reference_and_the_triton_fp8_forward(monkeypatch, d, causal, per_head,
+                                                                                   out_dtype):
+    """GQA 8/2, 700 rows (a partial last tile), per-tensor or per-head factors: every output written, O within
+    FP8's tolerance of the float64 reference of the dequantized inputs and of the Triton FP8 forward, L (formed
+    from float32 scores of exact FP8 products) within float32 rounding."""
+    _needs_hopper()
+    _, quantized = fp8_inputs(batch=2, heads=8, kv_heads=2, n=700, d=d, per_head=per_head)
+    o, lse, launched = _gluon_fp8(monkeypatch, quantized, causal, out_dtype)
+    assert launched == 1, "the Gluon forward ran"
+    assert o.dtype == out_dtype and not o.isnan().any() and not lse.isnan().any(), "every element written"
+    q, k, v = (dequantized(p, "bhnd", per_head) for p in quantized)
+    want, want_lse = naive_attention(q, k, v, causal=causal, return_lse=True)
+    error = relative_error(o, want)
+    assert error < FP8_TOLERANCE, f"relative error {error:.2e} against the dequantized reference"
+    assert relative_error(lse, want_lse) < 1e-4
+    triton_o, _, launched = _gluon_fp8(monkeypatch, quantized, causal, out_dtype, use_gluon=False)
+    assert launched == 0
+    assert relative_error(o, triton_o) < FP8_TOLERANCE
+

@@ -67,3 +67,6 @@ def test_spills_among_products_counts_only_those_between_a_regions_first_and_las
     # a spill between two products of different regions is no loop's: each region is counted on its own
     assert spills_among_products(_sass("HGMMA.64x128x16.F32", "USETMAXREG.TRY_ALLOC.CTAPOOL UP1, 0xf0",
                                        "STL [R1], R2", "HGMMA.64x128x16.F32")) == 0
+    # FP8 products are QGMMA: a consumer's spills between them count too
+    fp8_consumer = [line.replace("HGMMA.64x128x16.F32", "QGMMA.64x128x32.F32.E4M3.E4M3") for line in consumer]
+    assert spills_among_products(_sass(*entry, *fp8_consumer, *loader)) == 2

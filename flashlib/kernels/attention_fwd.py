@@ -491,12 +491,12 @@ def gluon_dropout_args(spec: AttentionSpec, dropout_seed: torch.Tensor | None, d
                 dropout_seed=dropout_seed_tensor(spec, dropout_seed, dummy))
 
 
-def _gluon_preferred(q: torch.Tensor, k: torch.Tensor, causal: bool, dropout: bool) -> bool:
-    """:func:`.attention_fwd_hopper.preferred` for (B, H, N, D) q and k on a GPU, with dropout or not."""
+def _gluon_preferred(q: torch.Tensor, k: torch.Tensor, causal: bool, dropout: bool, fp8: bool) -> bool:
+    """:func:`.attention_fwd_hopper.preferred` for (B, H, N, D) q and k on a GPU, with dropout or not, FP8 or not."""
     batch, heads, n_q, head_dim = q.shape
     n_k = k.shape[2]
     scores = batch * heads * n_q * n_k * (0.5 if causal else 1.0)
-    return hopper.preferred(head_dim, n_q, n_k, scores, causal, dropout=dropout)
+    return hopper.preferred(head_dim, n_q, n_k, scores, causal, dropout=dropout, fp8=fp8)
 
 
 def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -532,19 +532,22 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     descale float32 (3, B, H_kv) contiguous (q, k, v factors). V is best stored with N contiguous
     (``v.stride(2) == 1``): host descriptors then read it as the FP8 tensor cores want it.
 
-    ``use_gluon``: a plain call (no mask or a causal one, dropout or not; none of the arguments above beyond q, k,
-    v, o, lse, ``dropout_seed`` and ``spec``'s mask, scale and dropout) that :func:`.attention_fwd_hopper.can_run`
-    accepts runs the warp-specialized Gluon forward of :mod:`.attention_fwd_hopper` where it is the faster one
-    (:func:`.attention_fwd_hopper.preferred`, which also weighs dropout) by default; ``True`` wherever it can run,
-    ``False`` never (``use_tma=False`` also keeps this kernel).
+    ``use_gluon``: a plain call (no mask or a causal one, dropout or not, FP8 or not; none of the arguments above
+    beyond q, k, v, o, lse, ``dropout_seed``, ``descale`` and ``spec``'s mask, scale and dropout) that
+    :func:`.attention_fwd_hopper.can_run` accepts runs the warp-specialized Gluon forward of
+    :mod:`.attention_fwd_hopper` where it is the faster one (:func:`.attention_fwd_hopper.preferred`, which also
+    weighs dropout and FP8) by default; ``True`` wherever it can run, ``False`` never (``use_tma=False`` also keeps
+    this kernel). An FP8 V must then be stored keys innermost.
     """
     filled = (o, lse)  # returned as the caller gave them (packed, when varlen)
     left, right = spec.bounds()
-    plain = hopper.covers(spec, use_tma, cu_seqlens_q, seq_lens, alibi_slopes, tiles, descale, block_m)
-    if (use_gluon is not False and plain and hopper.can_run(q, k, v, o, scale=spec.scale(q.shape[-1]))
-            and (use_gluon or _gluon_preferred(q, k, right == 0, spec.dropout_p > 0))):
+    fp8 = descale is not None
+    plain = hopper.covers(spec, use_tma, cu_seqlens_q, seq_lens, alibi_slopes, tiles, block_m)
+    if (use_gluon is not False and plain
+            and hopper.can_run(q, k, v.transpose(2, 3) if fp8 else v, o, scale=spec.scale(q.shape[-1]), fp8=fp8)
+            and (use_gluon or _gluon_preferred(q, k, right == 0, spec.dropout_p > 0, fp8))):
         hopper.launch_attention_forward_hopper(q, k, v, o, lse, scale=spec.scale(q.shape[-1]), causal=right == 0,
-                                               **gluon_dropout_args(spec, dropout_seed, lse))
+                                               descale=descale, **gluon_dropout_args(spec, dropout_seed, lse))
         return filled
     varlen = cu_seqlens_q is not None
     if varlen:
@@ -555,7 +558,6 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     n_k = k.shape[2]
     rows_q, rows_k = (max_seqlen_q, max_seqlen_k) if varlen else (n_q, n_k)  # per (batch, head)
     alibi, alibi_strides, scalars, flags = modifier_args(spec, alibi_slopes, head_dim, lse, dropout_seed)
-    fp8 = descale is not None
     v_transposed = fp8 and v.stride(2) == 1 and v.stride(3) != 1
     v_tiles = v.transpose(2, 3) if v_transposed else v  # what a V descriptor covers
     if use_tma is None:

@@ -66,6 +66,8 @@ except ImportError:  # pragma: no cover - older Triton
 #: (BLOCK_M, BLOCK_N, STAGES) per head_dim: BLOCK_M query rows for each of the two consumer warpgroups, BLOCK_N
 #: keys a block, STAGES slots of K and V.
 CONFIGS = {64: (64, 128, 3), 128: (64, 128, 2)}
+#: The same for FP8 inputs: their K and V tiles take half the bytes, which leaves room for more slots.
+FP8_CONFIGS = {64: (64, 128, 4), 128: (64, 128, 3)}
 #: Registers a thread of each partition: the consumer warpgroups hold O, S and P (FlashAttention-3's 240),
 #: the loading warp only addresses. The kernel is capped at KERNEL_REGISTERS so that its three warpgroups
 #: fit the SM's 64K registers; the first consumer (the default partition) gets what the others leave.
@@ -158,17 +160,18 @@ if HAVE_GLUON:
         return off_b, off_h, off_h // KV_GROUP, m0, n_blocks, n_full
 
     @gluon.jit
-    def _load_partition(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout):
+    def _load_partition(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale):
         """One warp: for each query tile of the program, its Q tiles once both consumers released the last ones,
         then K and V of every key block into the ring of ``STAGES`` slots, each slot refilled once both consumers
         have released it. The ring runs on across tiles, so the next tile's first blocks load during this
-        tile's last products and its epilogue."""
+        tile's last products and its epilogue. FP8 V tiles are (HEAD_DIM, BLOCK_N), keys innermost."""
         q_desc, k_desc, v_desc = descs[0], descs[1], descs[2]
         q_smem, k_smem, v_smem = smem[0], smem[1], smem[2]
         q_ready, q_empty, k_ready, v_ready, k_empty, v_empty = bars[0], bars[1], bars[2], bars[3], bars[4], bars[5]
         BLOCK_M: gl.constexpr = q_smem.type.shape[3]
         STAGES: gl.constexpr = k_smem.type.shape[0]
         BLOCK_N: gl.constexpr = k_smem.type.shape[3]
+        FP8: gl.constexpr = q_smem.dtype.is_fp8()
         ring = 0  # K/V blocks loaded so far
         tiles = 0  # query tiles begun so far
         n_items, first_item, item_stride = sched[0], sched[7], sched[8]
@@ -190,7 +193,10 @@ if HAVE_GLUON:
                     tma_load(k_desc, [off_b, off_kvh, j * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot))
                     mbarrier.wait(v_empty.index(slot), phase ^ 1)
                     mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-                    tma_load(v_desc, [off_b, off_kvh, j * BLOCK_N, 0], v_ready.index(slot), v_smem.index(slot))
+                    if FP8:
+                        tma_load(v_desc, [off_b, off_kvh, 0, j * BLOCK_N], v_ready.index(slot), v_smem.index(slot))
+                    else:
+                        tma_load(v_desc, [off_b, off_kvh, j * BLOCK_N, 0], v_ready.index(slot), v_smem.index(slot))
                     ring += 1
                 tiles += 1
 
@@ -205,10 +211,15 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _add_pv(o, p, v_smem, v_ready, j, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
-        """Issue O += P V_j on the tensor cores (not waited for)."""
+        """Issue O += P V_j on the tensor cores (not waited for). FP8 tensor cores read V along the keys (the
+        product's reduction), so FP8 V tiles are stored (HEAD_DIM, BLOCK_N) and read transposed."""
         slot = j % STAGES
         mbarrier.wait(v_ready.index(slot), (j // STAGES) & 1)
-        return warpgroup_mma(p, v_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]), o, is_async=True)
+        if p.dtype.is_fp8():
+            v_tile = v_smem.index(slot).reshape([HEAD_DIM, BLOCK_N]).permute((1, 0))
+        else:
+            v_tile = v_smem.index(slot).reshape([BLOCK_N, HEAD_DIM])
+        return warpgroup_mma(p, v_tile, o, is_async=True)
 
     @gluon.jit
     def _wait_turn(turns, t, pingpong, HALF: gl.constexpr):
@@ -244,7 +255,12 @@ if HAVE_GLUON:
         mbarrier.arrive(k_empty.index((ring + j) % STAGES), count=1)
         p_f32, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, j * BLOCK_N, rows, offset, N_K, qk_scale,
                                                MASKED, causal, BLOCK_N, s_layout)
-        o, p = warpgroup_mma_wait(num_outstanding=0, deps=(o, p))
+        if p.dtype.is_fp8():
+            # The wait keeps no 8-bit registers (Triton's lowering of its dependencies stops at 16 bits); ptxas
+            # keeps P's registers for the product it issued until this wait.
+            o = warpgroup_mma_wait(num_outstanding=0, deps=(o, ))
+        else:
+            o, p = warpgroup_mma_wait(num_outstanding=0, deps=(o, p))
         mbarrier.arrive(v_empty.index((ring + j - 1) % STAGES), count=1)
         p_f32 = _dropped(p_f32, drop, j * BLOCK_N, DROPOUT, s_layout)
         p = gl.convert_layout(p_f32.to(q_tile.dtype), p_layout)
@@ -265,12 +281,14 @@ if HAVE_GLUON:
         return o, p, alpha, m_i, l_i
 
     @gluon.jit
-    def _consume_tile(descs, smem, bars, q_tile, tile_at, ring, turn, tiles, LSE, qk_scale, causal, pingpong,
-                      dropout, HALF: gl.constexpr, DROPOUT: gl.constexpr):
+    def _consume_tile(descs, smem, bars, q_tile, tile_at, ring, turn, tiles, LSE, qk_scale, descale_at, causal,
+                      pingpong, dropout, HALF: gl.constexpr, DROPOUT: gl.constexpr):
         """O and LSE of the ``HALF``-th BLOCK_M query rows of one query tile (``tile_at``: its place from
         :func:`_tile` and its (batch, head) ``hz``), whose key blocks start at place ``ring`` of the K/V ring and
         round ``turn`` of the ping-pong; ``tiles``: query tiles this consumer finished before. With ``DROPOUT``,
-        ``dropout`` is (seed, p): the weights P V sums are dropped as :mod:`.dropout` draws them."""
+        ``dropout`` is (seed, p): the weights P V sums are dropped as :mod:`.dropout` draws them. FP8 inputs fold
+        their descale factors (:func:`_descale_factor` of ``descale_at``) into ``qk_scale`` (S = (dq q8)(dk k8)^T)
+        and into O (dv); the factor of O is read in the epilogue, so that no register holds it across the loop."""
         o_desc = descs[3]
         o_smem = smem[3]
         q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns = bars
@@ -280,11 +298,18 @@ if HAVE_GLUON:
         STAGES: gl.constexpr = smem[1].type.shape[0]
         BLOCK_N: gl.constexpr = smem[1].type.shape[3]
         k_smem, v_smem = smem[1], smem[2]
+        # A wgmma instruction reduces 32 bytes of each row: 16 elements in 16 bits, 32 in FP8.
+        INSTR_K: gl.constexpr = 256 // q_tile.dtype.primitive_bitwidth
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, BLOCK_N, 16])
+                                                           instr_shape=[16, BLOCK_N, INSTR_K])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, HEAD_DIM, 16])
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+                                                           instr_shape=[16, HEAD_DIM, INSTR_K])
+        # P enters the tensor cores from registers, 32 bits of it a register: 2 elements in 16 bits, 4 in FP8.
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout,
+                                                     k_width=32 // q_tile.dtype.primitive_bitwidth)
+        FP8: gl.constexpr = q_tile.dtype.is_fp8()
+        if FP8:
+            qk_scale = qk_scale * _descale_factor(descale_at, 0) * _descale_factor(descale_at, 1)
         row0 = m0 + HALF * BLOCK_M
         rows_s = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         drop = (0, 0, row0)  # (stream key, keep threshold, first row) of the draws
@@ -334,6 +359,8 @@ if HAVE_GLUON:
         lse = gl.where(valid, (m_i + gl.log2(l_safe)) * LN2, float("-inf"))
         if DROPOUT:
             l_safe = l_safe * (1.0 - dropout[1])  # kept weights are scaled by 1 / (1 - p)
+        if FP8:
+            l_safe = l_safe / _descale_factor(descale_at, 2)  # O = dv (P V8) / l
         out = o / gl.convert_layout(l_safe, gl.SliceLayout(1, o_layout))[:, None]
         gl.store(LSE + hz.to(gl.int64) * N_Q + rows_s, lse, mask=rows_s < N_Q)
         # O leaves through this consumer's O slot, once the copy engine has read the last tile's out of it; the
@@ -344,12 +371,18 @@ if HAVE_GLUON:
         tma_store(o_desc, [off_b, off_h, row0, 0], o_smem.index(HALF))
 
     @gluon.jit
-    def _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, HALF: gl.constexpr,
+    def _descale_factor(descale_at, which: gl.constexpr):
+        """FP8's descale factor of q (``which`` 0), k (1) or v (2) for one (sample, K/V head): ``descale_at`` is
+        (DESCALE, DESCALE_STRIDE, that (sample, K/V head)'s index), DESCALE the (3, B, H_kv) float32 factors."""
+        return gl.load(descale_at[0] + which * descale_at[1] + descale_at[2])
+
+    @gluon.jit
+    def _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale, HALF: gl.constexpr,
                  DROPOUT: gl.constexpr):
         """One warpgroup: O and LSE of the ``HALF``-th BLOCK_M query rows of each of the program's query tiles.
         Partitions take no constexpr arguments (Triton 3.6 turns them into values), so the block sizes come from
-        the shared memory's shapes and ``causal`` is a value. ``dropout``: (the seed's pointer, p), read with
-        ``DROPOUT`` only."""
+        the shared memory's shapes, FP8 from its type, and ``causal`` is a value. ``dropout``: (the seed's
+        pointer, p), read with ``DROPOUT`` only; ``descale``: (DESCALE, DESCALE_STRIDE) of FP8 inputs."""
         q_smem, k_smem = smem[0], smem[1]
         BLOCK_M: gl.constexpr = q_smem.type.shape[3]
         HEAD_DIM: gl.constexpr = q_smem.type.shape[4]
@@ -368,35 +401,36 @@ if HAVE_GLUON:
                 hz, off_b, off_h, off_kvh, m0, n_blocks, n_full = _item_tile(item, sub, sched, causal, BLOCK_M,
                                                                              BLOCK_N)
                 tile_at = (off_b, off_h, hz, m0, n_blocks, n_full, N_K - N_Q, N_Q, N_K)
-                _consume_tile(descs, smem, bars, q_tile, tile_at, ring, turn, tiles, LSE, qk_scale, causal,
-                              pingpong, seed_and_p, HALF, DROPOUT)
+                descale_at = (descale[0], descale[1], off_b * (sched[3] // sched[4]) + off_kvh)
+                _consume_tile(descs, smem, bars, q_tile, tile_at, ring, turn, tiles, LSE, qk_scale, descale_at,
+                              causal, pingpong, seed_and_p, HALF, DROPOUT)
                 ring += n_blocks
                 turn += n_blocks + (n_blocks > 0).to(gl.int32)
                 tiles += 1
         tma.store_wait(pendings=0)
 
     @gluon.jit
-    def _consume_first_half(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout):
-        _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, 0, False)
+    def _consume_first_half(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale):
+        _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale, 0, False)
 
     @gluon.jit
-    def _consume_second_half(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout):
-        _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, 1, False)
+    def _consume_second_half(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale):
+        _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale, 1, False)
 
     @gluon.jit
-    def _consume_first_half_dropout(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout):
-        _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, 0, True)
+    def _consume_first_half_dropout(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale):
+        _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale, 0, True)
 
     @gluon.jit
-    def _consume_second_half_dropout(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout):
-        _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, 1, True)
+    def _consume_second_half_dropout(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale):
+        _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale, 1, True)
 
     @gluon.jit
     def attention_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, qk_scale, H, KV_GROUP, N_Q, N_K,
                                     n_items, items_per_head, n_tiles, pingpong, DROPOUT_SEED, dropout_p,
-                                    CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                                    HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, DROPOUT: gl.constexpr,
-                                    CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
+                                    DESCALE, DESCALE_STRIDE, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+                                    BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                                    DROPOUT: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
                                     num_warps: gl.constexpr):
         """O and LSE of work items ``program_id(0)``, ``program_id(0) + num_programs(0)``, ... of ``n_items``
         (:func:`_item_head_and_tiles`: ``items_per_head`` per (batch, head), over ``n_tiles`` query tiles of
@@ -404,12 +438,18 @@ if HAVE_GLUON:
         program per item runs each program once; a grid of one program per SM is persistent. q/k/v/o_desc:
         (B, H, N, D) descriptors with (1, 1, rows, D) tiles (K and V with ``H // KV_GROUP`` heads);
         LSE (B, H, N_Q) float32; ``qk_scale`` = scale * log2(e) > 0. With ``DROPOUT``, weights are dropped with
-        probability ``dropout_p`` (a multiple of 1/256) from the int64 seed at ``DROPOUT_SEED`` (:mod:`.dropout`)."""
+        probability ``dropout_p`` (a multiple of 1/256) from the int64 seed at ``DROPOUT_SEED`` (:mod:`.dropout`).
+        FP8 (q, k, v descriptors of float8 e4m3, o of 16 bits): v_desc covers V^T, (B, H_kv, D, N) with (1, 1, D,
+        BLOCK_N) tiles, and DESCALE holds the (3, B, H_kv) float32 factors of q, k and v, DESCALE_STRIDE = B H_kv
+        apart; P enters P V in FP8 too (its values lie in [0, 1])."""
         gl.static_assert(num_warps == 4)
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
         o_smem = gl.allocate_shared_memory(o_desc.dtype, [2, 1, 1, BLOCK_M, HEAD_DIM], o_desc.layout)
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
-        v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
+        if q_desc.dtype.is_fp8():
+            v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, 1, 1, HEAD_DIM, BLOCK_N], v_desc.layout)
+        else:
+            v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
         q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -433,7 +473,7 @@ if HAVE_GLUON:
         args = ((q_desc, k_desc, v_desc, o_desc), (q_smem, k_smem, v_smem, o_smem),
                 (q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns),
                 (n_items, items_per_head, n_tiles, H, KV_GROUP, N_Q, N_K, gl.program_id(0), gl.num_programs(0)),
-                LSE, qk_scale, CAUSAL_FLAG, pingpong, (DROPOUT_SEED, dropout_p))
+                LSE, qk_scale, CAUSAL_FLAG, pingpong, (DROPOUT_SEED, dropout_p), (DESCALE, DESCALE_STRIDE))
         if DROPOUT:
             gl.warp_specialize([(_consume_first_half_dropout, args), (_consume_second_half_dropout, args),
                                 (_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
@@ -457,15 +497,20 @@ MIN_SCORES = 2 ** 27
 #: where the Triton forward took 1.34-1.38x, but 1.49-1.66x under the causal mask against the Triton forward's
 #: 1.15-1.37x (0.73-0.88x its speed there).
 DROPOUT_CAUSAL = False
+#: The head dims at which an FP8 call is routed here by default: none yet. The FP8 path of this kernel was
+#: written and compiled for sm_90a without a GPU (session 46, benchmarks/TUNING.md thirty-sixth finding); until
+#: its GPU tests and ``benchmarks/gluon_fp8_ab.py`` have run, FP8 takes it only with ``use_gluon=True``.
+FP8_HEAD_DIMS: tuple[int, ...] = ()
 
 
-def preferred(head_dim: int, n_q: int, n_k: int, scores: float, causal: bool, dropout: bool = False) -> bool:
+def preferred(head_dim: int, n_q: int, n_k: int, scores: float, causal: bool, dropout: bool = False,
+              fp8: bool = False) -> bool:
     """Whether this kernel is the faster forward for these sizes: :data:`ROUTED_HEAD_DIMS`, :data:`MIN_ROWS`
     (:data:`MIN_ROWS_CAUSAL` under a ``causal`` mask) and :data:`MIN_SCORES` ``scores``; with ``dropout``, only
-    without a mask (:data:`DROPOUT_CAUSAL`)."""
+    without a mask (:data:`DROPOUT_CAUSAL`); with ``fp8`` inputs, only at :data:`FP8_HEAD_DIMS`."""
     rows = MIN_ROWS_CAUSAL if causal else MIN_ROWS
     return (head_dim in ROUTED_HEAD_DIMS and min(n_q, n_k) >= rows and scores >= MIN_SCORES
-            and not (dropout and causal and not DROPOUT_CAUSAL))
+            and not (dropout and causal and not DROPOUT_CAUSAL) and (not fp8 or head_dim in FP8_HEAD_DIMS))
 
 
 def covers(spec, use_tma: bool | None, *unsupported) -> bool:
@@ -483,13 +528,14 @@ def _is_hopper(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index) == (9, 0)
 
 
-def can_run(q: torch.Tensor, *others: torch.Tensor, scale: float) -> bool:
-    """Whether a Gluon Hopper kernel can take this call: Gluon present, a Hopper GPU, ``q`` float16 or bfloat16 with
-    a head_dim of :data:`CONFIGS`, a positive scale, and ``q`` and every tensor of ``others`` readable by the copy
-    engine. The caller has checked that nothing but no mask or a causal one, and dropout, is asked for (no window,
-    lengths, packing, score modifier, FP8)."""
-    if not (HAVE_GLUON and q.is_cuda and scale > 0 and q.dtype in (torch.float16, torch.bfloat16)
-            and q.shape[-1] in CONFIGS):
+def can_run(q: torch.Tensor, *others: torch.Tensor, scale: float, fp8: bool = False) -> bool:
+    """Whether a Gluon Hopper kernel can take this call: Gluon present, a Hopper GPU, ``q`` float16 or bfloat16 (or
+    float8 e4m3 with ``fp8``, which only the forward takes) with a head_dim of :data:`CONFIGS`, a positive scale,
+    and ``q`` and every tensor of ``others`` readable by the copy engine (an FP8 V as V^T, keys innermost). The
+    caller has checked that nothing but no mask or a causal one, and dropout, is asked for (no window, lengths,
+    packing, score modifier)."""
+    dtypes = (torch.float8_e4m3fn, ) if fp8 else (torch.float16, torch.bfloat16)
+    if not (HAVE_GLUON and q.is_cuda and scale > 0 and q.dtype in dtypes and q.shape[-1] in CONFIGS):
         return False
     if not _is_hopper(cuda_index(q.device)):
         return False
@@ -497,30 +543,36 @@ def can_run(q: torch.Tensor, *others: torch.Tensor, scale: float) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _tile_layout(rows: int, head_dim: int, dtype: torch.dtype):
-    """The shared-memory layout of a (1, 1, rows, head_dim) tile (128-byte swizzle for the tensor cores)."""
-    return gl.NVMMASharedLayout.get_default_for([1, 1, rows, head_dim],
-                                                gl.float16 if dtype == torch.float16 else gl.bfloat16)
+def _tile_layout(rows: int, cols: int, dtype: torch.dtype):
+    """The shared-memory layout of a (1, 1, rows, cols) tile (128-byte swizzle for the tensor cores)."""
+    gluon_type = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float8_e4m3fn: gl.float8e4nv}[dtype]
+    return gl.NVMMASharedLayout.get_default_for([1, 1, rows, cols], gluon_type)
 
 
-def tile_descriptor(t: torch.Tensor, rows: int) -> "GluonDescriptor":
-    """A Gluon descriptor of the (B, H, N, D) tensor ``t`` with (1, 1, rows, D) tiles."""
-    return GluonDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, t.shape[-1]],
-                           _tile_layout(rows, t.shape[-1], t.dtype))
+def tile_descriptor(t: torch.Tensor, rows: int, cols: int | None = None) -> "GluonDescriptor":
+    """A Gluon descriptor of the 4-D tensor ``t`` with (1, 1, rows, cols) tiles, ``cols`` its last dimension
+    whole by default: (1, 1, rows, D) tiles of a (B, H, N, D) tensor."""
+    cols = t.shape[-1] if cols is None else cols
+    return GluonDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, cols], _tile_layout(rows, cols, t.dtype))
 
 
 def launch_attention_forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                                     lse: torch.Tensor, *, scale: float, causal: bool, pingpong: bool = PINGPONG,
                                     persistent: bool = PERSISTENT, dropout_p: float = 0.0,
-                                    dropout_seed: torch.Tensor | None = None) -> None:
+                                    dropout_seed: torch.Tensor | None = None,
+                                    descale: torch.Tensor | None = None) -> None:
     """Fill o (B, H, N_q, D) and lse (B, H, N_q) float32 contiguous from q, k, v ((B, H[_kv], N, D)), a call
     :func:`can_run` accepts: no mask, or a causal one (bottom-right aligned) with ``causal``. ``pingpong``: the
     consumers take turns (:data:`PINGPONG`); ``persistent``: one program per SM walks the work items
     (:data:`PERSISTENT`), else one program per item. Either is off only to measure it. ``dropout_p`` > 0 (the
     effective p, :func:`.dropout.effective_dropout_p`) drops weights from the int64 seed in ``dropout_seed`` (on q's
-    device), as the Triton forward does: the same seed drops the same weights."""
+    device), as the Triton forward does: the same seed drops the same weights. ``descale`` (FP8): q, k, v
+    float8_e4m3fn, V stored keys innermost (``v.stride(2) == 1``, :func:`flashlib.fp8.keys_innermost`), o float16 or
+    bfloat16, descale the (3, B, H_kv) float32 factors of q, k and v (:mod:`flashlib.fp8` checks them)."""
     batch, heads, n_q, head_dim = q.shape
-    block_m, block_n, stages = CONFIGS[head_dim]
+    fp8 = descale is not None
+    block_m, block_n, stages = (FP8_CONFIGS if fp8 else CONFIGS)[head_dim]
+    v_tiles = tile_descriptor(v.transpose(2, 3), head_dim, block_n) if fp8 else tile_descriptor(v, block_n)
     n_tiles = triton.cdiv(n_q, 2 * block_m)
     items_per_head = (n_tiles + 1) // 2 if causal else n_tiles
     n_items = batch * heads * items_per_head
@@ -528,9 +580,9 @@ def launch_attention_forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.T
     if persistent:
         grid = (min(n_items, multiprocessor_count(cuda_index(q.device))), )
     attention_fwd_hopper_kernel[grid](
-        tile_descriptor(q, block_m), tile_descriptor(k, block_n), tile_descriptor(v, block_n),
-        tile_descriptor(o, block_m), lse,
+        tile_descriptor(q, block_m), tile_descriptor(k, block_n), v_tiles, tile_descriptor(o, block_m), lse,
         scale * LOG2E.value, heads, heads // k.shape[1], n_q, k.shape[2], n_items, items_per_head, n_tiles,
-        int(pingpong), lse if dropout_seed is None else dropout_seed, float(dropout_p), CAUSAL=causal,
+        int(pingpong), lse if dropout_seed is None else dropout_seed, float(dropout_p),
+        lse if descale is None else descale, batch * k.shape[1], CAUSAL=causal,
         BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, STAGES=stages, DROPOUT=dropout_p > 0,
         CONSUMER_REGS=CONSUMER_REGISTERS, LOADER_REGS=LOADER_REGISTERS, num_warps=4, maxnreg=KERNEL_REGISTERS)

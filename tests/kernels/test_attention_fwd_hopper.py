@@ -13,7 +13,7 @@ from flashlib.reference import naive_attention
 from flashlib.spec import AttentionSpec
 from flashlib.validation import relative_error, tolerance
 from support.attention import DEVICE, ODD_SHAPES, UNCOVERED_CASES, as_bhnd, make_inputs, uncovered_call
-from support.sass import compiled_variants, run_sass_counts
+from support.sass import block_loops, compiled_variants, run_sass_counts
 
 
 # ---------------------------------------------------------------- where the launcher takes it (CPU)
@@ -37,7 +37,7 @@ def test_cannot_run_off_a_gpu():
 def recorded(monkeypatch):
     """Pretend the Gluon kernel can run, and record its launches instead of running them."""
     calls = []
-    monkeypatch.setattr(hopper, "can_run", lambda q, k, v, o, *, scale: scale > 0)
+    monkeypatch.setattr(hopper, "can_run", lambda q, k, v, o, *, scale, fp8: scale > 0)
     monkeypatch.setattr(hopper, "launch_attention_forward_hopper",
                         lambda q, k, v, o, lse, **kwargs: calls.append(kwargs))
     return calls
@@ -53,7 +53,7 @@ def _launch(n=64, head_dim=128, spec=AttentionSpec(), **kwargs):
 @pytest.mark.parametrize("causal", [False, True])
 def test_a_plain_call_is_routed_with_its_mask_and_schedule(recorded, causal):
     _launch(spec=AttentionSpec(causal=causal), use_gluon=True)
-    assert recorded == [dict(scale=AttentionSpec().scale(128), causal=causal)]
+    assert recorded == [dict(scale=AttentionSpec().scale(128), causal=causal, descale=None)]
 
 
 def test_dropout_is_routed_with_its_effective_p_and_the_seeds_tensor(recorded):
@@ -70,18 +70,48 @@ def test_the_default_routes_only_preferred_sizes_and_counts_the_scores_a_mask_le
     _launch(spec=AttentionSpec(causal=True))  # 64 rows: not preferred, the Triton forward runs
     assert recorded == []
     asked = []
-    monkeypatch.setattr(hopper, "preferred", lambda *args, dropout: asked.append((*args, dropout)) or True)
+    monkeypatch.setattr(hopper, "preferred", lambda *args, dropout, fp8: asked.append((*args, dropout, fp8)) or True)
     _launch(spec=AttentionSpec(causal=True))
     _launch(spec=AttentionSpec(dropout_p=0.1), dropout_seed=torch.zeros(1, dtype=torch.int64, device=DEVICE))
     assert len(recorded) == 2
-    # (head_dim, n_q, n_k, scores, causal, dropout): B * H * N_q * N_k scores, half of them under the causal mask
-    assert asked == [(128, 64, 64, 2 * 64 * 64 * 0.5, True, False), (128, 64, 64, 2 * 64 * 64 * 1.0, False, True)]
+    # (head_dim, n_q, n_k, scores, causal, dropout, fp8): B * H * N_q * N_k scores, half of them under the causal mask
+    assert asked == [(128, 64, 64, 2 * 64 * 64 * 0.5, True, False, False),
+                     (128, 64, 64, 2 * 64 * 64 * 1.0, False, True, False)]
 
 
 def test_dropout_is_preferred_without_a_mask_only_as_measured():
     assert hopper.preferred(128, 4096, 4096, 2 ** 30, False, dropout=True)
     assert hopper.preferred(128, 4096, 4096, 2 ** 30, True) and not hopper.preferred(128, 4096, 4096, 2 ** 30, True,
                                                                                      dropout=True)
+
+
+def test_fp8_is_not_preferred_before_it_is_measured():
+    """The FP8 path was compiled, not yet run on a GPU (session 46): no head_dim takes it by default."""
+    assert hopper.FP8_HEAD_DIMS == ()
+    assert hopper.preferred(128, 4096, 4096, 2 ** 30, False) and not hopper.preferred(128, 4096, 4096, 2 ** 30, False,
+                                                                                      fp8=True)
+
+
+def test_an_fp8_call_is_routed_with_its_descale_factors_and_v_read_keys_innermost(monkeypatch):
+    """An FP8 call reaches the Gluon forward with ``use_gluon=True``: with the very (3, B, H_kv) factors, and with
+    V handed to ``can_run`` as V^T, whose descriptor then reads the keys contiguous. By default it stays on the
+    Triton forward (its launch is recorded instead, as the interpreter runs no FP8)."""
+    seen, gluon, triton_forward = [], [], []
+    monkeypatch.setattr(hopper, "can_run", lambda q, k, v, o, *, scale, fp8: seen.append((v.stride(), fp8)) or True)
+    monkeypatch.setattr(hopper, "launch_attention_forward_hopper",
+                        lambda q, k, v, o, lse, **kwargs: gluon.append(kwargs))
+    monkeypatch.setattr(attention_fwd, "launch_tuned", lambda *args, **kwargs: triton_forward.append(kwargs))
+    monkeypatch.setattr(attention_fwd, "launch", lambda *args, **kwargs: triton_forward.append(kwargs))
+    q, k = (torch.randn(1, 2, 4096, 128, device=DEVICE).to(torch.float8_e4m3fn) for _ in range(2))
+    v = torch.randn(1, 2, 128, 4096, device=DEVICE).to(torch.float8_e4m3fn).transpose(2, 3)  # keys innermost
+    o, lse = torch.empty(1, 2, 4096, 128, dtype=torch.bfloat16, device=DEVICE), torch.empty(1, 2, 4096, device=DEVICE)
+    descale = torch.rand(3, 1, 2, device=DEVICE) + 0.5
+    attention_fwd.launch_attention_forward(q, k, v, o, lse, AttentionSpec(causal=True), descale=descale,
+                                           use_gluon=True)
+    assert len(gluon) == 1 and gluon[0]["descale"] is descale and gluon[0]["causal"] is True
+    assert seen == [((2 * 128 * 4096, 128 * 4096, 4096, 1), True)]
+    attention_fwd.launch_attention_forward(q, k, v, o, lse, AttentionSpec(causal=True), descale=descale)
+    assert len(gluon) == 1 and len(triton_forward) == 1 and triton_forward[0]["FP8"] is True
 
 
 @pytest.mark.parametrize("case", UNCOVERED_CASES + ["right_window", "refused", "negative_scale"])
@@ -112,6 +142,33 @@ def test_compiles_for_hopper_with_warpgroup_mma_the_copy_engine_and_no_spills_am
         assert among_products == 0, header
         assert opcodes.get("HGMMA", 0) > 0 and opcodes.get("UTMALDG", 0) > 0, header
         assert opcodes.get("USETMAXREG", 0) > 0, "the partitions' registers must be set (setmaxnreg)"
+
+
+def test_fp8_compiles_for_hopper_with_e4m3_products_and_no_tile_spilled_in_its_loops():
+    """The FP8 path compiles for sm_90a (D = 128 and 64, causal or not): both products run on FP8 tensor cores
+    (``QGMMA ... E4M3.E4M3``, 32 keys or head dims a step), K, V^T and Q arrive through the copy engine, and each
+    consumer's loops over key blocks (without and with the mask's test) store nothing to the stack: no value that
+    changes every block is spilled. (Triton 3.6, the H200 machine's, spills nothing among the products at all;
+    Triton 3.9 reloads one loop-invariant scalar per masked block: benchmarks/TUNING.md, thirty-sixth finding.)"""
+    done = run_sass_counts("--kernel", "gluon_fwd", "--d", "128,64", "--causal", "no,yes", "--dtype", "fp8",
+                           "--top", "300")
+    assert done.returncode == 0, done.stderr[-3000:]
+    variants = compiled_variants(done.stdout, "gluon_fwd")
+    loops = block_loops(done.stdout, "gluon_fwd")
+    products = [line for line in done.stdout.splitlines() if line.strip().startswith("products:")]
+    assert len(variants) == len(loops) == len(products) == 4, done.stdout
+    for (header, _, opcodes), variant_loops, used in zip(variants, loops, products):
+        head_dim = int(header.split("D=")[1].split()[0])
+        assert opcodes.get("QGMMA", 0) > 0 and opcodes.get("HGMMA", 0) == 0, header
+        assert opcodes.get("UTMALDG", 0) > 0 and opcodes.get("USETMAXREG", 0) > 0, header
+        assert "QGMMA.64x128x32.F32.E4M3.E4M3" in used, used  # S = Q K^T over 128 keys
+        assert f"QGMMA.64x{head_dim}x32.F32.E4M3.E4M3" in used, used  # O += P V over head_dim columns
+        # two consumers, each with a loop of whole blocks and one of masked blocks; per block the products step
+        # 32 of head_dim (S) and 32 of the 128 keys (P V)
+        assert len(variant_loops) == 4, (header, variant_loops)
+        for instructions, block_products, stores, loads in variant_loops:
+            assert block_products == head_dim // 32 + 128 // 32, (header, variant_loops)
+            assert stores == 0, (header, variant_loops)
 
 
 # ---------------------------------------------------------------- on a Hopper GPU

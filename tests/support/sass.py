@@ -33,3 +33,16 @@ def compiled_variants(stdout: str, kernel: str) -> list[tuple[str, int, dict[str
             opcodes = dict((op, int(n)) for op, n in re.findall(r"([A-Z][A-Z0-9_]*) (\d+)", lines[i + 1]))
             found.append((line, among_products, opcodes))
     return found
+
+
+def block_loops(stdout: str, kernel: str) -> list[list[tuple[int, int, int, int]]]:
+    """For every variant of ``kernel`` the script printed, its ``sass_counts.key_block_loops``: (instructions,
+    products, STL, LDL) of each innermost loop that issues products."""
+    lines = stdout.splitlines()
+    found = []
+    for i, line in enumerate(lines):
+        if line.startswith(f"{kernel} D="):
+            listing = next(text for text in lines[i + 1:] if text.strip().startswith("block loops:"))
+            found.append([tuple(map(int, loop)) for loop in re.findall(
+                r"(\d+) instructions, (\d+) products, (\d+) STL, (\d+) LDL", listing)])
+    return found
