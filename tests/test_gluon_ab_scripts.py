@@ -1,5 +1,6 @@
-"""The Gluon A/B scripts' options (benchmarks/gluon_fwd_ab.py, gluon_bwd_ab.py), on the CPU machine: what they
-measure needs a Hopper GPU, but a mistyped option must stop them at once, by name, before any GPU time is spent."""
+"""The Gluon A/B scripts' options (benchmarks/gluon_fwd_ab.py, gluon_bwd_ab.py, gluon_fp8_ab.py), on the CPU
+machine: what they measure needs a Hopper GPU, but a mistyped option must stop them at once, by name, before any
+GPU time is spent."""
 import argparse
 import os
 import subprocess
@@ -35,7 +36,9 @@ def test_the_backward_variants_take_no_flags():
 @pytest.mark.parametrize("script, option, value", [("gluon_bwd_ab.py", "--variants", "a=128:64,64"),
                                                    ("gluon_bwd_ab.py", "--d", "96"),
                                                    ("gluon_fwd_ab.py", "--variants", "a=128:64,128,2:fast"),
-                                                   ("gluon_fwd_ab.py", "--dtype", "fp8")])
+                                                   ("gluon_fwd_ab.py", "--dtype", "fp8"),
+                                                   ("gluon_fp8_ab.py", "--configs", "a=128:64,128"),
+                                                   ("gluon_fp8_ab.py", "--d", "256")])
 def test_the_scripts_stop_on_a_bad_option_naming_it(script, option, value):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(BENCHMARKS.parent), str(BENCHMARKS)]))
     done = subprocess.run([sys.executable, str(BENCHMARKS / script), option, value], capture_output=True,
