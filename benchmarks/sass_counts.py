@@ -8,12 +8,19 @@ Triton compiles for a target it is told, not only for the GPU it runs on, and it
 ``ptxas`` and ``cuobjdump``. This script compiles the forward, dK/dV or dQ kernel for sm_90a
 (H100) with the arguments flashlib's own launcher would pass (fixed blocks, host tensor
 descriptors as on Hopper unless ``--tma none``), disassembles the binary, and prints per
-variant: registers, the stack (spilled registers live there: ``STL``/``LDL``), shared memory, the instruction count
-and the opcodes. With two values of one option (``--dropout 0,0.1``) it also prints the opcodes
+variant: registers, the stack (spilled registers live there: ``STL``/``LDL``), shared memory, the instruction count,
+the opcodes, the warpgroup products with their types, and each loop over key blocks (its length, products and
+spills, :func:`key_block_loops`). With two values of one option (``--dropout 0,0.1``) it also prints the opcodes
 that differ. Static counts cover every copy of a loop the compiler emits and say nothing of
 latency or of the tensor cores' overlap: they predict issue-slot costs, to be measured on the GPU.
-The local Triton may differ from the GPU machine's (this script prints its version). Used in
-benchmarks/TUNING.md (seventeenth finding) to test a dropout rewrite before spending GPU time on it.
+The local Triton may differ from the GPU machine's (this script prints its version); to compile with the GPU
+machine's own (3.6), install it apart and put it first on the path::
+
+    python -m pip install --no-deps --target /tmp/t36 triton==3.6.0
+    PYTHONPATH=/tmp/t36 python benchmarks/sass_counts.py --kernel gluon_fwd --d 128 --dtype fp8
+
+Used in benchmarks/TUNING.md (seventeenth finding) to test a dropout rewrite before spending GPU time on it, and
+(thirty-sixth) to write the Gluon forward's FP8 path without a GPU.
 """
 from __future__ import annotations
 
@@ -269,7 +276,8 @@ def main():
                         "stages and warps default to the launcher's choice)")
     parser.add_argument("--tma", default="host", choices=("host", "none"),
                         help="host tensor descriptors, as on Hopper (default), or pointers")
-    parser.add_argument("--maxnreg", type=int, default=None, help="cap registers per thread (ptxas), as a launch's maxnreg")
+    parser.add_argument("--maxnreg", type=int, default=None,
+                        help="cap registers per thread (ptxas), as a launch's maxnreg")
     parser.add_argument("--top", type=int, default=14, help="opcodes listed per variant")
     args = parser.parse_args()
     if runtime.INTERPRET:
@@ -310,7 +318,8 @@ def main():
             tile = (f"{call_kwargs['BLOCK_M']}x{call_kwargs['BLOCK_N']}" if kernel.startswith("gluon")
                     else f"{block_m}x{block_n}")  # the Gluon launchers' own blocks
             print(f"{kernel} D={d} causal={causal} dropout={p} {tile} "
-                  f"s{compiled.metadata.num_stages} w{compiled.metadata.num_warps}: {sum(opcodes.values())} instructions, "
+                  f"s{compiled.metadata.num_stages} w{compiled.metadata.num_warps}: "
+                  f"{sum(opcodes.values())} instructions, "
                   f"registers {resources.get('REG')}, stack {resources.get('STACK')} B ({spills} STL/LDL, "
                   f"{among_products} among the products), "
                   f"shared {compiled.metadata.shared} B")

@@ -33,8 +33,11 @@ counts here is the one between the two consumers, which the SM's warp schedulers
 
 Scope: the plain forward (no mask or a causal one, bottom-right aligned as everywhere in
 flashlib; GQA/MQA; 2-byte types; head_dim 64 or 128; a positive scale) and its dropout, whose draws
-(:mod:`.dropout_hopper`) are the Triton kernels', on Hopper. Everything else
-(windows, lengths, packed sequences, score modifiers, FP8, other head dims, float32) runs
+(:mod:`.dropout_hopper`) are the Triton kernels', on Hopper. **FP8** (float8 e4m3 q, k, v with descale factors, O
+in 16 bits) runs the same partitions: both products take e4m3 operands, 32 of them a step; FP8 tensor cores read
+both operands along the reduction, so V arrives as V^T tiles (keys innermost) and P is converted from the
+accumulator's layout to the operand's. It is taken only when asked (:data:`FP8_HEAD_DIMS` is empty until it is
+measured). Everything else (windows, lengths, packed sequences, score modifiers, other head dims, float32) runs
 in :mod:`.attention_fwd`, which is also the only forward of the interpreter: Gluon has no
 interpreter. :func:`can_run` says which calls this kernel can take and :func:`preferred` where it is the faster
 forward; GPU tests compare it with the float64 reference and with :mod:`.attention_fwd`.
