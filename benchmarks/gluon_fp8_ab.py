@@ -20,14 +20,12 @@ quantized per tensor, V stored keys innermost, O in bfloat16.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
 
 import flashlib  # noqa: F401  (before triton: chooses the interpreter where there is no GPU)
 from flashlib.bench import fa2_shape
-from flashlib.bench_results import results_meta
 from flashlib.fp8 import keys_innermost, quantize_fp8
 from flashlib.io_model import attention_flops
 from flashlib.kernels import attention_fwd_hopper as hopper
@@ -36,7 +34,8 @@ from flashlib.reference import naive_attention
 from flashlib.spec import AttentionSpec
 from flashlib.timing import graph_time_ms
 from flashlib.validation import relative_error
-from gluon_fwd_ab import config_in_place, config_variants, head_dims, positive_ints, print_row
+from gluon_fwd_ab import (config_in_place, config_variants, head_dims, positive_ints, print_row,
+                          write_checks_and_timings)
 
 #: O's tolerance against the dequantized float64 reference (tests/test_fp8.py: P enters the tensor cores in e4m3),
 #: L's (float32 scores of exact FP8 products).
@@ -125,13 +124,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     check_rows = [] if args.no_checks else checks()
-    time_rows = timings(args.d, args.N, args.configs)
-    if args.out:
-        with open(args.out, "w") as f:
-            meta = results_meta(method="each call replayed from a CUDA graph (graph_time_ms, rep=100 ms)",
-                                command=" ".join(sys.argv))
-            json.dump(dict(meta=meta, checks=check_rows, timings=time_rows), f, indent=1)
-    return 0 if all(r["status"] == "ok" for r in check_rows) else 1
+    return write_checks_and_timings(args.out, check_rows, timings(args.d, args.N, args.configs))
 
 
 if __name__ == "__main__":

@@ -198,8 +198,14 @@ def backward_ab_main(argv, doc: str, kernel: str, check, timings) -> int:
     args = parser.parse_args(argv)
     check_rows = [] if args.no_checks else check_grid(args.dtype, check, grad_out=True)
     time_rows = timings(args.dtype, args.d, args.N, args.variants)
-    if args.out:
-        with open(args.out, "w") as f:
+    return write_checks_and_timings(args.out, check_rows, time_rows)
+
+
+def write_checks_and_timings(out: str | None, check_rows: list[dict], time_rows: list[dict]) -> int:
+    """Write an A/B script's checks and CUDA-graph timings to ``out`` (if given) with the run's meta; return its exit
+    status: 0 when every check passed."""
+    if out:
+        with open(out, "w") as f:
             meta = results_meta(method="each call replayed from a CUDA graph (graph_time_ms, rep=100 ms)",
                                 command=" ".join(sys.argv))
             json.dump(dict(meta=meta, checks=check_rows, timings=time_rows), f, indent=1)
