@@ -185,16 +185,16 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, q_src, do_src, off_b, of
         pT = tl.math.exp2(qkT - lse2[None, :])
         if not DP_AFTER_DV:
             dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
-        if HAS_DROPOUT:
+        if HAS_DROPOUT:  # the kept weights, unscaled: dK and dV are divided by 1 - p once, by the caller
             keepT = dropout_keep_t(dropout_key, start_m, n0, dropout_p, BLOCK_M, BLOCK_N)
-            dv += tl.dot(tl.where(keepT, pT / (1.0 - dropout_p), 0.0).to(do.dtype), do,
-                         input_precision=DOT_PRECISION)
+            dv += tl.dot(tl.where(keepT, pT, 0.0).to(do.dtype), do, input_precision=DOT_PRECISION)
         else:
             dv += tl.dot(pT.to(do.dtype), do, input_precision=DOT_PRECISION)
         if DP_AFTER_DV:  # P^T's low-precision copy is dead before dP^T's float32 tile is live
             dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
-        if HAS_DROPOUT:
-            dpT = tl.where(keepT, dpT / (1.0 - dropout_p), 0.0)
+        if HAS_DROPOUT:  # dS (1 - p) = P (dP of the kept weights - (1 - p) D): one multiply a row, none a weight
+            dpT = tl.where(keepT, dpT, 0.0)
+            delta = delta * (1.0 - dropout_p)
         dsT = pT * (dpT - delta[None, :])
         if HAS_SOFTCAP:
             dsT = dsT * (1.0 - tT * tT)
@@ -300,6 +300,9 @@ def attention_bwd_dkdv_kernel(
             DOT_PRECISION, TMA, BLOCK_M, BLOCK_N, BLOCK_D, DP_AFTER_DV)
 
     dk *= sm_scale
+    if HAS_DROPOUT:  # the kept weights' 1 / (1 - p), left out of every term
+        dk *= 1.0 / (1.0 - DROPOUT_P)
+        dv *= 1.0 / (1.0 - DROPOUT_P)
     dk_base = DK + off_b.to(tl.int64) * stride_dkb + off_kvh.to(tl.int64) * stride_dkh + k_start * stride_dkn
     dv_base = DV + off_b.to(tl.int64) * stride_dvb + off_kvh.to(tl.int64) * stride_dvh + k_start * stride_dvn
     tl.store(dk_base + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
@@ -348,9 +351,9 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, k_src, v_src, off
             qk = tl.where(visible, qk, float("-inf"))
         p = tl.math.exp2(qk - lse2[:, None])
         dp = tl.dot(do, vT, input_precision=DOT_PRECISION)
-        if HAS_DROPOUT:
+        if HAS_DROPOUT:  # the kept weights' dP, unscaled; ``delta`` is D (1 - p), dQ is divided by 1 - p at the end
             keep = dropout_keep(dropout_key, m0, start_n, dropout_p, offs_m.shape[0], BLOCK_N)
-            dp = tl.where(keep, dp / (1.0 - dropout_p), 0.0)
+            dp = tl.where(keep, dp, 0.0)
         ds = p * (dp - delta[:, None])
         if HAS_SOFTCAP:
             ds = ds * (1.0 - t * t)
@@ -418,6 +421,8 @@ def attention_bwd_dq_kernel(
     row_base = row_stats_offset(off_b, off_h, H, N_CTX_Q, q_start, IS_VARLEN)
     lse = tl.load(LSE + row_base + offs_m, mask=row_mask, other=float("inf"))
     delta = tl.load(DELTA + row_base + offs_m, mask=row_mask, other=0.0)
+    if HAS_DROPOUT:  # dS (1 - p) = P (dP of the kept weights - (1 - p) D): dQ is divided by 1 - p at the end
+        delta = delta * (1.0 - DROPOUT_P)
     # L = -inf (no key, or padding row) read as +inf: P = 0 on the whole row, never NaN.
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
 
@@ -451,6 +456,8 @@ def attention_bwd_dq_kernel(
         # permutes and selects per pair). Without seq_lens every stored row is valid.
         dq = tl.where(row_mask[:, None], dq, 0.0)
     dq = dq * sm_scale
+    if HAS_DROPOUT:
+        dq = dq * (1.0 / (1.0 - DROPOUT_P))
     dq_base = DQ + off_b.to(tl.int64) * stride_dqb + off_h.to(tl.int64) * stride_dqh + q_start * stride_dqn
     tl.store(dq_base + offs_m[:, None] * stride_dqn + offs_d[None, :] * stride_dqd,
              dq.to(DQ.dtype.element_ty), mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM))

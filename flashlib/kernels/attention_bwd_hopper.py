@@ -110,7 +110,9 @@ if HAVE_GLUON:
                    DROPOUT: gl.constexpr, st_layout: gl.constexpr, acc_layout: gl.constexpr,
                    op_layout: gl.constexpr):
         """The terms of query block ``m`` (ring position ``t``) added to dK and dV (keys along rows). With
-        ``DROPOUT``, ``drop`` is (stream key, keep threshold, 1 / (1 - p), first key) of the forward's draws."""
+        ``DROPOUT``, ``drop`` is (stream key, keep threshold, 1 - p, first key) of the forward's draws: the kept
+        weights enter dV and dS unscaled, dS = P (dP - (1 - p) D) for kept weights, and the caller divides dK and
+        dV by 1 - p once, at the end (one multiply a row of D here instead of two a weight)."""
         kv_bar, q_ready, do_ready, q_empty, do_empty = bars[0], bars[1], bars[2], bars[3], bars[4]
         STAGES: gl.constexpr = q_smem.type.shape[0]
         BLOCK_N: gl.constexpr = k_tile.type.shape[0]
@@ -135,9 +137,9 @@ if HAVE_GLUON:
         p_t = gl.exp2(s_t - lse2[None, :])
         mbarrier.wait(do_ready.index(slot), phase)
         do_tile = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
-        if DROPOUT:  # dV sums the weights the forward kept, scaled as it scaled them
+        if DROPOUT:  # dV sums the weights the forward kept (its 1 / (1 - p) comes at the end)
             keep_t = dropout_keep(drop[0], m, drop[3], drop[1], BLOCK_N, BLOCK_M, True, st_layout)
-            p_op = gl.convert_layout(gl.where(keep_t, p_t * drop[2], 0.0).to(q_tile.dtype), op_layout)
+            p_op = gl.convert_layout(gl.where(keep_t, p_t, 0.0).to(q_tile.dtype), op_layout)
         else:
             p_op = gl.convert_layout(p_t.to(q_tile.dtype), op_layout)
         dv = warpgroup_mma(p_op, do_tile, dv, is_async=True)
@@ -149,8 +151,9 @@ if HAVE_GLUON:
             delta = gl.load(delta_ptr + rows)
         dv, dp_t, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dp_t, p_op))
         mbarrier.arrive(do_empty.index(slot), count=1)
-        if DROPOUT:  # dP of the kept weights only
-            dp_t = gl.where(keep_t, dp_t * drop[2], 0.0)
+        if DROPOUT:  # dP of the kept weights only, against D scaled by 1 - p
+            dp_t = gl.where(keep_t, dp_t, 0.0)
+            delta = delta * drop[2]
         ds_op = gl.convert_layout((p_t * (dp_t - delta[None, :])).to(q_tile.dtype), op_layout)
         dk = warpgroup_mma(ds_op, q_tile, dk, is_async=True)
         dk, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ds_op))
@@ -194,10 +197,9 @@ if HAVE_GLUON:
             row_base = (off_b * H + off_h).to(gl.int64) * N_Q
             lse_ptr = LSE + row_base
             delta_ptr = DELTA + row_base
-            drop = (0, 0, 1.0, key0)  # (stream key, keep threshold, 1 / (1 - p), first key)
+            drop = (0, 0, 1.0, key0)  # (stream key, keep threshold, 1 - p, first key)
             if DROPOUT:
-                drop = (stream_key(seed, off_b * H + off_h), keep_threshold(dropout[1]), 1.0 / (1.0 - dropout[1]),
-                        key0)
+                drop = (stream_key(seed, off_b * H + off_h), keep_threshold(dropout[1]), 1.0 - dropout[1], key0)
             # the diagonal's query blocks, then the ones that see every key whole, then the N_Q tail
             for m in range(lo, full_lo, BLOCK_M):
                 dk, dv = _dkdv_step(k_tile, v_tile, q_smem, do_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr, keys,
@@ -215,7 +217,11 @@ if HAVE_GLUON:
                                     st_layout, acc_layout, op_layout)
                 t += 1
         # dK and dV leave through this half's K and V slots (read by no product now); rows past N_K are dropped.
-        k_tile.store((dk * sm_scale).to(dk_desc.dtype))
+        dk_scale = sm_scale
+        if DROPOUT:  # the kept weights' 1 / (1 - p), left out of every term
+            dk_scale = sm_scale / (1.0 - dropout[1])
+            dv = dv * (1.0 / (1.0 - dropout[1]))
+        k_tile.store((dk * dk_scale).to(dk_desc.dtype))
         v_tile.store(dv.to(dv_desc.dtype))
         fence_async_shared()
         tma_store(dk_desc, [off_b, off_kvh, key0, 0], k_smem.index(HALF))
@@ -325,7 +331,8 @@ if HAVE_GLUON:
                  drop, MASKED: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, DROPOUT: gl.constexpr,
                  s_layout: gl.constexpr, op_layout: gl.constexpr):
         """The terms of key block ``n`` added to dQ (queries along rows). With ``DROPOUT``, ``drop`` is (stream
-        key, keep threshold, 1 / (1 - p), first query row) of the forward's draws."""
+        key, keep threshold, 1 - p, first query row) of the forward's draws, ``delta`` is D scaled by 1 - p, and
+        the caller divides dQ by 1 - p at the end: dS = P (dP - (1 - p) D) for kept weights."""
         k_ready, v_ready, k_empty, v_empty = bars[1], bars[2], bars[3], bars[4]
         STAGES: gl.constexpr = k_smem.type.shape[0]
         BLOCK_M: gl.constexpr = q_tile.type.shape[0]
@@ -349,9 +356,9 @@ if HAVE_GLUON:
         p = gl.exp2(s - lse2[:, None])
         dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
         mbarrier.arrive(v_empty.index(slot), count=1)
-        if DROPOUT:  # dP of the kept weights only
+        if DROPOUT:  # dP of the kept weights only (their 1 / (1 - p) comes at the end)
             keep = dropout_keep(drop[0], drop[3], n, drop[1], BLOCK_M, BLOCK_N, False, s_layout)
-            dp = gl.where(keep, dp * drop[2], 0.0)
+            dp = gl.where(keep, dp, 0.0)
         ds_op = gl.convert_layout((p * (dp - delta[:, None])).to(q_tile.dtype), op_layout)
         dq = warpgroup_mma(ds_op, k_tile, dq, is_async=True)
         dq, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ds_op))
@@ -388,10 +395,13 @@ if HAVE_GLUON:
         # key blocks [0, full) are seen whole by every row of this half, [full, hi) in part; the loader walks to the
         # second half's hi, so the first half releases the blocks between its hi and that one unread.
         full, hi, hi_all = bounds[HALF * 2], bounds[HALF * 2 + 1], bounds[3]
-        drop = (0, 0, 1.0, m)  # (stream key, keep threshold, 1 / (1 - p), first row)
-        if DROPOUT:
-            drop = (stream_key(gl.load(dropout[0]), off_b * H + off_h), keep_threshold(dropout[1]),
-                    1.0 / (1.0 - dropout[1]), m)
+        drop = (0, 0, 1.0, m)  # (stream key, keep threshold, 1 - p, first row)
+        dq_scale = sm_scale
+        if DROPOUT:  # the kept weights' 1 / (1 - p) is left out of every term: D is scaled by 1 - p instead
+            drop = (stream_key(gl.load(dropout[0]), off_b * H + off_h), keep_threshold(dropout[1]), 1.0 - dropout[1],
+                    m)
+            delta = delta * (1.0 - dropout[1])
+            dq_scale = sm_scale / (1.0 - dropout[1])
         dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
         mbarrier.wait(qdo_bar, 0)
         q_tile = q_smem.index(HALF).reshape([BLOCK_M, HEAD_DIM])
@@ -411,7 +421,7 @@ if HAVE_GLUON:
             mbarrier.arrive(k_empty.index(slot), count=1)
             mbarrier.arrive(v_empty.index(slot), count=1)
         # dQ leaves through this half's Q slot (read by no product now); rows past N_Q are dropped.
-        q_tile.store((dq * sm_scale).to(dq_desc.dtype))
+        q_tile.store((dq * dq_scale).to(dq_desc.dtype))
         fence_async_shared()
         tma_store(dq_desc, [off_b, off_h, m, 0], q_smem.index(HALF))
         tma.store_wait(pendings=0)
