@@ -37,9 +37,9 @@ from flashlib.validation import relative_error
 from gluon_fwd_ab import (config_in_place, config_variants, head_dims, positive_ints, print_row,
                           write_checks_and_timings)
 
-#: O's tolerance against the dequantized float64 reference (tests/test_fp8.py: P enters the tensor cores in e4m3),
-#: L's (float32 scores of exact FP8 products).
-O_TOL, LSE_TOL = 3e-2, 1e-4
+#: O's and L's tolerances against the dequantized float64 reference (tests/test_fp8.py: P enters the tensor cores in
+#: e4m3; FP8 tensor cores keep about 14 bits of their sums).
+O_TOL, LSE_TOL = 3e-2, 1e-3
 
 
 def quantized(batch, heads, heads_kv, n, d, per_head=False, seed=0):
