@@ -299,10 +299,11 @@ def attention_bwd_dkdv_kernel(
             True, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP, HAS_ALIBI, HAS_DROPOUT, EVEN_D, HEAD_DIM,
             DOT_PRECISION, TMA, BLOCK_M, BLOCK_N, BLOCK_D, DP_AFTER_DV)
 
-    dk *= sm_scale
+    dk_scale = sm_scale
     if HAS_DROPOUT:  # the kept weights' 1 / (1 - p), left out of every term
-        dk *= 1.0 / (1.0 - DROPOUT_P)
+        dk_scale = sm_scale / (1.0 - DROPOUT_P)
         dv *= 1.0 / (1.0 - DROPOUT_P)
+    dk *= dk_scale
     dk_base = DK + off_b.to(tl.int64) * stride_dkb + off_kvh.to(tl.int64) * stride_dkh + k_start * stride_dkn
     dv_base = DV + off_b.to(tl.int64) * stride_dvb + off_kvh.to(tl.int64) * stride_dvh + k_start * stride_dvn
     tl.store(dk_base + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
@@ -455,9 +456,10 @@ def attention_bwd_dq_kernel(
         # the scale; after it the compiler moved the select past the packing of dQ to 16 bits (byte
         # permutes and selects per pair). Without seq_lens every stored row is valid.
         dq = tl.where(row_mask[:, None], dq, 0.0)
-    dq = dq * sm_scale
-    if HAS_DROPOUT:
-        dq = dq * (1.0 / (1.0 - DROPOUT_P))
+    dq_scale = sm_scale
+    if HAS_DROPOUT:  # the kept weights' 1 / (1 - p), left out of every term
+        dq_scale = sm_scale / (1.0 - DROPOUT_P)
+    dq = dq * dq_scale
     dq_base = DQ + off_b.to(tl.int64) * stride_dqb + off_h.to(tl.int64) * stride_dqh + q_start * stride_dqn
     tl.store(dq_base + offs_m[:, None] * stride_dqn + offs_d[None, :] * stride_dqd,
              dq.to(DQ.dtype.element_ty), mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < HEAD_DIM))
