@@ -20,7 +20,8 @@ machine's own (3.6), install it apart and put it first on the path::
     PYTHONPATH=/tmp/t36 python benchmarks/sass_counts.py --kernel gluon_fwd --d 128 --dtype fp8
 
 Used in benchmarks/TUNING.md (seventeenth finding) to test a dropout rewrite before spending GPU time on it, and
-(thirty-sixth) to write the Gluon forward's FP8 path without a GPU.
+(thirty-sixth, thirty-eighth) to write the Gluon forward's FP8 path without a GPU: ``--fp8-weights shared,registers``
+compiles it with P entering P V from shared memory (the default) and from registers.
 """
 from __future__ import annotations
 
@@ -96,10 +97,12 @@ def captured_gluon_launch(module, kernel_name: str, launcher) -> tuple:
     return real, args, kwargs
 
 
-def gluon_launch(kernel: str, d: int, n: int, dtype, causal: bool, dropout_p: float = 0.0) -> tuple:
+def gluon_launch(kernel: str, d: int, n: int, dtype, causal: bool, dropout_p: float = 0.0,
+                 fp8_weights_shared: bool = True) -> tuple:
     """The launch of the Gluon forward (``gluon_fwd``), dK/dV (``gluon_dkdv``) or dQ kernel (``gluon_dq``) for the
     FlashAttention-2 benchmark's shape (H = 2048 / D, B = 4), captured (``--configs`` does not apply). ``dtype``
-    float8_e4m3fn (the forward only): q, k, v in FP8, V stored keys innermost, O in bfloat16, per-tensor factors."""
+    float8_e4m3fn (the forward only): q, k, v in FP8, V stored keys innermost, O in bfloat16, per-tensor factors,
+    P entering P V from shared memory (``fp8_weights_shared``) or from registers."""
     q, k, v, o = (torch.randn(4, 2048 // d, n, d).to(dtype) for _ in range(4))
     rows = torch.empty(4, 2048 // d, n)
     if dtype == torch.float8_e4m3fn:
@@ -109,7 +112,8 @@ def gluon_launch(kernel: str, d: int, n: int, dtype, causal: bool, dropout_p: fl
         descale = torch.ones(3, 4, q.shape[1])
         return captured_gluon_launch(attention_fwd_hopper, "attention_fwd_hopper_kernel", lambda: (
             attention_fwd_hopper.launch_attention_forward_hopper(q, k, v, o, rows, scale=d ** -0.5, causal=causal,
-                                                                 persistent=False, descale=descale)))
+                                                                 persistent=False, descale=descale,
+                                                                 fp8_weights_shared=fp8_weights_shared)))
     drop = dict(dropout_p=effective_dropout_p(dropout_p), dropout_seed=torch.zeros(1, dtype=torch.int64))
     if kernel == "gluon_fwd":
         return captured_gluon_launch(attention_fwd_hopper, "attention_fwd_hopper_kernel", lambda: (
@@ -271,6 +275,9 @@ def main():
     parser.add_argument("--causal", default="no", help="comma list of no, yes (default no)")
     parser.add_argument("--dtype", default="fp16", choices=("fp16", "bf16", "fp8"),
                         help="fp8 (float8 e4m3, O in bfloat16) for gluon_fwd only (default fp16)")
+    parser.add_argument("--fp8-weights", default="shared",
+                        help="comma list of shared, registers: where FP8 weights enter P V from (--dtype fp8; "
+                        "default shared, the kernel's default)")
     parser.add_argument("--configs", default="128x64",
                         help="comma list of BLOCK_MxBLOCK_N[/stages[/warps]], e.g. 64x64/3/8 (default 128x64; "
                         "stages and warps default to the launcher's choice)")
@@ -293,17 +300,20 @@ def main():
         heads_dims, dropouts = [int(d) for d in args.d.split(",")], [float(p) for p in args.dropout.split(",")]
     except ValueError:
         parser.error(f"--d takes integers and --dropout numbers, comma separated; got {args.d!r} and {args.dropout!r}")
+    weights = args.fp8_weights.split(",")
+    if any(w not in ("shared", "registers") for w in weights) or (args.dtype != "fp8" and weights != ["shared"]):
+        parser.error(f"--fp8-weights takes shared and registers, with --dtype fp8; got {args.fp8_weights!r}")
     print(f"triton {triton.__version__}, target sm_90a; {args.dtype}, N = 4096, tma {args.tma}")
-    grid = itertools.product(args.kernel.split(","), heads_dims, args.causal.split(","), dropouts, configs)
+    grid = itertools.product(args.kernel.split(","), heads_dims, args.causal.split(","), dropouts, configs, weights)
     counted = {}
-    for kernel, d, causal, p, (block_m, block_n, stages, warps) in grid:
+    for kernel, d, causal, p, (block_m, block_n, stages, warps), weight_place in grid:
         if causal not in ("no", "yes"):
             parser.error(f"--causal takes no and yes; got {causal!r}")
         if kernel not in ("fwd", "dkdv", "dq", "gluon_fwd", "gluon_dkdv", "gluon_dq"):
             parser.error(f"--kernel takes fwd, dkdv, dq, gluon_fwd, gluon_dkdv and gluon_dq; got {kernel!r}")
         spec = AttentionSpec(causal=causal == "yes", dropout_p=p)
         if kernel.startswith("gluon"):
-            launches = [gluon_launch(kernel, d, 4096, dtype, causal == "yes", p)]
+            launches = [gluon_launch(kernel, d, 4096, dtype, causal == "yes", p, weight_place == "shared")]
         else:
             launches = captured_launches(kernel, d, 4096, dtype, spec, block_m, block_n, args.tma == "host")
         for fn, call_args, call_kwargs in launches:
@@ -312,13 +322,15 @@ def main():
             else:
                 compiled = compile_for_hopper(fn, call_args, call_kwargs, warps, stages, args.maxnreg)
             opcodes, resources, among_products, products, loops = disassemble(compiled)
-            key = (kernel, d, causal, p, (block_m, block_n, stages, warps))
+            key = (kernel, d, causal, p, (block_m, block_n, stages, warps), weight_place)
             counted[key] = opcodes
             spills = opcodes["STL"] + opcodes["LDL"]
-            tile = (f"{call_kwargs['BLOCK_M']}x{call_kwargs['BLOCK_N']}" if kernel.startswith("gluon")
-                    else f"{block_m}x{block_n}")  # the Gluon launchers' own blocks
-            print(f"{kernel} D={d} causal={causal} dropout={p} {tile} "
-                  f"s{compiled.metadata.num_stages} w{compiled.metadata.num_warps}: "
+            if kernel.startswith("gluon"):  # the Gluon launchers' own blocks and slots
+                tile = f"{call_kwargs['BLOCK_M']}x{call_kwargs['BLOCK_N']} s{call_kwargs['STAGES']}"
+            else:
+                tile = f"{block_m}x{block_n} s{compiled.metadata.num_stages}"
+            place = f" P from {weight_place}" if args.dtype == "fp8" else ""
+            print(f"{kernel} D={d} causal={causal} dropout={p}{place} {tile} w{compiled.metadata.num_warps}: "
                   f"{sum(opcodes.values())} instructions, "
                   f"registers {resources.get('REG')}, stack {resources.get('STACK')} B ({spills} STL/LDL, "
                   f"{among_products} among the products), "

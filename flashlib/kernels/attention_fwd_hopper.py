@@ -71,6 +71,11 @@ except ImportError:  # pragma: no cover - older Triton
 CONFIGS = {64: (64, 128, 3), 128: (64, 128, 2)}
 #: The same for FP8 inputs: their K and V tiles take half the bytes, which leaves room for more slots.
 FP8_CONFIGS = {64: (64, 128, 4), 128: (64, 128, 3)}
+#: Whether FP8 weights reach P V through a shared-memory slot of each consumer rather than registers
+#: (:func:`_weights_operand`): 486 instructions a key block at head_dim 128 against 682 (Triton 3.6, compiled for
+#: sm_90a). Not yet timed on a GPU (``benchmarks/gluon_fp8_ab.py`` times both); the launcher's
+#: ``fp8_weights_shared`` takes either.
+FP8_WEIGHTS_SHARED = True
 #: Registers a thread of each partition: the consumer warpgroups hold O, S and P (FlashAttention-3's 240),
 #: the loading warp only addresses. The kernel is capped at KERNEL_REGISTERS so that its three warpgroups
 #: fit the SM's 64K registers; the first consumer (the default partition) gets what the others leave.
@@ -115,6 +120,24 @@ if HAVE_GLUON:
                                 s_layout)
             p = gl.where(keep, p, 0.0)
         return p
+
+    @gluon.jit
+    def _weights_operand(p_f32, p_slot, dtype: gl.constexpr, p_layout: gl.constexpr):
+        """The weights in ``dtype`` as P V's first operand: in registers (``p_layout``), or, where the kernel gave
+        this consumer a (BLOCK_M, BLOCK_N) shared-memory slot ``p_slot`` (FP8 with ``P_SHARED``), stored there and
+        read from there by the product; the caller has waited for the last product that read the slot.
+
+        Why a slot for FP8: the accumulator holds two neighbouring keys of a row per thread, an FP8 operand in
+        registers four, so converting P to the operand's layout moves bytes between threads and packs them one by
+        one (Triton 3.6: 230 instructions of a 682-instruction block at head_dim 128). Stored as the accumulator
+        holds it, P costs 32 two-byte stores a thread, a fence and the warpgroup's barrier (benchmarks/TUNING.md,
+        thirty-eighth finding)."""
+        if len(p_slot.type.shape) == 2:
+            p_slot.store(p_f32.to(dtype))
+            fence_async_shared()
+            return p_slot
+        else:
+            return gl.convert_layout(p_f32.to(dtype), p_layout)
 
     @gluon.jit
     def _item_head_and_tiles(item, sched, causal):
@@ -239,14 +262,15 @@ if HAVE_GLUON:
             mbarrier.arrive(turns.index(1 - HALF), count=1)
 
     @gluon.jit
-    def _overlapped_step(q_tile, k_smem, v_smem, bars, o, p, alpha, m_i, l_i, j, ring, turn, rows, offset, N_K,
-                         qk_scale, pingpong, drop, HALF: gl.constexpr, MASKED: gl.constexpr, causal,
+    def _overlapped_step(q_tile, k_smem, v_smem, bars, o, p, p_slot, alpha, m_i, l_i, j, ring, turn, rows, offset,
+                         N_K, qk_scale, pingpong, drop, HALF: gl.constexpr, MASKED: gl.constexpr, causal,
                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
                          DROPOUT: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
                          o_layout: gl.constexpr):
         """Key block ``j`` (at place ``ring + j`` of the K/V ring, in round ``turn + j`` of the ping-pong): its S,
-        overlapped with P V of block ``j - 1`` (``p``: that block's weights, ``alpha``: O's rescale to that
-        block's max, applied while S is on the tensor cores). Returns O (through block j - 1), block j's weights
+        overlapped with P V of block ``j - 1`` (``p``: that block's weights, in registers or in the consumer's
+        shared-memory slot ``p_slot`` (:func:`_weights_operand`); ``alpha``: O's rescale to that block's max, applied
+        while S is on the tensor cores). Returns O (through block j - 1), block j's weights
         and rescale, m and l."""
         k_ready, v_ready, k_empty, v_empty, turns = bars[2], bars[3], bars[4], bars[5], bars[6]
         _wait_turn(turns, turn + j, pingpong, HALF)
@@ -266,21 +290,21 @@ if HAVE_GLUON:
             o, p = warpgroup_mma_wait(num_outstanding=0, deps=(o, p))
         mbarrier.arrive(v_empty.index((ring + j - 1) % STAGES), count=1)
         p_f32 = _dropped(p_f32, drop, j * BLOCK_N, DROPOUT, s_layout)
-        p = gl.convert_layout(p_f32.to(q_tile.dtype), p_layout)
+        p = _weights_operand(p_f32, p_slot, q_tile.dtype, p_layout)
         return o, p, alpha, m_i, l_i
 
     @gluon.jit
-    def _overlapped_blocks(q_tile, k_smem, v_smem, bars, o, p, alpha, m_i, l_i, first, last, ring, turn, rows,
-                           offset, N_K, qk_scale, pingpong, drop, HALF: gl.constexpr, MASKED: gl.constexpr, causal,
-                           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                           DROPOUT: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
-                           o_layout: gl.constexpr):
+    def _overlapped_blocks(q_tile, k_smem, v_smem, bars, o, p, p_slot, alpha, m_i, l_i, first, last, ring, turn,
+                           rows, offset, N_K, qk_scale, pingpong, drop, HALF: gl.constexpr, MASKED: gl.constexpr,
+                           causal, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                           STAGES: gl.constexpr, DROPOUT: gl.constexpr, s_layout: gl.constexpr,
+                           p_layout: gl.constexpr, o_layout: gl.constexpr):
         """Key blocks ``first`` to ``last - 1``."""
         for j in range(first, last):
-            o, p, alpha, m_i, l_i = _overlapped_step(q_tile, k_smem, v_smem, bars, o, p, alpha, m_i, l_i, j, ring,
-                                                     turn, rows, offset, N_K, qk_scale, pingpong, drop, HALF, MASKED,
-                                                     causal, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, DROPOUT, s_layout,
-                                                     p_layout, o_layout)
+            o, p, alpha, m_i, l_i = _overlapped_step(q_tile, k_smem, v_smem, bars, o, p, p_slot, alpha, m_i, l_i, j,
+                                                     ring, turn, rows, offset, N_K, qk_scale, pingpong, drop, HALF,
+                                                     MASKED, causal, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, DROPOUT,
+                                                     s_layout, p_layout, o_layout)
         return o, p, alpha, m_i, l_i
 
     @gluon.jit
@@ -333,17 +357,18 @@ if HAVE_GLUON:
             p_f32, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, 0, rows_s, offset, N_K, qk_scale,
                                                    True, causal, BLOCK_N, s_layout)
             p_f32 = _dropped(p_f32, drop, 0, DROPOUT, s_layout)
-            p = gl.convert_layout(p_f32.to(q_tile.dtype), p_layout)
+            p_slot = smem[4].index(HALF)
+            p = _weights_operand(p_f32, p_slot, q_tile.dtype, p_layout)
             # Blocks every row of the program sees whole, then the ones cut by the diagonal or N_K.
             split = gl.maximum(n_full, 1)
-            o, p, alpha, m_i, l_i = _overlapped_blocks(q_tile, k_smem, v_smem, bars, o, p, alpha, m_i, l_i, 1,
-                                                       split, ring, turn, rows_s, offset, N_K, qk_scale, pingpong,
+            o, p, alpha, m_i, l_i = _overlapped_blocks(q_tile, k_smem, v_smem, bars, o, p, p_slot, alpha, m_i, l_i,
+                                                       1, split, ring, turn, rows_s, offset, N_K, qk_scale, pingpong,
                                                        drop, HALF, False, causal, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
                                                        DROPOUT, s_layout, p_layout, o_layout)
-            o, p, alpha, m_i, l_i = _overlapped_blocks(q_tile, k_smem, v_smem, bars, o, p, alpha, m_i, l_i, split,
-                                                       n_blocks, ring, turn, rows_s, offset, N_K, qk_scale, pingpong,
-                                                       drop, HALF, True, causal, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                                                       DROPOUT, s_layout, p_layout, o_layout)
+            o, p, alpha, m_i, l_i = _overlapped_blocks(q_tile, k_smem, v_smem, bars, o, p, p_slot, alpha, m_i, l_i,
+                                                       split, n_blocks, ring, turn, rows_s, offset, N_K, qk_scale,
+                                                       pingpong, drop, HALF, True, causal, BLOCK_M, BLOCK_N, HEAD_DIM,
+                                                       STAGES, DROPOUT, s_layout, p_layout, o_layout)
             # Q is read by no more product: the loader may bring the next tile's.
             mbarrier.arrive(q_empty.index(HALF), count=1)
             # P V of the last block.
@@ -433,8 +458,8 @@ if HAVE_GLUON:
                                     n_items, items_per_head, n_tiles, pingpong, DROPOUT_SEED, dropout_p,
                                     DESCALE, DESCALE_STRIDE, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
                                     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                                    DROPOUT: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
-                                    num_warps: gl.constexpr):
+                                    DROPOUT: gl.constexpr, P_SHARED: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                                    LOADER_REGS: gl.constexpr, num_warps: gl.constexpr):
         """O and LSE of work items ``program_id(0)``, ``program_id(0) + num_programs(0)``, ... of ``n_items``
         (:func:`_item_head_and_tiles`: ``items_per_head`` per (batch, head), over ``n_tiles`` query tiles of
         2 x BLOCK_M rows each), two consumer warpgroups of BLOCK_M rows each and one loading warp. A grid of one
@@ -444,10 +469,16 @@ if HAVE_GLUON:
         probability ``dropout_p`` (a multiple of 1/256) from the int64 seed at ``DROPOUT_SEED`` (:mod:`.dropout`).
         FP8 (q, k, v descriptors of float8 e4m3, o of 16 bits): v_desc covers V^T, (B, H_kv, D, N) with (1, 1, D,
         BLOCK_N) tiles, and DESCALE holds the (3, B, H_kv) float32 factors of q, k and v, DESCALE_STRIDE = B H_kv
-        apart; P enters P V in FP8 too (its values lie in [0, 1])."""
+        apart; P enters P V in FP8 too (its values lie in [0, 1]), from a shared-memory slot of each consumer with
+        ``P_SHARED``, else from registers."""
         gl.static_assert(num_warps == 4)
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
         o_smem = gl.allocate_shared_memory(o_desc.dtype, [2, 1, 1, BLOCK_M, HEAD_DIM], o_desc.layout)
+        p_smem = o_smem  # a stand-in of another shape: P stays in registers (:func:`_weights_operand`)
+        if P_SHARED:
+            gl.static_assert(q_desc.dtype.is_fp8(), "P goes through shared memory for FP8 inputs only")
+            p_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BLOCK_M, BLOCK_N],
+                                               gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], q_desc.dtype))
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
         if q_desc.dtype.is_fp8():
             v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, 1, 1, HEAD_DIM, BLOCK_N], v_desc.layout)
@@ -473,7 +504,7 @@ if HAVE_GLUON:
         CAUSAL_FLAG = gl.to_tensor(CAUSAL)
         # sched: the work items (how many, per head, over how many query tiles), the sizes, and this program's
         # first item and stride between its items.
-        args = ((q_desc, k_desc, v_desc, o_desc), (q_smem, k_smem, v_smem, o_smem),
+        args = ((q_desc, k_desc, v_desc, o_desc), (q_smem, k_smem, v_smem, o_smem, p_smem),
                 (q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns),
                 (n_items, items_per_head, n_tiles, H, KV_GROUP, N_Q, N_K, gl.program_id(0), gl.num_programs(0)),
                 LSE, qk_scale, CAUSAL_FLAG, pingpong, (DROPOUT_SEED, dropout_p), (DESCALE, DESCALE_STRIDE))
@@ -563,7 +594,8 @@ def launch_attention_forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.T
                                     lse: torch.Tensor, *, scale: float, causal: bool, pingpong: bool = PINGPONG,
                                     persistent: bool = PERSISTENT, dropout_p: float = 0.0,
                                     dropout_seed: torch.Tensor | None = None,
-                                    descale: torch.Tensor | None = None) -> None:
+                                    descale: torch.Tensor | None = None,
+                                    fp8_weights_shared: bool | None = None) -> None:
     """Fill o (B, H, N_q, D) and lse (B, H, N_q) float32 contiguous from q, k, v ((B, H[_kv], N, D)), a call
     :func:`can_run` accepts: no mask, or a causal one (bottom-right aligned) with ``causal``. ``pingpong``: the
     consumers take turns (:data:`PINGPONG`); ``persistent``: one program per SM walks the work items
@@ -571,9 +603,12 @@ def launch_attention_forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.T
     effective p, :func:`.dropout.effective_dropout_p`) drops weights from the int64 seed in ``dropout_seed`` (on q's
     device), as the Triton forward does: the same seed drops the same weights. ``descale`` (FP8): q, k, v
     float8_e4m3fn, V stored keys innermost (``v.stride(2) == 1``, :func:`flashlib.fp8.keys_innermost`), o float16 or
-    bfloat16, descale the (3, B, H_kv) float32 factors of q, k and v (:mod:`flashlib.fp8` checks them)."""
+    bfloat16, descale the (3, B, H_kv) float32 factors of q, k and v (:mod:`flashlib.fp8` checks them);
+    ``fp8_weights_shared``: P enters P V from shared memory, else from registers (None: :data:`FP8_WEIGHTS_SHARED`)."""
     batch, heads, n_q, head_dim = q.shape
     fp8 = descale is not None
+    if fp8_weights_shared is None:
+        fp8_weights_shared = FP8_WEIGHTS_SHARED
     block_m, block_n, stages = (FP8_CONFIGS if fp8 else CONFIGS)[head_dim]
     v_tiles = tile_descriptor(v.transpose(2, 3), head_dim, block_n) if fp8 else tile_descriptor(v, block_n)
     n_tiles = triton.cdiv(n_q, 2 * block_m)
@@ -588,4 +623,5 @@ def launch_attention_forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.T
         int(pingpong), lse if dropout_seed is None else dropout_seed, float(dropout_p),
         lse if descale is None else descale, batch * k.shape[1], CAUSAL=causal,
         BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, STAGES=stages, DROPOUT=dropout_p > 0,
-        CONSUMER_REGS=CONSUMER_REGISTERS, LOADER_REGS=LOADER_REGISTERS, num_warps=4, maxnreg=KERNEL_REGISTERS)
+        P_SHARED=fp8 and fp8_weights_shared, CONSUMER_REGS=CONSUMER_REGISTERS, LOADER_REGS=LOADER_REGISTERS,
+        num_warps=4, maxnreg=KERNEL_REGISTERS)

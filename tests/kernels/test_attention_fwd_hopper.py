@@ -145,18 +145,31 @@ def test_compiles_for_hopper_with_warpgroup_mma_the_copy_engine_and_no_spills_am
 
 
 def test_fp8_compiles_for_hopper_with_e4m3_products_and_no_tile_spilled_in_its_loops():
-    """The FP8 path compiles for sm_90a (D = 128 and 64, causal or not): both products run on FP8 tensor cores
-    (``QGMMA ... E4M3.E4M3``, 32 keys or head dims a step), K, V^T and Q arrive through the copy engine, and each
-    consumer's loops over key blocks (without and with the mask's test) store nothing to the stack: no value that
-    changes every block is spilled. (Triton 3.6, the H200 machine's, spills nothing among the products at all;
-    Triton 3.9 reloads one loop-invariant scalar per masked block: benchmarks/TUNING.md, thirty-sixth finding.)"""
+    """The FP8 path compiles for sm_90a (D = 128 and 64, causal or not, P entering P V from shared memory or from
+    registers): both products run on FP8 tensor cores (``QGMMA ... E4M3.E4M3``, 32 keys or head dims a step), K,
+    V^T and Q arrive through the copy engine, and each consumer's loops over key blocks (without and with the mask's
+    test) store nothing to the stack: no value that changes every block is spilled. (Triton 3.6, the H200 machine's,
+    spills nothing among the products with P from shared memory; Triton 3.9 reloads one loop-invariant scalar per
+    masked block with P from registers: benchmarks/TUNING.md, thirty-sixth and thirty-eighth findings.)
+
+    P from shared memory is the point of that path: its stores replace the byte packing and shuffles that move P
+    into the operand's layout, so each loop is shorter by at least 150 instructions a block (Triton 3.6 and 3.9:
+    189-209; at D = 128 without the mask's test 486 against 682), with hardly a byte permute (``PRMT``) left."""
     done = run_sass_counts("--kernel", "gluon_fwd", "--d", "128,64", "--causal", "no,yes", "--dtype", "fp8",
-                           "--top", "300")
+                           "--fp8-weights", "shared,registers", "--top", "300")
     assert done.returncode == 0, done.stderr[-3000:]
     variants = compiled_variants(done.stdout, "gluon_fwd")
     loops = block_loops(done.stdout, "gluon_fwd")
     products = [line for line in done.stdout.splitlines() if line.strip().startswith("products:")]
-    assert len(variants) == len(loops) == len(products) == 4, done.stdout
+    assert len(variants) == len(loops) == len(products) == 8, done.stdout
+    places = [header.split(" P from ")[1].split()[0] for header, _, _ in variants]
+    assert places == ["shared", "registers"] * 4, places
+    for shared, registers in zip(range(0, 8, 2), range(1, 8, 2)):
+        header, _, shared_opcodes = variants[shared]
+        assert shared_opcodes.get("STS", 0) >= 32 and shared_opcodes.get("PRMT", 0) < 64, (header, shared_opcodes)
+        assert variants[registers][2].get("PRMT", 0) >= 500, variants[registers][0]
+        for short, long in zip(loops[shared], loops[registers]):
+            assert short[0] <= long[0] - 150, (header, loops[shared], loops[registers])
     for (header, _, opcodes), variant_loops, used in zip(variants, loops, products):
         head_dim = int(header.split("D=")[1].split()[0])
         assert opcodes.get("QGMMA", 0) > 0 and opcodes.get("HGMMA", 0) == 0, header
