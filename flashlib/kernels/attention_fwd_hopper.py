@@ -35,8 +35,8 @@ Scope: the plain forward (no mask or a causal one, bottom-right aligned as every
 flashlib; GQA/MQA; 2-byte types; head_dim 64 or 128; a positive scale) and its dropout, whose draws
 (:mod:`.dropout_hopper`) are the Triton kernels', on Hopper. **FP8** (float8 e4m3 q, k, v with descale factors, O
 in 16 bits) runs the same partitions: both products take e4m3 operands, 32 of them a step; FP8 tensor cores read
-both operands along the reduction, so V arrives as V^T tiles (keys innermost) and P is converted from the
-accumulator's layout to the operand's. It is taken only when asked (:data:`FP8_HEAD_DIMS` is empty until it is
+both operands along the reduction, so V arrives as V^T tiles (keys innermost), and P reaches P V through a
+shared-memory slot of each consumer rather than registers (:func:`_weights_operand`). It is taken only when asked (:data:`FP8_HEAD_DIMS` is empty until it is
 measured). Everything else (windows, lengths, packed sequences, score modifiers, other head dims, float32) runs
 in :mod:`.attention_fwd`, which is also the only forward of the interpreter: Gluon has no
 interpreter. :func:`can_run` says which calls this kernel can take and :func:`preferred` where it is the faster
