@@ -3,7 +3,9 @@ backward, in one process on a Hopper GPU (benchmarks/TUNING.md, thirty-second an
 
 Checks first: dQ, dK, dV of ``launch_attention_backward(use_gluon=True)`` against float64 autograd and against the
 Triton kernels' (odd lengths, N_q != N_k under a causal mask, GQA, the (B, N, H, D) layout), and that the Gluon
-kernel ran. Then the backward at the FlashAttention-2 shapes, both ways, each replayed from a CUDA graph.
+kernel ran. Then the backward at the FlashAttention-2 shapes, both ways, each replayed from a CUDA graph. At head_dim
+64 the Gluon kernel also runs with K and V read from registers (``DKDV_REGISTER_OPERANDS``, thirty-ninth finding):
+checked bitwise equal to its default, timed as ``gluon_regs``.
 
     PYTHONPATH=. python3 benchmarks/gluon_bwd_ab.py [--dtype fp16,bf16] [--d 64,128] [--N 1024,4096,16384]
         [--variants "NAME=D:BLOCK_M,BLOCK_N,STAGES;..."] [--no-checks] --out FILE
@@ -27,7 +29,11 @@ from flashlib.reference import naive_attention
 from flashlib.spec import AttentionSpec
 from flashlib.timing import graph_time_ms
 from flashlib.validation import relative_error, tolerance
-from gluon_fwd_ab import backward_ab_main, config_in_place, fa2_points, make_inputs, print_row
+from gluon_fwd_ab import (backward_ab_main, config_in_place, fa2_points, make_inputs, print_row,
+                          register_operands_in_place)
+
+#: The head dims at which the dK/dV kernel can hold K and V in registers without spilling (thirty-ninth finding).
+REGISTER_OPERAND_HEAD_DIMS = (64,)
 
 
 def backward(q, k, v, do, causal, use_gluon):
@@ -49,14 +55,25 @@ def check(case, q, k, v, do, causal) -> dict:
     finally:
         bwd_hopper.launch_attention_dkdv_hopper = real
     triton_grads = backward(q, k, v, do, causal, False)
+    registers_equal = True
+    if q.shape[-1] in REGISTER_OPERAND_HEAD_DIMS:
+        with register_operands_in_place(bwd_hopper, "DKDV_REGISTER_OPERANDS", q.shape[-1]):
+            from_registers = backward(q, k, v, do, causal, True)
+        registers_equal = all(torch.equal(a, b) for a, b in zip(from_registers, got))
     group = q.shape[1] // k.shape[1]
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     out = naive_attention(q64, k64.repeat_interleave(group, 1), v64.repeat_interleave(group, 1), causal=causal)
     out.backward(do.double())
     errors = {name: relative_error(g, r.grad) for name, g, r in zip("qkv", got, (q64, k64, v64))}
     vs_triton = {name: relative_error(g, t) for name, g, t in zip("qkv", got, triton_grads)}
-    ok = bool(calls) and all(e <= tolerance(q.dtype) for e in errors.values())
-    return dict(case=case, gluon_ran=bool(calls), rel_err=errors, vs_triton=vs_triton, status="ok" if ok else "wrong")
+    ok = bool(calls) and all(e <= tolerance(q.dtype) for e in errors.values()) and registers_equal
+    return dict(case=case, gluon_ran=bool(calls), rel_err=errors, vs_triton=vs_triton,
+                registers_equal=registers_equal, status="ok" if ok else "wrong")
+
+
+def _with_registers(d, call):
+    with register_operands_in_place(bwd_hopper, "DKDV_REGISTER_OPERANDS", d):
+        return call()
 
 
 def with_config(d, blocks, call):
@@ -78,6 +95,8 @@ def timings(dtypes, dims, lengths, variants=None) -> list[dict]:
         calls = {impl: (lambda use_gluon=use_gluon: launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec,
                                                                              use_gluon=use_gluon))
                  for impl, use_gluon in (("gluon", True), ("triton", False))}
+        if d in REGISTER_OPERAND_HEAD_DIMS:
+            calls["gluon_regs"] = lambda: _with_registers(d, calls["gluon"])
         for name_, (vd, blocks, _) in (variants or {}).items():
             if vd == d:
                 calls[name_] = lambda blocks=blocks: with_config(d, blocks, calls["gluon"])

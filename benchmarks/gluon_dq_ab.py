@@ -4,7 +4,9 @@ beside the Triton dQ kernel, in one process on a Hopper GPU (benchmarks/TUNING.m
 Checks first: its dQ against float64 autograd and against the Triton kernel's (odd lengths, N_q != N_k under a
 causal mask, GQA, the (B, N, H, D) layout), the output filled with NaN before. Then, at the FlashAttention-2 shapes,
 each replayed from a CUDA graph: the dQ pass alone (with D = rowsum(dO * O)) by either kernel, and the whole
-backward (the Gluon dK/dV kernel where it is routed) with either dQ kernel.
+backward (the Gluon dK/dV kernel where it is routed) with either dQ kernel. The Gluon kernel also runs with Q and dO
+read from registers (``DQ_REGISTER_OPERANDS``, thirty-ninth finding): checked bitwise equal to its default, and timed
+as ``dq_gluon_regs`` and ``bwd_gluon_regs``.
 
     PYTHONPATH=.:benchmarks python3 benchmarks/gluon_dq_ab.py [--dtype fp16,bf16] [--d 64,128]
         [--N 1024,4096,16384] [--variants "NAME=D:BLOCK_M,BLOCK_N,STAGES;..."] [--no-checks] --out FILE
@@ -25,7 +27,8 @@ from flashlib.reference import naive_attention
 from flashlib.spec import AttentionSpec
 from flashlib.timing import graph_time_ms
 from flashlib.validation import relative_error, tolerance
-from gluon_fwd_ab import backward_ab_main, config_in_place, fa2_points, make_inputs, print_row
+from gluon_fwd_ab import (backward_ab_main, config_in_place, fa2_points, make_inputs, print_row,
+                          register_operands_in_place)
 
 
 def forward(q, k, v, causal):
@@ -58,14 +61,18 @@ def check(case, q, k, v, do, causal) -> dict:
     got, triton_dq = (torch.full_like(q, float("nan")) for _ in range(2))
     dq_pass(q, k, v, o, lse, do, got, spec, True)
     dq_pass(q, k, v, o, lse, do, triton_dq, spec, False)
+    from_registers = torch.full_like(q, float("nan"))
+    with _registers(q.shape[-1]):
+        dq_pass(q, k, v, o, lse, do, from_registers, spec, True)
     group = q.shape[1] // k.shape[1]
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     out = naive_attention(q64, k64.repeat_interleave(group, 1), v64.repeat_interleave(group, 1), causal=causal)
     out.backward(do.double())
     error, vs_triton = relative_error(got, q64.grad), relative_error(got, triton_dq)
-    ok = bool(torch.isfinite(got).all()) and error <= tolerance(q.dtype)
+    registers_equal = bool(torch.equal(from_registers, got))
+    ok = bool(torch.isfinite(got).all()) and error <= tolerance(q.dtype) and registers_equal
     return dict(case=case, rel_err=error, triton_rel_err=relative_error(triton_dq, q64.grad), vs_triton=vs_triton,
-                status="ok" if ok else "wrong")
+                registers_equal=registers_equal, status="ok" if ok else "wrong")
 
 
 def timings(dtypes, dims, lengths, variants=None) -> list[dict]:
@@ -80,6 +87,8 @@ def timings(dtypes, dims, lengths, variants=None) -> list[dict]:
         for gluon, impl in ((True, "gluon"), (False, "triton")):
             calls[f"dq_{impl}"] = lambda g=gluon: dq_pass(q, k, v, o, lse, do, dq, spec, g)
             calls[f"bwd_{impl}"] = lambda g=gluon: whole_backward(q, k, v, o, lse, do, dq, dk, dv, spec, g)
+        for part in ("dq", "bwd"):
+            calls[f"{part}_gluon_regs"] = lambda part=part: _with_registers(d, calls[f"{part}_gluon"])
         for name_, (vd, blocks, _) in (variants or {}).items():
             if vd == d:
                 calls[f"bwd_{name_}"] = lambda blocks=blocks: _with_dq_config(d, blocks, calls["bwd_gluon"])
@@ -90,9 +99,20 @@ def timings(dtypes, dims, lengths, variants=None) -> list[dict]:
                 row[f"{impl}_tflops"] = flops / ms * 1e-9
         row["dq gluon/triton"] = row["dq_triton_ms"] / row["dq_gluon_ms"]
         row["bwd gluon/triton"] = row["bwd_triton_ms"] / row["bwd_gluon_ms"]
+        row["dq regs/shared"] = row["dq_gluon_ms"] / row["dq_gluon_regs_ms"]  # > 1: registers faster
         print_row(row)
         rows.append(row)
     return rows
+
+
+def _registers(d):
+    """The Gluon dQ kernel at head_dim ``d`` with Q and dO read from registers."""
+    return register_operands_in_place(bwd_hopper, "DQ_REGISTER_OPERANDS", d)
+
+
+def _with_registers(d, call):
+    with _registers(d):
+        return call()
 
 
 def _with_dq_config(d, blocks, call):

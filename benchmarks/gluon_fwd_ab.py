@@ -166,6 +166,18 @@ def config_in_place(configs: dict, head_dim: int, config: tuple[int, int, int]):
         configs[head_dim] = saved
 
 
+@contextlib.contextmanager
+def register_operands_in_place(module, name: str, head_dim: int):
+    """``module.<name>`` (a tuple of head dims, e.g. the backward's ``DQ_REGISTER_OPERANDS``) with ``head_dim`` in it,
+    restored on leaving: the launcher then asks the kernel for its register-operand variant at that head_dim."""
+    saved = getattr(module, name)
+    setattr(module, name, tuple(saved) + (head_dim,))
+    try:
+        yield
+    finally:
+        setattr(module, name, saved)
+
+
 def run_variant(config, pingpong, persistent, q, k, v, causal):
     """The Gluon forward with ``config`` in place of its own for this head_dim, ping-pong and persistence on or
     off."""

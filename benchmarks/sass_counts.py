@@ -98,11 +98,12 @@ def captured_gluon_launch(module, kernel_name: str, launcher) -> tuple:
 
 
 def gluon_launch(kernel: str, d: int, n: int, dtype, causal: bool, dropout_p: float = 0.0,
-                 fp8_weights_shared: bool = True) -> tuple:
+                 fp8_weights_shared: bool = True, register_operands: bool = False) -> tuple:
     """The launch of the Gluon forward (``gluon_fwd``), dK/dV (``gluon_dkdv``) or dQ kernel (``gluon_dq``) for the
     FlashAttention-2 benchmark's shape (H = 2048 / D, B = 4), captured (``--configs`` does not apply). ``dtype``
     float8_e4m3fn (the forward only): q, k, v in FP8, V stored keys innermost, O in bfloat16, per-tensor factors,
-    P entering P V from shared memory (``fp8_weights_shared``) or from registers."""
+    P entering P V from shared memory (``fp8_weights_shared``) or from registers. ``register_operands``: the backward
+    kernels' loop-invariant first operands read from registers (K, V or Q, dO)."""
     q, k, v, o = (torch.randn(4, 2048 // d, n, d).to(dtype) for _ in range(4))
     rows = torch.empty(4, 2048 // d, n)
     if dtype == torch.float8_e4m3fn:
@@ -115,6 +116,8 @@ def gluon_launch(kernel: str, d: int, n: int, dtype, causal: bool, dropout_p: fl
                                                                  persistent=False, descale=descale,
                                                                  fp8_weights_shared=fp8_weights_shared)))
     drop = dict(dropout_p=effective_dropout_p(dropout_p), dropout_seed=torch.zeros(1, dtype=torch.int64))
+    if kernel != "gluon_fwd":
+        drop["register_operands"] = register_operands
     if kernel == "gluon_fwd":
         return captured_gluon_launch(attention_fwd_hopper, "attention_fwd_hopper_kernel", lambda: (
             attention_fwd_hopper.launch_attention_forward_hopper(q, k, v, o, rows, scale=d ** -0.5, causal=causal,
@@ -220,6 +223,14 @@ def disassemble(compiled) -> tuple[collections.Counter, dict, int, collections.C
     return opcodes, resources, spills_among_products(sass), products, key_block_loops(sass)
 
 
+def product_first_operands(sass: str) -> collections.Counter:
+    """How many warpgroup products read their first operand (A) from ``registers`` and how many from ``shared``
+    memory: ``HGMMA.64x64x16.F32 R24, gdesc[UR8], ...`` reads both operands through shared-memory descriptors,
+    ``HGMMA.64x64x16.F32 R24, R120, gdesc[UR8], ...`` its A from registers."""
+    return collections.Counter("shared" if a.startswith("gdesc") else "registers"
+                               for a in re.findall(r"\b(?:HGMMA|QGMMA)\.\S+\s+R\d+,\s*(\S+),", sass))
+
+
 def spills_among_products(sass: str) -> int:
     """Spill instructions (STL, LDL) between the first and the last warpgroup product (:data:`PRODUCT_OPCODES`) of
     each register region, the code between two ``setmaxnreg`` (USETMAXREG): in a warp-specialized kernel, the
@@ -278,6 +289,9 @@ def main():
     parser.add_argument("--fp8-weights", default="shared",
                         help="comma list of shared, registers: where FP8 weights enter P V from (--dtype fp8; "
                         "default shared, the kernel's default)")
+    parser.add_argument("--register-operands", default="no",
+                        help="comma list of no, yes: the Gluon backward kernels' loop-invariant first operands (K and "
+                        "V, or Q and dO) read from shared memory or from registers (default no)")
     parser.add_argument("--configs", default="128x64",
                         help="comma list of BLOCK_MxBLOCK_N[/stages[/warps]], e.g. 64x64/3/8 (default 128x64; "
                         "stages and warps default to the launcher's choice)")
@@ -300,20 +314,25 @@ def main():
         heads_dims, dropouts = [int(d) for d in args.d.split(",")], [float(p) for p in args.dropout.split(",")]
     except ValueError:
         parser.error(f"--d takes integers and --dropout numbers, comma separated; got {args.d!r} and {args.dropout!r}")
+    operand_places = args.register_operands.split(",")
+    if any(p not in ("no", "yes") for p in operand_places):
+        parser.error(f"--register-operands takes no and yes; got {args.register_operands!r}")
     weights = args.fp8_weights.split(",")
     if any(w not in ("shared", "registers") for w in weights) or (args.dtype != "fp8" and weights != ["shared"]):
         parser.error(f"--fp8-weights takes shared and registers, with --dtype fp8; got {args.fp8_weights!r}")
     print(f"triton {triton.__version__}, target sm_90a; {args.dtype}, N = 4096, tma {args.tma}")
-    grid = itertools.product(args.kernel.split(","), heads_dims, args.causal.split(","), dropouts, configs, weights)
+    grid = itertools.product(args.kernel.split(","), heads_dims, args.causal.split(","), dropouts, configs, weights,
+                             operand_places)
     counted = {}
-    for kernel, d, causal, p, (block_m, block_n, stages, warps), weight_place in grid:
+    for kernel, d, causal, p, (block_m, block_n, stages, warps), weight_place, in_registers in grid:
         if causal not in ("no", "yes"):
             parser.error(f"--causal takes no and yes; got {causal!r}")
         if kernel not in ("fwd", "dkdv", "dq", "gluon_fwd", "gluon_dkdv", "gluon_dq"):
             parser.error(f"--kernel takes fwd, dkdv, dq, gluon_fwd, gluon_dkdv and gluon_dq; got {kernel!r}")
         spec = AttentionSpec(causal=causal == "yes", dropout_p=p)
         if kernel.startswith("gluon"):
-            launches = [gluon_launch(kernel, d, 4096, dtype, causal == "yes", p, weight_place == "shared")]
+            launches = [gluon_launch(kernel, d, 4096, dtype, causal == "yes", p, weight_place == "shared",
+                                     in_registers == "yes")]
         else:
             launches = captured_launches(kernel, d, 4096, dtype, spec, block_m, block_n, args.tma == "host")
         for fn, call_args, call_kwargs in launches:
@@ -322,7 +341,8 @@ def main():
             else:
                 compiled = compile_for_hopper(fn, call_args, call_kwargs, warps, stages, args.maxnreg)
             opcodes, resources, among_products, products, loops = disassemble(compiled)
-            key = (kernel, d, causal, p, (block_m, block_n, stages, warps), weight_place)
+            first_operands = product_first_operands(sass_of(compiled)[0])
+            key = (kernel, d, causal, p, (block_m, block_n, stages, warps), weight_place, in_registers)
             counted[key] = opcodes
             spills = opcodes["STL"] + opcodes["LDL"]
             if kernel.startswith("gluon"):  # the Gluon launchers' own blocks and slots
@@ -330,6 +350,8 @@ def main():
             else:
                 tile = f"{block_m}x{block_n} s{compiled.metadata.num_stages}"
             place = f" P from {weight_place}" if args.dtype == "fp8" else ""
+            if kernel in ("gluon_dkdv", "gluon_dq"):
+                place += f" register operands {in_registers}"
             print(f"{kernel} D={d} causal={causal} dropout={p}{place} {tile} w{compiled.metadata.num_warps}: "
                   f"{sum(opcodes.values())} instructions, "
                   f"registers {resources.get('REG')}, stack {resources.get('STACK')} B ({spills} STL/LDL, "
@@ -337,6 +359,8 @@ def main():
                   f"shared {compiled.metadata.shared} B")
             print("    " + ", ".join(f"{op} {n}" for op, n in opcodes.most_common(args.top)))
             print("    products: " + ", ".join(f"{op} {n}" for op, n in sorted(products.items())))
+            print(f"    first operand: {first_operands.get('registers', 0)} from registers, "
+                  f"{first_operands.get('shared', 0)} from shared memory")
             print("    block loops: " + "; ".join(f"{n} instructions, {p} products, {st} STL, {ld} LDL"
                                                  for n, p, st, ld in loops))
     for (a_key, a), (b_key, b) in itertools.combinations(counted.items(), 2):

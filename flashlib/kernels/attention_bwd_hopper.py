@@ -27,6 +27,10 @@ is on the tensor cores, dS as a register operand). Under a causal mask the first
 the second sees, unread, and the longest tiles run first. No atomics: each dQ row is summed by one warpgroup in a
 fixed order, so gradients repeat bitwise.
 
+Each consumer multiplies the same two tiles as first operands in every step (K and V, or Q and dO); both kernels can
+hold them in registers instead of reading them from shared memory each time (:data:`DKDV_REGISTER_OPERANDS`,
+:data:`DQ_REGISTER_OPERANDS`, off until measured).
+
 Scope: the plain backward (no mask or a causal one, bottom-right aligned; GQA; 2-byte types; head_dim 64 or 128;
 no window, lengths, packing, score modifier) and its dropout, whose draws (:mod:`.dropout_hopper`) recompute the
 forward's. D = rowsum(dO * O) stays with the Triton preprocess kernel.
@@ -71,11 +75,43 @@ DQ_MIN_ROWS = {128: 1024, 64: 4096}
 #: (H200, fp16, N 1k-16k, causal or not: 1.17-1.27x the plain backward's time against 1.34-1.50x; session 45,
 #: benchmarks/TUNING.md thirty-fifth finding). Elsewhere a call with dropout keeps the Triton kernels.
 DROPOUT_HEAD_DIMS = (128,)
+#: Head dims at which each kernel reads its loop-invariant first operands from registers rather than shared memory
+#: (:func:`_first_operands`): K and V for the dK/dV kernel (``S^T = K Q^T``, ``dP^T = V dO^T``), Q and dO for the
+#: dQ kernel (``S = Q K^T``, ``dP = dO V^T``). Why: a warpgroup product of N = 64 columns with both operands in
+#: shared memory reads 128 bytes a cycle at the tensor cores' rate, the whole of an SM's shared-memory bandwidth,
+#: and these are such products; from registers it reads 64 (benchmarks/TUNING.md, thirty-ninth finding). Compiled
+#: for sm_90a, the operands fit in registers without a spill at head_dim 64 (both kernels) and 128 (dQ); the dK/dV
+#: kernel at 128 spills 55 registers a block. Off (empty) until a GPU has timed them
+#: (``benchmarks/gluon_dq_ab.py`` and ``gluon_bwd_ab.py`` with ``--register-operands``).
+DKDV_REGISTER_OPERANDS: tuple[int, ...] = ()
+DQ_REGISTER_OPERANDS: tuple[int, ...] = ()
 
 if HAVE_GLUON:
 
     @gluon.jit
-    def _bwd_load_partition(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout):
+    def _operands_flag(IN_REGISTERS: gl.constexpr):
+        """A scalar whose *type* says whether the consumers take their loop-invariant operands into registers
+        (int8) or read them from shared memory (int16): partitions take no constexpr arguments (Triton 3.6 turns
+        them into values), but a value's type reaches them (:func:`_first_operands`)."""
+        if IN_REGISTERS:
+            flag = gl.to_tensor(0).to(gl.int8)
+        else:
+            flag = gl.to_tensor(0).to(gl.int16)
+        return flag
+
+    @gluon.jit
+    def _first_operands(a_tile, b_tile, flag, acc_layout: gl.constexpr):
+        """The two shared-memory tiles a consumer multiplies as first operands in every step (K and V, or Q and
+        dO), kept where they are, or loaded once into registers in the operand layout of products accumulating in
+        ``acc_layout`` when ``flag`` (:func:`_operands_flag`) says so. The caller has waited for the tiles."""
+        if flag.dtype == gl.int8:
+            layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+            return a_tile.load(layout), b_tile.load(layout)
+        else:
+            return a_tile, b_tile
+
+    @gluon.jit
+    def _bwd_load_partition(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands):
         """One warp: K and V of both consumers, then Q and dO of every query block of every query head of this
         kv head into the ring, each slot refilled once both consumers released it."""
         q_desc, k_desc, v_desc, do_desc = descs[0], descs[1], descs[2], descs[3]
@@ -161,11 +197,12 @@ if HAVE_GLUON:
         return dk, dv
 
     @gluon.jit
-    def _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, HALF: gl.constexpr,
-                      DROPOUT: gl.constexpr):
+    def _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands,
+                      HALF: gl.constexpr, DROPOUT: gl.constexpr):
         """One warpgroup: dK and dV of the program's ``HALF``-th BLOCK_N keys, summed over the kv head's query
         heads. Block sizes come from the shared memory's shapes (partitions take no constexpr arguments).
-        ``dropout``: (the seed's pointer, p), read with ``DROPOUT`` only."""
+        ``dropout``: (the seed's pointer, p), read with ``DROPOUT`` only; ``operands``: :func:`_operands_flag`,
+        whether K and V are read from registers."""
         dk_desc, dv_desc = descs[4], descs[5]
         q_smem, k_smem, v_smem, do_smem = smem
         kv_bar = bars[0]
@@ -188,6 +225,7 @@ if HAVE_GLUON:
         mbarrier.wait(kv_bar, 0)
         k_tile = k_smem.index(HALF).reshape([BLOCK_N, HEAD_DIM])
         v_tile = v_smem.index(HALF).reshape([BLOCK_N, HEAD_DIM])
+        k_op, v_op = _first_operands(k_tile, v_tile, operands, st_layout)
         seed = 0
         if DROPOUT:
             seed = gl.load(dropout[0])
@@ -202,17 +240,17 @@ if HAVE_GLUON:
                 drop = (stream_key(seed, off_b * H + off_h), keep_threshold(dropout[1]), 1.0 - dropout[1], key0)
             # the diagonal's query blocks, then the ones that see every key whole, then the N_Q tail
             for m in range(lo, full_lo, BLOCK_M):
-                dk, dv = _dkdv_step(k_tile, v_tile, q_smem, do_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr, keys,
+                dk, dv = _dkdv_step(k_op, v_op, q_smem, do_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr, keys,
                                     offset, N_Q, score_scale, causal, drop, True, BLOCK_M, HEAD_DIM, DROPOUT,
                                     st_layout, acc_layout, op_layout)
                 t += 1
             for m in range(full_lo, full_hi, BLOCK_M):
-                dk, dv = _dkdv_step(k_tile, v_tile, q_smem, do_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr, keys,
+                dk, dv = _dkdv_step(k_op, v_op, q_smem, do_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr, keys,
                                     offset, N_Q, score_scale, causal, drop, False, BLOCK_M, HEAD_DIM, DROPOUT,
                                     st_layout, acc_layout, op_layout)
                 t += 1
             for m in range(full_hi, hi, BLOCK_M):
-                dk, dv = _dkdv_step(k_tile, v_tile, q_smem, do_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr, keys,
+                dk, dv = _dkdv_step(k_op, v_op, q_smem, do_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr, keys,
                                     offset, N_Q, score_scale, causal, drop, True, BLOCK_M, HEAD_DIM, DROPOUT,
                                     st_layout, acc_layout, op_layout)
                 t += 1
@@ -229,31 +267,37 @@ if HAVE_GLUON:
         tma.store_wait(pendings=0)
 
     @gluon.jit
-    def _dkdv_consume_first_half(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout):
-        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, 0, False)
+    def _dkdv_consume_first_half(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
+                                 operands):
+        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, 0, False)
 
     @gluon.jit
-    def _dkdv_consume_second_half(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout):
-        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, 1, False)
+    def _dkdv_consume_second_half(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
+                                  operands):
+        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, 1, False)
 
     @gluon.jit
-    def _dkdv_consume_first_half_dropout(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout):
-        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, 0, True)
+    def _dkdv_consume_first_half_dropout(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
+                                         operands):
+        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, 0, True)
 
     @gluon.jit
-    def _dkdv_consume_second_half_dropout(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout):
-        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, 1, True)
+    def _dkdv_consume_second_half_dropout(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
+                                          operands):
+        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, 1, True)
 
     @gluon.jit
     def attention_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, DELTA, sm_scale,
                                          H, KV_GROUP, N_Q, N_K, DROPOUT_SEED, dropout_p, CAUSAL: gl.constexpr,
                                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                                         STAGES: gl.constexpr, DROPOUT: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                                         LOADER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                                         STAGES: gl.constexpr, DROPOUT: gl.constexpr, REGISTER_OPERANDS: gl.constexpr,
+                                         CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
+                                         num_warps: gl.constexpr):
         """dK, dV of keys ``2 * BLOCK_N * program_id(0)`` on of (sample, kv head) ``program_id(1)``. Descriptors:
         (B, H, N_q, D) q/do with (1, 1, BLOCK_M, D) tiles, (B, H_kv, N_k, D) k/v/dk/dv with (1, 1, BLOCK_N, D)
         tiles; LSE, DELTA (B, H, N_q) float32 contiguous. ``DROPOUT``: the forward's dropout of probability
-        ``dropout_p`` from the int64 seed at ``DROPOUT_SEED``."""
+        ``dropout_p`` from the int64 seed at ``DROPOUT_SEED``. ``REGISTER_OPERANDS``: K and V read from registers
+        (:data:`DKDV_REGISTER_OPERANDS`)."""
         gl.static_assert(num_warps == 4)
         off_hkv = gl.program_id(1)
         kv_heads = H // KV_GROUP
@@ -290,7 +334,8 @@ if HAVE_GLUON:
         causal = gl.to_tensor(CAUSAL)
         args = ((q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc), (q_smem, k_smem, v_smem, do_smem),
                 (kv_bar, q_ready, do_ready, q_empty, do_empty), (off_b, off_kvh, n0, KV_GROUP, H, N_Q, offset),
-                (lo, full_lo, full_hi, hi), LSE, DELTA, sm_scale, causal, (DROPOUT_SEED, dropout_p))
+                (lo, full_lo, full_hi, hi), LSE, DELTA, sm_scale, causal, (DROPOUT_SEED, dropout_p),
+                _operands_flag(REGISTER_OPERANDS))
         if DROPOUT:
             gl.warp_specialize([(_dkdv_consume_first_half_dropout, args), (_dkdv_consume_second_half_dropout, args),
                                 (_bwd_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
@@ -300,7 +345,7 @@ if HAVE_GLUON:
 
 
     @gluon.jit
-    def _dq_load_partition(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout):
+    def _dq_load_partition(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout, operands):
         """One warp: Q and dO of both consumers once, then K and V of every key block any of them sees into the
         ring, each slot refilled once both consumers released it."""
         q_desc, k_desc, v_desc, do_desc = descs[0], descs[1], descs[2], descs[3]
@@ -366,10 +411,11 @@ if HAVE_GLUON:
         return dq
 
     @gluon.jit
-    def _dq_consume(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout, HALF: gl.constexpr,
-                    DROPOUT: gl.constexpr):
+    def _dq_consume(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout, operands,
+                    HALF: gl.constexpr, DROPOUT: gl.constexpr):
         """One warpgroup: dQ of the program's ``HALF``-th BLOCK_M query rows. ``dropout``: (the seed's pointer,
-        p), read with ``DROPOUT`` only."""
+        p), read with ``DROPOUT`` only; ``operands``: :func:`_operands_flag`, whether Q and dO are read from
+        registers."""
         dq_desc = descs[4]
         q_smem, k_smem, v_smem, do_smem = smem
         qdo_bar, k_ready, v_ready, k_empty, v_empty = bars[0], bars[1], bars[2], bars[3], bars[4]
@@ -406,11 +452,12 @@ if HAVE_GLUON:
         mbarrier.wait(qdo_bar, 0)
         q_tile = q_smem.index(HALF).reshape([BLOCK_M, HEAD_DIM])
         do_tile = do_smem.index(HALF).reshape([BLOCK_M, HEAD_DIM])
+        q_op, do_op = _first_operands(q_tile, do_tile, operands, s_layout)
         for n in range(0, full, BLOCK_N):
-            dq = _dq_step(q_tile, do_tile, k_smem, v_smem, bars, dq, n, rows, lse2, delta, offset, N_K, score_scale,
+            dq = _dq_step(q_op, do_op, k_smem, v_smem, bars, dq, n, rows, lse2, delta, offset, N_K, score_scale,
                           causal, drop, False, BLOCK_N, HEAD_DIM, DROPOUT, s_layout, op_layout)
         for n in range(full, hi, BLOCK_N):
-            dq = _dq_step(q_tile, do_tile, k_smem, v_smem, bars, dq, n, rows, lse2, delta, offset, N_K, score_scale,
+            dq = _dq_step(q_op, do_op, k_smem, v_smem, bars, dq, n, rows, lse2, delta, offset, N_K, score_scale,
                           causal, drop, True, BLOCK_N, HEAD_DIM, DROPOUT, s_layout, op_layout)
         for n in range(hi, hi_all, BLOCK_N):
             t = n // BLOCK_N
@@ -427,32 +474,37 @@ if HAVE_GLUON:
         tma.store_wait(pendings=0)
 
     @gluon.jit
-    def _dq_consume_first_half(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout):
-        _dq_consume(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout, 0, False)
+    def _dq_consume_first_half(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout,
+                               operands):
+        _dq_consume(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout, operands, 0, False)
 
     @gluon.jit
-    def _dq_consume_second_half(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout):
-        _dq_consume(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout, 1, False)
+    def _dq_consume_second_half(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout,
+                                operands):
+        _dq_consume(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout, operands, 1, False)
 
     @gluon.jit
-    def _dq_consume_first_half_dropout(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout):
-        _dq_consume(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout, 0, True)
+    def _dq_consume_first_half_dropout(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout,
+                                       operands):
+        _dq_consume(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout, operands, 0, True)
 
     @gluon.jit
-    def _dq_consume_second_half_dropout(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout):
-        _dq_consume(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout, 1, True)
+    def _dq_consume_second_half_dropout(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout,
+                                        operands):
+        _dq_consume(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout, operands, 1, True)
 
     @gluon.jit
     def attention_bwd_dq_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, sm_scale, H,
                                        KV_GROUP, N_Q, N_K, DROPOUT_SEED, dropout_p, CAUSAL: gl.constexpr,
                                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                                       STAGES: gl.constexpr, DROPOUT: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                                       LOADER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                                       STAGES: gl.constexpr, DROPOUT: gl.constexpr, REGISTER_OPERANDS: gl.constexpr,
+                                       CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
+                                       num_warps: gl.constexpr):
         """dQ of query rows ``2 * BLOCK_M`` times a query tile on of (sample, head) ``program_id(1)``; under a
         causal mask the longest tiles (the last rows) first. Descriptors: (B, H, N_q, D) q/do/dq with
         (1, 1, BLOCK_M, D) tiles, (B, H_kv, N_k, D) k/v with (1, 1, BLOCK_N, D) tiles; LSE, DELTA (B, H, N_q)
         float32 contiguous. ``DROPOUT``: the forward's dropout of probability ``dropout_p`` from the int64 seed at
-        ``DROPOUT_SEED``."""
+        ``DROPOUT_SEED``. ``REGISTER_OPERANDS``: Q and dO read from registers (:data:`DQ_REGISTER_OPERANDS`)."""
         gl.static_assert(num_warps == 4)
         off_bh = gl.program_id(1)
         off_b = off_bh // H
@@ -493,7 +545,8 @@ if HAVE_GLUON:
         causal = gl.to_tensor(CAUSAL)
         args = ((q_desc, k_desc, v_desc, do_desc, dq_desc), (q_smem, k_smem, v_smem, do_smem),
                 (qdo_bar, k_ready, v_ready, k_empty, v_empty), (off_b, off_h, off_kvh, m0, H, N_Q, N_K, offset),
-                (full0, hi0, full1, hi1), LSE, DELTA, sm_scale, causal, (DROPOUT_SEED, dropout_p))
+                (full0, hi0, full1, hi1), LSE, DELTA, sm_scale, causal, (DROPOUT_SEED, dropout_p),
+                _operands_flag(REGISTER_OPERANDS))
         if DROPOUT:
             gl.warp_specialize([(_dq_consume_first_half_dropout, args), (_dq_consume_second_half_dropout, args),
                                 (_dq_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
@@ -517,13 +570,16 @@ def dq_preferred(head_dim: int, n_q: int, n_k: int, scores: float, dropout: bool
 
 
 def launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, *, scale: float, causal: bool, dropout_p: float = 0.0,
-                                 dropout_seed=None) -> None:
+                                 dropout_seed=None, register_operands: bool | None = None) -> None:
     """Fill dk, dv (B, H_kv, N_k, D) from q, do (B, H, N_q, D), k, v, lse and delta (B, H, N_q) float32
     contiguous, for a call :func:`.attention_fwd_hopper.can_run` accepts (all six tensors, and head_dim in this
     module's :data:`CONFIGS`): no mask, or a causal one with ``causal``. ``dropout_p`` and ``dropout_seed``: the
-    forward's (:func:`.attention_fwd_hopper.launch_attention_forward_hopper`)."""
+    forward's (:func:`.attention_fwd_hopper.launch_attention_forward_hopper`). ``register_operands``: K and V read
+    from registers (None: where :data:`DKDV_REGISTER_OPERANDS` says)."""
     batch, heads, n_q, head_dim = q.shape
     kv_heads, n_k = k.shape[1], k.shape[2]
+    if register_operands is None:
+        register_operands = head_dim in DKDV_REGISTER_OPERANDS
     block_m, block_n, stages = CONFIGS[head_dim]
     grid = (triton.cdiv(n_k, 2 * block_n), batch * kv_heads)
     attention_bwd_dkdv_hopper_kernel[grid](
@@ -531,17 +587,21 @@ def launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, *, scale: floa
         tile_descriptor(do, block_m), tile_descriptor(dk, block_n), tile_descriptor(dv, block_n), lse, delta, scale,
         heads, heads // kv_heads, n_q, n_k, lse if dropout_seed is None else dropout_seed, float(dropout_p),
         CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, STAGES=stages, DROPOUT=dropout_p > 0,
-        CONSUMER_REGS=CONSUMER_REGISTERS, LOADER_REGS=LOADER_REGISTERS, num_warps=4, maxnreg=KERNEL_REGISTERS)
+        REGISTER_OPERANDS=bool(register_operands), CONSUMER_REGS=CONSUMER_REGISTERS, LOADER_REGS=LOADER_REGISTERS,
+        num_warps=4, maxnreg=KERNEL_REGISTERS)
 
 
 def launch_attention_dq_hopper(q, k, v, do, lse, delta, dq, *, scale: float, causal: bool, dropout_p: float = 0.0,
-                               dropout_seed=None) -> None:
+                               dropout_seed=None, register_operands: bool | None = None) -> None:
     """Fill dq (B, H, N_q, D) from q, do (B, H, N_q, D), k, v (B, H_kv, N_k, D), lse and delta (B, H, N_q) float32
     contiguous, for a call :func:`.attention_fwd_hopper.can_run` accepts (all six tensors, and head_dim in
     :data:`DQ_CONFIGS`): no mask, or a causal one with ``causal``. ``dropout_p`` and ``dropout_seed``: the
-    forward's."""
+    forward's. ``register_operands``: Q and dO read from registers (None: where :data:`DQ_REGISTER_OPERANDS`
+    says)."""
     batch, heads, n_q, head_dim = q.shape
     kv_heads, n_k = k.shape[1], k.shape[2]
+    if register_operands is None:
+        register_operands = head_dim in DQ_REGISTER_OPERANDS
     block_m, block_n, stages = DQ_CONFIGS[head_dim]
     grid = (triton.cdiv(n_q, 2 * block_m), batch * heads)
     attention_bwd_dq_hopper_kernel[grid](
@@ -549,4 +609,5 @@ def launch_attention_dq_hopper(q, k, v, do, lse, delta, dq, *, scale: float, cau
         tile_descriptor(do, block_m), tile_descriptor(dq, block_m), lse, delta, scale,
         heads, heads // kv_heads, n_q, n_k, lse if dropout_seed is None else dropout_seed, float(dropout_p),
         CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, STAGES=stages, DROPOUT=dropout_p > 0,
-        CONSUMER_REGS=CONSUMER_REGISTERS, LOADER_REGS=LOADER_REGISTERS, num_warps=4, maxnreg=KERNEL_REGISTERS)
+        REGISTER_OPERANDS=bool(register_operands), CONSUMER_REGS=CONSUMER_REGISTERS, LOADER_REGS=LOADER_REGISTERS,
+        num_warps=4, maxnreg=KERNEL_REGISTERS)

@@ -2,6 +2,8 @@
 plain calls only, by default each where it was measured faster (preferred, dq_preferred), wherever they can run with
 use_gluon=True, never with use_gluon=False; they compile for sm_90a with the installed Triton; on a Hopper GPU their
 gradients equal float64 autograd's, through the launcher and through the front door, and repeat bitwise."""
+import re
+
 import pytest
 import torch
 
@@ -14,7 +16,7 @@ from flashlib.reference import naive_attention
 from flashlib.spec import AttentionSpec
 from flashlib.validation import relative_error, tolerance
 from support.attention import DEVICE, ODD_SHAPES, UNCOVERED_CASES, as_bhnd, make_inputs, uncovered_call
-from support.sass import compiled_variants, run_sass_counts
+from support.sass import block_loops, compiled_variants, run_sass_counts
 
 
 @pytest.mark.parametrize("head_dim, n_q, n_k, scores, expected", [
@@ -132,6 +134,33 @@ def test_compiles_for_hopper_with_warpgroup_mma_the_copy_engine_and_partition_re
         assert opcodes.get("USETMAXREG", 0) > 0, "the partitions' registers must be set (setmaxnreg)"
 
 
+@pytest.mark.parametrize("kernel, head_dims", [("gluon_dq", "64,128"), ("gluon_dkdv", "64")])
+def test_register_operands_compile_with_every_product_reading_registers_and_no_spill_in_the_loops(kernel, head_dims):
+    """Where the loop-invariant first operands (Q and dO, or K and V) can be held in registers, every warpgroup
+    product reads its first operand from registers, and no loop over blocks stores to the stack: with Triton 3.6
+    (the GPU machine's) with or without the causal mask or dropout; with later versions, which spill a few
+    registers in the causal mask's loops whichever way the operands come, without the mask. (Not the dK/dV kernel
+    at head_dim 128: K and V there spill 55 registers a block, benchmarks/TUNING.md, thirty-ninth finding.) The
+    default reads them from shared memory: half the products at least do."""
+    done = run_sass_counts("--kernel", kernel, "--d", head_dims, "--causal", "no,yes", "--dropout", "0,0.1",
+                           "--register-operands", "yes,no")
+    assert done.returncode == 0, done.stderr[-3000:]
+    variants = compiled_variants(done.stdout, kernel)
+    loops = block_loops(done.stdout, kernel)
+    first = [tuple(map(int, re.findall(r"(\d+) from", line))) for line in done.stdout.splitlines()
+             if line.strip().startswith("first operand:")]
+    assert len(variants) == len(loops) == len(first) == 8 * len(head_dims.split(",")), done.stdout
+    gpu_machines_triton = done.stdout.startswith("triton 3.6.")
+    for (header, _, _), variant_loops, (from_registers, from_shared) in zip(variants, loops, first):
+        if "register operands yes" in header:
+            assert from_registers > 0 and from_shared == 0, (header, from_registers, from_shared)
+            if gpu_machines_triton or "causal=no" in header:
+                assert all(stores == 0 for _, _, stores, _ in variant_loops), (header, variant_loops)
+        else:
+            assert from_shared >= from_registers > 0, (header, from_registers, from_shared)
+    assert not set(bwd_hopper.DKDV_REGISTER_OPERANDS) - {64}, "K and V spill in registers at head_dim 128"
+
+
 def _count_launches(monkeypatch) -> list[str]:
     """The names of the Gluon kernels launched (and run) from now on."""
     calls = []
@@ -222,3 +251,39 @@ def test_gpu_gluon_dropout_gradients_match_float64_with_the_kernels_mask(monkeyp
     for got, triton_got, want in zip(grads[True], grads[False], (q64.grad, k64.grad, v64.grad)):
         assert relative_error(got, want) <= tolerance(dtype)  # also fails on a NaN: every element written
         assert relative_error(got, triton_got) <= tolerance(dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dropout_p", [0.0, 0.2])
+def test_gpu_register_operands_give_the_same_gradients_bitwise(dtype, head_dim, causal, dropout_p):
+    """Q and dO (dQ kernel) and, at head_dim 64, K and V (dK/dV kernel) read from registers instead of shared
+    memory feed the same products in the same order: dQ, dK and dV equal the shared-memory path's bit for bit
+    (GQA 6/3, N_q = 600 / N_k = 700, outputs NaN-filled first), and match float64 autograd."""
+    q, k, v, do = make_inputs(2, 6, 3, 600, 700, head_dim, dtype, seed=head_dim + causal, grad_out=True)
+    if not bwd_hopper.can_run(q, k, v, do, k, v, scale=1.0):
+        pytest.skip("needs a Hopper GPU (sm_90) and Gluon")
+    seed = torch.tensor([12345], dtype=torch.int64, device="cuda")
+    spec = AttentionSpec(causal=causal, dropout_p=effective_dropout_p(dropout_p))
+    o, lse = torch.empty_like(q), torch.empty(q.shape[:3], device="cuda")
+    launch_attention_forward(q, k, v, o, lse, spec, dropout_seed=seed)
+    delta = attention_bwd.launch_attention_backward(q, k, v, o, lse, do, None, None, None, spec)
+    scale, grads = spec.scale(head_dim), {}
+    for in_registers in (False, True):
+        dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+        common = dict(scale=scale, causal=causal, dropout_p=spec.dropout_p, dropout_seed=seed,
+                      register_operands=in_registers)
+        bwd_hopper.launch_attention_dq_hopper(q, k, v, do, lse, delta, dq, **common)
+        bwd_hopper.launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv,
+                                                **{**common, "register_operands": in_registers and head_dim == 64})
+        grads[in_registers] = (dq, dk, dv)
+    for name, shared, registers in zip("qkv", grads[False], grads[True]):
+        assert torch.equal(shared, registers), f"d{name}"
+    if dropout_p == 0:
+        q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+        naive_attention(q64, k64.repeat_interleave(2, 1), v64.repeat_interleave(2, 1), causal=causal).backward(
+            do.double())
+        for got, want in zip(grads[True], (q64.grad, k64.grad, v64.grad)):
+            assert relative_error(got, want) <= tolerance(dtype)  # also fails on a NaN: every element written
