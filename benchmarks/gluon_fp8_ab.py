@@ -3,7 +3,7 @@ forward, in one process on one GPU (issue 14: FP8 at least 1.4x flashlib's fp16 
 
 Checks first, each against the float64 reference of the dequantized inputs (O and L start as NaN, so an element
 left unwritten fails): GQA 8/2, 1000 rows, per-tensor and per-head factors, D 64 and 128, causal or not, P through
-shared memory and through registers (the two must agree exactly). Then the
+shared memory and through registers, Q from registers and from shared memory (all four must agree exactly). Then the
 FlashAttention-2 benchmark shapes (B * N = 16384, H * D = 2048), each call replayed from a CUDA graph
 (``flashlib.timing.graph_time_ms``: GPU time alone), for
 
@@ -11,8 +11,9 @@ FlashAttention-2 benchmark shapes (B * N = 16384, H * D = 2048), each call repla
 * ``fp8_triton``: FP8 through the Triton forward (what ``flash_attention`` runs today);
 * ``fp8_gluon``: FP8 through the Gluon forward (``use_gluon=True``), in its ``FP8_CONFIGS`` and in every
   ``--configs`` variant (``fp8_gluon_NAME``, checked against ``fp8_gluon``), with P entering P V from shared
-  memory (its default, ``FP8_WEIGHTS_SHARED``) and from registers (``fp8_gluon_registers``, the same FP8
-  products: its O must equal ``fp8_gluon``'s);
+  memory (its default, ``FP8_WEIGHTS_SHARED``) and from registers (``fp8_gluon_registers``), and with S reading Q
+  from registers (its default, ``FP8_Q_IN_REGISTERS``) and from shared memory (``fp8_gluon_q_shared``): the same
+  FP8 products, so every variant's O must equal ``fp8_gluon``'s;
 
 with TFLOP/s (``flashlib.io_model.attention_flops``) and each FP8 time's speed-up over ``fp16``. Inputs: randn
 quantized per tensor, V stored keys innermost, O in bfloat16.
@@ -61,14 +62,15 @@ def quantized(batch, heads, heads_kv, n, d, per_head=False, seed=0):
 
 
 @contextlib.contextmanager
-def weights_through(place: str):
-    """The Gluon forward's FP8 weights entering P V from ``place`` ("shared" or "registers"), restored on leaving."""
-    saved = hopper.FP8_WEIGHTS_SHARED
-    hopper.FP8_WEIGHTS_SHARED = place == "shared"
+def weights_through(place: str, q_place: str = "registers"):
+    """The Gluon forward's FP8 weights entering P V from ``place`` and S reading Q from ``q_place`` ("shared" or
+    "registers"), restored on leaving."""
+    saved = hopper.FP8_WEIGHTS_SHARED, hopper.FP8_Q_IN_REGISTERS
+    hopper.FP8_WEIGHTS_SHARED, hopper.FP8_Q_IN_REGISTERS = place == "shared", q_place == "registers"
     try:
         yield
     finally:
-        hopper.FP8_WEIGHTS_SHARED = saved
+        hopper.FP8_WEIGHTS_SHARED, hopper.FP8_Q_IN_REGISTERS = saved
 
 
 def forward(q, k, v, causal, descale=None, use_gluon=None, out_dtype=torch.bfloat16):
@@ -87,16 +89,18 @@ def checks() -> list[dict]:
                 want, want_lse = naive_attention(q, k, v, causal=causal, return_lse=True)
                 with weights_through("shared"):
                     o, lse = forward(q8, k8, v8, causal, descale, use_gluon=True)
-                with weights_through("registers"):
-                    o_registers, lse_registers = forward(q8, k8, v8, causal, descale, use_gluon=True)
+                others = []
+                for place, q_place in (("registers", "registers"), ("shared", "shared"), ("registers", "shared")):
+                    with weights_through(place, q_place):
+                        others.append(forward(q8, k8, v8, causal, descale, use_gluon=True))
                 o_triton, _ = forward(q8, k8, v8, causal, descale, use_gluon=False)
                 row = dict(case="gqa 8/2, 1000 rows", d=d, causal=causal, per_head=per_head,
                            o_error=relative_error(o, want), lse_error=relative_error(lse, want_lse),
                            o_triton_error=relative_error(o_triton, want), o_vs_triton=relative_error(o, o_triton),
-                           registers_equal=bool(torch.equal(o, o_registers) and torch.equal(lse, lse_registers)),
+                           variants_equal=all(torch.equal(o, o2) and torch.equal(lse, lse2) for o2, lse2 in others),
                            written=not (o.isnan().any() or lse.isnan().any()))
                 row["status"] = "ok" if (row["written"] and row["o_error"] < O_TOL and row["lse_error"] < LSE_TOL
-                                         and row["o_vs_triton"] < O_TOL and row["registers_equal"]) else "FAIL"
+                                         and row["o_vs_triton"] < O_TOL and row["variants_equal"]) else "FAIL"
                 print_row(row)
                 rows.append(row)
     return rows
@@ -119,9 +123,10 @@ def timings(dims, lengths, configs) -> list[dict]:
                 for name, run in runs.items():
                     row[f"{name}_ms"] = graph_time_ms(run, rep=100)
                 o_gluon = runs["fp8_gluon"]()[0]
-                with weights_through("registers"):
-                    row["o_registers_vs_fp8_gluon"] = relative_error(runs["fp8_gluon"]()[0], o_gluon)
-                    row["fp8_gluon_registers_ms"] = graph_time_ms(runs["fp8_gluon"], rep=100)
+                for label, places in (("registers", ("registers", "registers")), ("q_shared", ("shared", "shared"))):
+                    with weights_through(*places):
+                        row[f"o_{label}_vs_fp8_gluon"] = relative_error(runs["fp8_gluon"]()[0], o_gluon)
+                        row[f"fp8_gluon_{label}_ms"] = graph_time_ms(runs["fp8_gluon"], rep=100)
                 for label, (config_d, config, _) in configs.items():
                     if config_d == d:
                         with config_in_place(hopper.FP8_CONFIGS, d, config):

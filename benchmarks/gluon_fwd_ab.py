@@ -4,7 +4,9 @@ Triton forward and SDPA's cuDNN backend, in one process on one GPU.
 Checks first (each against float64 on the GPU, and every output element written: O and LSE start as NaN):
 odd lengths, N_q != N_k both ways under a causal mask, GQA, the (B, N, H, D) layout, bf16. Then the
 FlashAttention-2 benchmark shapes (B * N = 16384, H * D = 2048), each call replayed from a CUDA graph
-(``flashlib.timing.graph_time_ms``: GPU time alone), TFLOP/s by ``flashlib.io_model.attention_flops``.
+(``flashlib.timing.graph_time_ms``: GPU time alone), TFLOP/s by ``flashlib.io_model.attention_flops``. The Gluon
+forward also runs with Q held in registers (``q_in_registers=True``, TUNING.md fortieth finding): checked bitwise
+equal to its default and timed as ``gluon_qregs``.
 
     python benchmarks/gluon_fwd_ab.py [--dtype fp16,bf16] [--d 64,128] [--N 1024,4096,16384] [--out FILE]
     python benchmarks/gluon_fwd_ab.py --no-checks --no-timings --eager "1,16,2048,128;2,16,4096,128"
@@ -68,6 +70,8 @@ def check(case: str, q, k, v, causal) -> dict:
     if not hopper.can_run(q, k, v, q, scale=q.shape[-1] ** -0.5):
         return dict(case=case, status="not supported")
     o, lse = run_gluon(q, k, v, causal)
+    o_registers, lse_registers = run_gluon(q, k, v, causal, q_in_registers=True)
+    registers_equal = bool(torch.equal(o, o_registers) and torch.equal(lse, lse_registers))
     group = q.shape[1] // k.shape[1]
     k64, v64 = (t.double().repeat_interleave(group, dim=1) for t in (k, v))
     ref_o, ref_lse = naive_attention(q.double(), k64, v64, causal=causal, return_lse=True)
@@ -75,8 +79,9 @@ def check(case: str, q, k, v, causal) -> dict:
     lse_err = relative_error(torch.where(finite, lse.double(), 0.0), torch.where(finite, ref_lse, 0.0))
     lse_ok = bool((lse[~finite] == float("-inf")).all())
     o_err = relative_error(o, ref_o)
-    ok = o_err <= O_TOL[q.dtype] and lse_err <= LSE_TOL and lse_ok
-    return dict(case=case, o_rel_err=o_err, lse_rel_err=lse_err, status="ok" if ok else "wrong")
+    ok = o_err <= O_TOL[q.dtype] and lse_err <= LSE_TOL and lse_ok and registers_equal
+    return dict(case=case, o_rel_err=o_err, lse_rel_err=lse_err, q_registers_equal=registers_equal,
+                status="ok" if ok else "wrong")
 
 
 #: The checked shapes: (name, (B, H, H_kv, N_q, N_k), stored as (B, N, H, D)).
@@ -245,6 +250,7 @@ def timings(dtypes, dims, lengths, variants=None) -> list[dict]:
                    lse_vs_triton=relative_error(lse_gluon, lse_triton))
         calls = {
             "gluon": lambda: run_gluon(q, k, v, causal),
+            "gluon_qregs": lambda: run_gluon(q, k, v, causal, q_in_registers=True),
             "triton": lambda: run_triton(q, k, v, causal),
             "cudnn": lambda: ATTENTION_IMPLS["sdpa_cudnn"](q, k, v, causal),
         }
@@ -257,6 +263,7 @@ def timings(dtypes, dims, lengths, variants=None) -> list[dict]:
             row[f"{impl}_tflops"] = flops / ms * 1e-9
         row["gluon/triton"] = row["gluon_tflops"] / row["triton_tflops"]
         row["gluon/cudnn"] = row["gluon_tflops"] / row["cudnn_tflops"]
+        row["qregs/gluon"] = row["gluon_qregs_tflops"] / row["gluon_tflops"]
         print_row(row)
         rows.append(row)
     return rows

@@ -98,12 +98,13 @@ def captured_gluon_launch(module, kernel_name: str, launcher) -> tuple:
 
 
 def gluon_launch(kernel: str, d: int, n: int, dtype, causal: bool, dropout_p: float = 0.0,
-                 fp8_weights_shared: bool = True, register_operands: bool = False) -> tuple:
+                 fp8_weights_shared: bool = True, register_operands: bool | None = None) -> tuple:
     """The launch of the Gluon forward (``gluon_fwd``), dK/dV (``gluon_dkdv``) or dQ kernel (``gluon_dq``) for the
     FlashAttention-2 benchmark's shape (H = 2048 / D, B = 4), captured (``--configs`` does not apply). ``dtype``
     float8_e4m3fn (the forward only): q, k, v in FP8, V stored keys innermost, O in bfloat16, per-tensor factors,
-    P entering P V from shared memory (``fp8_weights_shared``) or from registers. ``register_operands``: the backward
-    kernels' loop-invariant first operands read from registers (K, V or Q, dO)."""
+    P entering P V from shared memory (``fp8_weights_shared``) or from registers. ``register_operands``: the kernels'
+    loop-invariant first operands read from registers (the forward's Q; the backward's K, V or Q, dO); None: the
+    launcher's default."""
     q, k, v, o = (torch.randn(4, 2048 // d, n, d).to(dtype) for _ in range(4))
     rows = torch.empty(4, 2048 // d, n)
     if dtype == torch.float8_e4m3fn:
@@ -114,14 +115,15 @@ def gluon_launch(kernel: str, d: int, n: int, dtype, causal: bool, dropout_p: fl
         return captured_gluon_launch(attention_fwd_hopper, "attention_fwd_hopper_kernel", lambda: (
             attention_fwd_hopper.launch_attention_forward_hopper(q, k, v, o, rows, scale=d ** -0.5, causal=causal,
                                                                  persistent=False, descale=descale,
-                                                                 fp8_weights_shared=fp8_weights_shared)))
+                                                                 fp8_weights_shared=fp8_weights_shared,
+                                                                 q_in_registers=register_operands)))
     drop = dict(dropout_p=effective_dropout_p(dropout_p), dropout_seed=torch.zeros(1, dtype=torch.int64))
-    if kernel != "gluon_fwd":
-        drop["register_operands"] = register_operands
     if kernel == "gluon_fwd":
         return captured_gluon_launch(attention_fwd_hopper, "attention_fwd_hopper_kernel", lambda: (
             attention_fwd_hopper.launch_attention_forward_hopper(q, k, v, o, rows, scale=d ** -0.5, causal=causal,
-                                                                 persistent=False, **drop)))  # the grid asks no GPU
+                                                                 persistent=False, q_in_registers=register_operands,
+                                                                 **drop)))  # the grid asks no GPU
+    drop["register_operands"] = register_operands
     if kernel == "gluon_dq":
         return captured_gluon_launch(attention_bwd_hopper, "attention_bwd_dq_hopper_kernel", lambda: (
             attention_bwd_hopper.launch_attention_dq_hopper(q, k, v, o, rows, rows, torch.empty_like(q),
@@ -289,9 +291,10 @@ def main():
     parser.add_argument("--fp8-weights", default="shared",
                         help="comma list of shared, registers: where FP8 weights enter P V from (--dtype fp8; "
                         "default shared, the kernel's default)")
-    parser.add_argument("--register-operands", default="no",
-                        help="comma list of no, yes: the Gluon backward kernels' loop-invariant first operands (K and "
-                        "V, or Q and dO) read from shared memory or from registers (default no)")
+    parser.add_argument("--register-operands", default="default",
+                        help="comma list of default, no, yes: the Gluon kernels' loop-invariant first operands (the "
+                        "forward's Q; the backward's K and V, or Q and dO) read from shared memory or from registers "
+                        "(default: the launcher's choice)")
     parser.add_argument("--configs", default="128x64",
                         help="comma list of BLOCK_MxBLOCK_N[/stages[/warps]], e.g. 64x64/3/8 (default 128x64; "
                         "stages and warps default to the launcher's choice)")
@@ -315,8 +318,8 @@ def main():
     except ValueError:
         parser.error(f"--d takes integers and --dropout numbers, comma separated; got {args.d!r} and {args.dropout!r}")
     operand_places = args.register_operands.split(",")
-    if any(p not in ("no", "yes") for p in operand_places):
-        parser.error(f"--register-operands takes no and yes; got {args.register_operands!r}")
+    if any(p not in ("default", "no", "yes") for p in operand_places):
+        parser.error(f"--register-operands takes default, no and yes; got {args.register_operands!r}")
     weights = args.fp8_weights.split(",")
     if any(w not in ("shared", "registers") for w in weights) or (args.dtype != "fp8" and weights != ["shared"]):
         parser.error(f"--fp8-weights takes shared and registers, with --dtype fp8; got {args.fp8_weights!r}")
@@ -332,7 +335,7 @@ def main():
         spec = AttentionSpec(causal=causal == "yes", dropout_p=p)
         if kernel.startswith("gluon"):
             launches = [gluon_launch(kernel, d, 4096, dtype, causal == "yes", p, weight_place == "shared",
-                                     in_registers == "yes")]
+                                     {"default": None, "yes": True, "no": False}[in_registers])]
         else:
             launches = captured_launches(kernel, d, 4096, dtype, spec, block_m, block_n, args.tma == "host")
         for fn, call_args, call_kwargs in launches:
@@ -350,7 +353,7 @@ def main():
             else:
                 tile = f"{block_m}x{block_n} s{compiled.metadata.num_stages}"
             place = f" P from {weight_place}" if args.dtype == "fp8" else ""
-            if kernel in ("gluon_dkdv", "gluon_dq"):
+            if kernel.startswith("gluon"):
                 place += f" register operands {in_registers}"
             print(f"{kernel} D={d} causal={causal} dropout={p}{place} {tile} w{compiled.metadata.num_warps}: "
                   f"{sum(opcodes.values())} instructions, "

@@ -187,16 +187,19 @@ def test_keys_innermost_pads_rows_to_16_bytes_and_keeps_values():
 
 
 # ---------------------------------------------------------------- the Gluon forward's FP8 path (Hopper)
-def _gluon_fp8(monkeypatch, quantized, causal, out_dtype, use_gluon=True, persistent=True, weights_shared=None):
+def _gluon_fp8(monkeypatch, quantized, causal, out_dtype, use_gluon=True, persistent=True, weights_shared=None,
+               q_in_registers=None):
     """O and L of (B, H, N, D) FP8 inputs through the launcher, O and L filled with NaN first, and how many times
-    the Gluon forward was launched; ``weights_shared``: where its P enters P V from (None: the kernel's default)."""
+    the Gluon forward was launched; ``weights_shared``: where its P enters P V from, ``q_in_registers``: where S
+    reads Q from (None: the kernel's defaults)."""
     from flashlib.kernels import attention_fwd_hopper as hopper
     launched = []
     real = hopper.launch_attention_forward_hopper
 
     def counted(*args, **kwargs):
         launched.append(1)
-        return real(*args, persistent=persistent, fp8_weights_shared=weights_shared, **kwargs)
+        return real(*args, persistent=persistent, fp8_weights_shared=weights_shared, q_in_registers=q_in_registers,
+                    **kwargs)
     (q8, dq), (k8, dk), (v8, dv) = quantized
     descale = torch.stack([t.expand(q8.shape[0], k8.shape[1]) for t in (dq, dk, dv)]).contiguous()
     o = torch.full(q8.shape, float("nan"), dtype=out_dtype, device=DEVICE)
@@ -223,7 +226,8 @@ def test_gpu_gluon_fp8_matches_the_dequantized_reference_and_the_triton_fp8_forw
     """GQA 8/2, 700 rows (a partial last tile), per-tensor or per-head factors: every output written, O within
     FP8's tolerance of the float64 reference of the dequantized inputs and of the Triton FP8 forward, L (float32
     scores of exact FP8 products, summed by FP8 tensor cores) within :data:`FP8_LSE_TOLERANCE`. P enters P V from
-    shared memory by default and from registers on request: the same FP8 products, so the same O and L exactly."""
+    shared memory by default and from registers on request, and S reads Q from registers by default and from shared
+    memory on request: the same FP8 products in the same order, so the same O and L exactly."""
     _needs_hopper()
     _, quantized = fp8_inputs(batch=2, heads=8, kv_heads=2, n=700, d=d, per_head=per_head)
     o, lse, launched = _gluon_fp8(monkeypatch, quantized, causal, out_dtype)
@@ -237,9 +241,9 @@ def test_gpu_gluon_fp8_matches_the_dequantized_reference_and_the_triton_fp8_forw
     triton_o, _, launched = _gluon_fp8(monkeypatch, quantized, causal, out_dtype, use_gluon=False)
     assert launched == 0
     assert relative_error(o, triton_o) < FP8_TOLERANCE
-    for weights_shared in (True, False):
+    for weights_shared, q_in_registers in ((True, True), (False, True), (True, False), (False, False)):
         other_o, other_lse, launched = _gluon_fp8(monkeypatch, quantized, causal, out_dtype,
-                                                  weights_shared=weights_shared)
+                                                  weights_shared=weights_shared, q_in_registers=q_in_registers)
         assert launched == 1
-        assert torch.equal(other_o, o) and torch.equal(other_lse, lse), f"weights_shared={weights_shared}"
+        assert torch.equal(other_o, o) and torch.equal(other_lse, lse), (weights_shared, q_in_registers)
 

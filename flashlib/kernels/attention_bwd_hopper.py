@@ -50,7 +50,7 @@ if HAVE_GLUON:
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                                    warpgroup_mma, warpgroup_mma_wait)
 
-    from .attention_fwd_hopper import tma_load, tma_store
+    from .attention_fwd_hopper import operands_flag, tma_load, tma_store
     from .dropout_hopper import dropout_keep, keep_threshold, stream_key
 
 #: (BLOCK_M query rows a step, BLOCK_N keys of each consumer, STAGES Q/dO slots) per head_dim. At 128, 64 rows a
@@ -89,21 +89,11 @@ DQ_REGISTER_OPERANDS: tuple[int, ...] = ()
 if HAVE_GLUON:
 
     @gluon.jit
-    def _operands_flag(IN_REGISTERS: gl.constexpr):
-        """A scalar whose *type* says whether the consumers take their loop-invariant operands into registers
-        (int8) or read them from shared memory (int16): partitions take no constexpr arguments (Triton 3.6 turns
-        them into values), but a value's type reaches them (:func:`_first_operands`)."""
-        if IN_REGISTERS:
-            flag = gl.to_tensor(0).to(gl.int8)
-        else:
-            flag = gl.to_tensor(0).to(gl.int16)
-        return flag
-
-    @gluon.jit
     def _first_operands(a_tile, b_tile, flag, acc_layout: gl.constexpr):
         """The two shared-memory tiles a consumer multiplies as first operands in every step (K and V, or Q and
         dO), kept where they are, or loaded once into registers in the operand layout of products accumulating in
-        ``acc_layout`` when ``flag`` (:func:`_operands_flag`) says so. The caller has waited for the tiles."""
+        ``acc_layout`` when ``flag`` (:func:`.attention_fwd_hopper.operands_flag`) says so. The caller has waited
+        for the tiles."""
         if flag.dtype == gl.int8:
             layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
             return a_tile.load(layout), b_tile.load(layout)
@@ -201,8 +191,8 @@ if HAVE_GLUON:
                       HALF: gl.constexpr, DROPOUT: gl.constexpr):
         """One warpgroup: dK and dV of the program's ``HALF``-th BLOCK_N keys, summed over the kv head's query
         heads. Block sizes come from the shared memory's shapes (partitions take no constexpr arguments).
-        ``dropout``: (the seed's pointer, p), read with ``DROPOUT`` only; ``operands``: :func:`_operands_flag`,
-        whether K and V are read from registers."""
+        ``dropout``: (the seed's pointer, p), read with ``DROPOUT`` only; ``operands``
+        (:func:`.attention_fwd_hopper.operands_flag`): whether K and V are read from registers."""
         dk_desc, dv_desc = descs[4], descs[5]
         q_smem, k_smem, v_smem, do_smem = smem
         kv_bar = bars[0]
@@ -335,7 +325,7 @@ if HAVE_GLUON:
         args = ((q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc), (q_smem, k_smem, v_smem, do_smem),
                 (kv_bar, q_ready, do_ready, q_empty, do_empty), (off_b, off_kvh, n0, KV_GROUP, H, N_Q, offset),
                 (lo, full_lo, full_hi, hi), LSE, DELTA, sm_scale, causal, (DROPOUT_SEED, dropout_p),
-                _operands_flag(REGISTER_OPERANDS))
+                operands_flag(REGISTER_OPERANDS))
         if DROPOUT:
             gl.warp_specialize([(_dkdv_consume_first_half_dropout, args), (_dkdv_consume_second_half_dropout, args),
                                 (_bwd_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
@@ -414,8 +404,8 @@ if HAVE_GLUON:
     def _dq_consume(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout, operands,
                     HALF: gl.constexpr, DROPOUT: gl.constexpr):
         """One warpgroup: dQ of the program's ``HALF``-th BLOCK_M query rows. ``dropout``: (the seed's pointer,
-        p), read with ``DROPOUT`` only; ``operands``: :func:`_operands_flag`, whether Q and dO are read from
-        registers."""
+        p), read with ``DROPOUT`` only; ``operands`` (:func:`.attention_fwd_hopper.operands_flag`): whether Q and dO
+        are read from registers."""
         dq_desc = descs[4]
         q_smem, k_smem, v_smem, do_smem = smem
         qdo_bar, k_ready, v_ready, k_empty, v_empty = bars[0], bars[1], bars[2], bars[3], bars[4]
@@ -546,7 +536,7 @@ if HAVE_GLUON:
         args = ((q_desc, k_desc, v_desc, do_desc, dq_desc), (q_smem, k_smem, v_smem, do_smem),
                 (qdo_bar, k_ready, v_ready, k_empty, v_empty), (off_b, off_h, off_kvh, m0, H, N_Q, N_K, offset),
                 (full0, hi0, full1, hi1), LSE, DELTA, sm_scale, causal, (DROPOUT_SEED, dropout_p),
-                _operands_flag(REGISTER_OPERANDS))
+                operands_flag(REGISTER_OPERANDS))
         if DROPOUT:
             gl.warp_specialize([(_dq_consume_first_half_dropout, args), (_dq_consume_second_half_dropout, args),
                                 (_dq_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])

@@ -35,11 +35,11 @@ Scope: the plain forward (no mask or a causal one, bottom-right aligned as every
 flashlib; GQA/MQA; 2-byte types; head_dim 64 or 128; a positive scale) and its dropout, whose draws
 (:mod:`.dropout_hopper`) are the Triton kernels', on Hopper. **FP8** (float8 e4m3 q, k, v with descale factors, O
 in 16 bits) runs the same partitions: both products take e4m3 operands, 32 of them a step; FP8 tensor cores read
-both operands along the reduction, so V arrives as V^T tiles (keys innermost), and P reaches P V through a
-shared-memory slot of each consumer rather than registers (:func:`_weights_operand`). It is taken only when asked (:data:`FP8_HEAD_DIMS` is empty until it is
-measured). Everything else (windows, lengths, packed sequences, score modifiers, other head dims, float32) runs
-in :mod:`.attention_fwd`, which is also the only forward of the interpreter: Gluon has no
-interpreter. :func:`can_run` says which calls this kernel can take and :func:`preferred` where it is the faster
+both operands along the reduction, so V arrives as V^T tiles (keys innermost), P reaches P V through a
+shared-memory slot of each consumer rather than registers (:func:`_weights_operand`), and Q stays in registers. It is
+taken only when asked (:data:`FP8_HEAD_DIMS` is empty until it is measured). Everything else (windows, lengths,
+packed sequences, score modifiers, other head dims, float32) runs in :mod:`.attention_fwd`, which is also the only
+forward of the interpreter: Gluon has no interpreter. :func:`can_run` says which calls this kernel can take and :func:`preferred` where it is the faster
 forward; GPU tests compare it with the float64 reference and with :mod:`.attention_fwd`.
 """
 from __future__ import annotations
@@ -76,6 +76,14 @@ FP8_CONFIGS = {64: (64, 128, 4), 128: (64, 128, 3)}
 #: sm_90a). Not yet timed on a GPU (``benchmarks/gluon_fp8_ab.py`` times both); the launcher's
 #: ``fp8_weights_shared`` takes either.
 FP8_WEIGHTS_SHARED = True
+#: Where each consumer reads Q, the first operand of ``S = Q K^T`` in every key block of a tile, from registers
+#: (loaded once a tile; its shared-memory slot is released to the loader at once) rather than from shared memory: a
+#: product of both operands in shared memory reads 96 bytes a cycle at N = 128 keys, one with A in registers 64
+#: (benchmarks/TUNING.md, thirty-ninth and fortieth findings). FP8 (:data:`FP8_Q_IN_REGISTERS`): on, as its P comes
+#: from shared memory; 16-bit without dropout (whose draws then spill): at the head dims in
+#: :data:`Q_IN_REGISTERS_HEAD_DIMS`, none until timed. The launcher's ``q_in_registers`` takes either.
+FP8_Q_IN_REGISTERS = True
+Q_IN_REGISTERS_HEAD_DIMS: tuple[int, ...] = ()
 #: Registers a thread of each partition: the consumer warpgroups hold O, S and P (FlashAttention-3's 240),
 #: the loading warp only addresses. The kernel is capped at KERNEL_REGISTERS so that its three warpgroups
 #: fit the SM's 64K registers; the first consumer (the default partition) gets what the others leave.
@@ -87,6 +95,18 @@ PINGPONG = True
 PERSISTENT = True
 
 if HAVE_GLUON:
+
+    @gluon.jit
+    def operands_flag(IN_REGISTERS: gl.constexpr):
+        """A scalar whose *type* tells consumer partitions whether to hold a loop-invariant operand in registers
+        (int8: ``flag.dtype == gl.int8``) or read it from shared memory (int16). Partitions take no constexpr
+        arguments (Triton 3.6 turns them into values), but a value's type reaches them, as block sizes reach them
+        through shared memory's shapes."""
+        if IN_REGISTERS:
+            flag = gl.to_tensor(0).to(gl.int8)
+        else:
+            flag = gl.to_tensor(0).to(gl.int16)
+        return flag
 
     @gluon.jit
     def _softmax_step(s, m_i, l_i, start_n, rows, offset, N_K, qk_scale,
@@ -186,7 +206,7 @@ if HAVE_GLUON:
         return off_b, off_h, off_h // KV_GROUP, m0, n_blocks, n_full
 
     @gluon.jit
-    def _load_partition(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale):
+    def _load_partition(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale, operands):
         """One warp: for each query tile of the program, its Q tiles once both consumers released the last ones,
         then K and V of every key block into the ring of ``STAGES`` slots, each slot refilled once both consumers
         have released it. The ring runs on across tiles, so the next tile's first blocks load during this
@@ -309,7 +329,7 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _consume_tile(descs, smem, bars, q_tile, tile_at, ring, turn, tiles, LSE, qk_scale, descale_at, causal,
-                      pingpong, dropout, HALF: gl.constexpr, DROPOUT: gl.constexpr):
+                      pingpong, dropout, operands, HALF: gl.constexpr, DROPOUT: gl.constexpr):
         """O and LSE of the ``HALF``-th BLOCK_M query rows of one query tile (``tile_at``: its place from
         :func:`_tile` and its (batch, head) ``hz``), whose key blocks start at place ``ring`` of the K/V ring and
         round ``turn`` of the ping-pong; ``tiles``: query tiles this consumer finished before. With ``DROPOUT``,
@@ -346,6 +366,12 @@ if HAVE_GLUON:
         l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
         o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
         mbarrier.wait(q_ready.index(HALF), tiles & 1)
+        q_slot = q_tile
+        Q_IN_REGISTERS: gl.constexpr = operands.dtype == gl.int8
+        if Q_IN_REGISTERS:  # once a tile; the slot is free for the loader to bring the next tile's Q at once
+            q_tile = q_slot.load(gl.DotOperandLayout(operand_index=0, parent=s_layout,
+                                                     k_width=32 // q_slot.dtype.primitive_bitwidth))
+            mbarrier.arrive(q_empty.index(HALF), count=1)
 
         if n_blocks > 0:
             # Block 0: its scores alone (always through the mask: cheap once, right for every block).
@@ -369,8 +395,8 @@ if HAVE_GLUON:
                                                        split, n_blocks, ring, turn, rows_s, offset, N_K, qk_scale,
                                                        pingpong, drop, HALF, True, causal, BLOCK_M, BLOCK_N, HEAD_DIM,
                                                        STAGES, DROPOUT, s_layout, p_layout, o_layout)
-            # Q is read by no more product: the loader may bring the next tile's.
-            mbarrier.arrive(q_empty.index(HALF), count=1)
+            if not Q_IN_REGISTERS:  # Q is read by no more product: the loader may bring the next tile's.
+                mbarrier.arrive(q_empty.index(HALF), count=1)
             # P V of the last block.
             o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             _wait_turn(turns, turn + n_blocks, pingpong, HALF)
@@ -378,7 +404,7 @@ if HAVE_GLUON:
             _pass_turn(turns, pingpong, HALF)
             o = warpgroup_mma_wait(num_outstanding=0, deps=(o, ))
             mbarrier.arrive(v_empty.index((ring + n_blocks - 1) % STAGES), count=1)
-        else:
+        elif not Q_IN_REGISTERS:
             mbarrier.arrive(q_empty.index(HALF), count=1)
 
         # Rows with no visible key (l = 0): O = 0, L = -inf. A NaN score makes l NaN and reaches O and L.
@@ -405,8 +431,8 @@ if HAVE_GLUON:
         return gl.load(descale_at[0] + which * descale_at[1] + descale_at[2])
 
     @gluon.jit
-    def _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale, HALF: gl.constexpr,
-                 DROPOUT: gl.constexpr):
+    def _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale, operands,
+                 HALF: gl.constexpr, DROPOUT: gl.constexpr):
         """One warpgroup: O and LSE of the ``HALF``-th BLOCK_M query rows of each of the program's query tiles.
         Partitions take no constexpr arguments (Triton 3.6 turns them into values), so the block sizes come from
         the shared memory's shapes, FP8 from its type, and ``causal`` is a value. ``dropout``: (the seed's
@@ -431,35 +457,39 @@ if HAVE_GLUON:
                 tile_at = (off_b, off_h, hz, m0, n_blocks, n_full, N_K - N_Q, N_Q, N_K)
                 descale_at = (descale[0], descale[1], off_b * (sched[3] // sched[4]) + off_kvh)
                 _consume_tile(descs, smem, bars, q_tile, tile_at, ring, turn, tiles, LSE, qk_scale, descale_at,
-                              causal, pingpong, seed_and_p, HALF, DROPOUT)
+                              causal, pingpong, seed_and_p, operands, HALF, DROPOUT)
                 ring += n_blocks
                 turn += n_blocks + (n_blocks > 0).to(gl.int32)
                 tiles += 1
         tma.store_wait(pendings=0)
 
     @gluon.jit
-    def _consume_first_half(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale):
-        _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale, 0, False)
+    def _consume_first_half(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale,
+                            operands):
+        _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale, operands, 0, False)
 
     @gluon.jit
-    def _consume_second_half(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale):
-        _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale, 1, False)
+    def _consume_second_half(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale,
+                             operands):
+        _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale, operands, 1, False)
 
     @gluon.jit
-    def _consume_first_half_dropout(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale):
-        _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale, 0, True)
+    def _consume_first_half_dropout(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale,
+                                    operands):
+        _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale, operands, 0, True)
 
     @gluon.jit
-    def _consume_second_half_dropout(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale):
-        _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale, 1, True)
+    def _consume_second_half_dropout(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale,
+                                     operands):
+        _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale, operands, 1, True)
 
     @gluon.jit
     def attention_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, qk_scale, H, KV_GROUP, N_Q, N_K,
                                     n_items, items_per_head, n_tiles, pingpong, DROPOUT_SEED, dropout_p,
                                     DESCALE, DESCALE_STRIDE, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
                                     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                                    DROPOUT: gl.constexpr, P_SHARED: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                                    LOADER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                                    DROPOUT: gl.constexpr, P_SHARED: gl.constexpr, Q_IN_REGISTERS: gl.constexpr,
+                                    CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, num_warps: gl.constexpr):
         """O and LSE of work items ``program_id(0)``, ``program_id(0) + num_programs(0)``, ... of ``n_items``
         (:func:`_item_head_and_tiles`: ``items_per_head`` per (batch, head), over ``n_tiles`` query tiles of
         2 x BLOCK_M rows each), two consumer warpgroups of BLOCK_M rows each and one loading warp. A grid of one
@@ -470,7 +500,8 @@ if HAVE_GLUON:
         FP8 (q, k, v descriptors of float8 e4m3, o of 16 bits): v_desc covers V^T, (B, H_kv, D, N) with (1, 1, D,
         BLOCK_N) tiles, and DESCALE holds the (3, B, H_kv) float32 factors of q, k and v, DESCALE_STRIDE = B H_kv
         apart; P enters P V in FP8 too (its values lie in [0, 1]), from a shared-memory slot of each consumer with
-        ``P_SHARED``, else from registers."""
+        ``P_SHARED``, else from registers. ``Q_IN_REGISTERS``: each consumer holds its Q in registers for the tile
+        (:data:`FP8_Q_IN_REGISTERS`, :data:`Q_IN_REGISTERS_HEAD_DIMS`)."""
         gl.static_assert(num_warps == 4)
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
         o_smem = gl.allocate_shared_memory(o_desc.dtype, [2, 1, 1, BLOCK_M, HEAD_DIM], o_desc.layout)
@@ -507,7 +538,8 @@ if HAVE_GLUON:
         args = ((q_desc, k_desc, v_desc, o_desc), (q_smem, k_smem, v_smem, o_smem, p_smem),
                 (q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, turns),
                 (n_items, items_per_head, n_tiles, H, KV_GROUP, N_Q, N_K, gl.program_id(0), gl.num_programs(0)),
-                LSE, qk_scale, CAUSAL_FLAG, pingpong, (DROPOUT_SEED, dropout_p), (DESCALE, DESCALE_STRIDE))
+                LSE, qk_scale, CAUSAL_FLAG, pingpong, (DROPOUT_SEED, dropout_p), (DESCALE, DESCALE_STRIDE),
+                operands_flag(Q_IN_REGISTERS))
         if DROPOUT:
             gl.warp_specialize([(_consume_first_half_dropout, args), (_consume_second_half_dropout, args),
                                 (_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
@@ -595,7 +627,7 @@ def launch_attention_forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.T
                                     persistent: bool = PERSISTENT, dropout_p: float = 0.0,
                                     dropout_seed: torch.Tensor | None = None,
                                     descale: torch.Tensor | None = None,
-                                    fp8_weights_shared: bool | None = None) -> None:
+                                    fp8_weights_shared: bool | None = None, q_in_registers: bool | None = None) -> None:
     """Fill o (B, H, N_q, D) and lse (B, H, N_q) float32 contiguous from q, k, v ((B, H[_kv], N, D)), a call
     :func:`can_run` accepts: no mask, or a causal one (bottom-right aligned) with ``causal``. ``pingpong``: the
     consumers take turns (:data:`PINGPONG`); ``persistent``: one program per SM walks the work items
@@ -604,11 +636,15 @@ def launch_attention_forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.T
     device), as the Triton forward does: the same seed drops the same weights. ``descale`` (FP8): q, k, v
     float8_e4m3fn, V stored keys innermost (``v.stride(2) == 1``, :func:`flashlib.fp8.keys_innermost`), o float16 or
     bfloat16, descale the (3, B, H_kv) float32 factors of q, k and v (:mod:`flashlib.fp8` checks them);
-    ``fp8_weights_shared``: P enters P V from shared memory, else from registers (None: :data:`FP8_WEIGHTS_SHARED`)."""
+    ``fp8_weights_shared``: P enters P V from shared memory, else from registers (None: :data:`FP8_WEIGHTS_SHARED`).
+    ``q_in_registers``: each consumer holds Q in registers (None: :data:`FP8_Q_IN_REGISTERS` for FP8,
+    :data:`Q_IN_REGISTERS_HEAD_DIMS` for 16 bits without dropout)."""
     batch, heads, n_q, head_dim = q.shape
     fp8 = descale is not None
     if fp8_weights_shared is None:
         fp8_weights_shared = FP8_WEIGHTS_SHARED
+    if q_in_registers is None:
+        q_in_registers = FP8_Q_IN_REGISTERS if fp8 else head_dim in Q_IN_REGISTERS_HEAD_DIMS and not dropout_p > 0
     block_m, block_n, stages = (FP8_CONFIGS if fp8 else CONFIGS)[head_dim]
     v_tiles = tile_descriptor(v.transpose(2, 3), head_dim, block_n) if fp8 else tile_descriptor(v, block_n)
     n_tiles = triton.cdiv(n_q, 2 * block_m)
@@ -623,5 +659,5 @@ def launch_attention_forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.T
         int(pingpong), lse if dropout_seed is None else dropout_seed, float(dropout_p),
         lse if descale is None else descale, batch * k.shape[1], CAUSAL=causal,
         BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, STAGES=stages, DROPOUT=dropout_p > 0,
-        P_SHARED=fp8 and fp8_weights_shared, CONSUMER_REGS=CONSUMER_REGISTERS, LOADER_REGS=LOADER_REGISTERS,
-        num_warps=4, maxnreg=KERNEL_REGISTERS)
+        P_SHARED=fp8 and fp8_weights_shared, Q_IN_REGISTERS=bool(q_in_registers), CONSUMER_REGS=CONSUMER_REGISTERS,
+        LOADER_REGS=LOADER_REGISTERS, num_warps=4, maxnreg=KERNEL_REGISTERS)

@@ -2,6 +2,8 @@
 compiles for sm_90a with the installed Triton (warpgroup MMA, the copy engine, per-partition registers, no
 spills), and on a Hopper GPU that it equals the float64 reference, writes every output, and agrees with the Triton
 forward through the front door, gradients included."""
+import re
+
 import pytest
 import torch
 
@@ -144,6 +146,25 @@ def test_compiles_for_hopper_with_warpgroup_mma_the_copy_engine_and_no_spills_am
         assert opcodes.get("USETMAXREG", 0) > 0, "the partitions' registers must be set (setmaxnreg)"
 
 
+def test_q_in_registers_compiles_with_every_product_reading_registers_and_no_spill_in_the_loops():
+    """16-bit Q held in registers for the tile (``q_in_registers=True``; thirty-ninth and fortieth findings): at
+    head_dim 64 without a mask every product reads its first operand from registers (Q for S, P for P V) and no loop
+    stores to the stack, with Triton 3.6 and 3.9 alike. (At 128, or with dropout, a masked loop spills a little;
+    the A/B times it before any head dim takes it by default.)"""
+    done = run_sass_counts("--kernel", "gluon_fwd", "--d", "64", "--register-operands", "yes,no")
+    assert done.returncode == 0, done.stderr[-3000:]
+    variants = compiled_variants(done.stdout, "gluon_fwd")
+    loops = block_loops(done.stdout, "gluon_fwd")
+    first = [tuple(map(int, re.findall(r"(\d+) from", line))) for line in done.stdout.splitlines()
+             if line.strip().startswith("first operand:")]
+    assert len(variants) == len(loops) == len(first) == 2, done.stdout
+    (registers_header, _, _), (shared_header, _, _) = variants
+    assert "register operands yes" in registers_header and "register operands no" in shared_header
+    assert first[0][0] > 0 and first[0][1] == 0, (registers_header, first[0])
+    assert first[1][1] > 0, (shared_header, first[1])  # by default S reads Q from shared memory
+    assert all(stores == 0 for _, _, stores, _ in loops[0]), (registers_header, loops[0])
+
+
 def test_fp8_compiles_for_hopper_with_e4m3_products_and_no_tile_spilled_in_its_loops():
     """The FP8 path compiles for sm_90a (D = 128 and 64, causal or not, P entering P V from shared memory or from
     registers): both products run on FP8 tensor cores (``QGMMA ... E4M3.E4M3``, 32 keys or head dims a step), K,
@@ -154,7 +175,8 @@ def test_fp8_compiles_for_hopper_with_e4m3_products_and_no_tile_spilled_in_its_l
 
     P from shared memory is the point of that path: its stores replace the byte packing and shuffles that move P
     into the operand's layout, so each loop is shorter by at least 150 instructions a block (Triton 3.6 and 3.9:
-    189-209; at D = 128 without the mask's test 486 against 682), with hardly a byte permute (``PRMT``) left."""
+    189-209; at D = 128 without the mask's test 486 against 682), with hardly a byte permute (``PRMT``) left. Q stays
+    in registers for the tile by default: S reads it there (thirty-ninth and fortieth findings)."""
     done = run_sass_counts("--kernel", "gluon_fwd", "--d", "128,64", "--causal", "no,yes", "--dtype", "fp8",
                            "--fp8-weights", "shared,registers", "--top", "300")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -164,6 +186,11 @@ def test_fp8_compiles_for_hopper_with_e4m3_products_and_no_tile_spilled_in_its_l
     assert len(variants) == len(loops) == len(products) == 8, done.stdout
     places = [header.split(" P from ")[1].split()[0] for header, _, _ in variants]
     assert places == ["shared", "registers"] * 4, places
+    first = [tuple(map(int, re.findall(r"(\d+) from", line))) for line in done.stdout.splitlines()
+             if line.strip().startswith("first operand:")]
+    for (header, _, _), (from_registers, from_shared) in zip(variants, first):
+        # Q in registers (FP8's default): S reads registers; P V reads P from shared memory or registers
+        assert from_registers > 0 and (from_shared > 0) == ("P from shared" in header), (header, first)
     for shared, registers in zip(range(0, 8, 2), range(1, 8, 2)):
         header, _, shared_opcodes = variants[shared]
         assert shared_opcodes.get("STS", 0) >= 32 and shared_opcodes.get("PRMT", 0) < 64, (header, shared_opcodes)
@@ -325,3 +352,30 @@ def test_dropouts_draws_reach_the_accumulators_layout_without_shared_memory():
         for shared_op in ("STS", "LDS", "STSM", "LDSM"):
             assert dropped.get(shared_op, 0) == plain.get(shared_op, 0), (header, shared_op)
         assert sum(dropped.values()) > sum(plain.values()) + 500, "the draws' integer work is there"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("persistent", [True, False])
+def test_gpu_q_in_registers_gives_the_same_output_bitwise(dtype, head_dim, causal, persistent):
+    """Q held in registers for each tile (its slot released to the loader at once) feeds the same products in the
+    same order as Q read from shared memory: O and L equal bit for bit, over programs that walk several tiles
+    (GQA 48/12, N_q = 600, N_k = 700), and match float64."""
+    q, k, v = make_inputs(4, 48, 12, 600, 700, head_dim, dtype, seed=head_dim + causal)
+    if not hopper.can_run(q, k, v, q, scale=1.0):
+        pytest.skip("needs a Hopper GPU (sm_90) and Gluon")
+    outputs = {}
+    for in_registers in (False, True):
+        o = torch.full_like(q, float("nan"))
+        lse = torch.full(q.shape[:3], float("nan"), device="cuda")
+        hopper.launch_attention_forward_hopper(q, k, v, o, lse, scale=head_dim ** -0.5, causal=causal,
+                                               persistent=persistent, q_in_registers=in_registers)
+        outputs[in_registers] = (o, lse)
+    assert torch.equal(outputs[True][0], outputs[False][0]) and torch.equal(outputs[True][1], outputs[False][1])
+    ref_o, ref_lse = _reference(q, k, v, causal)
+    o, lse = outputs[True]
+    assert relative_error(o, ref_o) <= tolerance(dtype)  # also fails on a NaN: every element written
+    seen = torch.isfinite(ref_lse)
+    assert relative_error(lse[seen], ref_lse[seen]) <= tolerance(torch.float32)
