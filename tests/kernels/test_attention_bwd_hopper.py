@@ -2,8 +2,6 @@
 plain calls only, by default each where it was measured faster (preferred, dq_preferred), wherever they can run with
 use_gluon=True, never with use_gluon=False; they compile for sm_90a with the installed Triton; on a Hopper GPU their
 gradients equal float64 autograd's, through the launcher and through the front door, and repeat bitwise."""
-import re
-
 import pytest
 import torch
 
@@ -16,7 +14,7 @@ from flashlib.reference import naive_attention
 from flashlib.spec import AttentionSpec
 from flashlib.validation import relative_error, tolerance
 from support.attention import DEVICE, ODD_SHAPES, UNCOVERED_CASES, as_bhnd, make_inputs, uncovered_call
-from support.sass import block_loops, compiled_variants, run_sass_counts
+from support.sass import block_loops, compiled_variants, first_operands, run_sass_counts
 
 
 @pytest.mark.parametrize("head_dim, n_q, n_k, scores, expected", [
@@ -147,8 +145,7 @@ def test_register_operands_compile_with_every_product_reading_registers_and_no_s
     assert done.returncode == 0, done.stderr[-3000:]
     variants = compiled_variants(done.stdout, kernel)
     loops = block_loops(done.stdout, kernel)
-    first = [tuple(map(int, re.findall(r"(\d+) from", line))) for line in done.stdout.splitlines()
-             if line.strip().startswith("first operand:")]
+    first = first_operands(done.stdout)
     assert len(variants) == len(loops) == len(first) == 8 * len(head_dims.split(",")), done.stdout
     gpu_machines_triton = done.stdout.startswith("triton 3.6.")
     for (header, _, _), variant_loops, (from_registers, from_shared) in zip(variants, loops, first):

@@ -2,8 +2,6 @@
 compiles for sm_90a with the installed Triton (warpgroup MMA, the copy engine, per-partition registers, no
 spills), and on a Hopper GPU that it equals the float64 reference, writes every output, and agrees with the Triton
 forward through the front door, gradients included."""
-import re
-
 import pytest
 import torch
 
@@ -15,7 +13,7 @@ from flashlib.reference import naive_attention
 from flashlib.spec import AttentionSpec
 from flashlib.validation import relative_error, tolerance
 from support.attention import DEVICE, ODD_SHAPES, UNCOVERED_CASES, as_bhnd, make_inputs, uncovered_call
-from support.sass import block_loops, compiled_variants, run_sass_counts
+from support.sass import block_loops, compiled_variants, first_operands, run_sass_counts
 
 
 # ---------------------------------------------------------------- where the launcher takes it (CPU)
@@ -155,8 +153,7 @@ def test_q_in_registers_compiles_with_every_product_reading_registers_and_no_spi
     assert done.returncode == 0, done.stderr[-3000:]
     variants = compiled_variants(done.stdout, "gluon_fwd")
     loops = block_loops(done.stdout, "gluon_fwd")
-    first = [tuple(map(int, re.findall(r"(\d+) from", line))) for line in done.stdout.splitlines()
-             if line.strip().startswith("first operand:")]
+    first = first_operands(done.stdout)
     assert len(variants) == len(loops) == len(first) == 2, done.stdout
     (registers_header, _, _), (shared_header, _, _) = variants
     assert "register operands yes" in registers_header and "register operands no" in shared_header
@@ -186,8 +183,7 @@ def test_fp8_compiles_for_hopper_with_e4m3_products_and_no_tile_spilled_in_its_l
     assert len(variants) == len(loops) == len(products) == 8, done.stdout
     places = [header.split(" P from ")[1].split()[0] for header, _, _ in variants]
     assert places == ["shared", "registers"] * 4, places
-    first = [tuple(map(int, re.findall(r"(\d+) from", line))) for line in done.stdout.splitlines()
-             if line.strip().startswith("first operand:")]
+    first = first_operands(done.stdout)
     for (header, _, _), (from_registers, from_shared) in zip(variants, first):
         # Q in registers (FP8's default): S reads registers; P V reads P from shared memory or registers
         assert from_registers > 0 and (from_shared > 0) == ("P from shared" in header), (header, first)

@@ -46,3 +46,10 @@ def block_loops(stdout: str, kernel: str) -> list[list[tuple[int, int, int, int]
             found.append([tuple(map(int, loop)) for loop in re.findall(
                 r"(\d+) instructions, (\d+) products, (\d+) STL, (\d+) LDL", listing)])
     return found
+
+
+def first_operands(stdout: str) -> list[tuple[int, int]]:
+    """For every variant the script printed, how many warpgroup products read their first operand from registers
+    and how many from shared memory (``sass_counts.product_first_operands``)."""
+    return [tuple(map(int, re.findall(r"(\d+) from", line))) for line in stdout.splitlines()
+            if line.strip().startswith("first operand:")]
