@@ -371,6 +371,7 @@ if HAVE_GLUON:
         if Q_IN_REGISTERS:  # once a tile; the slot is free for the loader to bring the next tile's Q at once
             q_tile = q_slot.load(gl.DotOperandLayout(operand_index=0, parent=s_layout,
                                                      k_width=32 // q_slot.dtype.primitive_bitwidth))
+            fence_async_shared()  # these reads (generic proxy) before the copy engine's next write (async proxy)
             mbarrier.arrive(q_empty.index(HALF), count=1)
 
         if n_blocks > 0:
