@@ -266,7 +266,7 @@ def test_gpu_register_operands_give_the_same_gradients_bitwise(dtype, head_dim, 
     spec = AttentionSpec(causal=causal, dropout_p=effective_dropout_p(dropout_p))
     o, lse = torch.empty_like(q), torch.empty(q.shape[:3], device="cuda")
     launch_attention_forward(q, k, v, o, lse, spec, dropout_seed=seed)
-    delta = attention_bwd.launch_attention_backward(q, k, v, o, lse, do, None, None, None, spec)
+    delta = attention_bwd.launch_attention_backward(q, k, v, o, lse, do, None, None, None, spec, dropout_seed=seed)
     scale, grads = spec.scale(head_dim), {}
     for in_registers in (False, True):
         dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
