@@ -39,8 +39,9 @@ both operands along the reduction, so V arrives as V^T tiles (keys innermost), P
 shared-memory slot of each consumer rather than registers (:func:`_weights_operand`), and Q stays in registers. It is
 taken only when asked (:data:`FP8_HEAD_DIMS` is empty until it is measured). Everything else (windows, lengths,
 packed sequences, score modifiers, other head dims, float32) runs in :mod:`.attention_fwd`, which is also the only
-forward of the interpreter: Gluon has no interpreter. :func:`can_run` says which calls this kernel can take and :func:`preferred` where it is the faster
-forward; GPU tests compare it with the float64 reference and with :mod:`.attention_fwd`.
+forward of the interpreter: Gluon has no interpreter. :func:`can_run` says which calls this kernel can take and
+:func:`preferred` where it is the faster forward; GPU tests compare it with the float64 reference and with
+:mod:`.attention_fwd`.
 """
 from __future__ import annotations
 
@@ -290,8 +291,7 @@ if HAVE_GLUON:
         """Key block ``j`` (at place ``ring + j`` of the K/V ring, in round ``turn + j`` of the ping-pong): its S,
         overlapped with P V of block ``j - 1`` (``p``: that block's weights, in registers or in the consumer's
         shared-memory slot ``p_slot`` (:func:`_weights_operand`); ``alpha``: O's rescale to that block's max, applied
-        while S is on the tensor cores). Returns O (through block j - 1), block j's weights
-        and rescale, m and l."""
+        while S is on the tensor cores). Returns O (through block j - 1), block j's weights and rescale, m and l."""
         k_ready, v_ready, k_empty, v_empty, turns = bars[2], bars[3], bars[4], bars[5], bars[6]
         _wait_turn(turns, turn + j, pingpong, HALF)
         s = _scores(q_tile, k_smem, k_ready, ring + j, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, s_layout)
