@@ -81,8 +81,8 @@ DROPOUT_HEAD_DIMS = (128,)
 #: shared memory reads 128 bytes a cycle at the tensor cores' rate, the whole of an SM's shared-memory bandwidth,
 #: and these are such products; from registers it reads 64 (benchmarks/TUNING.md, thirty-ninth finding). Compiled
 #: for sm_90a, the operands fit in registers without a spill at head_dim 64 (both kernels) and 128 (dQ); the dK/dV
-#: kernel at 128 spills 55 registers a block. Off (empty) until a GPU has timed them
-#: (``benchmarks/gluon_dq_ab.py`` and ``gluon_bwd_ab.py`` with ``--register-operands``).
+#: kernel at 128 spills 55 registers a block. Off (empty) until a GPU has timed them (``benchmarks/gluon_dq_ab.py``
+#: and ``gluon_bwd_ab.py`` check and time both ways).
 DKDV_REGISTER_OPERANDS: tuple[int, ...] = ()
 DQ_REGISTER_OPERANDS: tuple[int, ...] = ()
 
