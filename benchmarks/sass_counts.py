@@ -214,15 +214,18 @@ def opcode_of(line: str) -> str | None:
 
 #: The warpgroup products' opcodes: ``HGMMA`` multiplies 16-bit (and tf32) operands, ``QGMMA`` FP8 ones.
 PRODUCT_OPCODES = ("HGMMA", "QGMMA")
+PRODUCT = "(?:" + "|".join(PRODUCT_OPCODES) + ")"
 
 
-def disassemble(compiled) -> tuple[collections.Counter, dict, int, collections.Counter, list]:
+def disassemble(compiled) -> tuple[collections.Counter, dict, int, collections.Counter, list, collections.Counter]:
     """(opcode counts, resource usage, :func:`spills_among_products`, the warpgroup products' instructions with
-    their shape and types, e.g. ``QGMMA.64x128x32.F32.E4M3.E4M3``, :func:`key_block_loops`) of a compiled kernel."""
+    their shape and types, e.g. ``QGMMA.64x128x32.F32.E4M3.E4M3``, :func:`key_block_loops`,
+    :func:`product_first_operands`) of a compiled kernel."""
     sass, resources = sass_of(compiled)
     opcodes = collections.Counter(op for op in map(opcode_of, sass.splitlines()) if op)
-    products = collections.Counter(re.findall(r"\b(?:HGMMA|QGMMA)\.[0-9A-Za-z_.]+", sass))
-    return opcodes, resources, spills_among_products(sass), products, key_block_loops(sass)
+    products = collections.Counter(re.findall(rf"\b{PRODUCT}\.[0-9A-Za-z_.]+", sass))
+    return (opcodes, resources, spills_among_products(sass), products, key_block_loops(sass),
+            product_first_operands(sass))
 
 
 def product_first_operands(sass: str) -> collections.Counter:
@@ -230,7 +233,7 @@ def product_first_operands(sass: str) -> collections.Counter:
     memory: ``HGMMA.64x64x16.F32 R24, gdesc[UR8], ...`` reads both operands through shared-memory descriptors,
     ``HGMMA.64x64x16.F32 R24, R120, gdesc[UR8], ...`` its A from registers."""
     return collections.Counter("shared" if a.startswith("gdesc") else "registers"
-                               for a in re.findall(r"\b(?:HGMMA|QGMMA)\.\S+\s+R\d+,\s*(\S+),", sass))
+                               for a in re.findall(rf"\b{PRODUCT}\.\S+\s+R\d+,\s*(\S+),", sass))
 
 
 def spills_among_products(sass: str) -> int:
@@ -343,18 +346,16 @@ def main():
                 compiled = compile_gluon_for_hopper(fn, call_args, call_kwargs)
             else:
                 compiled = compile_for_hopper(fn, call_args, call_kwargs, warps, stages, args.maxnreg)
-            opcodes, resources, among_products, products, loops = disassemble(compiled)
-            first_operands = product_first_operands(sass_of(compiled)[0])
+            opcodes, resources, among_products, products, loops, first_operands = disassemble(compiled)
             key = (kernel, d, causal, p, (block_m, block_n, stages, warps), weight_place, in_registers)
             counted[key] = opcodes
             spills = opcodes["STL"] + opcodes["LDL"]
+            place = f" P from {weight_place}" if args.dtype == "fp8" else ""
             if kernel.startswith("gluon"):  # the Gluon launchers' own blocks and slots
                 tile = f"{call_kwargs['BLOCK_M']}x{call_kwargs['BLOCK_N']} s{call_kwargs['STAGES']}"
+                place += f" register operands {in_registers}"
             else:
                 tile = f"{block_m}x{block_n} s{compiled.metadata.num_stages}"
-            place = f" P from {weight_place}" if args.dtype == "fp8" else ""
-            if kernel.startswith("gluon"):
-                place += f" register operands {in_registers}"
             print(f"{kernel} D={d} causal={causal} dropout={p}{place} {tile} w{compiled.metadata.num_warps}: "
                   f"{sum(opcodes.values())} instructions, "
                   f"registers {resources.get('REG')}, stack {resources.get('STACK')} B ({spills} STL/LDL, "

@@ -50,7 +50,7 @@ if HAVE_GLUON:
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                                    warpgroup_mma, warpgroup_mma_wait)
 
-    from .attention_fwd_hopper import operands_flag, tma_load, tma_store
+    from .attention_fwd_hopper import operands_flag, register_operand, tma_load, tma_store
     from .dropout_hopper import dropout_keep, keep_threshold, stream_key
 
 #: (BLOCK_M query rows a step, BLOCK_N keys of each consumer, STAGES Q/dO slots) per head_dim. At 128, 64 rows a
@@ -95,8 +95,7 @@ if HAVE_GLUON:
         ``acc_layout`` when ``flag`` (:func:`.attention_fwd_hopper.operands_flag`) says so. The caller has waited
         for the tiles."""
         if flag.dtype == gl.int8:
-            layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-            return a_tile.load(layout), b_tile.load(layout)
+            return register_operand(a_tile, acc_layout), register_operand(b_tile, acc_layout)
         else:
             return a_tile, b_tile
 

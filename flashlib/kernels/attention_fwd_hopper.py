@@ -110,6 +110,13 @@ if HAVE_GLUON:
         return flag
 
     @gluon.jit
+    def register_operand(tile, acc_layout: gl.constexpr):
+        """A shared-memory tile loaded into registers as the first operand of warpgroup products that accumulate in
+        ``acc_layout``: 32 bits of it a register (2 elements in 16 bits, 4 in FP8)."""
+        return tile.load(gl.DotOperandLayout(operand_index=0, parent=acc_layout,
+                                             k_width=32 // tile.dtype.primitive_bitwidth))
+
+    @gluon.jit
     def _softmax_step(s, m_i, l_i, start_n, rows, offset, N_K, qk_scale,
                       MASKED: gl.constexpr, causal, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
         """P (float32), the new row max, the new row sum and the rescale ``alpha`` of one block of scores.
@@ -369,8 +376,7 @@ if HAVE_GLUON:
         q_slot = q_tile
         Q_IN_REGISTERS: gl.constexpr = operands.dtype == gl.int8
         if Q_IN_REGISTERS:  # once a tile; the slot is free for the loader to bring the next tile's Q at once
-            q_tile = q_slot.load(gl.DotOperandLayout(operand_index=0, parent=s_layout,
-                                                     k_width=32 // q_slot.dtype.primitive_bitwidth))
+            q_tile = register_operand(q_slot, s_layout)
             fence_async_shared()  # these reads (generic proxy) before the copy engine's next write (async proxy)
             mbarrier.arrive(q_empty.index(HALF), count=1)
 
