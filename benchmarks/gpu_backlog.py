@@ -1,0 +1,191 @@
+"""What no GPU has run yet, in a few device calls of at most 600 s each.
+
+Sessions 46 to 48 were lent no GPU. Their changes to the Hopper kernels were compiled for sm_90a
+(``benchmarks/sass_counts.py`` with Triton 3.6) and their Triton parts tested in the interpreter, but nothing
+ran on a GPU: not the Gluon FP8 forward, not dropout's 1 / (1 - p) out of the Gluon backward (a default route),
+not the operands held in registers. This script is what the next session lent an ``nvidia-h200`` runs first,
+one stage per call, from the repository root:
+
+    PYTHONPATH=.:benchmarks:tests python3 benchmarks/gpu_backlog.py tests   --out $OUT
+    PYTHONPATH=.:benchmarks:tests python3 benchmarks/gpu_backlog.py timings --out $OUT
+    (set the tuples the timings decide: each step's ``decides`` says which)
+    PYTHONPATH=.:benchmarks:tests python3 benchmarks/gpu_backlog.py grid    --out $OUT
+
+A machine left idle for 30 s is given back and the next call pays a new start (about 95 s), so each stage fills
+one call. Each step runs in its own process under its own time limit; one that overruns is stopped (the rows it
+printed stay in its log: the A/B scripts print each row as a JSON line when measured) and the next starts. Each
+step writes one log under ``--out``, headed by the GPU, the versions, the date and the command, which is what
+``benchmarks/results/`` stores. A call brings back at most 8 files, so a stage has at most 8 steps.
+
+``--dry-run`` runs nothing: it checks that every step's files exist and that its script's parser takes its
+arguments (tests/test_gpu_backlog.py does so on the CPU), so that a renamed option cannot cost a GPU call.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: A call's limit (600 s) less the process starts, the headers and the copy of --out.
+STAGE_BUDGET_S = 570
+
+#: Where the GPU tests of the kernels changed since the last GPU run live (session 45 ran them at 3e88d66).
+CHANGED_KERNEL_TESTS = ("tests/test_fp8.py", "tests/kernels/test_attention_fwd_hopper.py",
+                        "tests/kernels/test_attention_bwd_hopper.py", "tests/kernels/test_score_modifiers.py",
+                        "tests/test_ops.py")
+
+FA2_N = "1024,4096,16384"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One process of a stage: ``argv`` after ``python3``, run under ``limit_s``; ``decides`` says what its
+    numbers settle, so the session that reads them knows what to change."""
+    name: str
+    limit_s: int
+    argv: tuple
+    decides: str
+
+
+STAGES = {
+    "tests": (
+        Step("gpu_tests", 540,
+             ("-m", "pytest", "-q", "-m", "gpu", "-n", "12", "-p", "no:cacheprovider", "-rs") + CHANGED_KERNEL_TESTS,
+             "whether sessions 46-48's kernels are correct on the GPU: the Gluon FP8 forward with P through shared "
+             "memory and Q in registers, the register operands of the Gluon backward, dropout's 1 / (1 - p) in the "
+             "epilogues. A failure here comes before any timing."),
+    ),
+    "timings": (
+        Step("gluon_fp8_ab", 150,
+             ("benchmarks/gluon_fp8_ab.py", "--d", "128,64", "--N", FA2_N),
+             "attention_fwd_hopper.FP8_HEAD_DIMS (route FP8 through Gluon where it beats the Triton FP8 forward; "
+             "expected (128,)), FP8_WEIGHTS_SHARED and FP8_Q_IN_REGISTERS (keep the faster placement), and issue "
+             "14's FP8 >= 1.4x the 16-bit forward at N >= 4k, D = 128 (thirty-eighth and fortieth findings)"),
+        Step("gluon_dq_ab", 110,
+             ("benchmarks/gluon_dq_ab.py", "--dtype", "fp16", "--d", "128,64", "--N", FA2_N),
+             "attention_bwd_hopper.DQ_REGISTER_OPERANDS: a head dim goes in where 'dq regs/shared' > 1 at every N "
+             "(thirty-ninth finding)"),
+        Step("gluon_bwd_ab", 70,
+             ("benchmarks/gluon_bwd_ab.py", "--dtype", "fp16", "--d", "64", "--N", FA2_N),
+             "attention_bwd_hopper.DKDV_REGISTER_OPERANDS at D = 64, and whether the Gluon dK/dV kernel, with its "
+             "operands in registers, should take D = 64 from the Triton one (thirty-ninth finding)"),
+        Step("gluon_dropout_ab", 140,
+             ("benchmarks/gluon_dropout_ab.py", "--dtype", "fp16", "--d", "128,64", "--N", FA2_N,
+              "--parts", "bwd", "--routes", "plain,gluon,triton"),
+             "issue 13's dropout cost after the thirty-seventh finding (1.17-1.27x the plain backward before it; the "
+             "target is <= 1.15x)"),
+        Step("gluon_fwd_ab", 90,
+             ("benchmarks/gluon_fwd_ab.py", "--dtype", "fp16", "--d", "128,64", "--N", FA2_N, "--no-checks"),
+             "attention_fwd_hopper.Q_IN_REGISTERS_HEAD_DIMS for 16-bit inputs: a head dim goes in where "
+             "'qregs/gluon' > 1 at every N (fortieth finding)"),
+    ),
+    "grid": (
+        Step("hopper_grid", 560,
+             ("-m", "flashlib.bench", "--mode", "fwd,bwd", "--dtype", "fp16,bf16", "--d", "128,64", "--N", FA2_N,
+              "--causal", "both", "--impl", "flashlib,sdpa_cudnn", "--no-ceilings", "--time-budget", "500",
+              "--out", "{out}/hopper_grid"),
+             "issue 14's closing ratios against cuDNN, forward and backward, after the tuples above are set"),
+    ),
+}
+
+
+def command(step: Step, out: Path) -> list:
+    """The step's command line, ``{out}`` filled in."""
+    return [sys.executable] + [arg.replace("{out}", str(out)) for arg in step.argv]
+
+
+def header(step: Step, cmd: list) -> str:
+    """What a stored result says of itself: the GPU, the versions, the date, the command."""
+    import torch
+    import triton
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return (f"# {step.name}: {gpu}, torch {torch.__version__}, triton {triton.__version__}, {date}\n"
+            f"# command: PYTHONPATH=.:benchmarks:tests {shlex.join(['python3'] + cmd[1:])}\n"
+            f"# decides: {step.decides}\n")
+
+
+def run_step(step: Step, out: Path) -> int:
+    """Run one step with its log in ``out``; its exit status (124 where its limit stopped it)."""
+    cmd = command(step, out)
+    log = out / f"{step.name}.log"
+    start = time.monotonic()
+    with open(log, "w") as f:
+        f.write(header(step, cmd))
+        f.flush()
+        # Its own process group, so that a stop also ends what it started (pytest-xdist's workers hold the GPU).
+        child = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = child.wait(timeout=step.limit_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            rc = 124
+        f.write(f"# exit {rc} after {time.monotonic() - start:.0f} s (limit {step.limit_s} s)\n")
+    print(f"{step.name}: exit {rc} after {time.monotonic() - start:.0f} s -> {log}", flush=True)
+    return rc
+
+
+class _Parsed(Exception):
+    """Raised in place of running a script once its parser has taken the arguments."""
+
+
+def check_step(step: Step) -> None:
+    """Raise if the step's files are missing or its script's parser refuses its arguments; runs nothing."""
+    argv = [arg.replace("{out}", "/tmp") for arg in step.argv]
+    if argv[:2] == ["-m", "pytest"]:
+        missing = [a for a in argv if a.startswith("tests/") and not (ROOT / a).exists()]
+        if missing:
+            raise FileNotFoundError(f"step {step.name}: no such test file {missing}")
+        return
+    if argv[0] == "-m":
+        module, args = importlib.import_module(argv[1]), argv[2:]
+    else:
+        script = ROOT / argv[0]
+        if not script.exists():
+            raise FileNotFoundError(f"step {step.name}: no such script {argv[0]}")
+        module, args = importlib.import_module(script.stem), argv[1:]
+    original = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(parser, args=None, namespace=None):
+        raise _Parsed(original(parser, args, namespace))
+    argparse.ArgumentParser.parse_args = parse_then_stop
+    try:
+        module.main(args)
+    except _Parsed:
+        return
+    except SystemExit as exit_:
+        raise ValueError(f"step {step.name}: {argv[0]} refused {shlex.join(args)} (exit {exit_.code})") from None
+    finally:
+        argparse.ArgumentParser.parse_args = original
+    raise RuntimeError(f"step {step.name}: {argv[0]}'s main returned without parsing its arguments")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("stage", choices=sorted(STAGES))
+    parser.add_argument("--out", type=Path, default=Path("backlog"))
+    parser.add_argument("--dry-run", action="store_true", help="check every step's arguments; run nothing")
+    args = parser.parse_args(argv)
+    steps = STAGES[args.stage]
+    if args.dry_run:
+        for step in steps:
+            check_step(step)
+            print(f"{step.name}: {shlex.join(command(step, args.out))}")
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    return max(run_step(step, args.out) for step in steps)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
