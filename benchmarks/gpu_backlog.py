@@ -8,7 +8,7 @@ one stage per call, from the repository root:
 
     PYTHONPATH=.:benchmarks:tests python3 benchmarks/gpu_backlog.py tests   --out $OUT
     PYTHONPATH=.:benchmarks:tests python3 benchmarks/gpu_backlog.py timings --out $OUT
-    (set the tuples the timings decide: each step's ``decides`` says which)
+    python3 benchmarks/gpu_backlog.py summary --out DIR   (here, on the fetched logs: what they decide)
     PYTHONPATH=.:benchmarks:tests python3 benchmarks/gpu_backlog.py grid    --out $OUT
 
 A machine left idle for 30 s is given back and the next call pays a new start (about 95 s), so each stage fills
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib
+import json
 import os
 import shlex
 import signal
@@ -171,12 +172,99 @@ def check_step(step: Step) -> None:
     raise RuntimeError(f"step {step.name}: {argv[0]}'s main returned without parsing its arguments")
 
 
+def log_rows(log: Path) -> list:
+    """The JSON rows a step printed (one a line; the A/B scripts print each row when measured)."""
+    if not log.exists():
+        return []
+    rows = []
+    for line in log.read_text().splitlines():
+        if line.startswith("{"):
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass  # a row cut by the step's limit
+    return rows
+
+
+def _wins(rows, d, ratio) -> str:
+    """"yes" where ``ratio(row)`` > 1 at every timed point of head dim ``d``, else "no", with the range seen."""
+    values = [ratio(row) for row in rows if row.get("d") == d and "N" in row]
+    values = [v for v in values if v is not None]
+    if not values:
+        return "not measured"
+    verdict = "yes" if min(values) > 1 else "no"
+    return f"{verdict} ({min(values):.3f}-{max(values):.3f} over {len(values)} points)"
+
+
+def _failed_checks(rows) -> list:
+    return [row.get("case", row) for row in rows if "case" in row and row.get("status") != "ok"]
+
+
+def _ratio(row, num, den):
+    return row[num] / row[den] if num in row and den in row else None
+
+
+def decisions(out: Path) -> list:
+    """What the stage logs under ``out`` decide, as (step, question, answer) lines: each rule is the one its
+    step's ``decides`` states."""
+    lines = []
+    tests = (out / "gpu_tests.log")
+    if tests.exists():
+        summary = [line for line in tests.read_text().splitlines() if " passed" in line or " failed" in line]
+        lines.append(("gpu_tests", "pytest's summary", summary[-1] if summary else "no summary (cut short?)"))
+    fp8 = log_rows(out / "gluon_fp8_ab.log")
+    if fp8:
+        lines.append(("gluon_fp8_ab", "failed checks", _failed_checks(fp8) or "none"))
+        for d in (128, 64):
+            lines.append(("gluon_fp8_ab", f"FP8_HEAD_DIMS gets {d} (Gluon over Triton FP8)",
+                          _wins(fp8, d, lambda r: _ratio(r, "fp8_triton_ms", "fp8_gluon_ms"))))
+            for label, what in (("registers", "P in registers"), ("q_shared", "Q in shared memory")):
+                lines.append(("gluon_fp8_ab", f"D = {d}: {what} beats the default",
+                              _wins(fp8, d, lambda r, k=f"fp8_gluon_{label}_ms": _ratio(r, "fp8_gluon_ms", k))))
+        speedups = [max(r.get("fp8_gluon/fp16", 0), r.get("fp8_triton/fp16", 0))
+                    for r in fp8 if r.get("d") == 128 and r.get("N", 0) >= 4096]
+        if speedups:
+            lines.append(("gluon_fp8_ab", "issue 14: FP8 >= 1.4x fp16 at N >= 4k, D = 128",
+                          f"{'yes' if min(speedups) >= 1.4 else 'no'} (least {min(speedups):.3f})"))
+    dq = log_rows(out / "gluon_dq_ab.log")
+    if dq:
+        lines.append(("gluon_dq_ab", "failed checks", _failed_checks(dq) or "none"))
+        for d in (128, 64):
+            lines.append(("gluon_dq_ab", f"DQ_REGISTER_OPERANDS gets {d}",
+                          _wins(dq, d, lambda r: r.get("dq regs/shared"))))
+    bwd = log_rows(out / "gluon_bwd_ab.log")
+    if bwd:
+        lines.append(("gluon_bwd_ab", "failed checks", _failed_checks(bwd) or "none"))
+        lines.append(("gluon_bwd_ab", "DKDV_REGISTER_OPERANDS gets 64",
+                      _wins(bwd, 64, lambda r: _ratio(r, "gluon_regs_tflops", "gluon_tflops"))))
+        lines.append(("gluon_bwd_ab", "the Gluon dK/dV kernel (registers) takes D = 64 from Triton",
+                      _wins(bwd, 64, lambda r: _ratio(r, "gluon_regs_tflops", "triton_tflops"))))
+    dropout = log_rows(out / "gluon_dropout_ab.log")
+    for d in (128, 64):
+        costs = [r[key] for r in dropout if r.get("d") == d for key in ("bwd_gluon/plain", "bwd_triton/plain")
+                 if key in r]
+        if costs:
+            lines.append(("gluon_dropout_ab", f"issue 13: dropout's backward <= 1.15x at D = {d}",
+                          f"{'yes' if max(costs) <= 1.15 else 'no'} ({min(costs):.3f}-{max(costs):.3f})"))
+    fwd = log_rows(out / "gluon_fwd_ab.log")
+    for d in (128, 64):
+        if fwd:
+            lines.append(("gluon_fwd_ab", f"Q_IN_REGISTERS_HEAD_DIMS gets {d} (16-bit)",
+                          _wins(fwd, d, lambda r: r.get("qregs/gluon"))))
+    return lines
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("stage", choices=sorted(STAGES))
+    parser.add_argument("stage", choices=sorted(STAGES) + ["summary"],
+                        help="a stage to run, or 'summary': what the logs under --out decide (no GPU needed)")
     parser.add_argument("--out", type=Path, default=Path("backlog"))
     parser.add_argument("--dry-run", action="store_true", help="check every step's arguments; run nothing")
     args = parser.parse_args(argv)
+    if args.stage == "summary":
+        for step, question, answer in decisions(args.out):
+            print(f"{step}: {question}: {answer}")
+        return 0
     steps = STAGES[args.stage]
     if args.dry_run:
         for step in steps:

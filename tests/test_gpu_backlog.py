@@ -1,5 +1,6 @@
 """benchmarks/gpu_backlog.py on the CPU: every stage fits one device call, and every step's arguments are taken by
 its script's own parser, so that the calls of the next GPU session are not spent on a renamed option."""
+import json
 import os
 import sys
 import time
@@ -71,3 +72,48 @@ def test_a_step_that_overruns_its_limit_is_stopped_with_what_it_started_and_logg
         for _ in range(50):  # the group was killed; the orphan is reaped by init shortly after
             os.kill(pid, 0)
             time.sleep(0.1)
+
+
+def _log(path, rows, tail=""):
+    path.write_text("# header\n" + "".join(json.dumps(row) + "\n" for row in rows) + tail)
+
+
+def _summary(out):
+    return {(step, question): answer for step, question, answer in gpu_backlog.decisions(out)}
+
+
+def test_the_summary_takes_a_head_dim_only_where_it_wins_at_every_point(tmp_path):
+    _log(tmp_path / "gluon_dq_ab.log",
+         [{"case": "odd", "status": "ok"}]
+         + [{"d": 128, "N": n, "causal": c, "dq regs/shared": 1.04} for n in (1024, 4096) for c in (False, True)]
+         + [{"d": 64, "N": 1024, "causal": False, "dq regs/shared": 1.10},
+            {"d": 64, "N": 4096, "causal": True, "dq regs/shared": 0.99}],
+         tail='{"d": 64, "N": 16384, "dq re')  # a row cut by the step's limit
+    answers = _summary(tmp_path)
+    assert answers[("gluon_dq_ab", "DQ_REGISTER_OPERANDS gets 128")].startswith("yes (1.040-1.040 over 4 points)")
+    assert answers[("gluon_dq_ab", "DQ_REGISTER_OPERANDS gets 64")].startswith("no (0.990-1.100 over 2 points)")
+    assert answers[("gluon_dq_ab", "failed checks")] == "none"
+
+
+def test_the_summary_reports_failed_checks_and_the_issue_targets(tmp_path):
+    _log(tmp_path / "gluon_fp8_ab.log",
+         [{"case": "gqa", "status": "FAIL"},
+          {"d": 128, "N": 4096, "causal": False, "fp8_gluon_ms": 1.0, "fp8_triton_ms": 1.5,
+           "fp8_gluon_registers_ms": 1.1, "fp8_gluon_q_shared_ms": 0.9, "fp8_gluon/fp16": 1.45,
+           "fp8_triton/fp16": 0.97},
+          {"d": 128, "N": 16384, "causal": True, "fp8_gluon_ms": 2.0, "fp8_triton_ms": 2.4,
+           "fp8_gluon_registers_ms": 2.2, "fp8_gluon_q_shared_ms": 1.9, "fp8_gluon/fp16": 1.38}])
+    _log(tmp_path / "gluon_dropout_ab.log", [{"d": 128, "N": 1024, "causal": False, "bwd_gluon/plain": 1.12,
+                                              "bwd_triton/plain": 1.31}])
+    answers = _summary(tmp_path)
+    assert answers[("gluon_fp8_ab", "failed checks")] == ["gqa"]
+    assert answers[("gluon_fp8_ab", "FP8_HEAD_DIMS gets 128 (Gluon over Triton FP8)")].startswith("yes")
+    assert answers[("gluon_fp8_ab", "D = 128: P in registers beats the default")].startswith("no")
+    assert answers[("gluon_fp8_ab", "D = 128: Q in shared memory beats the default")].startswith("yes")
+    assert answers[("gluon_fp8_ab", "FP8_HEAD_DIMS gets 64 (Gluon over Triton FP8)")] == "not measured"
+    assert answers[("gluon_fp8_ab", "issue 14: FP8 >= 1.4x fp16 at N >= 4k, D = 128")] == "no (least 1.380)"
+    assert answers[("gluon_dropout_ab", "issue 13: dropout's backward <= 1.15x at D = 128")] == "no (1.120-1.310)"
+
+
+def test_the_summary_of_an_empty_folder_decides_nothing(tmp_path):
+    assert gpu_backlog.decisions(tmp_path) == []
