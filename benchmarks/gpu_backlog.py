@@ -197,7 +197,9 @@ def _wins(rows, d, ratio) -> str:
 
 
 def _failed_checks(rows) -> list:
-    return [row.get("case", row) for row in rows if "case" in row and row.get("status") != "ok"]
+    """The check rows (those naming a case) whose status is neither ok nor "not supported", by case and point."""
+    return [", ".join(f"{key}={row[key]}" for key in ("case", "d", "causal", "per_head") if key in row)
+            for row in rows if "case" in row and row.get("status") not in ("ok", "not supported")]
 
 
 def _ratio(row, num, den):

@@ -97,7 +97,7 @@ def test_the_summary_takes_a_head_dim_only_where_it_wins_at_every_point(tmp_path
 
 def test_the_summary_reports_failed_checks_and_the_issue_targets(tmp_path):
     _log(tmp_path / "gluon_fp8_ab.log",
-         [{"case": "gqa", "status": "FAIL"},
+         [{"case": "gqa", "d": 64, "causal": True, "status": "FAIL"}, {"case": "odd", "status": "not supported"},
           {"d": 128, "N": 4096, "causal": False, "fp8_gluon_ms": 1.0, "fp8_triton_ms": 1.5,
            "fp8_gluon_registers_ms": 1.1, "fp8_gluon_q_shared_ms": 0.9, "fp8_gluon/fp16": 1.45,
            "fp8_triton/fp16": 0.97},
@@ -106,7 +106,7 @@ def test_the_summary_reports_failed_checks_and_the_issue_targets(tmp_path):
     _log(tmp_path / "gluon_dropout_ab.log", [{"d": 128, "N": 1024, "causal": False, "bwd_gluon/plain": 1.12,
                                               "bwd_triton/plain": 1.31}])
     answers = _summary(tmp_path)
-    assert answers[("gluon_fp8_ab", "failed checks")] == ["gqa"]
+    assert answers[("gluon_fp8_ab", "failed checks")] == ["case=gqa, d=64, causal=True"]
     assert answers[("gluon_fp8_ab", "FP8_HEAD_DIMS gets 128 (Gluon over Triton FP8)")].startswith("yes")
     assert answers[("gluon_fp8_ab", "D = 128: P in registers beats the default")].startswith("no")
     assert answers[("gluon_fp8_ab", "D = 128: Q in shared memory beats the default")].startswith("yes")
