@@ -10,6 +10,7 @@ one stage per call, from the repository root:
     PYTHONPATH=.:benchmarks:tests python3 benchmarks/gpu_backlog.py timings --out $OUT
     python3 benchmarks/gpu_backlog.py summary --out DIR   (here, on the fetched logs: what they decide)
     PYTHONPATH=.:benchmarks:tests python3 benchmarks/gpu_backlog.py grid    --out $OUT
+    PYTHONPATH=.:benchmarks:tests python3 benchmarks/gpu_backlog.py extras  --out $OUT   (issue 13's open rows)
 
 A machine left idle for 30 s is given back and the next call pays a new start (about 95 s), so each stage fills
 one call. Each step runs in its own process under its own time limit; one that overruns is stopped (the rows it
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib
+import inspect
 import json
 import os
 import shlex
@@ -89,6 +91,19 @@ STAGES = {
              ("benchmarks/gluon_fwd_ab.py", "--dtype", "fp16", "--d", "128,64", "--N", FA2_N, "--no-checks"),
              "attention_fwd_hopper.Q_IN_REGISTERS_HEAD_DIMS for 16-bit inputs: a head dim goes in where "
              "'qregs/gluon' > 1 at every N (fortieth finding)"),
+    ),
+    "extras": (
+        Step("gluon_dropout_m32", 200,
+             ("benchmarks/gluon_dropout_ab.py", "--dtype", "fp16,bf16", "--d", "128", "--N", FA2_N, "--parts", "bwd",
+              "--routes", "plain,gluon", "--bwd-configs", "m32=128:32,64,2"),
+             "whether the Gluon dK/dV kernel with dropout wants 32 query rows a step at D = 128 (no spills there, 136 "
+             "spill instructions with 64; thirty-fifth finding): a dropout config of its own where 'bwd_gluon_m32' "
+             "beats 'bwd_gluon' at every point"),
+        Step("front_door_dropout", 300,
+             ("benchmarks/front_door.py", "--sections", "train,modifiers", "--train-dropout", "0.1"),
+             "issue 13 through the front door: the eager training step at N = 512 with dropout 0.1 against SDPA "
+             "flash with the same dropout, and each score modifier's cost (dropout, softcap, ALiBi) over the plain "
+             "call, after the thirty-fifth and thirty-seventh findings"),
     ),
     "grid": (
         Step("hopper_grid", 560,
@@ -161,14 +176,20 @@ def check_step(step: Step) -> None:
     def parse_then_stop(parser, args=None, namespace=None):
         raise _Parsed(original(parser, args, namespace))
     argparse.ArgumentParser.parse_args = parse_then_stop
+    saved_argv = sys.argv
     try:
-        module.main(args)
+        if inspect.signature(module.main).parameters:
+            module.main(args)
+        else:  # a main that reads sys.argv
+            sys.argv = [argv[0]] + args
+            module.main()
     except _Parsed:
         return
     except SystemExit as exit_:
         raise ValueError(f"step {step.name}: {argv[0]} refused {shlex.join(args)} (exit {exit_.code})") from None
     finally:
         argparse.ArgumentParser.parse_args = original
+        sys.argv = saved_argv
     raise RuntimeError(f"step {step.name}: {argv[0]}'s main returned without parsing its arguments")
 
 
@@ -248,6 +269,10 @@ def decisions(out: Path) -> list:
         if costs:
             lines.append(("gluon_dropout_ab", f"issue 13: dropout's backward <= 1.15x at D = {d}",
                           f"{'yes' if max(costs) <= 1.15 else 'no'} ({min(costs):.3f}-{max(costs):.3f})"))
+    m32 = log_rows(out / "gluon_dropout_m32.log")
+    if m32:
+        lines.append(("gluon_dropout_m32", "the dK/dV kernel with dropout takes 32 query rows a step at D = 128",
+                      _wins(m32, 128, lambda r: _ratio(r, "bwd_gluon_ms", "bwd_gluon_m32_ms"))))
     fwd = log_rows(out / "gluon_fwd_ab.log")
     for d in (128, 64):
         if fwd:

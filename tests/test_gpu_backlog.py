@@ -43,6 +43,7 @@ def test_the_tests_stage_covers_every_gpu_test_of_the_changed_kernels():
     (("benchmarks/gluon_dq_ab.py", "--d", "96"), "refused"),
     (("benchmarks/gluon_dq_abc.py", "--d", "64"), "no such script"),
     (("-m", "flashlib.bench", "--mode", "fwd", "--causl", "both"), "refused"),
+    (("benchmarks/front_door.py", "--sectons", "train"), "refused"),
     (("-m", "pytest", "-m", "gpu", "tests/test_no_such_file.py"), "no such test file"),
 ])
 def test_a_step_whose_arguments_drifted_is_refused_by_name(argv, message):
@@ -113,6 +114,15 @@ def test_the_summary_reports_failed_checks_and_the_issue_targets(tmp_path):
     assert answers[("gluon_fp8_ab", "FP8_HEAD_DIMS gets 64 (Gluon over Triton FP8)")] == "not measured"
     assert answers[("gluon_fp8_ab", "issue 14: FP8 >= 1.4x fp16 at N >= 4k, D = 128")] == "no (least 1.380)"
     assert answers[("gluon_dropout_ab", "issue 13: dropout's backward <= 1.15x at D = 128")] == "no (1.120-1.310)"
+
+
+def test_the_summary_compares_the_dropout_config_with_the_default_one(tmp_path):
+    _log(tmp_path / "gluon_dropout_m32.log",
+         [{"dtype": t, "d": 128, "N": 4096, "causal": c, "bwd_gluon_ms": 1.0, "bwd_gluon_m32_ms": 0.97}
+          for t in ("fp16", "bf16") for c in (False, True)])
+    answers = _summary(tmp_path)
+    question = ("gluon_dropout_m32", "the dK/dV kernel with dropout takes 32 query rows a step at D = 128")
+    assert answers[question].startswith("yes (1.031-1.031 over 4 points)")
 
 
 def test_the_summary_of_an_empty_folder_decides_nothing(tmp_path):
