@@ -28,6 +28,7 @@ import datetime
 import importlib
 import inspect
 import json
+import re
 import os
 import shlex
 import signal
@@ -49,6 +50,16 @@ CHANGED_KERNEL_TESTS = ("tests/test_fp8.py", "tests/kernels/test_attention_fwd_h
 
 FA2_N = "1024,4096,16384"
 
+#: A test marked for the GPU: the decorator at the start of a line.
+GPU_MARK = re.compile(r"^\s*@pytest\.mark\.gpu\b", re.MULTILINE)
+
+
+def other_gpu_tests() -> tuple:
+    """Every other test file with GPU tests (as ``make test-gpu`` finds them), so that a tests stage runs them all."""
+    found = sorted(str(path.relative_to(ROOT)) for path in (ROOT / "tests").rglob("test_*.py")
+                   if GPU_MARK.search(path.read_text()))
+    return tuple(path for path in found if path not in CHANGED_KERNEL_TESTS)
+
 
 @dataclass(frozen=True)
 class Step:
@@ -62,11 +73,16 @@ class Step:
 
 STAGES = {
     "tests": (
-        Step("gpu_tests", 540,
+        Step("gpu_tests", 260,
              ("-m", "pytest", "-q", "-m", "gpu", "-n", "12", "-p", "no:cacheprovider", "-rs") + CHANGED_KERNEL_TESTS,
              "whether sessions 46-48's kernels are correct on the GPU: the Gluon FP8 forward with P through shared "
              "memory and Q in registers, the register operands of the Gluon backward, dropout's 1 / (1 - p) in the "
              "epilogues. A failure here comes before any timing."),
+        Step("gpu_tests_rest", 280,
+             ("-m", "pytest", "-q", "-m", "gpu", "-n", "16", "--dist", "worksteal", "-p", "no:cacheprovider", "-rs")
+             + other_gpu_tests(),
+             "the rest of the GPU suite (decoding, front door, model, bench, distributed): nothing there changed "
+             "since session 45, so a failure here is the GPU machine's or an older bug's"),
     ),
     "timings": (
         Step("gluon_fp8_ab", 150,
@@ -231,10 +247,11 @@ def decisions(out: Path) -> list:
     """What the stage logs under ``out`` decide, as (step, question, answer) lines: each rule is the one its
     step's ``decides`` states."""
     lines = []
-    tests = (out / "gpu_tests.log")
-    if tests.exists():
-        summary = [line for line in tests.read_text().splitlines() if " passed" in line or " failed" in line]
-        lines.append(("gpu_tests", "pytest's summary", summary[-1] if summary else "no summary (cut short?)"))
+    for name in ("gpu_tests", "gpu_tests_rest"):
+        if (out / f"{name}.log").exists():
+            text = (out / f"{name}.log").read_text().splitlines()
+            summary = [line for line in text if " passed" in line or " failed" in line]
+            lines.append((name, "pytest's summary", summary[-1] if summary else "no summary (cut short?)"))
     fp8 = log_rows(out / "gluon_fp8_ab.log")
     if fp8:
         lines.append(("gluon_fp8_ab", "failed checks", _failed_checks(fp8) or "none"))
