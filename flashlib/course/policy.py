@@ -10,12 +10,16 @@ region is refused when it
 * touches a name or attribute that starts with ``_`` (Python's internals:
   ``__import__``, ``__globals__``, ``__class__``, ``_judge``, ...);
 * names a way out of the answer (``eval``, ``open``, ``os``, ``getattr``, ``super``,
-  ...: :data:`~flashlib.course.registry.ALWAYS_FORBIDDEN`), SDPA as an attribute, or
+  ...: :data:`~flashlib.course.registry.ALWAYS_FORBIDDEN`), or reaches one as an
+  attribute (``torch.sys.modules``: :data:`~flashlib.course.registry.ESCAPE_ATTRIBUTES`),
+  SDPA as an attribute, or
   what the exercise forbids (its finished implementation, ``softmax`` where the
   exercise is to write one: ``Exercise.forbidden``, as names or attributes);
 * uses a name that a given cell bound to flashlib (``from flashlib.x import y``),
   unless the exercise is about using it (``Exercise.uses_flashlib``);
-* assigns to an attribute of anything but ``self`` (no monkey-patching);
+* assigns to an attribute of anything but ``self`` (no monkey-patching), or binds the
+  name ``self`` itself (``self = torch``, a nested ``def f(self)``, ``for self in``), which
+  would make any object ``self`` and let ``self.exp = ...`` patch it;
 * lacks a call the exercise asks for (``flash_attention`` in notebook 08) or uses
   the ``@`` operator where attention must not be written by hand.
 
@@ -91,8 +95,8 @@ def check_answer(exercise: registry.Exercise, source: str, regions: list[tuple[i
         if _enclosing_function(tree, first, last) is None:
             refusals.append(Refusal(first, "the answer must stay inside its function's body"))
     forbidden = (set(registry.ALWAYS_FORBIDDEN) | set(exercise.forbidden)) - set(exercise.uses_flashlib)
-    forbidden_attributes = ((set(registry.ALWAYS_FORBIDDEN_ATTRIBUTES) | set(exercise.forbidden))
-                            - set(exercise.uses_flashlib))
+    forbidden_attributes = ((set(registry.ALWAYS_FORBIDDEN_ATTRIBUTES) | set(registry.ESCAPE_ATTRIBUTES)
+                             | set(exercise.forbidden)) - set(exercise.uses_flashlib))
     forbidden_flashlib = set(given_flashlib) - set(exercise.uses_flashlib)
     called = set()
     for node in ast.walk(tree):
@@ -105,6 +109,10 @@ def check_answer(exercise: registry.Exercise, source: str, regions: list[tuple[i
         elif isinstance(node, (ast.Global, ast.Nonlocal)):
             refusals.append(Refusal(line, f"`{type(node).__name__.lower()}` is not allowed in an answer: "
                                           "keep your code inside the function"))
+        elif _binds_self(node):
+            refusals.append(Refusal(line, "rebinding `self` is not allowed in an answer: `self` is the object "
+                                          "the method was called on, the only one whose attributes an "
+                                          "answer may set"))
         elif isinstance(node, ast.Name):
             if node.id.startswith("_") and node.id != "_":
                 refusals.append(Refusal(line, f"`{node.id}`: names starting with _ are not allowed in an answer"))
@@ -140,6 +148,22 @@ def check_answer(exercise: registry.Exercise, source: str, regions: list[tuple[i
             line = regions[0][0] if regions else 0
             refusals.append(Refusal(line, f"the answer must call `{name}`"))
     return _unique(refusals)
+
+
+def _binds_self(node: ast.AST) -> bool:
+    """Whether ``node`` gives the name ``self`` a value: an assignment, a loop or ``with`` target, a
+    parameter of a nested function or lambda, ``except ... as self``, a ``match`` capture.
+
+    The one attribute assignment an answer may make is ``self.x = ...``; were ``self`` rebindable,
+    ``self = torch`` then ``self.exp = ...`` would patch anything.
+    """
+    if isinstance(node, ast.Name):
+        return node.id == "self" and not isinstance(node.ctx, ast.Load)
+    if isinstance(node, ast.arg):
+        return node.arg == "self"
+    if isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)):
+        return node.name == "self"
+    return False
 
 
 def _why(name: str, exercise: registry.Exercise) -> str:

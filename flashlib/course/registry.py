@@ -34,6 +34,13 @@ ALWAYS_FORBIDDEN = (
 ALWAYS_FORBIDDEN_ATTRIBUTES = ("scaled_dot_product_attention", "flash_attn_func",
                                "multi_head_attention_forward")
 
+#: Attributes that lead out of the answer as the names of ALWAYS_FORBIDDEN do, through a module that
+#: imported them: ``torch.sys.modules`` holds every loaded module (flashlib's finished code among them),
+#: ``torch.serialization.os`` the machine. Refused as attributes wherever they appear in a chain.
+ESCAPE_ATTRIBUTES = ("sys", "os", "builtins", "importlib", "import_module", "subprocess", "ctypes", "inspect",
+                     "pickle", "shutil", "pathlib", "socket", "signal", "threading", "multiprocessing",
+                     "flashlib", "solutions", "exercises", "checks")
+
 #: Attention written by hand: refused where the exercise is to *call* flashlib's attention.
 HAND_ATTENTION = ("matmul", "bmm", "einsum", "softmax", "log_softmax", "exp", "mm", "baddbmm",
                   "naive_attention", "multi_head_attention_forward", "MultiheadAttention")

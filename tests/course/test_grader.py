@@ -225,6 +225,18 @@ def refusals(key, name, code):
     ("08_in_practice", "GQAttention", "return super().forward(x)", "`super` is not allowed"),
     ("08_in_practice", "GQAttention", "return gpt.CausalSelfAttention.forward(self, x)",
      "`gpt` is flashlib's finished code"),
+    # the finished code and the machine, reached through a module that imported sys or os
+    ("01_naive_attention", "naive_attention",
+     "return torch.sys.modules['flashlib.reference'].naive_attention(q, k, v)", "`.sys` is not allowed"),
+    ("09_decoding", "merge_splits", "torch.serialization.os.system('true')\nreturn o_parts, lse_parts",
+     "`.os` is not allowed"),
+    # monkey-patching through a rebound self: only the method's own object may have attributes set
+    ("01_naive_attention", "stable_softmax", "self = torch\nself.exp = lambda t: t\nreturn x",
+     "rebinding `self` is not allowed"),
+    ("01_naive_attention", "stable_softmax", "def patch(self):\n    self.exp = lambda t: t\npatch(torch)\nreturn x",
+     "rebinding `self` is not allowed"),
+    ("10_across_devices", "ring_step_merge", "for self in [torch]:\n    self.logaddexp = torch.maximum\nreturn o, lse",
+     "rebinding `self` is not allowed"),
 ])
 def test_someone_elses_work_is_refused_with_the_reason(key, name, code, words):
     assert words in refusals(key, name, code)
