@@ -43,10 +43,11 @@ ROOT = Path(__file__).resolve().parents[1]
 #: A call's limit (600 s) less the process starts, the headers and the copy of --out.
 STAGE_BUDGET_S = 570
 
-#: Where the GPU tests of the kernels changed since the last GPU run live (session 45 ran them at 3e88d66).
+#: Where the GPU tests of the kernels changed since the last GPU run live (session 45 ran them at 3e88d66;
+#: the JVP kernel is new in session 48).
 CHANGED_KERNEL_TESTS = ("tests/test_fp8.py", "tests/kernels/test_attention_fwd_hopper.py",
-                        "tests/kernels/test_attention_bwd_hopper.py", "tests/kernels/test_score_modifiers.py",
-                        "tests/test_ops.py")
+                        "tests/kernels/test_attention_bwd_hopper.py", "tests/kernels/test_attention_jvp.py",
+                        "tests/kernels/test_score_modifiers.py", "tests/test_ops.py")
 
 FA2_N = "1024,4096,16384"
 

@@ -42,7 +42,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
 from config_text import parse_config  # noqa: E402
 from flashlib import runtime  # noqa: E402
-from flashlib.kernels import attention_bwd, attention_bwd_hopper, attention_fwd, attention_fwd_hopper  # noqa: E402
+from flashlib.kernels import (attention_bwd, attention_bwd_hopper, attention_fwd, attention_fwd_hopper,  # noqa: E402
+                              attention_jvp)
 from flashlib.fp8 import keys_innermost  # noqa: E402
 from flashlib.kernels.dropout import effective_dropout_p  # noqa: E402
 from flashlib.spec import AttentionSpec  # noqa: E402
@@ -58,6 +59,7 @@ def captured_launches(kernel: str, d: int, n: int, dtype, spec: AttentionSpec, b
     """(kernel function, positional args, keyword args) of each launch flashlib's launcher makes, captured
     instead of run, on CPU tensors of the FlashAttention-2 benchmark's shape (H = 2048 / D, B = 4)."""
     calls = []
+    attention_jvp.launch = lambda fn, grid, *args, **kwargs: calls.append((fn, args, kwargs))
     for module in (attention_fwd, attention_bwd):  # record the launches; answer as an H100 would
         module.launch = lambda fn, grid, *args, **kwargs: calls.append((fn, args, kwargs))
         module.descriptors_supported = lambda device: tma
@@ -69,12 +71,14 @@ def captured_launches(kernel: str, d: int, n: int, dtype, spec: AttentionSpec, b
     if kernel == "fwd":
         attention_fwd.launch_attention_forward(q, k, v, o, lse, spec, block_m=block_m, block_n=block_n,
                                                dropout_seed=seed)
+    elif kernel == "jvp":  # its launcher's own blocks (attention_jvp.jvp_blocks); q, k, v stand in for tangents
+        attention_jvp.launch_attention_jvp(q, k, v, o, lse, q, k, v, torch.empty_like(q), spec, dropout_seed=seed)
     else:
         dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
         attention_bwd.launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec, block_m=block_m,
                                                 block_n=block_n, dropout_seed=seed)
     wanted = {"fwd": attention_fwd.attention_fwd_kernel, "dkdv": attention_bwd.attention_bwd_dkdv_kernel,
-              "dq": attention_bwd.attention_bwd_dq_kernel}[kernel]
+              "dq": attention_bwd.attention_bwd_dq_kernel, "jvp": attention_jvp.attention_jvp_kernel}[kernel]
     return [call for call in calls if call[0] is wanted]
 
 
@@ -284,8 +288,8 @@ def key_block_loops(sass: str) -> list[tuple[int, int, int, int]]:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernel", default="fwd",
-                        help="comma list of fwd, dkdv, dq, gluon_fwd, gluon_dkdv, gluon_dq (the Gluon kernels; "
-                        "default fwd)")
+                        help="comma list of fwd, dkdv, dq, jvp (forward-mode AD, its launcher's own blocks), "
+                        "gluon_fwd, gluon_dkdv, gluon_dq (the Gluon kernels; default fwd)")
     parser.add_argument("--d", default="64", help="comma list of head dims (default 64)")
     parser.add_argument("--dropout", default="0", help="comma list of dropout_p (default 0)")
     parser.add_argument("--causal", default="no", help="comma list of no, yes (default no)")
@@ -333,8 +337,8 @@ def main():
     for kernel, d, causal, p, (block_m, block_n, stages, warps), weight_place, in_registers in grid:
         if causal not in ("no", "yes"):
             parser.error(f"--causal takes no and yes; got {causal!r}")
-        if kernel not in ("fwd", "dkdv", "dq", "gluon_fwd", "gluon_dkdv", "gluon_dq"):
-            parser.error(f"--kernel takes fwd, dkdv, dq, gluon_fwd, gluon_dkdv and gluon_dq; got {kernel!r}")
+        if kernel not in ("fwd", "dkdv", "dq", "jvp", "gluon_fwd", "gluon_dkdv", "gluon_dq"):
+            parser.error(f"--kernel takes fwd, dkdv, dq, jvp, gluon_fwd, gluon_dkdv and gluon_dq; got {kernel!r}")
         spec = AttentionSpec(causal=causal == "yes", dropout_p=p)
         if kernel.startswith("gluon"):
             launches = [gluon_launch(kernel, d, 4096, dtype, causal == "yes", p, weight_place == "shared",
@@ -354,6 +358,8 @@ def main():
             if kernel.startswith("gluon"):  # the Gluon launchers' own blocks and slots
                 tile = f"{call_kwargs['BLOCK_M']}x{call_kwargs['BLOCK_N']} s{call_kwargs['STAGES']}"
                 place += f" register operands {in_registers}"
+            elif kernel == "jvp":  # its launcher's own blocks
+                tile = f"{call_kwargs['BLOCK_M']}x{call_kwargs['BLOCK_N']} s{compiled.metadata.num_stages}"
             else:
                 tile = f"{block_m}x{block_n} s{compiled.metadata.num_stages}"
             print(f"{kernel} D={d} causal={causal} dropout={p}{place} {tile} w{compiled.metadata.num_warps}: "

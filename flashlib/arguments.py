@@ -9,6 +9,7 @@ kernels then trust the values.
 from __future__ import annotations
 
 import torch
+from torch.autograd import forward_ad
 
 from . import runtime
 from .kernels.attention_fwd import MAX_HEAD_DIM, MIN_HEAD_DIM
@@ -92,7 +93,23 @@ def check_alibi_slopes(alibi_slopes, batch: int, heads: int, device: torch.devic
                          f"got {tuple(alibi_slopes.shape)}")
     if alibi_slopes.device != device:
         raise ValueError(f"alibi_slopes must be on the same device as q ({device}); got {alibi_slopes.device}")
+    if differentiated(alibi_slopes):
+        raise ValueError("alibi_slopes is being differentiated (it requires grad, carries a forward-mode tangent, "
+                         "or is an input of torch.func.grad or jvp), but flash_attention treats the slopes as "
+                         "constants and gives them no gradient and no tangent: pass alibi_slopes.detach(), or use "
+                         "flashlib.reference.naive_attention to learn the slopes")
     return alibi_slopes.float()
+
+
+def differentiated(t: torch.Tensor) -> bool:
+    """Whether some derivative is being taken with respect to ``t``: it requires grad (with grad mode on), it
+    is a dual tensor of forward-mode AD, or torch.func's grad or jvp wraps it. While torch.compile traces, only
+    the first is asked (the others would break the graph, and the compiled call is the custom op)."""
+    if torch.is_grad_enabled() and t.requires_grad:
+        return True
+    if torch.compiler.is_compiling():
+        return False
+    return forward_ad.unpack_dual(t).tangent is not None or torch._C._functorch.is_gradtrackingtensor(t)
 
 
 def make_spec(causal, window, softmax_scale, softcap, alibi_slopes, dropout_p) -> AttentionSpec:

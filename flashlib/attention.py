@@ -133,9 +133,12 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     Autograd: differentiable in q, k and v (any of them may not require grad);
     ``loss.backward()`` fills their ``.grad`` in their own layout and dtype with the
     FlashAttention backward kernels (P recomputed from L, deterministic). Gradients
-    past ``seq_lens`` are exactly 0. L carries no gradient. Double backward raises
-    (``.backward(create_graph=True)``, ``torch.autograd.grad``, ``hessian``); forward-mode
-    AD raises; ``torch.func.grad``, ``vjp`` and ``vmap`` work. Under ``torch.compile``
+    past ``seq_lens`` are exactly 0. L carries no gradient, and ALiBi slopes are constants
+    (slopes being differentiated are refused). Double backward raises
+    (``.backward(create_graph=True)``, ``torch.autograd.grad``, ``hessian``);
+    ``torch.func.grad``, ``vjp`` and ``vmap`` work. Forward-mode AD works (``torch.func.jvp``,
+    ``jacfwd``, ``torch.autograd.forward_ad``: a JVP kernel computes O's tangent from the saved
+    O and L, :mod:`flashlib.kernels.attention_jvp`); differentiating its result again raises. Under ``torch.compile``
     the call is the custom op ``flashlib::attention_forward`` (see :mod:`flashlib.ops`):
     ``fullgraph=True`` traces through it.
 

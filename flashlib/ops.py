@@ -25,7 +25,9 @@ Both routes share ``setup_context``, ``backward`` and ``vmap``, so they cannot d
   raises :data:`DOUBLE_BACKWARD_MESSAGE`: the gradients stay connected to q, k, v, so every
   path to a second derivative fails loudly instead of treating them as constants;
 * vmap folds the mapped dimension into the batch (one launch, no loop);
-* forward-mode AD (jvp) raises a clear error.
+* forward-mode AD (jvp, ``torch.func.jvp``, ``jacfwd``, ``torch.autograd.forward_ad``) runs the JVP
+  kernel of :mod:`flashlib.kernels.attention_jvp` (``jvp_impl``), from the saved O and L; its result
+  cannot be differentiated again (:data:`JVP_BACKWARD_MESSAGE`).
 
 Dropout draws its seed with torch's generator of q's device (``torch.manual_seed`` makes it
 reproducible), on that device, inside the forward, and returns it as a third output; the kernels
@@ -43,6 +45,7 @@ from torch.autograd import forward_ad
 from . import runtime
 from .kernels.attention_bwd import launch_attention_backward
 from .kernels.attention_fwd import launch_attention_forward
+from .kernels.attention_jvp import launch_attention_jvp
 from .spec import AttentionSpec
 
 #: Layouts the op accepts: (B, H, N, D), (B, N, H, D), (B*H, N, D) as "bhnd" with 3 dims, packed (total, H, D).
@@ -53,10 +56,10 @@ DOUBLE_BACKWARD_MESSAGE = (
     "gradients of gradients through it are not supported; use flashlib.reference.naive_attention "
     "for higher-order derivatives")
 
-FORWARD_AD_MESSAGE = (
-    "flash_attention has no forward-mode AD (jvp, torch.func.jvp, torch.autograd.forward_ad): "
-    "use reverse mode (loss.backward(), torch.func.grad, torch.func.vjp), or "
-    "flashlib.reference.naive_attention for forward-mode derivatives")
+JVP_BACKWARD_MESSAGE = (
+    "flash_attention's forward-mode derivative (its JVP kernel) is not differentiable: reverse mode over "
+    "forward mode (a gradient of a jvp's tangent, torch.func.hessian, jacrev of jacfwd) is not supported; use "
+    "flashlib.reference.naive_attention for those derivatives")
 
 
 # ---------------------------------------------------------------- the two computations
@@ -178,6 +181,29 @@ def backward_impl(grad_o, q, k, v, o, lse, seq_lens, cu_seqlens_q, cu_seqlens_k,
     return dq, dk, dv
 
 
+def jvp_impl(q, k, v, o, lse, q_t, k_t, v_t, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng,
+             max_seqlen_q, max_seqlen_k, layout, causal, window_left, window_right, softmax_scale, softcap, dropout_p):
+    """O's tangent in q's shape, dtype and layout (contiguous), for tangents q_t, k_t, v_t of q, k, v (None: zero),
+    from the forward's O and L (and its dropout seed ``rng``)."""
+    spec = _spec(causal, window_left, window_right, softmax_scale, softcap, alibi_slopes is not None, dropout_p)
+    o_t = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if o_t.numel() == 0:
+        return o_t
+    if _rows(k, layout) == 0:  # no key at all: O is 0 whatever the inputs
+        return o_t.zero_()
+    tangents = [torch.zeros_like(p) if t is None else t for p, t in ((q, q_t), (k, k_t), (v, v_t))]
+    lse = lse.contiguous()  # the kernel's layout; a vmap fold may hand it expanded (batch stride 0)
+    run = runtime.upcast_for_interpreter(q, k, v, o, *tangents)  # bf16 → fp32 in the interpreter
+    o_t_run = o_t if run[0].dtype == o_t.dtype else torch.empty(q.shape, dtype=run[0].dtype, device=q.device)
+    views = _kernel_views(layout, *run, o_t_run)
+    launch_attention_jvp(*views[:4], lse, *views[4:], spec=spec, seq_lens=seq_lens, alibi_slopes=alibi_slopes,
+                         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                         max_seqlen_k=max_seqlen_k, dropout_seed=rng if dropout_p > 0 else None)
+    if o_t_run is not o_t:
+        o_t.copy_(o_t_run)
+    return o_t
+
+
 # ---------------------------------------------------------------- torch.library registration
 @torch.library.custom_op("flashlib::attention_forward", mutates_args=(),
                          tags=(torch.Tag.nondeterministic_seeded,))
@@ -243,6 +269,8 @@ def setup_context(ctx, inputs, output):
     q, k, v, seq_lens, cu_q, cu_k, alibi = inputs[:_N_TENSOR_ARGS]
     o, lse, rng = output
     ctx.save_for_backward(q, k, v, o, lse, seq_lens, cu_q, cu_k, alibi, rng)
+    if forward_ad._current_level >= 0 or torch._C._are_functorch_transforms_active():
+        ctx.save_for_forward(q, k, v, o, lse, seq_lens, cu_q, cu_k, alibi, rng)  # for ``jvp``
     ctx.settings = inputs[_N_TENSOR_ARGS:]
     if hasattr(ctx, "mark_non_differentiable"):
         ctx.mark_non_differentiable(lse, rng)
@@ -299,6 +327,17 @@ def _fold(t, dim, size):
     return t.movedim(dim, 0)
 
 
+def _fold_slopes(alibi_slopes, dim, size, batch):
+    """ALiBi slopes for a batch of ``size * batch`` samples folded by vmap: (H,) slopes stay shared; mapped or
+    (B, H) ones become (size * batch, H)."""
+    if alibi_slopes is None or (dim is None and alibi_slopes.dim() == 1):
+        return alibi_slopes  # (H,) slopes, the same for every sample
+    slopes = _fold(alibi_slopes, dim, size)
+    if slopes.dim() == 2:  # a mapped (H,): (size, H) → (size, B, H)
+        slopes = slopes.unsqueeze(1).expand(size, batch, slopes.shape[-1])
+    return slopes.reshape(size * batch, slopes.shape[-1])
+
+
 def vmap(info, in_dims, q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *settings):
     """vmap over the batch: the mapped dimension is folded into B (or into B*H for 3D inputs), one launch."""
     layout = settings[2]
@@ -311,15 +350,7 @@ def vmap(info, in_dims, q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slo
     q, k, v = (t.reshape(size * batch, *t.shape[2:]) for t in (q, k, v))
     if seq_lens is not None:
         seq_lens = _fold(seq_lens, in_dims[3], size).reshape(size * batch)
-    if alibi_slopes is not None:
-        d = in_dims[6]
-        if d is None and alibi_slopes.dim() == 1:
-            pass  # (H,) slopes, the same for every sample
-        else:
-            slopes = _fold(alibi_slopes, d, size)
-            if slopes.dim() == 2:  # a mapped (H,): (size, H) → (size, B, H)
-                slopes = slopes.unsqueeze(1).expand(size, batch, slopes.shape[-1])
-            alibi_slopes = slopes.reshape(size * batch, slopes.shape[-1])
+    alibi_slopes = _fold_slopes(alibi_slopes, in_dims[6], size, batch)
     o, lse, rng = _apply_eagerly(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *settings)
     o = o.reshape(size, batch, *o.shape[1:])
     lse = lse.reshape(size, batch, *lse.shape[1:])
@@ -330,8 +361,64 @@ attention_forward_op.register_autograd(backward, setup_context=setup_context)
 attention_forward_op.register_vmap(vmap)
 
 
-def _refuse_forward_ad(ctx, *tangents):
-    raise NotImplementedError(FORWARD_AD_MESSAGE)
+class AttentionJvpFunction(torch.autograd.Function):
+    """``jvp_impl`` as a node of its own, where a transform or autograd sees it: vmap folds the mapped dimension
+    into the batch (``torch.func.jacfwd`` maps the jvp over its basis of tangents), and differentiating its result
+    raises :data:`JVP_BACKWARD_MESSAGE` instead of treating the tangent as a constant."""
+
+    @staticmethod
+    def forward(*args):
+        return jvp_impl(*args)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError(JVP_BACKWARD_MESSAGE)
+
+    @staticmethod
+    def vmap(info, in_dims, q, k, v, o, lse, q_t, k_t, v_t, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes,
+             rng, *settings):
+        layout, dropout_p = settings[2], settings[-1]
+        if layout == "packed" or any(d is not None for d in in_dims[9:11]):
+            raise NotImplementedError("vmap (or jacfwd) over flash_attention_varlen's jvp is not supported")
+        if dropout_p > 0:
+            raise NotImplementedError("vmap (or jacfwd) over flash_attention's jvp with dropout is not supported: "
+                                      "folding the mapped dimension into the batch would change the dropout mask")
+        size = info.batch_size
+        folded = [_fold(t, d, size) for t, d in zip((q, k, v, o, lse), in_dims[:5])]
+        folded += [None if t is None else _fold(t, d, size) for t, d in zip((q_t, k_t, v_t), in_dims[5:8])]
+        batch = folded[0].shape[1]
+        q, k, v, o, lse, q_t, k_t, v_t = (None if t is None else t.reshape(size * batch, *t.shape[2:])
+                                          for t in folded)
+        if seq_lens is not None:
+            seq_lens = _fold(seq_lens, in_dims[8], size).reshape(size * batch)
+        alibi_slopes = _fold_slopes(alibi_slopes, in_dims[11], size, batch)
+        o_t = _jvp_as_seen(q, k, v, o, lse, q_t, k_t, v_t, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng,
+                           *settings)
+        return o_t.reshape(size, batch, *o_t.shape[1:]), 0
+
+
+def _jvp_as_seen(*args):
+    """``jvp_impl``, through :class:`AttentionJvpFunction` where a torch.func transform or autograd would see it
+    (an outer transform's wrappers are then taken off by the Function's rules, never by a kernel)."""
+    q, k, v, q_t, k_t, v_t = args[:3] + args[5:8]
+    watched = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, q_t, k_t, v_t))
+    if watched or torch._C._are_functorch_transforms_active():
+        return AttentionJvpFunction.apply(*args)
+    return jvp_impl(*args)
+
+
+def jvp(ctx, q_t, k_t, v_t, *other_tangents):
+    """Forward-mode AD: (O's tangent, None, None) from the tangents of q, k and v (None where one has none), by the
+    JVP kernel (:mod:`flashlib.kernels.attention_jvp`) from the saved O and L. L and the seed carry no tangent, as
+    they carry no gradient. The other inputs' tangents are not read: the front door refuses ALiBi slopes that are
+    being differentiated (:func:`flashlib.arguments.differentiated`), and torch.func hands the others zeros."""
+    q, k, v, o, lse, seq_lens, cu_q, cu_k, alibi, rng = ctx.saved_tensors
+    o_t = _jvp_as_seen(q, k, v, o, lse, q_t, k_t, v_t, seq_lens, cu_q, cu_k, alibi, rng, *ctx.settings)
+    return o_t, None, None
 
 
 class FlashAttentionFunction(torch.autograd.Function):
@@ -352,7 +439,7 @@ class FlashAttentionFunction(torch.autograd.Function):
         return output
 
     backward = staticmethod(backward)
-    jvp = staticmethod(_refuse_forward_ad)
+    jvp = staticmethod(jvp)
 
 
 class FlashAttentionFunctionForTorchFunc(torch.autograd.Function):
@@ -365,7 +452,7 @@ class FlashAttentionFunctionForTorchFunc(torch.autograd.Function):
     setup_context = staticmethod(setup_context)
     backward = staticmethod(backward)
     vmap = staticmethod(vmap)
-    jvp = staticmethod(_refuse_forward_ad)
+    jvp = staticmethod(jvp)
 
 
 def _apply_eagerly(*args):

@@ -176,12 +176,15 @@ def test_func_grad_and_vjp_match_backward():
     assert all(torch.equal(a, b.grad) for a, b in zip(vjp(do), leaves))
 
 
-def test_forward_mode_ad_gets_a_clear_error():
+def test_forward_mode_ad_agrees_with_reverse_mode():
+    """jacfwd (the JVP kernel, vmapped over a basis of tangents) and jacrev (the backward kernels) are two
+    computations of one Jacobian (tests/kernels/test_attention_jvp.py holds each to the float64 reference)."""
     q, k, v = make_inputs(1, 1, 1, 8, 8, 16, torch.float32)
-    with pytest.raises(NotImplementedError, match="flash_attention has no forward-mode AD"):
-        torch.func.jvp(lambda x: flash_attention(x, k, v), (q,), (torch.ones_like(q),))
-    with pytest.raises(NotImplementedError, match="no forward-mode AD"):
-        torch.func.jacfwd(lambda x: flash_attention(x, k, v).sum())(q)
+    forward = torch.func.jacfwd(lambda x: flash_attention(x, k, v, causal=True).sum(-1))(q)
+    # row by row (jacrev would vmap the backward, which has no vmap rule)
+    reverse = torch.autograd.functional.jacobian(lambda x: flash_attention(x, k, v, causal=True).sum(-1), q)
+    assert forward.shape == reverse.shape == (1, 1, 8, 1, 1, 8, 16)
+    assert relative_error(forward, reverse) < 1e-5
 
 
 # ---------------------------------------------------------------- NaN
@@ -293,9 +296,9 @@ def test_a_remembered_call_never_lets_an_equal_but_invalid_argument_through(coun
         flash_attention(q, k, v, **invalid)
 
 
-def test_inference_and_training_calls_agree_and_forward_ad_still_raises(counted_checks):
+def test_inference_and_training_calls_agree_and_forward_ad_still_reaches_its_rule(counted_checks):
     """Without a gradient to track the front door calls the forward directly, past autograd; a tangent
-    (forward-mode AD) must still reach the op's rule and raise, even for a remembered signature."""
+    (forward-mode AD) must still reach the op's rule and come out, even for a remembered signature."""
     q, k, v, do = make_inputs(1, 2, 1, 20, 20, 16, torch.float32, grad_out=True)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     trained = flash_attention(*leaves, causal=True)
@@ -306,10 +309,11 @@ def test_inference_and_training_calls_agree_and_forward_ad_still_raises(counted_
     assert len(counted_checks) == 1
     trained.backward(do)
     assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in leaves)
+    _, expected = torch.func.jvp(lambda x: flash_attention(x, k, v, causal=True), (q,), (torch.ones_like(q),))
     with torch.autograd.forward_ad.dual_level():
         dual_q = torch.autograd.forward_ad.make_dual(q, torch.ones_like(q))
-        with pytest.raises(NotImplementedError, match="no forward-mode AD"):
-            flash_attention(dual_q, k, v, causal=True)
+        tangent = torch.autograd.forward_ad.unpack_dual(flash_attention(dual_q, k, v, causal=True)).tangent
+    assert tangent is not None and torch.equal(tangent, expected) and tangent.abs().max() > 0
 
 
 # ---------------------------------------------------------------- GPU
