@@ -213,6 +213,19 @@ def scores_log2(qk, q_pos, k_pos, score_scale, softcap_scale, slope_log2,
 
 
 @triton.jit
+def score_scales(sm_scale, SOFTCAP, HAS_SOFTCAP: tl.constexpr):
+    """(``score_scale``, ``softcap_scale``) of :func:`scores_log2` for softmax scale ``sm_scale`` and, with
+    ``HAS_SOFTCAP``, the softcap ``SOFTCAP``."""
+    if HAS_SOFTCAP:  # one return: the compiler refuses returns of two types in one function
+        score_scale = SOFTCAP * LOG2E
+        softcap_scale = sm_scale / SOFTCAP
+    else:
+        score_scale = sm_scale * LOG2E
+        softcap_scale = 1.0
+    return score_scale, softcap_scale
+
+
+@triton.jit
 def band_mask(q_pos, k_pos, k_len, window_left, window_right, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
     """The element mask "query i sees key j": True where it does, in ``q_pos``, ``k_pos``'s broadcast shape.
 

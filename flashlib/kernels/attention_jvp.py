@@ -29,7 +29,7 @@ from .. import runtime
 from ..integer_math import ceil_div, power_of_two_at_least
 from ..spec import AttentionSpec
 from ._common import (INTERPRETER_BLOCKS, LOG2E, band_mask, key_block_range, packed_as_bhnd, row_stats_offset,
-                      sample_bounds, scores_log2)
+                      sample_bounds, score_scales, scores_log2)
 from .attention_fwd import modifier_args
 from .dropout import dropout_keep, dropout_stream_key, load_dropout_seed
 from .launch import launch
@@ -163,12 +163,7 @@ def attention_jvp_kernel(
     # A row that sees no key has L = -inf: read it as +inf, so that its P is exactly 0 (a NaN L stays NaN).
     l2 = tl.where((offs_m < q_len) & (lse != float("-inf")), lse * LOG2E, float("inf"))
 
-    if HAS_SOFTCAP:
-        score_scale = SOFTCAP * LOG2E
-        softcap_scale = sm_scale / SOFTCAP
-    else:
-        score_scale = sm_scale * LOG2E
-        softcap_scale = 1.0
+    score_scale, softcap_scale = score_scales(sm_scale, SOFTCAP, HAS_SOFTCAP)
     slope_log2 = 0.0
     if HAS_ALIBI:
         slope_log2 = tl.load(ALIBI + off_b * stride_ab + off_h * stride_ah).to(tl.float32) * LOG2E

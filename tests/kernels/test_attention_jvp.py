@@ -18,25 +18,11 @@ from flashlib.kernels.dropout import effective_dropout_p
 from flashlib.reference import naive_attention
 from flashlib.spec import AttentionSpec
 from flashlib.validation import relative_error, tolerance
-from support.attention import DEVICE, as_bhnd, make_inputs
+from support.attention import DEVICE, MASK_CASES, alibi_slopes, as_bhnd, make_inputs
 from support.sass import compiled_variants, run_sass_counts
 
-MASKS = {
-    "none": dict(),
-    "causal": dict(causal=True),
-    "window": dict(window=(6, 3)),
-    "causal+window": dict(causal=True, window=(5, -1)),
-    "seq_lens": dict(seq_lens=[30, 17]),
-}
-
-
-def slopes(kind, batch, heads):
-    """ALiBi slopes as models use them (2^(-8 h / H)), per head or per sample and head; None for no ALiBi."""
-    if kind is None:
-        return None
-    per_head = torch.tensor([2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)])
-    return (per_head if kind == "(H,)" else per_head[None].repeat(batch, 1) * 0.5 ** torch.arange(batch)[:, None]
-            ).to(DEVICE)
+MASKS = MASK_CASES
+slopes = alibi_slopes
 
 
 def _on_device(options):

@@ -13,15 +13,9 @@ from flashlib import flash_attention, flash_attention_varlen, ops
 from flashlib.kernels.dropout import dropout_mask, effective_dropout_p
 from flashlib.reference import dropout_keep_reference, naive_attention
 from flashlib.validation import relative_error, tolerance
-from support.attention import DEVICE, as_bhnd, make_inputs, pin_blocks
+from support.attention import DEVICE, MASK_CASES, alibi_slopes, as_bhnd, make_inputs, pin_blocks
 
-MASKS = {
-    "none": dict(),
-    "causal": dict(causal=True),
-    "window": dict(window=(6, 3)),
-    "causal+window": dict(causal=True, window=(5, -1)),
-    "seq_lens": dict(seq_lens=[30, 17]),
-}
+MASKS = MASK_CASES
 
 
 @pytest.fixture(autouse=True)
@@ -31,13 +25,7 @@ def fixed_blocks_on_the_gpu(request, monkeypatch):
         pin_blocks(monkeypatch, [ops])
 
 
-def slopes(kind, batch, heads):
-    """ALiBi slopes as models use them (2^(-8 h / H)), per head or per sample and head; None for 'off'."""
-    if kind is None:
-        return None
-    per_head = torch.tensor([2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)])
-    per_sample = per_head[None].repeat(batch, 1) * torch.tensor([[1.0], [0.5]])[:batch]
-    return (per_head if kind == "(H,)" else per_sample).to(DEVICE)
+slopes = alibi_slopes
 
 
 def run(q, k, v, do, layout, mask, **modifiers):

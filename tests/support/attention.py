@@ -43,6 +43,27 @@ def uncovered_call(case: str, heads: int = 2):
     raise ValueError(f"case must be one of {UNCOVERED_CASES}; got {case!r}")
 
 
+#: Every kind of mask, as flash_attention's keyword arguments for (B = 2, N = 30) inputs: seq_lens as a list.
+MASK_CASES = {
+    "none": dict(),
+    "causal": dict(causal=True),
+    "window": dict(window=(6, 3)),
+    "causal+window": dict(causal=True, window=(5, -1)),
+    "seq_lens": dict(seq_lens=[30, 17]),
+}
+
+
+def alibi_slopes(kind, batch, heads):
+    """ALiBi slopes as models use them (2^(-8 h / H)), "(H,)" per head or "(B, H)" per sample and head (halved from
+    one sample to the next); None for ``kind`` None."""
+    if kind is None:
+        return None
+    per_head = torch.tensor([2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)])
+    if kind == "(H,)":
+        return per_head.to(DEVICE)
+    return (per_head[None].repeat(batch, 1) * 0.5 ** torch.arange(batch)[:, None]).to(DEVICE)
+
+
 #: The blocks a GPU test runs with when it does not test the autotuner.
 FIXED_FORWARD = dict(block_m=64, block_n=32)
 FIXED_BACKWARD = dict(block_m=32, block_n=32)
