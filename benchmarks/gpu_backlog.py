@@ -3,8 +3,8 @@
 Sessions 46 to 48 were lent no GPU. Their changes to the Hopper kernels were compiled for sm_90a
 (``benchmarks/sass_counts.py`` with Triton 3.6) and their Triton parts tested in the interpreter, but nothing
 ran on a GPU: not the Gluon FP8 forward, not dropout's 1 / (1 - p) out of the Gluon backward (a default route),
-not the operands held in registers. This script is what the next session lent an ``nvidia-h200`` runs first,
-one stage per call, from the repository root:
+not the operands held in registers, not the forward-mode (JVP) kernel. This script is what the next session lent
+an ``nvidia-h200`` runs first, one stage per call, from the repository root:
 
     PYTHONPATH=.:benchmarks:tests python3 benchmarks/gpu_backlog.py tests   --out $OUT
     PYTHONPATH=.:benchmarks:tests python3 benchmarks/gpu_backlog.py timings --out $OUT
@@ -78,7 +78,7 @@ STAGES = {
              ("-m", "pytest", "-q", "-m", "gpu", "-n", "12", "-p", "no:cacheprovider", "-rs") + CHANGED_KERNEL_TESTS,
              "whether sessions 46-48's kernels are correct on the GPU: the Gluon FP8 forward with P through shared "
              "memory and Q in registers, the register operands of the Gluon backward, dropout's 1 / (1 - p) in the "
-             "epilogues. A failure here comes before any timing."),
+             "epilogues, the forward-mode (JVP) kernel. A failure here comes before any timing."),
         Step("gpu_tests_rest", 280,
              ("-m", "pytest", "-q", "-m", "gpu", "-n", "16", "--dist", "worksteal", "-p", "no:cacheprovider", "-rs")
              + other_gpu_tests(),
