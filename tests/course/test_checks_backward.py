@@ -127,7 +127,7 @@ def test_ds_a_row_vector_is_a_wrong_shape():
 # ---------------------------------------------------------------------- dK / dV
 
 (RIGHT, LOOP_STUB, P_NOT_PT, NO_DK_SCALE, DP_IN_DK, NO_DELTA, SIGN_FLIPPED, P_EXP, P_TILE_SOFTMAX,
- P_EXP2, UNSCALED_S, NO_TAIL_MASK, NO_OTHER, NO_OTHER_ON_D) = (tl.constexpr(i) for i in range(14))
+ P_EXP2, UNSCALED_S, NO_TAIL_MASK, NO_OTHER, NO_OTHER_ON_D, ROW_STEP_HEAD_DIM) = (tl.constexpr(i) for i in range(15))
 
 
 @triton.jit
@@ -153,6 +153,9 @@ def _dkdv_body(Q, K, V, DO, L, DELTA, DK, DV, sm_scale,
             rows = start_m + offs_m
             q_ptrs = Q + off_h * stride_qh + rows[:, None] * stride_qn + offs_d[None, :]
             do_ptrs = DO + off_h * stride_doh + rows[:, None] * stride_don + offs_d[None, :]
+            if BUG == ROW_STEP_HEAD_DIM:  # rows assumed HEAD_DIM apart: right only for contiguous rows
+                q_ptrs = Q + off_h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :] + start_m * HEAD_DIM
+                do_ptrs = DO + off_h * stride_doh + offs_m[:, None] * stride_don + offs_d[None, :] + start_m * HEAD_DIM
             if BUG == NO_TAIL_MASK:
                 q = tl.load(q_ptrs)
                 do = tl.load(do_ptrs)
@@ -347,6 +350,16 @@ def no_other_on_d_kernel(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, str
                N_Q, N_K, HEAD_DIM, BLOCK_M, BLOCK_N, NO_OTHER_ON_D)
 
 
+@triton.jit
+def row_step_head_dim_kernel(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+                             stride_vh, stride_vn, stride_doh, stride_don, stride_dkh, stride_dkn, stride_dvh,
+                             stride_dvn, N_Q, N_K, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                             BLOCK_N: tl.constexpr):
+    _dkdv_body(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+               stride_vh, stride_vn, stride_doh, stride_don, stride_dkh, stride_dkn, stride_dvh, stride_dvn,
+               N_Q, N_K, HEAD_DIM, BLOCK_M, BLOCK_N, ROW_STEP_HEAD_DIM)
+
+
 def test_the_teaching_kernel_passes(capsys):
     result = checks.check_dkdv_kernel(flash_dkdv_kernel)
     assert result.passed and result.points == result.max_points == 4
@@ -379,6 +392,7 @@ def test_the_blank_exercise_is_not_attempted():
     (no_tail_mask_kernel, 2, "NaN from reading past the last query"),
     (no_other_kernel, 2, "a masked tl.load without other= reads undefined values in the masked lanes"),
     (no_other_on_d_kernel, 2, "a masked tl.load without other= reads undefined values in the masked lanes"),
+    (row_step_head_dim_kernel, 1, "the query blocks were stepped through by start_m * HEAD_DIM"),
 ])
 def test_wrong_kernels_are_named(bug, case, words):
     result = checks.check_dkdv_kernel(bug)

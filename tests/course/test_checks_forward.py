@@ -19,7 +19,7 @@ from flashlib.kernels.attention_fwd_simple import flash_forward_kernel  # noqa: 
 # Which bug a kernel has (constexpr: globals a compiled kernel reads must be).
 (RIGHT, NO_ACC_RESCALE, NO_L_RESCALE, NO_DIVISION, SCALE_TWICE, LOG2_SCALE_WITH_EXP, NO_TAIL_MASK,
  TAIL_OFF_BY_ONE, NO_LOAD_MASK, LOG2_LSE, NO_M_UPDATE, LOOP_STUB, ALL_STUBS, BLOCK_MAX_ONLY, NO_OTHER,
- NO_MAX, K_WITHOUT_OTHER, ALPHA_FLIPPED, P_OLD_MAX) = (tl.constexpr(i) for i in range(19))
+ NO_MAX, K_WITHOUT_OTHER, ALPHA_FLIPPED, P_OLD_MAX, ROW_STEP_HEAD_DIM) = (tl.constexpr(i) for i in range(20))
 
 
 @triton.jit
@@ -49,6 +49,9 @@ def _forward_body(Q, K, V, O, L, sm_scale, stride_qh, stride_qn, stride_kh, stri
             elif BUG == NO_OTHER:
                 k = tl.load(k_ptrs + start_n * stride_kn, mask=cols[None, :] < N_K)
                 v = tl.load(v_ptrs + start_n * stride_vn, mask=cols[:, None] < N_K)
+            elif BUG == ROW_STEP_HEAD_DIM:  # rows assumed HEAD_DIM apart: right only for contiguous rows
+                k = tl.load(k_ptrs + start_n * HEAD_DIM, mask=cols[None, :] < N_K, other=0.0)
+                v = tl.load(v_ptrs + start_n * HEAD_DIM, mask=cols[:, None] < N_K, other=0.0)
             elif BUG == K_WITHOUT_OTHER:  # harmless: the scores past N_K are replaced by -inf below
                 k = tl.load(k_ptrs + start_n * stride_kn, mask=cols[None, :] < N_K)
                 v = tl.load(v_ptrs + start_n * stride_vn, mask=cols[:, None] < N_K, other=0.0)
@@ -265,6 +268,14 @@ def p_old_max_kernel(Q, K, V, O, L, sm_scale, stride_qh, stride_qn, stride_kh, s
                   stride_vn, stride_oh, stride_on, N_Q, N_K, HEAD_DIM, BLOCK_M, BLOCK_N, P_OLD_MAX)
 
 
+@triton.jit
+def row_step_head_dim_kernel(Q, K, V, O, L, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+                             stride_vh, stride_vn, stride_oh, stride_on, N_Q, N_K,
+                             HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    _forward_body(Q, K, V, O, L, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn, stride_vh,
+                  stride_vn, stride_oh, stride_on, N_Q, N_K, HEAD_DIM, BLOCK_M, BLOCK_N, ROW_STEP_HEAD_DIM)
+
+
 class NaiveKernel(KernelInterface):
     """A 'kernel' that computes S = Q K^T with torch when launched: right values, N x N memory."""
 
@@ -311,6 +322,7 @@ def test_the_blank_exercise_is_not_attempted(bug):
     (block_max_only_kernel, 5, "the running max must be the max of the old m and this block's max"),
     (alpha_flipped_kernel, 1, "alpha is flipped"),
     (p_old_max_kernel, 1, "p is taken against the old max"),
+    (row_step_head_dim_kernel, 1, "the key blocks were stepped through by start_n * HEAD_DIM"),
 ])
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # some wrong kernels overflow exp in numpy
 def test_wrong_kernels_are_named(bug, case, words):

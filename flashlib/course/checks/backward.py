@@ -17,7 +17,9 @@ Exercise signatures (stated in the notebook):
   (:func:`~flashlib.course.checks.undefined_memory.nan_in_masked_lanes`); one case keeps 0
   instead of NaN after the last query row of q and dO, so that there only such lanes
   (or, in the last head, L and D read past their end) bring NaN in. The fixed cases
-  come first: no tails; tails with 0, then NaN, after the last query; large gaps
+  come first: no tails, with the rows of q and dO twice HEAD_DIM apart in memory (a
+  loop that steps by start_m * HEAD_DIM instead of the row stride reads the wrong
+  rows); tails with 0, then NaN, after the last query; large gaps
   between key blocks (scores about +20 in one block, -20 in another, which block
   depending on the query row), so that each tile of P = exp(S - L) is far from a
   softmax of the tile. A seeded random case follows. q, k, v and dO hold multiples of
@@ -30,7 +32,8 @@ twice, P missing, P applied to dP only, the sign flipped, dS transposed. dK/dV: 
 P instead of P^T in dV, the scale missing in dK, dP in place of dS in dK, D not
 subtracted, the sign of dS flipped, P not recomputed from L (plain exp, a softmax of
 the tile alone, exp2 with natural-log L, scores not scaled), the query tail not masked,
-a masked load without other=.
+a masked load without other=, and (in the explanation) query blocks stepped through by
+HEAD_DIM instead of the row stride.
 """
 from __future__ import annotations
 
@@ -42,8 +45,9 @@ from ... import runtime
 from ...kernels.attention_bwd_simple import launch_simple_dkdv
 from ...reference import attention_mask, naive_attention, stable_softmax
 from ...validation import relative_error, tolerance
-from .framework import DEFAULT_TIME_LIMIT, Case, Check, Mistake, register, run_check
-from .undefined_memory import AFTER_NAN, AFTER_ZERO, UNDEFINED_LANES, in_padded_rows, nan_in_masked_lanes
+from .framework import DEFAULT_TIME_LIMIT, DIAGNOSE_RTOL, Case, Check, Mistake, distance, register, run_check
+from .undefined_memory import (AFTER_NAN, AFTER_ZERO, UNDEFINED_LANES, in_padded_rows, nan_in_masked_lanes,
+                               rows_read_by_head_dim_steps)
 
 NOTEBOOK = "05_flash_backward"
 DS = register(NOTEBOOK, "ds", 2, "dS = P * (dP - D) from P, dP and D = rowsum(dO * O)")
@@ -278,7 +282,8 @@ DKDV_MISTAKES = (
 )
 
 
-def _dkdv_case(gen, description, shape, n_k, blocks, *, spread=1.5, after=AFTER_NAN, key_offsets=None) -> Case:
+def _dkdv_case(gen, description, shape, n_k, blocks, *, spread=1.5, after=AFTER_NAN, key_offsets=None,
+               row_stride=None) -> Case:
     """float32 inputs, their float64 reference O and L, and dK, dV from autograd in float64.
 
     q, k, v and dO hold multiples of 1/64: TF32 (tl.dot's float32 on a GPU) holds them exactly and
@@ -286,7 +291,8 @@ def _dkdv_case(gen, description, shape, n_k, blocks, *, spread=1.5, after=AFTER_
     rounded to TF32 put the teaching kernel at the edge of the float32 tolerance on a GPU).
     With ``key_offsets`` (one per key), designed scores: q[..., 0] = +-sqrt(D) (the sign alternating
     from row to row) and k[..., 0] = the key's offset, so that every score is +-its key's offset plus
-    a random part.
+    a random part. With ``row_stride``, the rows of q and dO lie that many elements apart in memory (the
+    launch passes that stride), not D.
     """
     batch, heads, n_q, head_dim = shape
     q = torch.randn(shape, generator=gen, dtype=torch.float64) * spread
@@ -305,17 +311,22 @@ def _dkdv_case(gen, description, shape, n_k, blocks, *, spread=1.5, after=AFTER_
     bm, bn = blocks
     description = (f"q and dO {tuple(shape)}, k and v {(batch, heads, n_k, head_dim)}, float32, "
                    f"BLOCK_M = {bm}, BLOCK_N = {bn}: {description}")
+    context = {}
+    if row_stride is not None:
+        context["row_stride"] = row_stride
+        description += (f"; the rows of q and dO are {row_stride} elements apart in memory "
+                        f"(stride_qn = stride_don = {row_stride}, not HEAD_DIM = {head_dim})")
     args = tuple(t.to(runtime.DEVICE) for t in (q, k, v, o.detach().float(), do, lse.detach().float()))
     return Case(description, args + (blocks, after), (dk, dv), tolerance(torch.float32),
                 shape_words=("(B, H, N_k, D), like k",) * 2, out_dtype=(torch.float32, torch.float32),
-                output_names=("dK", "dV"))
+                output_names=("dK", "dV"), context=context)
 
 
 def _fixed_dkdv_cases() -> list[Case]:
     """The same inputs in every run, made to catch what random ones miss."""
     gen = torch.Generator().manual_seed(FIXED_SEED)
     return [
-        _dkdv_case(gen, "no tails, 2 query blocks", (1, 2, 64, 32), 64, (32, 32)),
+        _dkdv_case(gen, "no tails, 2 query blocks", (1, 2, 64, 32), 64, (32, 32), row_stride=64),
         _dkdv_case(gen, "N_q = 24 and N_k = 40 not multiples of the blocks (the last query block holds 8 "
                    "rows); the memory after the last query row of q and dO holds 0", (1, 2, 24, 16), 40, (16, 32),
                    after=AFTER_ZERO),
@@ -338,7 +349,8 @@ def _launch_dkdv(kernel, case: Case):
     """Launch the learner's kernel on padded q and dO, into NaN-filled dK and dV."""
     q, k, v, o, do, lse, (block_m, block_n), after = case.args
     fill = 0.0 if after == AFTER_ZERO else math.nan
-    q, do = in_padded_rows(q, block_m, fill), in_padded_rows(do, block_m, fill)
+    row_stride = case.context.get("row_stride")
+    q, do = in_padded_rows(q, block_m, fill, row_stride), in_padded_rows(do, block_m, fill, row_stride)
     dk = torch.full_like(k, math.nan)
     dv = torch.full_like(v, math.nan)
     with nan_in_masked_lanes():
@@ -356,7 +368,41 @@ def _explain_dkdv(case: Case, out) -> list[str]:
     if nonfinite and q.shape[2] % block_m == 0:
         lines.append("this case has no query tail (N_Q is a multiple of BLOCK_M): no load reads past the "
                      "last query here, so the NaN or inf comes from the arithmetic")
+    if _reads_rows_head_dim_apart(case, out):
+        lines.append("likely mistake: the query blocks were stepped through by start_m * HEAD_DIM (rows assumed "
+                     "HEAD_DIM apart): here they are stride_qn apart, as in a head-major view of (B, N, H, D) "
+                     "tensors. Advance by start_m * stride_qn for Q and start_m * stride_don for dO")
     return lines
+
+
+def _dkdv_of(q, k, v, do, lse, delta):
+    """dK, dV (float64) from these rows of q and dO with the given L and D: the loop's sums, untiled."""
+    scale = 1 / math.sqrt(q.shape[-1])
+    p = torch.exp(q @ k.transpose(-2, -1) * scale - lse.unsqueeze(-1))
+    ds = p * (do @ v.transpose(-2, -1) - delta.unsqueeze(-1))
+    return ds.transpose(-2, -1) @ q * scale, p.transpose(-2, -1) @ do
+
+
+def _reads_rows_head_dim_apart(case: Case, out) -> bool:
+    """Whether (dK, dV) is what a kernel gives that steps from query block to query block by
+    BLOCK_M * HEAD_DIM elements (in Q, in dO or in both) where the case's rows are further apart; L and D,
+    one float per row, are read right."""
+    row_stride = case.context.get("row_stride")
+    if row_stride is None:
+        return False
+    q, k, v, o, do, lse, (block_m, _), after = case.args
+    fill = 0.0 if after == AFTER_ZERO else math.nan
+    q_read, do_read = (rows_read_by_head_dim_steps(t, block_m, row_stride, fill) for t in (q, do))
+    if q_read is None:
+        return False
+    q64, k64, v64, o64, do64, lse64 = (t.detach().double().cpu() for t in (q, k, v, o, do, lse))
+    delta = (do64 * o64).sum(dim=-1)
+    close_enough = max(10 * case.tolerance, DIAGNOSE_RTOL)
+    for queries, grads in ((q_read, do_read), (q_read, do64), (q64, do_read)):
+        dk_read, dv_read = _dkdv_of(queries, k64, v64, grads, lse64, delta)
+        if max(distance(out[0], dk_read), distance(out[1], dv_read)) <= close_enough:
+            return True
+    return False
 
 
 def _accept_kernel(kernel) -> str | None:

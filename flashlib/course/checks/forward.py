@@ -14,8 +14,10 @@ apart, one case keeps 0 instead of NaN after the last key: there a load past N_K
 0 (harmless, since those scores are set to -inf), and only masked lanes without
 ``other=`` bring NaN into O.
 
-The fixed cases come first (the same values in every run): no tails; tails with 0,
-then NaN, after the last key; scores all near +100 (exp(s) overflows float32 unless
+The fixed cases come first (the same values in every run): no tails, with the rows
+of q, k and v twice HEAD_DIM apart in memory (as in a head-major view of (B, N, H, D)
+tensors: a loop that steps by start_n * HEAD_DIM instead of start_n * stride_kn reads
+the wrong keys); tails with 0, then NaN, after the last key; scores all near +100 (exp(s) overflows float32 unless
 the max is subtracted); large gaps between key blocks, the first block about 100
 above the later ones, then a later block 100 above the others (a running max taken
 from the current block alone overflows alpha = exp(m_i - m_new)). Every case's q, k
@@ -32,10 +34,11 @@ runs, on a case where the N x N scores would dwarf everything else.
 
 The wrong answers it names: the stubs left in, acc or l (or both) not rescaled by
 alpha, m never updated, the running max taken from the current block alone, the max
-not subtracted at all, alpha flipped, p taken against the old max, no final division by l, the softmax scale missing, applied
-twice or mixed with exp2's log2(e), L in log2 units or not m + log(l), keys past N_K
-left in the softmax (no tail mask on the scores, or one key too many), and a masked
-load of V without other=.
+not subtracted at all, alpha flipped, p taken against the old max, no final division
+by l, the softmax scale missing, applied twice or mixed with exp2's log2(e), L in log2
+units or not m + log(l), keys past N_K left in the softmax (no tail mask on the
+scores, or one key too many), a masked load of V without other=, and (in the
+explanation) key blocks stepped through by HEAD_DIM instead of the row stride.
 """
 from __future__ import annotations
 
@@ -48,8 +51,9 @@ from ...timing import peak_memory_bytes
 from ...kernels.attention_fwd_simple import launch_simple_forward
 from ...reference import naive_attention
 from ...validation import relative_error, tolerance
-from .framework import DEFAULT_TIME_LIMIT, Case, Check, Mistake, register, run_check
-from .undefined_memory import AFTER_NAN, AFTER_ZERO, UNDEFINED_LANES, in_padded_rows, nan_in_masked_lanes
+from .framework import DEFAULT_TIME_LIMIT, DIAGNOSE_RTOL, Case, Check, Mistake, distance, register, run_check
+from .undefined_memory import (AFTER_NAN, AFTER_ZERO, UNDEFINED_LANES, in_padded_rows, nan_in_masked_lanes,
+                               rows_read_by_head_dim_steps)
 
 NOTEBOOK = "04_flash_forward"
 INNER_LOOP = register(NOTEBOOK, "inner_loop", 4,
@@ -69,7 +73,8 @@ def _launch(kernel, case: Case):
     """Launch the learner's kernel on padded copies; measure memory where the case asks."""
     q, k, v, (block_m, block_n), after = case.args
     fill = 0.0 if after == AFTER_ZERO else math.nan
-    q, k, v = in_padded_rows(q, block_m, fill), in_padded_rows(k, block_n, fill), in_padded_rows(v, block_n, fill)
+    row_stride = case.context.get("row_stride")
+    q, k, v = (in_padded_rows(t, block, fill, row_stride) for t, block in ((q, block_m), (k, block_n), (v, block_n)))
     o = torch.full_like(q, math.nan, memory_format=torch.contiguous_format)
     lse = torch.full(q.shape[:3], math.nan, dtype=torch.float32, device=q.device)
 
@@ -292,11 +297,12 @@ FORWARD_MISTAKES = (
 # ------------------------------------------------------------------ cases
 
 def _case(gen, description, shape_q, n_k, dtype, blocks, *, spread=1.0, memory=False, after=AFTER_NAN,
-          key_offsets=None) -> Case:
+          key_offsets=None, row_stride=None) -> Case:
     """Random q, k, v (``spread`` scales q and k) in multiples of 1/64: float16, float32 and TF32 (tl.dot's
     float32 on a GPU) hold them exactly, and Q K^T comes out exact, however large the scores.
     With ``key_offsets`` (one per key), designed scores: q[..., 0] = sqrt(D) and k[..., 0] = the key's
-    offset, so that every score is its key's offset plus a random part."""
+    offset, so that every score is its key's offset plus a random part. With ``row_stride``, the rows of
+    q, k and v lie that many elements apart in memory (the launch passes that stride), not D."""
     batch, heads, n_q, head_dim = shape_q
     q = torch.randn(shape_q, generator=gen, dtype=torch.float64) * spread
     k = torch.randn(batch, heads, n_k, head_dim, generator=gen, dtype=torch.float64) * spread
@@ -314,6 +320,10 @@ def _case(gen, description, shape_q, n_k, dtype, blocks, *, spread=1.0, memory=F
     if memory:
         scores = batch * heads * n_q * n_k * 4
         context = {"scores_bytes": scores, "memory_budget": scores // 4}
+    if row_stride is not None:
+        context["row_stride"] = row_stride
+        description += (f"; the rows of q, k and v are {row_stride} elements apart in memory "
+                        f"(stride_qn = stride_kn = stride_vn = {row_stride}, not HEAD_DIM = {head_dim})")
     return Case(description, tuple(t.to(runtime.DEVICE) for t in (q, k, v)) + (blocks, after), expected,
                 tolerance(dtype), shape_words=("(B, H, N_q, D)", "(B, H, N_q)"),
                 out_dtype=(dtype, torch.float32), output_names=("O", "L"), context=context)
@@ -324,7 +334,7 @@ def _fixed_cases() -> list[Case]:
     gen = torch.Generator().manual_seed(FIXED_SEED)
     f32, blocks = torch.float32, (16, 32)
     return [
-        _case(gen, "no tails, 2 key blocks", (1, 2, 64, 32), 64, f32, (32, 32), spread=1.5),
+        _case(gen, "no tails, 2 key blocks", (1, 2, 64, 32), 64, f32, (32, 32), spread=1.5, row_stride=64),
         _case(gen, "N_q and N_k not multiples of the blocks (the last key block holds 8 keys); the memory "
               "after the last key holds 0", (1, 2, 40, 16), 72, f32, blocks, spread=1.5, after=AFTER_ZERO),
         _case(gen, "N_q and N_k not multiples of the blocks (the last key block holds 8 keys); the memory "
@@ -361,7 +371,31 @@ def _explain(case: Case, out) -> list[str]:
     if nonfinite and k.shape[2] % block_n == 0:
         lines.append("this case has no key tail (N_K is a multiple of BLOCK_N): no load reads past the last "
                      "key here, so the NaN or inf comes from the arithmetic")
+    if _reads_rows_head_dim_apart(case, out):
+        lines.append("likely mistake: the key blocks were stepped through by start_n * HEAD_DIM (rows assumed "
+                     "HEAD_DIM apart): here they are stride_kn apart, as in a head-major view of (B, N, H, D) "
+                     "tensors. Advance by start_n * stride_kn for K and start_n * stride_vn for V")
     return lines
+
+
+def _reads_rows_head_dim_apart(case: Case, out) -> bool:
+    """Whether (O, L) is what a kernel gives that steps from key block to key block by BLOCK_N * HEAD_DIM
+    elements (in K, in V or in both) where the case's rows are further apart."""
+    row_stride = case.context.get("row_stride")
+    if row_stride is None:
+        return False
+    q, k, v, (_, block_n), after = case.args
+    fill = 0.0 if after == AFTER_ZERO else math.nan
+    k_read, v_read = (rows_read_by_head_dim_steps(t, block_n, row_stride, fill) for t in (k, v))
+    if k_read is None:
+        return False
+    q64, k64, v64 = (t.detach().double().cpu() for t in (q, k, v))
+    close_enough = max(10 * case.tolerance, DIAGNOSE_RTOL)
+    for keys, values in ((k_read, v_read), (k_read, v64), (k64, v_read)):
+        o_read, lse_read = naive_attention(q64, keys, values, return_lse=True)
+        if max(distance(out[0], o_read), distance(out[1], lse_read)) <= close_enough:
+            return True
+    return False
 
 
 def _accept_kernel(kernel) -> str | None:

@@ -5,7 +5,9 @@ undefined, and the memory past a tensor's last row is whatever was there. Triton
 interpreter gives 0 for the first and the check decides the second, so the kernel
 checks make both visible: :func:`nan_in_masked_lanes` fills masked-off lanes with
 NaN while a check launches, and :func:`in_padded_rows` puts a tensor in a buffer
-whose extra rows hold NaN (or 0, to tell the two causes apart).
+whose extra rows hold NaN (or 0, to tell the two causes apart), its rows further
+apart than D where a case asks (:func:`rows_read_by_head_dim_steps` says what a
+kernel that assumes they are D apart reads instead).
 """
 from __future__ import annotations
 
@@ -69,10 +71,33 @@ def nan_in_masked_lanes():
             builder.create_masked_load = own
 
 
-def in_padded_rows(t: torch.Tensor, pad: int, fill: float) -> torch.Tensor:
-    """``t`` (B, H, N, D) as a view inside a buffer with ``pad`` rows of ``fill`` after each head's N rows."""
+def in_padded_rows(t: torch.Tensor, pad: int, fill: float, row_stride: int | None = None) -> torch.Tensor:
+    """``t`` (B, H, N, D) as a view inside a buffer with ``pad`` rows of ``fill`` after each head's N rows.
+
+    ``row_stride`` (at least D): the elements between the starts of two rows, the gap after each row's D
+    holding ``fill`` too. A kernel must step through rows with the stride it is given (a head-major view
+    of (B, N, H, D) tensors has rows H * D apart); one that steps by HEAD_DIM reads wrong rows here.
+    """
     batch, heads, n, d = t.shape
-    buffer = torch.full((batch, heads, n + pad, d), fill, dtype=t.dtype, device=t.device)
-    view = buffer[:, :, :n]
+    width = d if row_stride is None else row_stride
+    if width < d:
+        raise ValueError(f"row_stride {row_stride} is shorter than a row ({d} elements)")
+    buffer = torch.full((batch, heads, n + pad, width), fill, dtype=t.dtype, device=t.device)
+    view = buffer[:, :, :n, :d]
     view.copy_(t)
     return view
+
+
+def rows_read_by_head_dim_steps(t: torch.Tensor, block: int, row_stride: int, fill: float):
+    """What a kernel reads as ``t``'s rows (B, H, N, D) when it moves from one block of rows to the next by
+    ``block * HEAD_DIM`` elements while the rows are ``row_stride`` apart (:func:`in_padded_rows`): the row
+    n of block b is then row ``b * block * D / row_stride + n``, or ``fill`` past the last one. float64 on
+    the CPU; None where that is not a whole row (the kernel would read rows across their ends)."""
+    n, d = t.shape[2], t.shape[3]
+    if (block * d) % row_stride:
+        return None
+    positions = torch.arange(n)
+    source = positions // block * (block * d // row_stride) + positions % block
+    padded = torch.cat([t.detach().double().cpu(), torch.full_like(t[:, :, :1], fill, dtype=torch.float64,
+                                                                    device="cpu")], dim=2)
+    return padded[:, :, torch.where(source < n, source, n)]
