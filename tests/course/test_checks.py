@@ -435,6 +435,58 @@ def matmul_no_store_mask_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_
 
 
 @triton.jit
+def matmul_k_only_masks_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                               stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                               BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """Loads masked along K only: C's values come out right (the rows of A past M only reach rows of C that the
+    masked store drops), but the loads read past A and B."""
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_m = pid // num_pid_n
+    pid_n = pid % num_pid_n
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        a = tl.load(a_ptrs, mask=offs_k[None, :] + k0 < K, other=0.0)
+        b = tl.load(b_ptrs, mask=offs_k[:, None] + k0 < K, other=0.0)
+        acc += tl.dot(a, b)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.jit
+def matmul_wrapped_rows_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                               stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                               BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """Triton's tutorial way: rows and columns wrapped modulo M and N, so every load stays inside A and B, and
+    only K is masked. Correct, and must pass."""
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_m = pid // num_pid_n
+    pid_n = pid % num_pid_n
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + (offs_m % M)[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + (offs_n % N)[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        a = tl.load(a_ptrs, mask=offs_k[None, :] + k0 < K, other=0.0)
+        b = tl.load(b_ptrs, mask=offs_k[:, None] + k0 < K, other=0.0)
+        acc += tl.dot(a, b)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.jit
 def matmul_bad_arange_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                              stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                              BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
@@ -591,6 +643,13 @@ def test_matmul_kernel_passes_the_library_kernel(capsys):
     assert capsys.readouterr().out == "✓ matmul_kernel: correct on 7 cases (3/3 points)\n"
 
 
+def test_matmul_kernel_passes_loads_kept_inside_by_wrapping_rows():
+    """Out-of-bounds reads are judged by address, not by how the kernel avoids them: wrapping rows modulo M (as
+    Triton's tutorial does) keeps every load inside A and B and earns full points."""
+    result = checks.check_matmul_kernel(matmul_wrapped_rows_kernel)
+    assert result.passed and result.points == 3, result.feedback
+
+
 @pytest.mark.parametrize("blank, words", [
     (matmul_stub_kernel, "C is all zeros"),
     (matmul_empty_kernel, "the kernel stored nothing"),
@@ -606,6 +665,7 @@ def test_matmul_kernel_blank_is_not_attempted(blank, words):
     (matmul_no_advance_kernel, "pointers are not advanced"),
     (matmul_overwrite_kernel, "acc is overwritten instead of accumulated"),
     (matmul_no_store_mask_kernel, "wrote outside C: missing store mask"),
+    (matmul_k_only_masks_kernel, "read outside A or B along M or N"),
 ])
 def test_matmul_kernel_names_the_mistake(wrong, words):
     result = checks.check_matmul_kernel(wrong)

@@ -23,8 +23,10 @@ past the K edge; tails with NaN past the K edge; A, then B, a transposed view
 with the other stride, reads the wrong elements. Seeded random cases in float16
 follow. The wrong answers it names: the stubs, no K-tail mask, a masked load
 without other=, pointers not advanced, acc overwritten, a loop that stops before
-the end of K, A's or B's strides not used, and (as its own verdict) a store
-outside C.
+the end of K, A's or B's strides not used, and (as their own verdicts) a store
+outside C, and a load outside A or B (the interpreter's loads are recorded: rows of A
+past M and columns of B past N reach no stored element of C, so values alone cannot
+show them).
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ from ... import runtime
 from ...kernels.matmul import launch_matmul
 from ...validation import tolerance
 from .framework import DEFAULT_TIME_LIMIT, Case, Check, Mistake, register, run_check
-from .undefined_memory import UNDEFINED_LANES, nan_in_masked_lanes
+from .undefined_memory import UNDEFINED_LANES, addresses_outside, nan_in_masked_lanes
 
 NOTEBOOK = "02_triton_tiled_matmul"
 MATMUL_KERNEL = register(NOTEBOOK, "matmul_kernel", 3,
@@ -113,13 +115,21 @@ def _launch(kernel, case: Case) -> torch.Tensor:
     c_empty = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device=a.device)
     c_buffer, c_view = _padded(c_empty.fill_(SENTINEL), block_m, block_n, SENTINEL)
     case.context["c_buffer"] = c_buffer
-    with nan_in_masked_lanes():
+    case.context["reads"] = reads = []
+    # where loads may go unflagged here: A's M rows and B's N columns, each up to one block past K (a load past K
+    # brings NaN or 0 into C's values, which the K-tail diagnosis judges; a load past M or N changes nothing in C)
+    m, k = a_view.shape
+    n = b_view.shape[1]
+    case.context["operands"] = (torch.as_strided(a_view, (m, k + block_k), a_view.stride()),
+                                torch.as_strided(b_view, (k + block_k, n), b_view.stride()))
+    with nan_in_masked_lanes(reads):
         launch_matmul(kernel, a_view, b_view, c_view, block_m, block_n, block_k)
     return c_view
 
 
-def _outside_c_untouched(case: Case, out: torch.Tensor) -> str | None:
-    """The buffer around C must still hold the sentinel: no store past the edge of C."""
+def _inside_its_operands(case: Case, out: torch.Tensor) -> str | None:
+    """The buffer around C must still hold the sentinel (no store past the edge of C), and no load may read rows
+    of A past M or columns of B past N (in the interpreter, where the check records what each load reads)."""
     _, _, (block_m, block_n, _), _ = case.args
     outside = torch.ones(case.context["c_buffer"].shape, dtype=torch.bool)
     outside[block_m:block_m + out.shape[0], block_n:block_n + out.shape[1]] = False
@@ -127,6 +137,12 @@ def _outside_c_untouched(case: Case, out: torch.Tensor) -> str | None:
     if not (around == SENTINEL).all():
         return ("wrote outside C: missing store mask. Mask the tl.store with "
                 "(offs_m[:, None] < M) & (offs_n[None, :] < N)")
+    stray = addresses_outside(case.context["reads"], *case.context["operands"])
+    if stray:
+        return (f"read outside A or B along M or N ({stray} loaded elements): C comes out right, since the rows "
+                "of A past M and the columns of B past N only reach elements of C that are never stored, but on a "
+                "GPU such loads read foreign memory or fault. Mask A's loads along M as well as K, "
+                "(offs_m[:, None] < M) & (offs_k[None, :] < K - k), and B's along N as well as K")
     return None
 
 
@@ -349,7 +365,7 @@ def _accept_kernel(kernel) -> str | None:
 
 MATMUL_KERNEL_CHECK = Check(
     MATMUL_KERNEL, _matmul_cases, MATMUL_MISTAKES, call=_launch, accept=_accept_kernel,
-    inspect=_outside_c_untouched,
+    inspect=_inside_its_operands,
     nonfinite_hint=("NaN in C: either some tl.load read past an edge of A or B (where a case has tails, they "
                     "sit inside NaN-filled buffers: mask every load), or " + UNDEFINED_LANES + ": pass "
                     "other=0.0 to every masked load"),

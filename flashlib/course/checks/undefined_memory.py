@@ -4,7 +4,8 @@ On a GPU, the lanes a masked ``tl.load`` leaves out (without ``other=``) are
 undefined, and the memory past a tensor's last row is whatever was there. Triton's
 interpreter gives 0 for the first and the check decides the second, so the kernel
 checks make both visible: :func:`nan_in_masked_lanes` fills masked-off lanes with
-NaN while a check launches, and :func:`in_padded_rows` puts a tensor in a buffer
+NaN while a check launches (and can record what each load reads, for
+:func:`addresses_outside`), and :func:`in_padded_rows` puts a tensor in a buffer
 whose extra rows hold NaN (or 0, to tell the two causes apart), its rows further
 apart than D where a case asks (:func:`rows_read_by_head_dim_steps` says what a
 kernel that assumes they are D apart reads instead).
@@ -29,7 +30,7 @@ _UNSET = object()
 
 
 @contextlib.contextmanager
-def nan_in_masked_lanes():
+def nan_in_masked_lanes(reads: list | None = None):
     """Inside the block, a masked ``tl.load`` without ``other=`` fills its masked-off lanes with NaN.
 
     Triton's interpreter fills them with 0, which hides the bug: on a GPU those lanes
@@ -37,6 +38,10 @@ def nan_in_masked_lanes():
     floating-point loads, and only inside the block: the interpreter's own method is
     restored on the way out, whatever happens inside (an exception, a time limit).
     A load with ``other=``, or without a mask, is left as it is.
+
+    ``reads``: a list that receives, for every load, the addresses of the lanes it reads (a numpy array; the
+    masked-off lanes left out), for :func:`addresses_outside`. A load past a tensor's edge whose values never
+    reach a stored element changes no output, yet on a GPU it reads foreign memory, or faults.
     """
     if not runtime.INTERPRET:
         yield
@@ -53,6 +58,8 @@ def nan_in_masked_lanes():
         return
 
     def create_masked_load(ptrs, mask, other, cache_policy, is_volatile):
+        if reads is not None:
+            reads.append(ptrs.data[mask.data].astype(np.uint64))
         if other is None and not mask.data.all():
             dtype_tt = ptrs.get_element_ty()
             dtype = np_dtype(dtype_tt)
@@ -69,6 +76,26 @@ def nan_in_masked_lanes():
             del builder.create_masked_load
         else:
             builder.create_masked_load = own
+
+
+def addresses_outside(reads: list, *tensors: torch.Tensor) -> int:
+    """How many of the addresses in ``reads`` (:func:`nan_in_masked_lanes`) lie in no element of ``tensors``
+    (views: their own elements, not the buffers around them)."""
+    import numpy as np
+
+    if not reads:
+        return 0
+    inside = [np.asarray(t.data_ptr() + t.element_size() * _element_offsets(t), dtype=np.uint64) for t in tensors]
+    read = np.concatenate(reads)
+    return int((~np.isin(read, np.concatenate(inside))).sum())
+
+
+def _element_offsets(t: torch.Tensor):
+    """The offset, in elements from ``t.data_ptr()``, of each element of ``t`` (any strides), as numpy."""
+    offsets = torch.zeros((), dtype=torch.int64)
+    for size, stride in zip(t.shape, t.stride()):
+        offsets = offsets.unsqueeze(-1) + torch.arange(size, dtype=torch.int64) * stride
+    return offsets.reshape(-1).numpy()
 
 
 def in_padded_rows(t: torch.Tensor, pad: int, fill: float, row_stride: int | None = None) -> torch.Tensor:
