@@ -302,6 +302,12 @@ WRONG_ANSWERS = [
      "m_new = torch.maximum(m_safe, scores.amax(dim=-1))\n"
      "alpha = torch.exp(m - m_new)\np = torch.exp(scores - m_new[:, None])\n"
      "return m_new, alpha * l + p.sum(-1), alpha[:, None] * acc + p @ v"),
+    # C comes out right; only the loads past M and N, counted where the kernel ran, give it away
+    ("02_triton_tiled_matmul", "matmul_kernel",
+     "for k0 in range(0, K, BLOCK_K):\n"
+     "    a = tl.load(a_ptrs, mask=offs_k[None, :] + k0 < K, other=0.0)\n"
+     "    b = tl.load(b_ptrs, mask=offs_k[:, None] + k0 < K, other=0.0)\n"
+     "    acc += tl.dot(a, b)\n    a_ptrs += BLOCK_K * stride_ak\n    b_ptrs += BLOCK_K * stride_bk"),
 ]
 
 

@@ -115,15 +115,16 @@ def _launch(kernel, case: Case) -> torch.Tensor:
     c_empty = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device=a.device)
     c_buffer, c_view = _padded(c_empty.fill_(SENTINEL), block_m, block_n, SENTINEL)
     case.context["c_buffer"] = c_buffer
-    case.context["reads"] = reads = []
-    # where loads may go unflagged here: A's M rows and B's N columns, each up to one block past K (a load past K
-    # brings NaN or 0 into C's values, which the K-tail diagnosis judges; a load past M or N changes nothing in C)
-    m, k = a_view.shape
-    n = b_view.shape[1]
-    case.context["operands"] = (torch.as_strided(a_view, (m, k + block_k), a_view.stride()),
-                                torch.as_strided(b_view, (k + block_k, n), b_view.stride()))
+    reads = []
     with nan_in_masked_lanes(reads):
         launch_matmul(kernel, a_view, b_view, c_view, block_m, block_n, block_k)
+    # Loads may go here: A's M rows and B's N columns, each up to one block past K (a load past K brings NaN or 0
+    # into C's values, which the K-tail diagnosis judges; a load past M or N changes nothing in C). Counted where
+    # the launch ran (addresses mean nothing in another process), as a number the judge reads.
+    m, k = a_view.shape
+    n = b_view.shape[1]
+    case.context["stray_reads"] = addresses_outside(reads, torch.as_strided(a_view, (m, k + block_k), a_view.stride()),
+                                                    torch.as_strided(b_view, (k + block_k, n), b_view.stride()))
     return c_view
 
 
@@ -137,7 +138,7 @@ def _inside_its_operands(case: Case, out: torch.Tensor) -> str | None:
     if not (around == SENTINEL).all():
         return ("wrote outside C: missing store mask. Mask the tl.store with "
                 "(offs_m[:, None] < M) & (offs_n[None, :] < N)")
-    stray = addresses_outside(case.context["reads"], *case.context["operands"])
+    stray = case.context.get("stray_reads", 0)
     if stray:
         return (f"read outside A or B along M or N ({stray} loaded elements): C comes out right, since the rows "
                 "of A past M and the columns of B past N only reach elements of C that are never stored, but on a "

@@ -59,7 +59,8 @@ def nan_in_masked_lanes(reads: list | None = None):
 
     def create_masked_load(ptrs, mask, other, cache_policy, is_volatile):
         if reads is not None:
-            reads.append(ptrs.data[mask.data].astype(np.uint64))
+            reads.append(np.ravel(ptrs.data)[np.ravel(np.broadcast_to(mask.data, np.shape(ptrs.data)))]
+                         .astype(np.uint64))  # a scalar load has 0-d pointers
         if other is None and not mask.data.all():
             dtype_tt = ptrs.get_element_ty()
             dtype = np_dtype(dtype_tt)
