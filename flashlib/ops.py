@@ -57,9 +57,9 @@ DOUBLE_BACKWARD_MESSAGE = (
     "for higher-order derivatives")
 
 JVP_BACKWARD_MESSAGE = (
-    "flash_attention's forward-mode derivative (its JVP kernel) is not differentiable: reverse mode over "
-    "forward mode (a gradient of a jvp's tangent, torch.func.hessian, jacrev of jacfwd) is not supported; use "
-    "flashlib.reference.naive_attention for those derivatives")
+    "flash_attention's forward-mode derivative (its JVP kernel) is not differentiable: reverse or forward mode "
+    "over forward mode (a gradient or a jvp of a jvp's tangent, torch.func.hessian, jacrev or jacfwd of jacfwd) is "
+    "not supported; use flashlib.reference.naive_attention for those derivatives")
 
 
 # ---------------------------------------------------------------- the two computations
@@ -191,7 +191,9 @@ def jvp_impl(q, k, v, o, lse, q_t, k_t, v_t, seq_lens, cu_seqlens_q, cu_seqlens_
         return o_t
     if _rows(k, layout) == 0:  # no key at all: O is 0 whatever the inputs
         return o_t.zero_()
-    tangents = [torch.zeros_like(p) if t is None else t for p, t in ((q, q_t), (k, k_t), (v, v_t))]
+    # Forward-mode AD lets a tangent's dtype differ from its primal's (a float32 tangent of a float16 q); the kernel's
+    # products need one dtype, so each tangent is taken in its primal's dtype, that of O and of O's tangent.
+    tangents = [torch.zeros_like(p) if t is None else t.to(p.dtype) for p, t in ((q, q_t), (k, k_t), (v, v_t))]
     lse = lse.contiguous()  # the kernel's layout; a vmap fold may hand it expanded (batch stride 0)
     run = runtime.upcast_for_interpreter(q, k, v, o, *tangents)  # bf16 → fp32 in the interpreter
     o_t_run = o_t if run[0].dtype == o_t.dtype else torch.empty(q.shape, dtype=run[0].dtype, device=q.device)
@@ -364,7 +366,8 @@ attention_forward_op.register_vmap(vmap)
 class AttentionJvpFunction(torch.autograd.Function):
     """``jvp_impl`` as a node of its own, where a transform or autograd sees it: vmap folds the mapped dimension
     into the batch (``torch.func.jacfwd`` maps the jvp over its basis of tangents), and differentiating its result
-    raises :data:`JVP_BACKWARD_MESSAGE` instead of treating the tangent as a constant."""
+    raises :data:`JVP_BACKWARD_MESSAGE` instead of treating the tangent as a constant, in reverse mode (``backward``)
+    and in forward mode (``jvp``: without it torch's own error names no op and no way out)."""
 
     @staticmethod
     def forward(*args):
@@ -376,6 +379,10 @@ class AttentionJvpFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        raise RuntimeError(JVP_BACKWARD_MESSAGE)
+
+    @staticmethod
+    def jvp(ctx, *tangents):
         raise RuntimeError(JVP_BACKWARD_MESSAGE)
 
     @staticmethod

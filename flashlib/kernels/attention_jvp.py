@@ -16,8 +16,9 @@ With dropout the forward's kept weights ``M / (1 - p)`` multiply P in both sums 
 ``c``, which is the softmax's own: ``dO_i = (sum_j M_ij P_ij (dV_j + dS_ij V_j)) / (1 - p) - c_i O_i``, the
 mask redrawn from the forward's seed (:mod:`.dropout`).
 
-Rows that see no key (padding, an empty window) have O = 0 and L = -inf: their tangent is 0. The pointer path
-only, with fixed blocks: a JVP is rare next to the forward and the backward, and nobody has timed it yet.
+Rows that see no key (padding, an empty window) have O = 0 and L = -inf: their tangent is 0, even where their
+inputs hold a NaN; a NaN in a key that a row does not see stays out of that row's tangent, as in PyTorch. The
+pointer path only, with fixed blocks: a JVP is rare next to the forward and the backward, and nobody has timed it yet.
 """
 from __future__ import annotations
 
@@ -83,10 +84,11 @@ def _jvp_inner(acc, c_i, q, q_t, l2, k_base, v_base, kt_base, vt_base, start, en
         if HAS_SOFTCAP:
             ds = ds * (1.0 - t * t)
         p = tl.math.exp2(s - l2[:, None])
-        if MASKED:
+        p_ds = p * ds
+        if MASKED:  # both masked, not p alone: 0 * ds is NaN where an unseen key (or its tangent) holds a NaN
             visible = band_mask(rows, cols[None, :], k_len, window_left, window_right, HAS_LEFT, HAS_RIGHT)
             p = tl.where(visible, p, 0.0)
-        p_ds = p * ds
+            p_ds = tl.where(visible, p_ds, 0.0)
         c_i += tl.sum(p_ds, 1)
         if HAS_DROPOUT:  # the forward's kept weights (their 1 / (1 - p) comes at the end)
             keep = dropout_keep(dropout_key, m0, start_n, dropout_p, offs_m.shape[0], BLOCK_N)
@@ -191,6 +193,10 @@ def attention_jvp_kernel(
     if HAS_DROPOUT:
         acc = acc / (1.0 - DROPOUT_P)
     o_t = acc - c_i[:, None] * o
+    # Rows that see no key and rows past the sample's length: exactly 0, as the forward's O there, whatever their
+    # q, q_t or the keys hold (a NaN there would give 0 * NaN above; the forward never reads padding either).
+    # Asked of l2 (+inf exactly there), already live, not of lse: keeping lse live too spilled at D = 256.
+    o_t = tl.where((l2 != float("inf"))[:, None], o_t, 0.0)
     tl.store(_tile_ptrs(ot_base, m0, stride_otn, stride_otd, tl.arange(0, BLOCK_M), offs_d, False),
              o_t.to(OT.dtype.element_ty), mask=rows_ok)
 

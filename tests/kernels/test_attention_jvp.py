@@ -148,6 +148,38 @@ def test_every_element_is_written_and_rows_that_see_no_key_get_zero():
     assert (o_t[0, :, 10:] != 0).any(dim=-1).all() and (o_t[1, :, 10:23] != 0).any(dim=-1).all()
 
 
+def test_a_nan_that_a_row_does_not_see_stays_out_of_its_tangent():
+    """PyTorch's semantics, as the forward's: a NaN in a key (or its tangent) that a row's mask hides leaves that row's
+    tangent finite, and rows that see no key (causal with N_q > N_k) or lie past seq_lens get exactly 0, even with NaN
+    in their own q, q_t or padding. (0 * NaN in the kernel used to spread the NaN to them.)"""
+    (q, k, v), (q_t, k_t, v_t) = fresh(2, 2, 2, 16, 12, 16)
+    q[0, 0, 1], q_t[0, 1, 2] = float("nan"), float("nan")  # rows 0..3 see no key
+    k[0, 0, 9, 5], k_t[0, 1, 10, 3] = float("nan"), float("nan")  # rows 4..12 never see keys 9 and 10
+    for t in (q, k, v, q_t, k_t, v_t):
+        t[1, :, 7:] = float("nan")  # sample 1's padding past seq_lens = 7
+    lens = torch.tensor([16, 7], dtype=torch.int32, device=DEVICE)
+    _, ours = torch.func.jvp(lambda a, b, c: flash_attention(a, b, c, causal=True, seq_lens=lens), (q, k, v),
+                             (q_t, k_t, v_t))
+    ours = ours.cpu()
+    assert (ours[0, :, :4] == 0).all() and (ours[1, :, 7:] == 0).all()
+    assert ours[0, :, :13].isfinite().all() and ours[0, 1, 13].isfinite().all()  # row 13 sees key 9, not 10
+    assert ours[0, 0, 13:].isnan().any(dim=-1).all() and ours[0, 1, 14:].isnan().any(dim=-1).all()
+    clean = [t.nan_to_num() for t in (q, k, v, q_t, k_t, v_t)]
+    _, theirs = jvp_both(tuple(clean[:3]), tuple(clean[3:]), causal=True, seq_lens=[16, 7])
+    assert_close(ours[1], theirs[1])
+    assert_close(ours[0, :, :13], theirs[0, :, :13])
+
+
+def test_a_tangent_of_another_dtype_than_its_primal_is_taken_in_the_primals():
+    """Forward-mode AD accepts a float32 tangent for a float16 primal; the kernel's products need one dtype (they
+    failed with an interpreter assertion, "Both operands must be same dtype")."""
+    inputs, tangents = fresh(1, 2, 2, 20, 24, 16, dtype=torch.float16)
+    wide = tuple(t.float() for t in tangents)
+    _, ours = torch.func.jvp(lambda a, b, c: flash_attention(a, b, c, causal=True), inputs, wide)
+    assert ours.dtype == torch.float16
+    assert_close(ours.cpu(), jvp_both(inputs, tangents, causal=True)[1], torch.float16)
+
+
 def test_forward_ad_dual_tensors_give_the_same_tangent():
     (q, k, v), (q_t, k_t, v_t) = fresh(1, 2, 1, 20, 28, 16)
     _, expected = torch.func.jvp(lambda a, b, c: flash_attention(a, b, c, causal=True), (q, k, v), (q_t, k_t, v_t))
@@ -179,6 +211,16 @@ def test_a_gradient_of_a_tangent_raises():
         tangent.sum().backward()
     with pytest.raises(RuntimeError, match="forward-mode derivative .* is not differentiable"):
         torch.func.jacrev(torch.func.jacfwd(lambda a: flash_attention(a, k, v).sum()))(q)
+
+
+def test_a_tangent_of_a_tangent_raises_naming_flash_attention():
+    """Forward over forward mode (jvp of a jvp, jacfwd of jacfwd) raises the op's own message, not torch's generic
+    "You must implement the jvp function for custom autograd.Function"."""
+    (q, k, v), (q_t, _, _) = fresh(1, 1, 1, 4, 4, 16)
+    with pytest.raises(RuntimeError, match="forward-mode derivative .* is not differentiable"):
+        torch.func.jvp(lambda a: torch.func.jvp(lambda x: flash_attention(x, k, v), (a,), (q_t,))[1], (q,), (q_t,))
+    with pytest.raises(RuntimeError, match="forward-mode derivative .* is not differentiable"):
+        torch.func.jacfwd(torch.func.jacfwd(lambda a: flash_attention(a, k, v).sum()))(q[..., :1, :])
 
 
 def test_alibi_slopes_being_differentiated_are_refused_in_either_mode():
