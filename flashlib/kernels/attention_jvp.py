@@ -18,7 +18,8 @@ mask redrawn from the forward's seed (:mod:`.dropout`).
 
 Rows that see no key (padding, an empty window) have O = 0 and L = -inf: their tangent is 0, even where their
 inputs hold a NaN; a NaN in a key that a row does not see stays out of that row's tangent, as in PyTorch. The
-pointer path only, with fixed blocks: a JVP is rare next to the forward and the backward, and nobody has timed it yet.
+pointer path only, with fixed blocks: a JVP is rare next to the forward and the backward, and nobody has timed it
+yet.
 """
 from __future__ import annotations
 
