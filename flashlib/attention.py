@@ -239,10 +239,11 @@ def _forward_variant(variant, q, k, v, layout, spec, return_dropout_mask) -> str
 
 def _transformed(*tensors) -> bool:
     """Whether torch.func wraps the tensors (vmap, grad, jvp) or forward-mode AD gives them tangents: only
-    FlashAttention-2's op has the rules for those (a tangent would be dropped silently otherwise). Not asked
-    while torch.compile traces (the question would break the graph; the compiled call is the custom op)."""
+    FlashAttention-2's op has the rules for those (a tangent would be dropped silently otherwise). While
+    torch.compile traces, the tensors are not asked (that would break the graph); whether a torch.func transform
+    or a dual level is active is, which dynamo reads as a constant."""
     if torch.compiler.is_compiling():
-        return False
+        return torch._C._are_functorch_transforms_active() or forward_ad._current_level >= 0
     if functorch_wrapped(*tensors):
         return True
     return any(forward_ad.unpack_dual(t).tangent is not None for t in tensors)

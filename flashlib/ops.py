@@ -61,6 +61,12 @@ JVP_BACKWARD_MESSAGE = (
     "over forward mode (a gradient or a jvp of a jvp's tangent, torch.func.hessian, jacrev or jacfwd of jacfwd) is "
     "not supported; use flashlib.reference.naive_attention for those derivatives")
 
+COMPILED_FORWARD_AD_MESSAGE = (
+    "flash_attention has no forward-mode AD inside torch.compile (torch.func.jvp, jacfwd or forward_ad in a "
+    "compiled function): the compiled call is the custom op flashlib::attention_forward, and torch's custom ops "
+    "drop tangents, which would give a tangent of zeros. Take the jvp outside the compiled function, or of an eager "
+    "one")
+
 
 # ---------------------------------------------------------------- the two computations
 def as_bhnd(t: torch.Tensor, layout: str) -> torch.Tensor:
@@ -490,6 +496,8 @@ def run(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, settings: t
     torch.compile traces; the autograd.Function when autograd must see the call; else the forward
     itself (inference skips the Function's bookkeeping, tens of microseconds of host time)."""
     if torch.compiler.is_compiling():
+        if forward_ad._current_level >= 0:  # a constant while dynamo traces: torch.func.jvp or a dual level
+            raise NotImplementedError(COMPILED_FORWARD_AD_MESSAGE)
         return attention_forward_op(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *settings)
     if needs_autograd(q, k, v):
         return _apply_eagerly(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *settings)

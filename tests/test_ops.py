@@ -176,6 +176,23 @@ def test_func_grad_and_vjp_match_backward():
     assert all(torch.equal(a, b.grad) for a, b in zip(vjp(do), leaves))
 
 
+@pytest.mark.parametrize("n_q", [12, 64])  # a decoding-shaped call (split-KV when eager has no tangent), and not
+def test_forward_mode_ad_inside_torch_compile_never_drops_the_tangent(n_q):
+    """Inside a compiled function the call is a custom op (or the split-KV kernel), neither of which has a
+    forward-mode rule, and a tangent of zeros came out. It must now fail loudly, or be right."""
+    q, k, v = make_inputs(1, 1, 1, n_q, 64, 16, torch.float32)
+    tangent = torch.ones_like(q)
+    _, expected = torch.func.jvp(lambda x: flash_attention(x, k, v), (q,), (tangent,))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda a, t: torch.func.jvp(lambda x: flash_attention(x, k, v), (a,), (t,))[1],
+                             fullgraph=True)
+    try:
+        got = compiled(q, tangent)
+    except Exception:  # loud: dynamo's or flashlib's refusal, whichever comes first
+        return
+    assert relative_error(got, expected) < 1e-5
+
+
 def test_forward_mode_ad_agrees_with_reverse_mode():
     """jacfwd (the JVP kernel, vmapped over a basis of tangents) and jacrev (the backward kernels) are two
     computations of one Jacobian (tests/kernels/test_attention_jvp.py holds each to the float64 reference)."""
