@@ -346,6 +346,19 @@ def _fold_slopes(alibi_slopes, dim, size, batch):
     return slopes.reshape(size * batch, slopes.shape[-1])
 
 
+def _fold_batch(size, tensors, dims, seq_lens, seq_lens_dim, alibi_slopes, slopes_dim):
+    """A vmapped call's per-sample inputs with the mapped dimension (``size`` long) folded into the batch:
+    ``(B, tensors, seq_lens, alibi_slopes)`` for B the batch of the first tensor before folding, every tensor
+    (None stays None) now ``size * B`` long along its first dimension. Both vmap rules (the forward's, the
+    JVP's) fold this way."""
+    folded = [None if t is None else _fold(t, d, size) for t, d in zip(tensors, dims)]
+    batch = folded[0].shape[1]
+    folded = tuple(None if t is None else t.reshape(size * batch, *t.shape[2:]) for t in folded)
+    if seq_lens is not None:
+        seq_lens = _fold(seq_lens, seq_lens_dim, size).reshape(size * batch)
+    return batch, folded, seq_lens, _fold_slopes(alibi_slopes, slopes_dim, size, batch)
+
+
 def vmap(info, in_dims, q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *settings):
     """vmap over the batch: the mapped dimension is folded into B (or into B*H for 3D inputs), one launch."""
     layout = settings[2]
@@ -353,12 +366,8 @@ def vmap(info, in_dims, q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slo
         raise NotImplementedError("vmap over flash_attention_varlen is not supported: pack the mapped "
                                   "sequences into one call (cu_seqlens) instead")
     size = info.batch_size
-    q, k, v = (_fold(t, d, size) for t, d in zip((q, k, v), in_dims[:3]))
-    batch = q.shape[1]
-    q, k, v = (t.reshape(size * batch, *t.shape[2:]) for t in (q, k, v))
-    if seq_lens is not None:
-        seq_lens = _fold(seq_lens, in_dims[3], size).reshape(size * batch)
-    alibi_slopes = _fold_slopes(alibi_slopes, in_dims[6], size, batch)
+    batch, (q, k, v), seq_lens, alibi_slopes = _fold_batch(size, (q, k, v), in_dims[:3], seq_lens, in_dims[3],
+                                                           alibi_slopes, in_dims[6])
     o, lse, rng = _apply_eagerly(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *settings)
     o = o.reshape(size, batch, *o.shape[1:])
     lse = lse.reshape(size, batch, *lse.shape[1:])
@@ -401,14 +410,8 @@ class AttentionJvpFunction(torch.autograd.Function):
             raise NotImplementedError("vmap (or jacfwd) over flash_attention's jvp with dropout is not supported: "
                                       "folding the mapped dimension into the batch would change the dropout mask")
         size = info.batch_size
-        folded = [_fold(t, d, size) for t, d in zip((q, k, v, o, lse), in_dims[:5])]
-        folded += [None if t is None else _fold(t, d, size) for t, d in zip((q_t, k_t, v_t), in_dims[5:8])]
-        batch = folded[0].shape[1]
-        q, k, v, o, lse, q_t, k_t, v_t = (None if t is None else t.reshape(size * batch, *t.shape[2:])
-                                          for t in folded)
-        if seq_lens is not None:
-            seq_lens = _fold(seq_lens, in_dims[8], size).reshape(size * batch)
-        alibi_slopes = _fold_slopes(alibi_slopes, in_dims[11], size, batch)
+        batch, (q, k, v, o, lse, q_t, k_t, v_t), seq_lens, alibi_slopes = _fold_batch(
+            size, (q, k, v, o, lse, q_t, k_t, v_t), in_dims[:8], seq_lens, in_dims[8], alibi_slopes, in_dims[11])
         o_t = _jvp_as_seen(q, k, v, o, lse, q_t, k_t, v_t, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, rng,
                            *settings)
         return o_t.reshape(size, batch, *o_t.shape[1:]), 0

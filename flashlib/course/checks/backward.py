@@ -45,7 +45,8 @@ from ... import runtime
 from ...kernels.attention_bwd_simple import launch_simple_dkdv
 from ...reference import attention_mask, naive_attention, stable_softmax
 from ...validation import relative_error, tolerance
-from .framework import DEFAULT_TIME_LIMIT, DIAGNOSE_RTOL, Case, Check, Mistake, distance, register, run_check
+from .framework import (DEFAULT_TIME_LIMIT, Case, Check, Mistake, diagnosis_radius, distance, register,
+                        run_check)
 from .undefined_memory import (AFTER_NAN, AFTER_ZERO, UNDEFINED_LANES, in_padded_rows, nan_in_masked_lanes,
                                rows_read_by_head_dim_steps)
 
@@ -397,7 +398,7 @@ def _reads_rows_head_dim_apart(case: Case, out) -> bool:
         return False
     q64, k64, v64, o64, do64, lse64 = (t.detach().double().cpu() for t in (q, k, v, o, do, lse))
     delta = (do64 * o64).sum(dim=-1)
-    close_enough = max(10 * case.tolerance, DIAGNOSE_RTOL)
+    close_enough = diagnosis_radius(case)
     for queries, grads in ((q_read, do_read), (q_read, do64), (q64, do_read)):
         dk_read, dv_read = _dkdv_of(queries, k64, v64, grads, lse64, delta)
         if max(distance(out[0], dk_read), distance(out[1], dv_read)) <= close_enough:

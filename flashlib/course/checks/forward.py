@@ -51,7 +51,8 @@ from ...timing import peak_memory_bytes
 from ...kernels.attention_fwd_simple import launch_simple_forward
 from ...reference import naive_attention
 from ...validation import relative_error, tolerance
-from .framework import DEFAULT_TIME_LIMIT, DIAGNOSE_RTOL, Case, Check, Mistake, distance, register, run_check
+from .framework import (DEFAULT_TIME_LIMIT, Case, Check, Mistake, diagnosis_radius, distance, register,
+                        run_check)
 from .undefined_memory import (AFTER_NAN, AFTER_ZERO, UNDEFINED_LANES, in_padded_rows, nan_in_masked_lanes,
                                rows_read_by_head_dim_steps)
 
@@ -390,7 +391,7 @@ def _reads_rows_head_dim_apart(case: Case, out) -> bool:
     if k_read is None:
         return False
     q64, k64, v64 = (t.detach().double().cpu() for t in (q, k, v))
-    close_enough = max(10 * case.tolerance, DIAGNOSE_RTOL)
+    close_enough = diagnosis_radius(case)
     for keys, values in ((k_read, v_read), (k_read, v64), (k64, v_read)):
         o_read, lse_read = naive_attention(q64, keys, values, return_lse=True)
         if max(distance(out[0], o_read), distance(out[1], lse_read)) <= close_enough:

@@ -284,6 +284,12 @@ def _distance_any(out, target) -> float:
     return distance(out, target) if isinstance(out, torch.Tensor) else math.inf
 
 
+def diagnosis_radius(case: Case) -> float:
+    """How close (relative distance) an output must come to what a mistake computes for the mistake to be named:
+    ten times the case's tolerance, and never less than :data:`DIAGNOSE_RTOL`."""
+    return max(10 * case.tolerance, DIAGNOSE_RTOL)
+
+
 def _diagnose(check: Check, case: Case, out, error_from_right: float) -> list[Mistake]:
     """The known mistakes that fit ``out``: close to it, and closer than the right answer.
 
@@ -303,7 +309,7 @@ def _diagnose(check: Check, case: Case, out, error_from_right: float) -> list[Mi
             d = _distance_any(out, variant)
             if d < fits.get(mistake.name, (math.inf, None))[0]:
                 fits[mistake.name] = (d, mistake)
-    close_enough = max(10 * case.tolerance, DIAGNOSE_RTOL)
+    close_enough = diagnosis_radius(case)
     ranked = sorted((d, i, m) for i, (d, m) in enumerate(fits.values())
                     if d <= close_enough and d < error_from_right)
     if not ranked:
