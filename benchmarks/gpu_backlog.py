@@ -307,12 +307,22 @@ def main(argv=None) -> int:
                         help="a stage to run, or 'summary': what the logs under --out decide (no GPU needed)")
     parser.add_argument("--out", type=Path, default=Path("backlog"))
     parser.add_argument("--dry-run", action="store_true", help="check every step's arguments; run nothing")
+    parser.add_argument("--steps", default="",
+                        help="comma-separated step names of the stage to run, in the stage's order (default: all), "
+                             "for a call with less device time left than the stage needs")
     args = parser.parse_args(argv)
     if args.stage == "summary":
         for step, question, answer in decisions(args.out):
             print(f"{step}: {question}: {answer}")
         return 0
     steps = STAGES[args.stage]
+    if args.steps:
+        wanted = args.steps.split(",")
+        unknown = sorted(set(wanted) - {step.name for step in steps})
+        if unknown:
+            parser.error(f"--steps: {', '.join(unknown)} not in stage {args.stage!r}; its steps are "
+                         f"{', '.join(step.name for step in steps)}")
+        steps = tuple(step for step in steps if step.name in wanted)
     if args.dry_run:
         for step in steps:
             check_step(step)

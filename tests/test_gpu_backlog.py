@@ -65,6 +65,15 @@ def test_a_dry_run_prints_each_step_and_runs_nothing(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_steps_picks_a_subset_in_the_stage_order_and_refuses_an_unknown_name(tmp_path, capsys):
+    argv = ["timings", "--dry-run", "--out", str(tmp_path), "--steps", "gluon_fwd_ab,gluon_fp8_ab"]
+    assert gpu_backlog.main(argv) == 0
+    assert [line.split(":")[0] for line in capsys.readouterr().out.splitlines()] == ["gluon_fp8_ab", "gluon_fwd_ab"]
+    with pytest.raises(SystemExit):
+        gpu_backlog.main(["timings", "--dry-run", "--steps", "gluon_fp8_ab,hopper_grid"])
+    assert "--steps: hopper_grid not in stage 'timings'" in capsys.readouterr().err
+
+
 def test_a_step_that_overruns_its_limit_is_stopped_with_what_it_started_and_logged(tmp_path):
     grandchild = tmp_path / "grandchild.pid"
     code = ("import subprocess, sys, time; child = subprocess.Popen([sys.executable, '-c', 'import time; "
