@@ -18,6 +18,12 @@ printed stay in its log: the A/B scripts print each row as a JSON line when meas
 step writes one log under ``--out``, headed by the GPU, the versions, the date and the command, which is what
 ``benchmarks/results/`` stores. A call brings back at most 8 files, so a stage has at most 8 steps.
 
+Session 49 ran the tests stage on an H200 (benchmarks/results/gpu_backlog_tests_2026-12-05_session49_nvidia_h200.log:
+no test failed; 25 of the changed kernels' 194 GPU tests were cut by the time limit), then lending paused. The next
+session lent a GPU runs ``timings``, ``grid`` and ``extras``, and ``tests`` again if a call is left
+(``--steps gpu_tests``: the unreached 25 are not named in that log). ``--steps`` runs part of a stage when less
+device time is left than the whole needs.
+
 ``--dry-run`` runs nothing: it checks that every step's files exist and that its script's parser takes its
 arguments (tests/test_gpu_backlog.py does so on the CPU), so that a renamed option cannot cost a GPU call.
 """
