@@ -34,6 +34,18 @@ def functorch_wrapped(*tensors: torch.Tensor) -> bool:
     return any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors)
 
 
+def forward_mode_active() -> bool:
+    """Whether forward-mode AD is on: ``torch.func.jvp`` or ``jacfwd`` is running, or a dual level is open.
+    Asked of torch's state, not of tensors, so dynamo reads it as a constant while it traces."""
+    return forward_ad._current_level >= 0
+
+
+def transform_or_forward_mode_active() -> bool:
+    """Whether a torch.func transform (vmap, grad, jvp) or forward-mode AD is active: then only the
+    autograd.Functions' rules may handle a call (a kernel would drop a tangent or a batch dimension silently)."""
+    return torch._C._are_functorch_transforms_active() or forward_mode_active()
+
+
 def describe_shapes(q, k, v) -> str:
     """The shapes of q, k, v for an error message (built only when one is raised)."""
     return f"q.shape={tuple(q.shape)}, k.shape={tuple(k.shape)}, v.shape={tuple(v.shape)}"

@@ -17,7 +17,8 @@ from . import ops
 from .decode import splitkv_attention
 from .variants import VARIANTS, preferred_variant
 from .arguments import (check_alibi_slopes, check_dtypes_and_device, check_heads, check_lengths, check_tensors,
-                        describe_shapes, functorch_wrapped, make_spec, values_checked)
+                        describe_shapes, functorch_wrapped, make_spec, transform_or_forward_mode_active,
+                        values_checked)
 from .fp8 import fp8_attention, is_fp8
 from .kernels.dropout import dropout_mask
 
@@ -243,7 +244,7 @@ def _transformed(*tensors) -> bool:
     torch.compile traces, the tensors are not asked (that would break the graph); whether a torch.func transform
     or a dual level is active is, which dynamo reads as a constant."""
     if torch.compiler.is_compiling():
-        return torch._C._are_functorch_transforms_active() or forward_ad._current_level >= 0
+        return transform_or_forward_mode_active()
     if functorch_wrapped(*tensors):
         return True
     return any(forward_ad.unpack_dual(t).tangent is not None for t in tensors)

@@ -40,9 +40,9 @@ from __future__ import annotations
 import functools
 
 import torch
-from torch.autograd import forward_ad
 
 from . import runtime
+from .arguments import forward_mode_active, transform_or_forward_mode_active
 from .kernels.attention_bwd import launch_attention_backward
 from .kernels.attention_fwd import launch_attention_forward
 from .kernels.attention_jvp import launch_attention_jvp
@@ -277,7 +277,7 @@ def setup_context(ctx, inputs, output):
     q, k, v, seq_lens, cu_q, cu_k, alibi = inputs[:_N_TENSOR_ARGS]
     o, lse, rng = output
     ctx.save_for_backward(q, k, v, o, lse, seq_lens, cu_q, cu_k, alibi, rng)
-    if forward_ad._current_level >= 0 or torch._C._are_functorch_transforms_active():
+    if transform_or_forward_mode_active():
         ctx.save_for_forward(q, k, v, o, lse, seq_lens, cu_q, cu_k, alibi, rng)  # for ``jvp``
     ctx.settings = inputs[_N_TENSOR_ARGS:]
     if hasattr(ctx, "mark_non_differentiable"):
@@ -491,7 +491,7 @@ def needs_autograd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether a call must go through autograd: a gradient is wanted, or a torch.func transform or
     forward-mode AD is active (whose rules live on the autograd.Function: a jvp must raise, not be dropped)."""
     return ((torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
-            or torch._C._are_functorch_transforms_active() or forward_ad._current_level >= 0)
+            or transform_or_forward_mode_active())
 
 
 def run(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, settings: tuple):
@@ -499,7 +499,7 @@ def run(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, settings: t
     torch.compile traces; the autograd.Function when autograd must see the call; else the forward
     itself (inference skips the Function's bookkeeping, tens of microseconds of host time)."""
     if torch.compiler.is_compiling():
-        if forward_ad._current_level >= 0:  # a constant while dynamo traces: torch.func.jvp or a dual level
+        if forward_mode_active():  # a constant while dynamo traces: torch.func.jvp or a dual level
             raise NotImplementedError(COMPILED_FORWARD_AD_MESSAGE)
         return attention_forward_op(q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *settings)
     if needs_autograd(q, k, v):
