@@ -39,6 +39,7 @@ def test_bad_flags_are_refused(capsys):
     assert "--impl: unknown ['fa9']" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         bench_decode.main(["--nk", "1k"])
+    assert "--nk must be a comma list of ints; got '1k'" in capsys.readouterr().err
 
 
 def test_the_stored_h100_runs_summarise_and_plot():

@@ -208,7 +208,7 @@ def test_files_merge_newest_first_by_their_date_and_each_column_names_its_file(t
     assert "Measured on" not in text  # the per-file lines replace the single one
 
 
-def test_default_command_writes_the_readme_from_readme_grids_only(tmp_path, monkeypatch):
+def test_default_command_writes_the_readme_from_readme_grids_only(tmp_path, monkeypatch, capsys):
     """``make report``: the files named in README_GRIDS, whatever else lies beside them; no plots."""
     _write(tmp_path / "grid_a.json", [r for r in synthetic_rows() if r["impl"] in ("flashlib", "sdpa_cudnn")],
            command="bench a")
@@ -225,6 +225,8 @@ def test_default_command_writes_the_readme_from_readme_grids_only(tmp_path, monk
     monkeypatch.setattr(report, "README_GRIDS", ("grid_a.json", "missing.json"))
     with pytest.raises(SystemExit):
         report.main([])
+    error = capsys.readouterr().err
+    assert "README_GRIDS names files that are not there" in error and "missing.json" in error
 
 
 def test_readme_grids_are_stored_and_no_stored_grid_is_newer():
