@@ -165,6 +165,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     fp8 = any(is_fp8(t) for t in (q, k, v)) or any(d is not None for d in (q_descale, k_descale, v_descale))
     spec, alibi_slopes = check_attention_args(q, k, v, causal, seq_lens, window, softmax_scale, layout, softcap,
                                               alibi_slopes, dropout_p, allow_fp8=fp8)
+    if seq_lens is not None:  # the kernels read lengths[b] at offset b: a strided view (a column of a table) is copied
+        seq_lens = seq_lens.contiguous()
     if fp8:
         if seq_lens is not None or return_dropout_mask or variant == "splitkv":
             raise ValueError("FP8 attention takes unpadded batches through the FlashAttention-2 kernel: "

@@ -99,7 +99,7 @@ def _check_cache_seqlens(cache_seqlens, batch: int, device: torch.device) -> tor
     if isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool):
         return torch.full((batch,), int(cache_seqlens), dtype=torch.int32, device=device)
     check_lengths(cache_seqlens, "cache_seqlens", batch, device, "the cached tokens of each sequence (or an int)")
-    return cache_seqlens
+    return cache_seqlens.contiguous()  # the kernels read lengths[b] at offset b: a strided view is copied
 
 
 def _check_block_table(block_table, batch: int, device: torch.device) -> None:

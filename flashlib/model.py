@@ -217,6 +217,9 @@ class GPT(nn.Module):
         if start + n > self.config.context:
             raise ValueError(f"idx has {n} tokens per sample{f' after {start} cached' if start else ''}; "
                              f"the model's context is {self.config.context}")
+        if cache is not None and cache.lengths.shape[0] != batch:
+            raise ValueError(f"cache holds {cache.lengths.shape[0]} sequences but idx has batch {batch}: a "
+                             "PagedKVCache serves the batch it was made for")
         if cache is not None and start + n > cache.capacity:
             raise ValueError(f"the cache holds {cache.capacity} tokens per sequence: {start} cached + {n} new "
                              "do not fit")
@@ -411,6 +414,10 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature:
     from a CUDA graph (:class:`GraphedDecodeStep`): the same tokens, without the host time of
     launching every kernel of every layer at every step.
     """
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an int >= 0; got {max_new_tokens!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be None (sample from every token) or an int >= 1; got {top_k!r}")
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0 (0: greedy); got {temperature}")
     if cuda_graph is not None and not isinstance(cuda_graph, bool):

@@ -14,7 +14,7 @@ import flashlib
 import flashlib.decode
 from flashlib import flash_attention, flash_attention_with_kvcache, runtime, select_variant
 from flashlib.kernels import decode as decode_kernels
-from flashlib.reference import kvcache_attention
+from flashlib.reference import kvcache_attention, naive_attention
 from flashlib.validation import relative_error
 
 DEVICE = runtime.DEVICE
@@ -362,6 +362,27 @@ def test_splitkv_never_reads_the_padding_past_seq_lens():
     q[0, :, 2:], k[0, :, 2:], v[0, :, 2:] = float("nan"), float("nan"), float("inf")
     k[1, :, 25:], v[1, :, 25:] = float("nan"), float("nan")
     assert torch.equal(flash_attention(q, k, v, causal=True, seq_lens=lengths, variant="splitkv"), clean)
+
+
+@pytest.mark.parametrize("n_new", [0, 1])
+def test_lengths_may_be_a_strided_view(n_new):
+    """A serving loop keeps per-request fields in one table and passes a column: the kernels read lengths at
+    offsets 0, 1, 2, ..., so a view of stride 2 once gave the neighbouring field's values (here 90 and 3)."""
+    q, k_cache, v_cache, k, v, _ = _problem(n_q=1, n_new=n_new)
+    table = torch.tensor([[37, 90], [5, 3], [60, 90]], dtype=torch.int32, device=DEVICE)
+    o = flash_attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=table[:, 0])
+    ref_o, _ = _reference(q, k_cache, v_cache, table[:, 0] + n_new)
+    assert relative_error(o, ref_o) < TOL[q.dtype]
+
+
+@pytest.mark.parametrize("variant", ["fa2", "splitkv"])
+def test_seq_lens_may_be_a_strided_view(variant):
+    gen = torch.Generator().manual_seed(17)
+    q, k, v = (_randn(3, 2, 24, 16, gen=gen) for _ in range(3))
+    table = torch.tensor([[24, 1], [9, 24], [17, 0]], dtype=torch.int32, device=DEVICE)
+    o = flash_attention(q, k, v, causal=True, seq_lens=table[:, 0], variant=variant)
+    ref = naive_attention(q.double(), k.double(), v.double(), causal=True, seq_lens=table[:, 0].contiguous())
+    assert relative_error(o, ref) < TOL[q.dtype]
 
 
 # ------------------------------------------------------------------ paged cache

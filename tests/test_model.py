@@ -183,6 +183,8 @@ def test_cached_forward_gives_the_logits_of_the_whole_sequence():
     assert cache.memory_bytes() == 2 * 2 * cache.k[0].numel() * 4
     with pytest.raises(ValueError, match=r"the cache holds 12 tokens per sequence: 9 cached \+ 4 new do not fit"):
         model(idx[:, :4], cache=cache)
+    with pytest.raises(ValueError, match="cache holds 2 sequences but idx has batch 1"):
+        model(idx[:1, :1], cache=cache)
 
 
 @pytest.mark.parametrize("kv_heads", [2, 1])
@@ -240,6 +242,11 @@ def test_the_cache_is_bounded_by_the_context_and_says_so():
     assert M.generate(model, start, 7).shape == (1, 17)  # without the cache it slides past the context
     with pytest.raises(ValueError, match="temperature must be >= 0"):
         M.generate(model, start, 1, temperature=-1.0)
+    for bad in (-1, 2.0, True):  # -1 once returned the prompt silently, 2.0 failed inside torch.zeros
+        with pytest.raises(ValueError, match=rf"max_new_tokens must be an int >= 0; got {bad!r}"):
+            M.generate(model, start, bad, kv_cache=True)
+    with pytest.raises(ValueError, match=r"top_k must be None \(sample from every token\) or an int >= 1; got 0"):
+        M.generate(model, start, 1, top_k=0)
 
 
 def test_the_experiments_compare_no_more_steps_than_they_train():
