@@ -129,9 +129,12 @@ def flashlib_attention_forward(module, query, key, value, attention_mask, scalin
       or additive (0 / -inf), is reduced to the padding mask, or refused with a ValueError if it says
       more than padding plus the causal and window bounds above.
 
-    Outputs at padded query positions are 0 (sdpa leaves values there that nothing reads). With
-    padding, a sliding window counts valid tokens, as flash-attention-2 does, which equals sdpa's
-    count of positions unless padding sits between tokens: that case raises.
+    A layer that is not causal and has no window (an encoder, or cross-attention, whose N_q queries need not be
+    key positions at all) takes the mask as key padding only: every query row attends to the valid keys, as in
+    sdpa, through ``flash_attention_varlen`` with all queries kept. In a causal or windowed layer the
+    queries are the last N_q key positions, and outputs at padded query positions are 0 (sdpa leaves values
+    there that nothing reads). With padding, a sliding window counts valid tokens, as flash-attention-2 does,
+    which equals sdpa's count of positions unless padding sits between tokens: that case raises.
     """
     unsupported = [name for name in UNSUPPORTED if kwargs.get(name) is not None]
     if unsupported:
@@ -150,8 +153,33 @@ def flashlib_attention_forward(module, query, key, value, attention_mask, scalin
     if attention_mask is None:
         out = flash_attention(q, k, v, layout="bnhd", **options)
     else:
-        out = _attend_padded(q, k, v, _padding_mask(attention_mask, options, *q.shape[:2], k.shape[1]), options)
+        mask = _padding_mask(attention_mask, options, *q.shape[:2], k.shape[1])
+        attend = _attend_keys_padded if _keys_only(options) else _attend_padded
+        out = attend(q, k, v, mask, options)
     return out[..., :v_head_dim], None
+
+
+def _keys_only(options) -> bool:
+    """Whether the mask pads keys only: a bidirectional layer without a window (an encoder's self-attention, or
+    cross-attention, whose queries are not key positions at all), where every query sees every valid key."""
+    return not options["causal"] and options["window"] is None
+
+
+def _attend_keys_padded(q, k, v, mask, options):
+    """Bidirectional attention of (B, N_q, H, D) q to the keys that the (B, N_k) bool ``mask`` keeps: every query
+    row is valid (as in sdpa), whether the queries are the keys' own positions (an encoder) or another sequence
+    (cross-attention, where N_q may differ from N_k)."""
+    batch, n_q, n_k = q.shape[0], q.shape[1], k.shape[1]
+    lengths = mask.sum(-1, dtype=torch.int32)
+    if bool((lengths == n_k).all()):  # one sync, as in _attend_padded
+        return flash_attention(q, k, v, layout="bnhd", **options)
+    k_index = mask.flatten().nonzero().squeeze(1)
+    cu_q = torch.arange(0, (batch + 1) * n_q, n_q, dtype=torch.int32, device=q.device)
+    cu_k = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
+    out = flash_attention_varlen(q.reshape(batch * n_q, *q.shape[2:]), k.reshape(batch * n_k, *k.shape[2:])[k_index],
+                                 v.reshape(batch * n_k, *v.shape[2:])[k_index], cu_q, cu_k, n_q, int(lengths.max()),
+                                 **options)
+    return out.view(batch, n_q, *out.shape[1:])
 
 
 def _attend_padded(q, k, v, mask, options):
@@ -187,14 +215,18 @@ def _padding_mask(mask, options, batch: int, n_q: int, n_k: int) -> torch.Tensor
         what = f"shape {tuple(mask.shape)}" if isinstance(mask, torch.Tensor) else f"a {type(mask).__name__}"
         raise ValueError(f"flashlib's Transformers attention takes a 2D (B, N_k) padding mask or a 4D mask; got {what}")
     what = f"a {tuple(mask.shape)} {mask.dtype} attention_mask (N_q = {n_q}, N_k = {n_k})"
+    keys_only = _keys_only(options)
     if mask.dim() == 2:
-        if mask.shape[0] != batch or not n_q <= mask.shape[1] <= n_k:
+        if keys_only and tuple(mask.shape) != (batch, n_k):
+            raise ValueError(f"flashlib's Transformers attention got {what}: a bidirectional layer's 2D mask must be "
+                             f"(B, N_k) with B = {batch}")
+        if not keys_only and (mask.shape[0] != batch or not n_q <= mask.shape[1] <= n_k):
             raise ValueError(f"flashlib's Transformers attention got {what}: a 2D mask must be (B, L) with B = {batch} "
                              "and N_q <= L <= N_k")
         return mask.bool()
-    if mask.shape[0] not in (1, batch) or tuple(mask.shape[2:]) != (n_q, n_k) or n_q > n_k:
+    if mask.shape[0] not in (1, batch) or tuple(mask.shape[2:]) != (n_q, n_k) or (n_q > n_k and not keys_only):
         raise ValueError(f"flashlib's Transformers attention got {what}: a 4D mask must be (B or 1, H or 1, N_q, N_k) "
-                         f"with B = {batch} and N_q <= N_k")
+                         f"with B = {batch}" + ("" if keys_only else " and N_q <= N_k (queries are the last keys)"))
     if mask.dtype == torch.bool:
         allowed = mask
     else:  # additive: 0 where allowed, a large negative number (or -inf) where not
@@ -217,7 +249,9 @@ def _padding_mask(mask, options, batch: int, n_q: int, n_k: int) -> torch.Tensor
     if right >= 0:
         band &= cols <= rows + right
     expected = band & keys[:, None, :]
-    ignored = ~allowed.any(-1) & ~keys[:, n_k - n_q:]  # rows of padded queries that see nothing: output 0
+    ignored = torch.zeros(allowed.shape[:2], dtype=torch.bool, device=mask.device)  # every query row is checked ...
+    if not keys_only:  # ... but those of padded queries that see nothing (output 0) in a causal or windowed layer
+        ignored = ~allowed.any(-1) & ~keys[:, n_k - n_q:]
     if not bool(((allowed == expected) | ignored[..., None]).all()):
         pattern = ("causal" if options["causal"] else "bidirectional") + (
             f" with window {options['window']}" if options["window"] else "")

@@ -178,6 +178,36 @@ def test_greedy_generation_matches_sdpa(name, calls, cache):
     assert len(decoding) == 4 * SIZES["num_hidden_layers"] and all(call[2] > 1 for call in decoding)
 
 
+@pytest.mark.parametrize("n_dec", [12, 8, 16], ids=["n_dec=n_enc", "shorter", "longer"])
+@pytest.mark.parametrize("padding", ("right", "left"))
+def test_bart_cross_attention_to_a_padded_encoder_matches_sdpa(name, calls, n_dec, padding):
+    """Encoder-decoder: the encoder's padding masks the keys of cross-attention only, and every decoder query is
+    valid. Decoder queries were once taken for the last N_q encoder positions, zeroing those that faced encoder
+    padding (logits off by 5e-3), and N_dec > N_enc was refused."""
+    config = transformers.BartConfig(vocab_size=64, d_model=64, encoder_layers=1, decoder_layers=1,
+                                     encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+                                     decoder_ffn_dim=128, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
+                                     eos_token_id=2, decoder_start_token_id=2)
+    ref, ours = (model.eval() for model in twins(name, config, transformers.BartForConditionalGeneration))  # no dropout
+    ids, mask = batch(padding)
+    decoder_ids = torch.randint(3, 64, (2, n_dec), generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    outputs = []
+    for model in (ref, ours):
+        model.zero_grad()
+        logits = model(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids, use_cache=False).logits
+        logits.square().mean().backward()
+        outputs.append((logits.detach(), {key: p.grad for key, p in model.named_parameters()}))
+    (ref_logits, ref_grads), (logits, grads) = outputs
+    assert_close(logits, ref_logits, RTOL, "decoder logits")
+    for key, grad in grads.items():
+        if key.endswith("k_proj.bias"):  # a key bias shifts every score of a row alike: its gradient is 0 + rounding
+            assert grad.abs().max() < 1e-6 and ref_grads[key].abs().max() < 1e-6, key
+        else:
+            assert_close(grad, ref_grads[key], RTOL, f"gradient of {key}")
+    # encoder self-attention and cross-attention go through varlen with every query kept, the decoder's plainly
+    assert [(call[0], call[1]) for call in calls] == [("varlen", 12), ("plain", n_dec), ("varlen", n_dec)]
+
+
 # ---------------------------------------------------------------- masks and errors, on the attention function
 def attention_inputs(n_q=6, n_k=6, seed=0):
     gen = torch.Generator().manual_seed(seed)
@@ -208,6 +238,24 @@ def test_4d_masks_reduce_to_padding_or_raise(name):
         hf.flashlib_attention_forward(module, q, k, v, future)
     with pytest.raises(ValueError, match="adds a bias"):
         hf.flashlib_attention_forward(module, q, k, v, additive + 0.5)
+
+
+@pytest.mark.parametrize("n_q", [6, 3, 9])
+def test_bidirectional_layers_mask_keys_only(name, n_q):
+    """A layer that is not causal (an encoder, or cross-attention with N_q != N_k) given a key-padding mask, 2D or
+    4D as sdpa's: every query row attends to the valid keys, as sdpa's (no row zeroed)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    module, q, k, v = attention_inputs(n_q=n_q, n_k=6, seed=3)
+    module.is_causal = False
+    keys = torch.tensor([[1, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1]], dtype=torch.bool, device=DEVICE)
+    allowed = keys[:, None, None, :].expand(2, 1, n_q, 6)
+    expected = sdpa_attention_forward(module, q, k, v, allowed)[0]
+    for mask in (keys, allowed):
+        out = hf.flashlib_attention_forward(module, q, k, v, mask)[0]
+        assert_close(out, expected, RTOL, f"every row, with a {tuple(mask.shape)} mask")
+    with pytest.raises(ValueError, match=r"a bidirectional layer's 2D mask must be \(B, N_k\) with B = 2"):
+        hf.flashlib_attention_forward(module, q, k, v, keys[:, :5])
 
 
 def test_packed_sequences_raise_instead_of_attending_across(name):
