@@ -105,7 +105,9 @@ def _defined_names(source: str) -> set[str]:
 
 
 def _defines(source: str, name: str) -> bool:
-    return re.search(rf"^\s*(?:async\s+)?(?:def|class)\s+{re.escape(name)}\b", source, re.M) is not None
+    # [ \t] rather than \s: with re.M, \s* would run across newlines from every line start (quadratic in a
+    # learner's cell of blank lines)
+    return re.search(rf"^[ \t]*(?:async[ \t]+)?(?:def|class)[ \t]+{re.escape(name)}\b", source, re.M) is not None
 
 
 def _canonical_cells(canonical: nbformat.NotebookNode, notebook: str) -> list[Cell]:

@@ -25,10 +25,11 @@ from . import grader, registry
 
 @dataclasses.dataclass
 class LearnerResult:
-    """One learner's reports (empty when their folder held no notebook)."""
+    """One learner's reports (empty when their folder held no notebook, or is a symbolic link)."""
 
     learner: str
     reports: list[grader.NotebookReport]
+    linked: bool = False  # the folder is a symbolic link (perhaps to another learner's): not graded
 
     @property
     def total(self) -> float:
@@ -44,7 +45,9 @@ class LearnerResult:
         notes = []
         handed_in = {report.notebook for report in self.reports}
         missing = [key for key in registry.notebooks() if key not in handed_in]
-        if not self.reports:
+        if self.linked:
+            notes.append("the folder is a symbolic link: not graded")
+        elif not self.reports:
             notes.append("no notebooks")
         elif missing:
             notes.append("missing " + ", ".join(missing))
@@ -62,10 +65,12 @@ def course_max_total() -> float:
     return float(sum(registry.max_points(key) for key in registry.notebooks()))
 
 
-def find_learners(root: Path) -> list[tuple[str, list[Path]]]:
-    """Every subfolder of ``root`` (hidden ones left out) with its notebooks, sorted by name."""
+def find_learners(root: Path) -> list[tuple[str, list[Path], bool]]:
+    """Every subfolder of ``root`` (hidden ones left out), sorted by name: (learner, notebooks, linked). A folder
+    that is a symbolic link (perhaps to another learner's) is ``linked``, with no notebooks: it is never read."""
     folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-    return [(folder.name, grader.find_notebooks(folder)) for folder in folders]
+    return [(grader.display_path(folder.name), [] if folder.is_symlink() else grader.find_notebooks(folder),
+             folder.is_symlink()) for folder in folders]
 
 
 def _grade_learner(name: str, notebooks: list[Path], options: dict) -> LearnerResult:
@@ -79,8 +84,10 @@ def grade_class(root: str | Path, hide: list[str | Path] = (), jobs: int = 1, **
     """
     root = Path(root).resolve()
     options = dict(options, hide=[root, *hide])
-    calls = [(name, notebooks, options) for name, notebooks in find_learners(root)]
-    return grader.side_by_side(_grade_learner, calls, jobs, options.get("mode"))
+    learners = find_learners(root)
+    calls = [(name, notebooks, options) for name, notebooks, linked in learners if not linked]
+    graded = iter(grader.side_by_side(_grade_learner, calls, jobs, options.get("mode")))
+    return [LearnerResult(name, [], linked=True) if linked else next(graded) for name, _, linked in learners]
 
 
 def gradebook_rows(results: list[LearnerResult]) -> list[dict]:

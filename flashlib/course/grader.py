@@ -15,8 +15,10 @@ For each notebook:
    :mod:`flashlib.course.worker`, which calls each answer on the cases the grader
    wrote there and writes back what it returned.
 4. **The verdict.** The grader compares those replies with its own float64
-   reference (:func:`flashlib.course.checks.framework.judge`). Nothing the
-   learner's process writes can turn a failure into a pass.
+   reference (:func:`flashlib.course.checks.framework.judge`). Replies are read
+   as plain data; a reply, a cells file or a file name the checks cannot read
+   costs that exercise, never the run; a notebook the grader itself fails on is
+   reported as such, and the class goes on.
 
 Scores come from :mod:`flashlib.course.registry`: points are clamped to each
 exercise's maximum, totals cannot be NaN, a notebook of no known exercise and a
@@ -51,6 +53,9 @@ TABLE_FEEDBACK_CHARS = 70
 
 PASS, FAIL, NOT_RUN, REFUSED = "PASS", "FAIL", "NOT RUN", "REFUSED"
 GRADED, DUPLICATE, UNKNOWN, UNREADABLE = "graded", "duplicate", "unknown notebook", "unreadable"
+#: Not scored: a notebook that is a symbolic link (it could be another learner's), and one the grader itself
+#: failed on (a bug to report; the class run goes on).
+LINKED, GRADER_ERROR = "symbolic link", "grader error"
 
 
 @dataclasses.dataclass
@@ -93,6 +98,12 @@ class NotebookReport:
                 "exercises": [dataclasses.asdict(score) for score in self.exercises],
                 "total": self.total, "max_total": self.max_total, "warnings": self.warnings,
                 "sandbox": self.sandbox}
+
+
+def display_path(path: str | os.PathLike) -> str:
+    """``path`` as text that any output can hold: bytes of a file name that are not UTF-8 (kept by Python
+    as lone surrogates) become backslash escapes, so printing and writing the report never fail on them."""
+    return os.fspath(path).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _short(text: str, limit: int = MESSAGE_CHARS) -> str:
@@ -171,6 +182,7 @@ def _judge_all(notebook: str, submission: answers.Submission, refused: dict[str,
             replies = [wire.reply_from_wire(item) for item in wire.load(path)]
         except FileNotFoundError:
             why = ("the run was stopped at the notebook time limit" if outcome.timed_out
+                   else f"the run was stopped: {outcome.disk_exceeded}" if outcome.disk_exceeded
                    else "the run ended before this exercise (it crashed or exited)")
             cells = [cell for cell in submission.answer_cells(key) if str(cell.index) in cell_errors]
             if cells:
@@ -183,7 +195,13 @@ def _judge_all(notebook: str, submission: answers.Submission, refused: dict[str,
             continue
         if not isinstance(replies, list):
             replies = []
-        passed, headline, details = judge(CHECKS[key], cases[key], replies)
+        try:
+            passed, headline, details = judge(CHECKS[key], cases[key], replies)
+        except Exception as error:  # noqa: BLE001 - a reply the checks cannot read (a float8 tensor, ...) fails
+            scores.append(ExerciseScore(key, 0.0, float(exercise.points), False, FAIL,
+                                        _short(f"the answer's output could not be judged: {type(error).__name__}: "
+                                               f"{error}")))
+            continue
         result = verdict(key, passed, headline, details)
         scores.append(ExerciseScore(key, registry.clamp_points(result.points, exercise.points),
                                     float(exercise.points), passed, PASS if passed else FAIL,
@@ -199,7 +217,8 @@ def _cells_to_run(submission: answers.Submission, canonical: nbformat.NotebookNo
     Check cells never run; a demo cell runs only if an answer that runs reads a name it binds
     (so the grader's verdict stays the notebook's).
     """
-    given = policy.flashlib_names([cell.source for cell in submission.cells if cell.kind != answers.ANSWER])
+    given_sources = [cell.source for cell in submission.cells if cell.kind != answers.ANSWER]
+    given = policy.flashlib_names(given_sources)
     refused: dict[str, str] = {}
     sources = {}
     for cell in submission.cells:
@@ -208,7 +227,12 @@ def _cells_to_run(submission: answers.Submission, canonical: nbformat.NotebookNo
             lines = cell.source.split("\n")
             regions = [(first, last) for first, last in cell.regions
                        if not answers.is_unattempted("\n".join(lines[first - 1:last]))]
-            problems = policy.check_answer(registry.exercise(cell.exercise), cell.source, regions, given)
+            try:
+                problems = policy.check_answer(registry.exercise(cell.exercise), cell.source, regions, given,
+                                               given_sources=given_sources)
+            except (RecursionError, MemoryError):  # Python's parser gives up on code nested thousands deep
+                problems = [policy.Refusal(regions[0][0] if regions else 0,
+                                           "the answer is nested too deeply for Python to read")]
             if regions and problems and enforce_policy:
                 refused[cell.exercise] = ("answer refused: " + "; ".join(str(p) for p in problems[:3])
                                           + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""))
@@ -226,21 +250,29 @@ def grade_notebook(path: str | Path, timeout: float = DEFAULT_TIMEOUT, mode: str
                    enforce_policy: bool = True) -> NotebookReport:
     """Grade one notebook; the file at ``path`` is read, never written, and never run.
 
-    ``enforce_policy=False`` runs even refused answers (tests of the sandbox only).
+    ``enforce_policy=False`` runs even refused answers (tests of the sandbox only). A notebook that is a
+    symbolic link is not read (it could be another learner's); should the grader fail on a notebook, that
+    notebook is reported as such, not scored, and the others are graded.
     """
     path = Path(path)
+    shown = display_path(path)
+    if path.is_symlink():
+        key, _ = notebook_key(None, path)
+        return NotebookReport(shown, key, LINKED, _scores_for(key, NOT_RUN, "not graded: a symbolic link") if key
+                              else [], ["a symbolic link to another file, not a notebook: not graded; hand in the "
+                                        "notebook itself"])
     try:
         if path.stat().st_size > MAX_NOTEBOOK_BYTES:
             raise ValueError(f"{path.stat().st_size} bytes, more than the {MAX_NOTEBOOK_BYTES} a notebook may have")
         nb = nbformat.read(path, as_version=4)
     except Exception as error:  # noqa: BLE001 - a learner's broken file is reported, not fatal
         key, _ = notebook_key(None, path)
-        return NotebookReport(str(path), key, UNREADABLE if key else UNKNOWN,
+        return NotebookReport(shown, key, UNREADABLE if key else UNKNOWN,
                               _scores_for(key, NOT_RUN, "unreadable notebook") if key else [],
                               [_short(f"unreadable notebook: {type(error).__name__}: {error}")])
     key, warning = notebook_key(nb, path)
     if key is None:
-        return NotebookReport(str(path), None, UNKNOWN, [],
+        return NotebookReport(shown, None, UNKNOWN, [],
                               ["no exercise notebook of the course matches this file's name or metadata"])
     warnings = [warning] if warning else []
     exercises_dir = Path(exercises_dir) if exercises_dir else default_exercises_dir()
@@ -249,6 +281,18 @@ def grade_notebook(path: str | Path, timeout: float = DEFAULT_TIMEOUT, mode: str
         raise FileNotFoundError(f"the course's exercise notebook {canonical_path} is missing: "
                                 "run python -m flashlib.course.make_exercises")
     canonical = nbformat.read(canonical_path, as_version=4)
+    try:
+        return _grade_read_notebook(nb, key, canonical, path, warnings, timeout, mode, hide, enforce_policy)
+    except Exception as error:  # noqa: BLE001 - one notebook the grader fails on must not stop the class
+        return NotebookReport(shown, key, GRADER_ERROR, _scores_for(key, NOT_RUN, "the grader failed on this "
+                                                                         "notebook"),
+                              warnings + [_short(f"the grader failed on this notebook ({type(error).__name__}: "
+                                                 f"{error}): not scored; please report it")])
+
+
+def _grade_read_notebook(nb, key: str, canonical, path: Path, warnings: list[str], timeout: float,
+                         mode: str | None, hide, enforce_policy: bool) -> NotebookReport:
+    """:func:`grade_notebook` once the notebook is read and known: answers out, sandboxed run, verdicts."""
     submission = answers.take_answers(nb, canonical, key)
     warnings += submission.warnings
 
@@ -274,7 +318,9 @@ def grade_notebook(path: str | Path, timeout: float = DEFAULT_TIMEOUT, mode: str
                               hide=[path.parent.resolve(), *hide])
         try:
             cell_errors = wire.load(os.path.join(workdir, "cells.pt")).get("errors", {})
-            cell_errors = {str(k): _short(v) for k, v in dict(cell_errors).items()}
+            # written by the learner's process: only cell numbers with text count
+            cell_errors = {str(k): _short(v) for k, v in dict(cell_errors).items()
+                           if isinstance(k, str) and k.isdigit() and isinstance(v, str)}
         except Exception:  # noqa: BLE001 - missing or damaged: the run ended early
             cell_errors = {}
         scores = _judge_all(key, submission, refused, cases, workdir, outcome, cell_errors)
@@ -284,15 +330,18 @@ def grade_notebook(path: str | Path, timeout: float = DEFAULT_TIMEOUT, mode: str
         warnings.append(f"cell {index} raised {message}")
     if outcome.timed_out:
         warnings.append(f"the notebook ran past its {timeout:g} s limit and was stopped")
+    if outcome.disk_exceeded:
+        warnings.append(f"the notebook was stopped: {outcome.disk_exceeded}")
     if outcome.leftovers_killed:
         warnings.append(f"{outcome.leftovers_killed} process(es) left behind by the notebook were killed")
-    return NotebookReport(str(path), key, GRADED, scores, [_short(w) for w in warnings], outcome.mode)
+    return NotebookReport(display_path(path), key, GRADED, scores, [_short(w) for w in warnings], outcome.mode)
 
 
 def find_notebooks(target: Path) -> list[Path]:
-    """A notebook, or every *.ipynb in a folder (one learner's submission), sorted."""
+    """A notebook, or every *.ipynb in a folder (one learner's submission), sorted; symbolic links too (even
+    dangling), which :func:`grade_notebook` reports without reading them."""
     if target.is_dir():
-        return sorted(p for p in target.glob("*.ipynb") if p.is_file())
+        return sorted(p for p in target.glob("*.ipynb") if p.is_file() or p.is_symlink())
     return [target]
 
 

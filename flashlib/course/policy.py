@@ -12,9 +12,21 @@ region is refused when it
 * names a way out of the answer (``eval``, ``open``, ``os``, ``getattr``, ``super``,
   ...: :data:`~flashlib.course.registry.ALWAYS_FORBIDDEN`), or reaches one as an
   attribute (``torch.sys.modules``: :data:`~flashlib.course.registry.ESCAPE_ATTRIBUTES`),
-  SDPA as an attribute, or
+  names, as a name or an attribute, a function that finds code by a string or runs it
+  (``operator.attrgetter``, ``pkgutil.resolve_name``, ``.exec``:
+  :data:`~flashlib.course.registry.STRING_ACCESS`), SDPA as an attribute, or
   what the exercise forbids (its finished implementation, ``softmax`` where the
-  exercise is to write one: ``Exercise.forbidden``, as names or attributes);
+  exercise is to write one: ``Exercise.forbidden``, as names or attributes, and in any
+  case and with or without underscores, so that the class ``torch.nn.Softmax`` goes with
+  the function ``softmax``: :func:`same_name`);
+* follows an attribute chain from a name the notebook imported (``torch``, ``tl``, ``F``,
+  ``math``) to a module outside the course's own (``torch.functional.operator``,
+  ``tl.core.typing``): the chain is followed, without running anything, on the very
+  modules the grader holds (:class:`flashlib.course.reach.Chains`), so one rule closes every route through a
+  standard-library module that a library happens to import, while methods of the
+  answer's own values (``x.copy()``, ``x.select(...)``) stay free. The same rule keeps
+  an answer from holding a module as a value (``m = torch.functional``), which would let
+  a later ``m.operator`` pass unread;
 * uses a name that a given cell bound to flashlib (``from flashlib.x import y``),
   unless the exercise is about using it (``Exercise.uses_flashlib``);
 * assigns to an attribute of anything but ``self`` (no monkey-patching), or binds the
@@ -32,7 +44,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 
-from . import registry
+from . import reach, registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +76,22 @@ def flashlib_names(given_sources: list[str]) -> set[str]:
     return names
 
 
+def same_name(name: str, forbidden: str) -> bool:
+    """Whether ``name`` is ``forbidden`` spelled otherwise: the same letters, in any case, with or without
+    underscores. ``Softmax`` is ``softmax`` and ``LogSoftmax`` is ``log_softmax`` (torch's class beside its
+    function); ``Softmax2d`` or ``softmin`` are not (an exercise lists those it forbids as well). Only
+    equality: a prefix would refuse ``expand`` where ``exp`` is forbidden.
+
+    Applied to what an exercise forbids and to SDPA, never to ALWAYS_FORBIDDEN's short names, where
+    ``np`` would refuse a learner's ``n_p``.
+    """
+    return _spelling(name) == _spelling(forbidden)
+
+
+def _spelling(name: str) -> str:
+    return name.lower().replace("_", "")
+
+
 def _enclosing_function(tree: ast.AST, first: int, last: int) -> ast.AST | None:
     """The innermost function whose body holds lines first..last."""
     best = None
@@ -82,22 +110,42 @@ def _in_region(node: ast.AST, regions) -> bool:
 
 
 def check_answer(exercise: registry.Exercise, source: str, regions: list[tuple[int, int]],
-                 given_flashlib: set[str]) -> list[Refusal]:
-    """The refusals for the answer regions (1-based line ranges) of one rebuilt cell; [] if accepted."""
+                 given_flashlib: set[str], *, given_sources: list[str] | None = None) -> list[Refusal]:
+    """The refusals for the answer regions (1-based line ranges) of one rebuilt cell; [] if accepted.
+
+    ``given_flashlib`` is :func:`flashlib_names` of the given cells. ``given_sources`` are those cells'
+    sources themselves (the same list), from which the names they import are read
+    (:func:`~flashlib.course.reach.given_imports`) for the rule on modules; left out, the course's usual
+    imports (:data:`~flashlib.course.reach.COURSE_IMPORTS`) stand in for them. Imports in the cell itself,
+    outside the regions, count too.
+    """
     try:
         tree = ast.parse(source)
     except SyntaxError as error:
         return [Refusal(error.lineno or 0, f"the cell does not parse: {error.msg}")]
+    except (RecursionError, MemoryError):  # Python's parser on 100 000 nested additions
+        return [Refusal(regions[0][0] if regions else 0, "the answer is nested too deeply to be read: "
+                                                          "write it in shorter expressions")]
     refusals: list[Refusal] = []
     for first, last in regions:
         if last < first:
             continue
         if _enclosing_function(tree, first, last) is None:
             refusals.append(Refusal(first, "the answer must stay inside its function's body"))
-    forbidden = (set(registry.ALWAYS_FORBIDDEN) | set(exercise.forbidden)) - set(exercise.uses_flashlib)
+    allowed = set(exercise.uses_flashlib)
+    forbidden = (set(registry.ALWAYS_FORBIDDEN) | set(registry.STRING_ACCESS) | set(exercise.forbidden)) - allowed
     forbidden_attributes = ((set(registry.ALWAYS_FORBIDDEN_ATTRIBUTES) | set(registry.ESCAPE_ATTRIBUTES)
-                             | set(exercise.forbidden)) - set(exercise.uses_flashlib))
-    forbidden_flashlib = set(given_flashlib) - set(exercise.uses_flashlib)
+                             | set(registry.STRING_ACCESS) | set(exercise.forbidden)) - allowed)
+    # Spelled differently, the same thing: `Softmax` for `softmax`, `LogSoftmax` for `log_softmax`.
+    spellings = {_spelling(name): name for name in (*registry.ALWAYS_FORBIDDEN_ATTRIBUTES, *exercise.forbidden)
+                 if name not in allowed}
+    forbidden_flashlib = set(given_flashlib) - allowed
+    imports = dict(reach.COURSE_IMPORTS if given_sources is None else reach.given_imports(given_sources))
+    imports.update(reach.given_imports([source]))
+    chains = reach.Chains({name: binding for name, binding in imports.items()
+                           if name not in forbidden | forbidden_flashlib and _spelling(name) not in spellings},
+                          reach.global_reads(tree))
+    parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
     called = set()
     for node in ast.walk(tree):
         if not _in_region(node, regions):
@@ -122,6 +170,12 @@ def check_answer(exercise: registry.Exercise, source: str, regions: list[tuple[i
             elif node.id in forbidden:
                 refusals.append(Refusal(line, f"`{node.id}` is not allowed in this answer"
                                               + _why(node.id, exercise)))
+            elif _spelling(node.id) in spellings:
+                name = spellings[_spelling(node.id)]
+                refusals.append(Refusal(line, f"`{node.id}` is not allowed in this answer (it is `{name}` "
+                                              "by another spelling)" + _why(name, exercise)))
+            else:
+                refusals += [Refusal(*problem) for problem in chains.problems_of(node, parents.get(node))]
         elif isinstance(node, ast.Attribute):
             if node.attr.startswith("_"):
                 refusals.append(Refusal(line, f"`.{node.attr}`: attributes starting with _ are not allowed "
@@ -129,6 +183,12 @@ def check_answer(exercise: registry.Exercise, source: str, regions: list[tuple[i
             elif node.attr in forbidden_attributes:
                 refusals.append(Refusal(line, f"`.{node.attr}` is not allowed in this answer"
                                               + _why(node.attr, exercise)))
+            elif _spelling(node.attr) in spellings:
+                name = spellings[_spelling(node.attr)]
+                refusals.append(Refusal(line, f"`.{node.attr}` is not allowed in this answer (it is `{name}` "
+                                              "by another spelling)" + _why(name, exercise)))
+            else:
+                refusals += [Refusal(*problem) for problem in chains.problems_of(node, parents.get(node))]
         elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
             targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
             for target in targets:
@@ -173,6 +233,8 @@ def _why(name: str, exercise: registry.Exercise) -> str:
         return ": this exercise is to call flashlib's attention, not to write attention by hand"
     if name in exercise.forbidden:
         return ": it would do the exercise for you"
+    if name in registry.STRING_ACCESS:
+        return ": it finds or runs code from a string (or loads native code), out of the rules' sight"
     return ": it reaches outside the answer"
 
 

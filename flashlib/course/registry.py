@@ -36,13 +36,46 @@ ALWAYS_FORBIDDEN_ATTRIBUTES = ("scaled_dot_product_attention", "flash_attn_func"
 
 #: Attributes that lead out of the answer as the names of ALWAYS_FORBIDDEN do, through a module that
 #: imported them: ``torch.sys.modules`` holds every loaded module (flashlib's finished code among them),
-#: ``torch.serialization.os`` the machine. Refused as attributes wherever they appear in a chain.
+#: ``torch.serialization.os`` the machine. Refused as attributes wherever they appear in a chain. So are a
+#: running frame's (``(i for i in []).gi_frame.f_builtins["__import__"]``: the notebook's globals and builtins,
+#: looked up by string, from any generator the answer makes).
 ESCAPE_ATTRIBUTES = ("sys", "os", "builtins", "importlib", "import_module", "subprocess", "ctypes", "inspect",
                      "pickle", "shutil", "pathlib", "socket", "signal", "threading", "multiprocessing",
-                     "flashlib", "solutions", "exercises", "checks")
+                     "flashlib", "solutions", "exercises", "checks", "np", "numpy",
+                     "gi_frame", "cr_frame", "ag_frame", "tb_frame", "f_back", "f_globals", "f_locals", "f_builtins")
+
+#: Functions that find an object, or run code, from a string or a native library: what an answer reaches must be
+#: spelled out in its source, where the rules above can read it. ``operator.attrgetter("sys.modules")(torch)``
+#: walks a dotted string, ``pkgutil.resolve_name``, ``importlib.import_module`` and ``torch.package``'s
+#: ``PackageImporter`` import one, ``pydoc.locate`` and ``runpy.run_module`` both, ``builtins.exec`` runs one,
+#: ``gc.get_referrers`` and ``gc.get_objects`` hand back any live object (flashlib's functions among them),
+#: ``torch.utils.cpp_extension.load_inline`` and ``torch.ops.load_library`` load native code. Refused as names
+#: and as attributes, wherever they appear (``eval`` only as a name, in ALWAYS_FORBIDDEN: ``model.eval()`` is a
+#: module's evaluation mode, and the builtin reached under any name is refused by identity in the policy).
+STRING_ACCESS = ("attrgetter", "methodcaller", "exec", "setattr", "getattr", "delattr", "globals", "locals",
+                 "vars", "import_module", "load_inline", "load_library", "PackageImporter", "resolve_name",
+                 "get_referrers", "get_referents", "get_objects", "locate", "run_module", "run_path")
+
+#: The modules an answer may reach through an attribute chain (``torch.nn.functional``, ``tl.math``): these
+#: families and their public submodules, as the notebook imported them (``copy`` is notebook 08's). Any other
+#: module reached from them (``torch.functional.operator``, ``tl.core.typing``) is refused; see
+#: :mod:`flashlib.course.policy`.
+ANSWER_MODULES = ("torch", "triton", "math", "copy")
+
+#: Public parts of ANSWER_MODULES that lead out of the answer all the same: they load code or files
+#: (``torch.load`` unpickles; ``torch.hub``, ``torch.package``, ``torch.jit``, ``torch.export`` and
+#: ``torch.compiler`` load saved programs; ``torch.utils.cpp_extension``, ``torch.ops.load_library`` and Triton's
+#: compiler, builder and driver build and load native code; ``torch.utils.benchmark`` runs statements given as
+#: strings), start processes (``torch.utils.collect_env`` runs shell commands) or hold the machine's settings.
+#: Refused as modules, and for the functions, classes and objects they define (``torch.load``).
+ESCAPE_MODULES = ("torch.hub", "torch.package", "torch.serialization", "torch.jit", "torch.export", "torch.compiler",
+                  "torch.utils.cpp_extension", "torch.utils.benchmark", "torch.utils.collect_env",
+                  "torch.utils.data", "torch.multiprocessing", "torch.distributed", "torch.ops", "torch.classes",
+                  "triton.runtime.build", "triton.runtime.cache", "triton.runtime.driver", "triton.backends",
+                  "triton.compiler", "triton.tools", "triton.testing", "triton.knobs")
 
 #: Attention written by hand: refused where the exercise is to *call* flashlib's attention.
-HAND_ATTENTION = ("matmul", "bmm", "einsum", "softmax", "log_softmax", "exp", "mm", "baddbmm",
+HAND_ATTENTION = ("matmul", "bmm", "einsum", "softmax", "log_softmax", "softmin", "exp", "mm", "baddbmm",
                   "naive_attention", "multi_head_attention_forward", "MultiheadAttention")
 
 
@@ -67,7 +100,10 @@ class Exercise:
         return f"{self.notebook}.{self.name}"
 
 
-_ATTENTION_BY_HAND = ("softmax", "log_softmax", "logsumexp")
+#: softmin(x) is softmax(-x), and ``torch.distributions.Categorical(logits=x).probs`` is softmax(x). Forbidden
+#: names also refuse their class, whatever its case and underscores (``Softmax``, ``LogSoftmax``, ``Softmin``):
+#: see :func:`flashlib.course.policy.same_name`.
+_ATTENTION_BY_HAND = ("softmax", "log_softmax", "softmin", "logsumexp", "distributions")
 
 EXERCISES: tuple[Exercise, ...] = (
     Exercise("01_naive_attention", "naive_attention", 2,

@@ -63,6 +63,13 @@ class Limits:
     memory_bytes: int = 16 * 2**30
     file_bytes: int = 256 * 2**20
     processes: int = 512
+    #: The job's folder as a whole (file_bytes bounds one file only): past either, the run is stopped.
+    folder_bytes: int = 2 * 2**30
+    folder_entries: int = 100_000
+
+
+#: How often :func:`run` measures the job's folder, in seconds.
+FOLDER_POLL_SECONDS = 0.5
 
 
 @dataclasses.dataclass
@@ -74,6 +81,7 @@ class Outcome:
     mode: str
     leftovers_killed: int
     seconds: float
+    disk_exceeded: str = ""  # why the run was stopped for what it wrote to its folder ("" if it was not)
 
 
 # ------------------------------------------------------------------ which mode
@@ -314,10 +322,46 @@ def run(argv: list[str], workdir: str | os.PathLike, env: dict[str, str], limits
     process = subprocess.Popen(command, cwd=workdir, env=env, stdin=subprocess.DEVNULL,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                preexec_fn=_limits_setter(limits, uid), close_fds=True)
-    timed_out = False
-    try:
-        returncode = process.wait(timeout=limits.wall_seconds)
-    except subprocess.TimeoutExpired:
-        returncode, timed_out = None, True
+    returncode, timed_out, disk_exceeded = None, False, ""
+    deadline = started + limits.wall_seconds
+    while True:
+        try:
+            returncode = process.wait(timeout=max(0.0, min(FOLDER_POLL_SECONDS, deadline - time.monotonic())))
+            break
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                timed_out = True
+                break
+            disk_exceeded = folder_over_limits(workdir, limits)
+            if disk_exceeded:
+                break
     leftovers = _clean_up(process, mode, known_children)
-    return Outcome(returncode, timed_out, mode, leftovers, time.monotonic() - started)
+    return Outcome(returncode, timed_out, mode, leftovers, time.monotonic() - started, disk_exceeded)
+
+
+def folder_over_limits(folder: str, limits: Limits) -> str:
+    """Why ``folder`` holds more than ``limits`` allow (bytes on disk, or files and folders), or "".
+
+    Measured from outside while the job runs: a per-file size limit alone lets a job fill the disk with many
+    files. Links are not followed; sparse files count the blocks they really use; the count stops at the limit.
+    """
+    used, entries, stack = 0, 0, [folder]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as listing:
+                for entry in listing:
+                    entries += 1
+                    if entries > limits.folder_entries:
+                        return f"its folder holds more than {limits.folder_entries} files and folders"
+                    try:
+                        if entry.is_dir(follow_symlinks=False):
+                            stack.append(entry.path)
+                        else:
+                            used += entry.stat(follow_symlinks=False).st_blocks * 512
+                    except OSError:
+                        continue
+        except OSError:  # removed meanwhile, or unreadable
+            continue
+        if used > limits.folder_bytes:
+            return f"it wrote more than {limits.folder_bytes / 2**20:g} MiB to its folder"
+    return ""

@@ -10,9 +10,11 @@
 It runs the cells in order in one namespace (a cell that raises or runs past its
 time limit is noted, and the rest go on), then calls each answer on its cases with
 :func:`~flashlib.course.checks.framework.run_learner` and writes
-``replies/<exercise>.pt`` and ``cells.json``. It decides nothing: the grader
-judges the replies against its own reference, so whatever this process writes
-can only cost the learner points, never earn them.
+``replies/<exercise>.pt`` and ``cells.pt``. It decides nothing: the grader
+judges the replies against its own reference. The replies are outputs only, and
+what an answer can compute them with is bounded by the policy
+(:mod:`flashlib.course.policy`), which keeps it from reaching finished code or this
+process's own machinery (its ``wire``, its files) before anything runs.
 """
 from __future__ import annotations
 

@@ -643,6 +643,22 @@ def test_matmul_kernel_passes_the_library_kernel(capsys):
     assert capsys.readouterr().out == "✓ matmul_kernel: correct on 7 cases (3/3 points)\n"
 
 
+def test_matmul_replies_without_their_count_of_stray_loads_fail():
+    """The count of loads outside A and B is made where the kernel runs (the learner's process, when grading):
+    a reply that lacks it, or holds something else, fails instead of counting as no stray load."""
+    check = checks.matmul.MATMUL_KERNEL_CHECK
+    cases = framework.make_cases(check)
+    replies = framework.run_learner(check, matmul_kernel, cases)
+    assert framework.judge(check, cases, replies)[0]
+    for forged in (None, "0", -1, True):
+        for reply in replies:
+            reply.context.pop("stray_reads", None)
+            if forged is not None:
+                reply.context["stray_reads"] = forged
+        passed, headline, _ = framework.judge(check, cases, replies)
+        assert not passed and "did not come back as a count" in headline, forged
+
+
 def test_matmul_kernel_passes_loads_kept_inside_by_wrapping_rows():
     """Out-of-bounds reads are judged by address, not by how the kernel avoids them: wrapping rows modulo M (as
     Triton's tutorial does) keeps every load inside A and B and earns full points."""

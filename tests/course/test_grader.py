@@ -97,11 +97,12 @@ def test_every_canonical_region_is_inside_a_function():
         canonical = nbformat.read(EXERCISES / f"{key}.ipynb", as_version=4)
         solution = nbformat.read(SOLUTIONS / f"{key}.ipynb", as_version=4)
         submission = answers.take_answers(solution, canonical, key)
-        given = policy.flashlib_names([c.source for c in submission.cells if c.kind != answers.ANSWER])
+        given_sources = [c.source for c in submission.cells if c.kind != answers.ANSWER]
+        given = policy.flashlib_names(given_sources)
         for cell in submission.cells:
             if cell.kind == answers.ANSWER:
                 assert policy.check_answer(registry.exercise(cell.exercise), cell.source, cell.regions,
-                                           given) == [], cell.exercise
+                                           given, given_sources=given_sources) == [], cell.exercise
 
 
 # ------------------------------------------------------------------ demo cells
@@ -187,11 +188,12 @@ def refusals(key, name, code):
     nb = learner_notebook(key, {name: code})
     canonical = nbformat.read(EXERCISES / f"{key}.ipynb", as_version=4)
     submission = answers.take_answers(nb, canonical, key)
-    given = policy.flashlib_names([c.source for c in submission.cells if c.kind != answers.ANSWER])
+    given_sources = [c.source for c in submission.cells if c.kind != answers.ANSWER]
     cell = next(c for c in submission.cells if c.kind == answers.ANSWER
                 and registry.exercise(c.exercise).answer == name)
     return " | ".join(str(r) for r in policy.check_answer(registry.exercise(cell.exercise), cell.source,
-                                                          cell.regions, given))
+                                                          cell.regions, policy.flashlib_names(given_sources),
+                                                          given_sources=given_sources))
 
 
 @pytest.mark.parametrize("key, name, code, words", [
@@ -494,6 +496,91 @@ def test_the_notebook_time_limit_stops_a_given_cell_that_hangs(tmp_path):
     assert report.total == 0
     assert any("ran past its 4 s limit" in w for w in report.warnings)
     assert [s.status for s in report.exercises] == ["NOT RUN", "NOT RUN"]
+
+
+# ------------------------------------------------------------------ one learner cannot stop the class run
+
+def test_an_output_the_checks_cannot_read_fails_only_its_exercise(tmp_path):
+    """A float8 tensor passes the policy, and judging it once raised out of the grader, ending the class run."""
+    code = "return torch.zeros(seq_lens.shape[0], 1, n_q, n_k).to(torch.float8_e4m3fn)"
+    path = write(learner_notebook("06_masking", {"padding_mask": code}), tmp_path / "06_masking.ipynb")
+    report = grader.grade_notebook(path)
+    got = scores(report)
+    assert got["padding_mask"].status == "FAIL" and "could not be judged" in got["padding_mask"].feedback
+    assert report.total == report.max_total - got["padding_mask"].max_points  # the other exercises keep theirs
+
+
+def test_an_answer_nested_too_deeply_to_parse_is_refused(tmp_path):
+    """Python's parser raises RecursionError (not SyntaxError) on 100 000 nested additions."""
+    path = write(learner_notebook("01_naive_attention", {"stable_softmax": "return " + "x + " * 100_000 + "x"}),
+                 tmp_path / "01_naive_attention.ipynb")
+    got = scores(grader.grade_notebook(path))
+    assert got["stable_softmax"].status == "REFUSED" and "nested too deeply" in got["stable_softmax"].feedback
+    assert got["naive_attention"].status == "PASS"
+
+
+def test_a_forged_cells_file_is_read_as_data_only(tmp_path):
+    """The learner's process writes cells.pt; keys that are not cell numbers once crashed the grader's sort."""
+    code = ("torch.save({'errors': {'not-a-number': 'x', '3': 5, '4': 'forged'}}, 'cells.pt')\n"
+            "return flashlib.reference.naive_attention(q, k, v)")
+    path = write(learner_notebook("01_naive_attention", {"naive_attention": code}), tmp_path / "01_naive_attention.ipynb")
+    report = grader.grade_notebook(path, enforce_policy=False)  # as if the policy had been got around
+    assert report.status == grader.GRADED
+    assert [w for w in report.warnings if w.startswith("cell ")] == ["cell 4 raised forged"]
+
+
+def test_a_learners_cell_of_blank_lines_is_searched_in_linear_time():
+    """answers._defines once took time quadratic in the lines of a cell (300 000 newlines: minutes)."""
+    started = time.monotonic()
+    assert not answers._defines("\n" * 300_000 + "x = 1", "naive_attention")
+    assert time.monotonic() - started < 2
+    assert answers._defines("  async def naive_attention(q):", "naive_attention")
+
+
+def test_symbolic_links_are_reported_and_never_read(tmp_path):
+    """A notebook or a learner's folder that links to another learner's work is not graded, and says why."""
+    bob = write(learner_notebook("07_performance"), tmp_path / "class" / "bob" / "07_performance.ipynb")
+    alice = tmp_path / "class" / "alice"
+    alice.mkdir()
+    (alice / "07_performance.ipynb").symlink_to(bob)
+    (tmp_path / "class" / "carol").symlink_to(bob.parent, target_is_directory=True)
+    report = grader.grade_notebook(alice / "07_performance.ipynb")
+    assert (report.status, report.total, report.counted) == (grader.LINKED, 0, False)
+    assert report.notebook == "07_performance" and "symbolic link" in report.warnings[0]
+    assert [s.status for s in report.exercises] == ["NOT RUN"] * len(report.exercises)
+    assert grader.find_notebooks(alice) == [alice / "07_performance.ipynb"]  # listed, so that it is reported
+    from flashlib.course import gradebook
+    learners = {name: (notebooks, linked) for name, notebooks, linked in gradebook.find_learners(tmp_path / "class")}
+    assert learners["carol"] == ([], True) and learners["alice"][1] is False
+    carol = gradebook.LearnerResult("carol", [], linked=True)
+    assert carol.notes() == ["the folder is a symbolic link: not graded"] and carol.total == 0
+
+
+def test_a_file_name_that_is_not_utf8_is_reported_with_escapes(tmp_path, capsys):
+    """Bytes that are not UTF-8 in a name once left the --json file empty and stopped the printing."""
+    folder = tmp_path / "learner"
+    folder.mkdir()
+    name = os.fsdecode(b"bonus\xff.ipynb")
+    nbformat.write(nbformat.v4.new_notebook(), folder / name)
+    out = tmp_path / "scores.json"
+    assert grader.main([str(folder), "--json", str(out), "--sandbox", "session"]) == 0
+    [notebook] = json.loads(out.read_text(encoding="utf-8"))["notebooks"]
+    assert notebook["path"].endswith("bonus\\udcff.ipynb") and notebook["status"] == grader.UNKNOWN
+    assert "bonus\\udcff.ipynb" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("limit, words", [({"folder_bytes": 8 * 2**20}, "more than 8 MiB"),
+                                          ({"folder_entries": 200}, "more than 200 files and folders")])
+def test_a_job_that_fills_its_folder_is_stopped(tmp_path, limit, words):
+    """file_bytes bounds one file; many files once filled the disk until the notebook's time was up."""
+    code = ("import itertools\n"
+            "for i in itertools.count():\n"
+            "    open(f'junk{i}', 'wb').write(b'x' * 2**20)\n")
+    started = time.monotonic()
+    outcome = sandbox.run([sys.executable, "-c", code], tmp_path, {"PATH": os.environ["PATH"]},
+                          sandbox.Limits(wall_seconds=60, **limit), mode="session")
+    assert time.monotonic() - started < 30 and not outcome.timed_out
+    assert words in outcome.disk_exceeded
 
 
 # ------------------------------------------------------------------ the whole course, by the CLI

@@ -138,7 +138,9 @@ def _inside_its_operands(case: Case, out: torch.Tensor) -> str | None:
     if not (around == SENTINEL).all():
         return ("wrote outside C: missing store mask. Mask the tl.store with "
                 "(offs_m[:, None] < M) & (offs_n[None, :] < N)")
-    stray = case.context.get("stray_reads", 0)
+    stray = case.context.get("stray_reads")
+    if isinstance(stray, bool) or not isinstance(stray, int) or stray < 0:  # counted in the learner's process
+        return f"the count of loads outside A and B did not come back as a count (got {type(stray).__name__})"
     if stray:
         return (f"read outside A or B along M or N ({stray} loaded elements): C comes out right, since the rows "
                 "of A past M and the columns of B past N only reach elements of C that are never stored, but on a "

@@ -1,0 +1,267 @@
+"""The policy's rules on what an answer may reach: modules followed along attribute chains, functions that look
+code up by a string, forbidden names in another spelling; and the course's own answers still accepted.
+
+Each answer here goes into the course's own exercise cell (``exercises/``), in place of its first placeholder, and
+is checked with the given cells of that notebook, as the grader checks it (statically: nothing here runs).
+"""
+import ast
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from flashlib.course import answers, policy, reach, registry
+
+REPO = Path(__file__).resolve().parents[2]
+SOLUTIONS = REPO / "solutions"
+EXERCISES = REPO / "exercises"
+
+
+def answer_cell(key: str, answer: str, code: str):
+    """(exercise, cell source, regions, given sources) with ``code`` as the first region of ``answer``'s cell."""
+    canonical = nbformat.read(EXERCISES / f"{key}.ipynb", as_version=4)
+    submission = answers.take_answers(canonical, canonical, key)
+    exercise = next(e for e in registry.exercises_of(key) if e.answer == answer)
+    [cell] = submission.answer_cells(exercise.key)
+    lines = cell.source.split("\n")
+    first, last = cell.regions[0]
+    indent = lines[first - 1][: len(lines[first - 1]) - len(lines[first - 1].lstrip())]
+    body = [indent + line if line.strip() else "" for line in textwrap.dedent(code).strip("\n").split("\n")]
+    source = "\n".join(lines[: first - 1] + body + lines[last:])
+    given = [c.source for c in submission.cells if c.kind != answers.ANSWER]
+    return exercise, source, [(first, first + len(body) - 1)], given
+
+
+def refusals(key: str, answer: str, code: str, pass_given: bool = True) -> str:
+    """The refusals of ``code`` as the grader words them, joined by ' | ' ('' when accepted)."""
+    exercise, source, regions, given = answer_cell(key, answer, code)
+    extra = {"given_sources": given} if pass_given else {}
+    found = policy.check_answer(exercise, source, regions, policy.flashlib_names(given), **extra)
+    return " | ".join(str(refusal) for refusal in found)
+
+
+# ------------------------------------------------------------------ the red team's bypasses
+
+RED_TEAM = [
+    # string-based lookup through the operator module, reached as an attribute of torch.functional
+    ("01_naive_attention", "naive_attention",
+     'return torch.functional.operator.attrgetter("sys.modules")(torch)["flashlib.reference"].naive_attention(q, k, v)',
+     ["`torch.functional.operator` is the module `operator`", "`.attrgetter` is not allowed",
+      "`torch` is a module"]),
+    # the typing module as an attribute of Triton's core, inside a kernel
+    ("04_flash_forward", "flash_forward_kernel",
+     'tl.core.typing.operator.attrgetter("sys.modules")(tl.core.typing)["builtins"].exec("0")',
+     ["`tl.core.typing` is the module `typing`", "`.attrgetter` is not allowed", "`.exec` is not allowed"]),
+    # the class of a forbidden function
+    ("01_naive_attention", "stable_softmax", "return torch.nn.Softmax(dim=-1)(x)",
+     ["`.Softmax` is not allowed in this answer (it is `softmax` by another spelling)"]),
+    ("01_naive_attention", "stable_softmax", "return torch.nn.LogSoftmax(dim=-1)(x).exp()",
+     ["`.LogSoftmax` is not allowed in this answer (it is `log_softmax` by another spelling)"]),
+    ("03_online_softmax", "merge_partials", "s = torch.nn.Softmin(dim=-1)\nreturn m_a, l_a, o_a",
+     ["`.Softmin` is not allowed in this answer (it is `softmin` by another spelling)"]),
+    ("01_naive_attention", "stable_softmax", "return torch.nn.functional.softmin(-x, dim=-1)",
+     ["`.softmin` is not allowed in this answer"]),
+    ("01_naive_attention", "stable_softmax", "return torch.distributions.Categorical(logits=x).probs",
+     ["`.distributions` is not allowed in this answer"]),
+    # escape attributes on anything
+    ("01_naive_attention", "stable_softmax", "x.exec('0')\nreturn x", ["`.exec` is not allowed"]),
+    ("01_naive_attention", "stable_softmax", "x.setattr(x, 'y', 0)\nreturn x", ["`.setattr` is not allowed"]),
+    ("01_naive_attention", "stable_softmax", "return x.np.exp(x)", ["`.np` is not allowed"]),
+    # not the red team's: a generator's frame holds the notebook's globals and builtins, looked up by string
+    ("01_naive_attention", "naive_attention",
+     "g = (i for i in [])\nreturn g.gi_frame.f_builtins['__import__']('flashlib.reference').naive_attention(q, k, v)",
+     ["`.gi_frame` is not allowed", "`.f_builtins` is not allowed"]),
+]
+
+
+@pytest.mark.parametrize("key, answer, code, culprits", RED_TEAM)
+@pytest.mark.parametrize("pass_given", [True, False], ids=["given-sources", "course-imports"])
+def test_the_red_teams_bypasses_are_refused_naming_the_culprit(key, answer, code, culprits, pass_given):
+    found = refusals(key, answer, code, pass_given)
+    for culprit in culprits:
+        assert culprit in found, found
+
+
+@pytest.mark.parametrize("name", registry.STRING_ACCESS)
+def test_what_looks_code_up_by_a_string_is_refused_as_an_attribute_and_as_a_name(name):
+    assert f"`.{name}` is not allowed" in refusals("01_naive_attention", "stable_softmax", f"x.{name}\nreturn x")
+    assert f"`{name}` is not allowed" in refusals("01_naive_attention", "stable_softmax", f"{name}\nreturn x")
+
+
+def _foreign_modules_reached(root: str, owner: types.ModuleType, depth: int = 2):
+    """``root.a``, ``root.a.b``: the chains from ``owner`` through the course's public modules that reach a module
+    outside the course's."""
+    for name, value in sorted(vars(owner).items()):
+        if name.startswith("_") or name in registry.ESCAPE_ATTRIBUTES or name in registry.STRING_ACCESS:
+            continue
+        if issubclass(type(value), types.ModuleType):
+            module = vars(value).get("__name__", "")
+            if module.split(".")[0] not in registry.ANSWER_MODULES:
+                yield f"{root}.{name}", module
+            elif depth > 1 and not any(part.startswith("_") for part in module.split(".")) and not any(
+                    module == escape or module.startswith(escape + ".") for escape in registry.ESCAPE_MODULES):
+                yield from _foreign_modules_reached(f"{root}.{name}", value, depth - 1)
+
+
+def test_every_standard_library_module_a_library_imported_is_refused_by_one_rule():
+    """No list of names: whatever module torch, triton.language or math happen to hold (operator, typing,
+    functools, collections, ...) is refused where an answer reaches it, naming the module."""
+    import torch
+    import triton.language as tl
+
+    chains = [*_foreign_modules_reached("torch", torch), *_foreign_modules_reached("tl", tl)]
+    assert len(chains) > 20 and {"operator", "typing"} <= {module for _, module in chains}
+    for chain, module in chains:
+        if chain.startswith("tl."):
+            found = refusals("04_flash_forward", "flash_forward_kernel", f"y = {chain}.x")
+        else:
+            found = refusals("01_naive_attention", "stable_softmax", f"y = {chain}.x\nreturn x")
+        assert f"`{chain}` is the module `{module}`" in found, chain
+
+
+@pytest.mark.parametrize("code, words", [
+    # a module held as a value would take its attributes out of sight
+    ("m = torch.functional\nreturn m.operator", "`torch.functional` is a module"),
+    ("return [torch.nn][0].functional", "`torch.nn` is a module"),
+    ("f = lambda m: m.operator\nreturn f(torch.functional)", "`torch.functional` is a module"),
+    # ... and a comprehension's own name does not hide the global in its first iterable
+    ("y = [0 for torch in torch.functional.operator.x]\nreturn x", "`torch.functional.operator` is the module"),
+    # code or files loaded by torch itself
+    ("return torch.load('x.pt', weights_only=False)", "`torch.load` comes from `torch.serialization`"),
+    ("return torch.hub.load('.', 'x', source='local')", "`torch.hub` is the module `torch.hub`, which leads out"),
+    ("return torch.ops.aten.add(x, x)", "`torch.ops` is the module `torch.ops`, which leads out"),
+    ("return torch.utils.cpp_extension.load_inline('x', '')", "`.load_inline` is not allowed"),
+])
+def test_what_a_chain_reaches_is_judged_in_the_graders_process(code, words):
+    assert words in refusals("01_naive_attention", "stable_softmax", code)
+
+
+def test_a_verdict_does_not_depend_on_what_the_grader_loaded_before():
+    """torch.onnx is made on demand by torch's __getattr__: once judged "cannot be checked" in a fresh grader
+    and followed in one where some test had imported it. Now it is imported to be followed, in both."""
+    code = ("from flashlib.course import policy, registry\n"
+            "import sys, torch\n"
+            "assert 'torch.onnx' not in sys.modules\n"
+            "ex = registry.exercise('01_naive_attention.stable_softmax')\n"
+            "src = 'def stable_softmax(x):\\n    return torch.onnx.{attr}\\n'\n"
+            "print([r.message for r in policy.check_answer(ex, src, [(2, 2)], set())])\n")
+    for attr in ("x", "utils"):
+        fresh = subprocess.run([sys.executable, "-c", code.format(attr=attr)], capture_output=True, text=True,
+                               timeout=300, check=True).stdout.strip()
+        import torch.onnx  # noqa: F401 - loaded here, as another test may have done
+        exercise, source, regions, given = answer_cell("01_naive_attention", "stable_softmax",
+                                                       f"return torch.onnx.{attr}")
+        here = str([r.message for r in policy.check_answer(exercise, source, regions, set())])
+        assert fresh == here, attr
+    assert "`torch.onnx.utils` is the module `torch.onnx._internal" in here  # followed into torch.onnx
+
+
+def test_a_module_held_by_a_class_is_refused_where_the_class_is_held():
+    found = refusals("04_flash_forward", "flash_forward_kernel", "s = tl.semantic.TritonSemantic\nt = s.lang.typing")
+    assert "`tl.semantic.TritonSemantic` holds a module (`tl.semantic.TritonSemantic.lang`)" in found
+
+
+def test_a_given_cells_alias_of_a_module_is_followed():
+    exercise, source, regions, given = answer_cell("01_naive_attention", "stable_softmax",
+                                                   "return G.torch.functional.operator")
+    given = given + ["G = torch.nn.functional"]
+    found = " | ".join(map(str, policy.check_answer(exercise, source, regions, set(), given_sources=given)))
+    assert "`G.torch.functional.operator` is the module `operator`" in found
+
+
+# ------------------------------------------------------------------ what stays allowed
+
+@pytest.mark.parametrize("pass_given", [True, False], ids=["given-sources", "course-imports"])
+def test_every_solution_is_accepted(pass_given):
+    for key in registry.notebooks():
+        canonical = nbformat.read(EXERCISES / f"{key}.ipynb", as_version=4)
+        solution = nbformat.read(SOLUTIONS / f"{key}.ipynb", as_version=4)
+        submission = answers.take_answers(solution, canonical, key)
+        given = [c.source for c in submission.cells if c.kind != answers.ANSWER]
+        extra = {"given_sources": given} if pass_given else {}
+        for cell in submission.cells:
+            if cell.kind == answers.ANSWER:
+                found = policy.check_answer(registry.exercise(cell.exercise), cell.source, cell.regions,
+                                            policy.flashlib_names(given), **extra)
+                assert found == [], (cell.exercise, found)
+
+
+@pytest.mark.parametrize("key, answer, code", [
+    # methods of the answer's own values are never looked up, whatever their names
+    ("01_naive_attention", "stable_softmax",
+     "y = x.select(-1, 0)\nz = list(x.shape).copy()\nw = x.clone().copy_(x)\nn_p = 1\n"
+     "return (x - x.amax(dim=-1, keepdim=True)).exp() / y.numel()"),
+    # a module's evaluation mode is not the builtin eval
+    ("01_naive_attention", "stable_softmax",
+     "layer = torch.nn.Identity().eval()\nreturn layer((x - x.amax(dim=-1, keepdim=True)).exp()) / 1"),
+    # torch.nn.functional, torch and math chains
+    ("01_naive_attention", "naive_attention",
+     "s = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.shape[-1])\n"
+     "return torch.nn.functional.softmax(s, dim=-1).to(torch.float32) @ v"),
+    ("05_flash_backward", "ds", "return F.relu(p) * 0 + p * (dp - d[..., None]) * math.exp(0.0) + math.pi * 0"),
+    # a learner's own variable named like an import is theirs, not the module
+    ("05_flash_backward", "ds", "F = p * (dp - d[..., None])\nreturn F"),
+    ("05_flash_backward", "ds", "math = [p]\nreturn [math for math in math][0] * (dp - d[..., None])"),
+    # Triton: tl.math, tl.* dtypes, triton.cdiv
+    ("04_flash_forward", "flash_forward_kernel",
+     "s = tl.math.exp2(tl.zeros([16, 16], dtype=tl.float32)) * triton.cdiv(4, 2)\n"
+     "t = tl.extra.cuda.libdevice.exp(s) if tl.constexpr(False) else s"),
+])
+def test_legit_answer_code_is_accepted(key, answer, code):
+    assert refusals(key, answer, code) == ""
+
+
+def test_same_name_is_case_and_underscore_blind_and_nothing_more():
+    assert policy.same_name("Softmax", "softmax") and policy.same_name("LogSoftmax", "log_softmax")
+    assert policy.same_name("MULTIHEAD_ATTENTION", "MultiheadAttention")
+    assert policy.same_name("soft_max_", "softmax")
+    assert not policy.same_name("Softmax2d", "softmax") and not policy.same_name("expand", "exp")
+    # exp is forbidden in notebook 08, expand (GQA's broadcast of k and v) is not
+    assert refusals("08_in_practice", "attend", "k = k.expand(-1, -1, -1, -1)\n"
+                    "return flash_attention(q, k, v, causal=True, layout='bnhd')") == ""
+    # the short names of ALWAYS_FORBIDDEN are compared exactly: a learner's n_p is not numpy
+    assert refusals("01_naive_attention", "stable_softmax", "n_p = N_P = 1\nreturn x * n_p") == ""
+
+
+def test_given_imports_reads_what_the_given_cells_bind():
+    bound = reach.given_imports([
+        "import math\nimport torch.nn.functional\nimport triton.language as tl\n"
+        "from flashlib import flash_attention as fa\nF = torch.nn.functional\nG = F.relu\n",
+        "def helper():\n    import os\n    return os\ndef math():\n    pass\ntorch.backends.x = 1\ntl = tl\n",
+        "import copy\ncopy = copy.deepcopy(copy)\n",  # unreadable: it may still be the module, so it stays one
+    ])
+    assert bound == {"torch": ("torch", ()), "tl": ("triton.language", ()), "copy": ("copy", ()),
+                     "fa": ("flashlib", ("flash_attention",)), "F": ("torch", ("nn", "functional")),
+                     "G": ("torch", ("nn", "functional", "relu"))}
+
+
+def test_global_reads_follow_pythons_scopes():
+    tree = ast.parse(textwrap.dedent("""
+        def f(a):
+            b = torch
+            c = [torch for torch in torch]
+            class K:
+                torch = 1
+                d = torch
+                def m(self):
+                    return torch
+            return (lambda torch: torch)(a)
+    """))
+    reads = reach.global_reads(tree)
+    got = [(node.lineno, node.col_offset) for node in ast.walk(tree)
+           if isinstance(node, ast.Name) and node.id == "torch" and id(node) in reads]
+    # line 3: `b = torch`; line 4: the first iterable only; line 9: the method does not see K's torch
+    assert sorted(got) == [(3, 8), (4, 28), (9, 19)]
+
+
+def test_deep_answers_are_read_without_recursion_or_refused_by_name():
+    """Every walk here is a loop: a chain of 2 000 attributes is followed (to the module it reaches), and a cell
+    Python's own parser cannot read (RecursionError, not SyntaxError) is refused, not a crash of the grader."""
+    long_chain = "torch" + ".nn.functional.torch" * 700 + ".functional.operator.x"
+    found = refusals("01_naive_attention", "stable_softmax", f"y = {long_chain}\nreturn x")
+    assert "is the module `operator`" in found
+    assert "nested too deeply" in refusals("01_naive_attention", "stable_softmax", "return " + "x + " * 100_000 + "x")
