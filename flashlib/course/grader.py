@@ -15,7 +15,9 @@ For each notebook:
    :mod:`flashlib.course.worker`, which calls each answer on the cases the grader
    wrote there and writes back what it returned.
 4. **The verdict.** The grader compares those replies with its own float64
-   reference (:func:`flashlib.course.checks.framework.judge`). Replies are read
+   reference (:func:`flashlib.course.checks.framework.judge`), on the notebook's
+   public cases and on one hidden case per exercise, drawn from a seed of the run
+   (``--seed``), so that outputs looked up in a table fail. Replies are read
    as plain data; a reply, a cells file or a file name the checks cannot read
    costs that exercise, never the run; a notebook the grader itself fails on is
    reported as such, and the class goes on.
@@ -24,7 +26,7 @@ Scores come from :mod:`flashlib.course.registry`: points are clamped to each
 exercise's maximum, totals cannot be NaN, a notebook of no known exercise and a
 second submission of the same notebook are reported and not scored.
 
-    python -m flashlib.grade NOTEBOOK_OR_FOLDER [--json FILE] [--timeout SECONDS] [--sandbox MODE]
+    python -m flashlib.grade NOTEBOOK_OR_FOLDER [--json FILE] [--timeout SECONDS] [--sandbox MODE] [--seed N]
     python -m flashlib.grade CLASS_FOLDER --learners [--csv FILE] [--json FILE] ...   (:mod:`.gradebook`)
 """
 from __future__ import annotations
@@ -36,6 +38,7 @@ import functools
 import json
 import multiprocessing
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -78,6 +81,7 @@ class NotebookReport:
     exercises: list[ExerciseScore]
     warnings: list[str]
     sandbox: str = ""
+    case_seed: int | None = None  # what drew the hidden cases (--seed grades again with the same ones)
 
     @property
     def counted(self) -> bool:
@@ -97,7 +101,7 @@ class NotebookReport:
         return {"path": self.path, "notebook": self.notebook, "status": self.status,
                 "exercises": [dataclasses.asdict(score) for score in self.exercises],
                 "total": self.total, "max_total": self.max_total, "warnings": self.warnings,
-                "sandbox": self.sandbox}
+                "sandbox": self.sandbox, "case_seed": self.case_seed}
 
 
 def display_path(path: str | os.PathLike) -> str:
@@ -196,7 +200,7 @@ def _judge_all(notebook: str, submission: answers.Submission, refused: dict[str,
         if not isinstance(replies, list):
             replies = []
         try:
-            passed, headline, details = judge(CHECKS[key], cases[key], replies)
+            passed, headline, details = judge_with_hidden(CHECKS[key], cases[key], replies)
         except Exception as error:  # noqa: BLE001 - a reply the checks cannot read (a float8 tensor, ...) fails
             scores.append(ExerciseScore(key, 0.0, float(exercise.points), False, FAIL,
                                         _short(f"the answer's output could not be judged: {type(error).__name__}: "
@@ -207,6 +211,26 @@ def _judge_all(notebook: str, submission: answers.Submission, refused: dict[str,
                                     float(exercise.points), passed, PASS if passed else FAIL,
                                     _short(result.feedback)))
     return scores
+
+
+def judge_with_hidden(check, cases: tuple[list, object], replies: list) -> tuple[bool, str, list[str]]:
+    """The verdict on the public cases, as the notebook's check cell gives it (the same words), then on the
+    hidden case (:func:`~flashlib.course.checks.framework.hidden_case`) that the grader added after them."""
+    from .checks.framework import judge
+
+    public, hidden = cases
+    passed, headline, details = judge(check, public, replies[:len(public)])
+    if passed and hidden is not None:
+        hidden_passed, hidden_headline, hidden_details = judge(check, [hidden], replies[len(public):])
+        if not hidden_passed:
+            return False, ("right on the notebook's cases, wrong on a case only the grader draws: "
+                           + hidden_headline), hidden_details
+    return passed, headline, details
+
+
+def hidden_seed(case_seed: int, exercise: str) -> int:
+    """The seed of an exercise's hidden case: the run's ``case_seed`` mixed with the exercise's own seed."""
+    return (case_seed * 1_000_003 + registry.seed_of(exercise)) % 2**62
 
 
 def _cells_to_run(submission: answers.Submission, canonical: nbformat.NotebookNode,
@@ -247,10 +271,12 @@ def _cells_to_run(submission: answers.Submission, canonical: nbformat.NotebookNo
 
 def grade_notebook(path: str | Path, timeout: float = DEFAULT_TIMEOUT, mode: str | None = None,
                    exercises_dir: str | Path | None = None, hide: list[str | Path] = (),
-                   enforce_policy: bool = True) -> NotebookReport:
+                   enforce_policy: bool = True, case_seed: int | None = None) -> NotebookReport:
     """Grade one notebook; the file at ``path`` is read, never written, and never run.
 
-    ``enforce_policy=False`` runs even refused answers (tests of the sandbox only). A notebook that is a
+    ``case_seed`` draws each exercise's hidden case (:func:`hidden_seed`; None: a fresh one, reported in
+    the notebook's ``case_seed``). ``enforce_policy=False`` runs even refused answers (tests of the sandbox
+    only). A notebook that is a
     symbolic link is not read (it could be another learner's); should the grader fail on a notebook, that
     notebook is reported as such, not scored, and the others are graded.
     """
@@ -282,7 +308,10 @@ def grade_notebook(path: str | Path, timeout: float = DEFAULT_TIMEOUT, mode: str
                                 "run python -m flashlib.course.make_exercises")
     canonical = nbformat.read(canonical_path, as_version=4)
     try:
-        return _grade_read_notebook(nb, key, canonical, path, warnings, timeout, mode, hide, enforce_policy)
+        if case_seed is None:
+            case_seed = secrets.randbelow(2**31)
+        return _grade_read_notebook(nb, key, canonical, path, warnings, timeout, mode, hide, enforce_policy,
+                                    case_seed)
     except Exception as error:  # noqa: BLE001 - one notebook the grader fails on must not stop the class
         return NotebookReport(shown, key, GRADER_ERROR, _scores_for(key, NOT_RUN, "the grader failed on this "
                                                                          "notebook"),
@@ -291,7 +320,7 @@ def grade_notebook(path: str | Path, timeout: float = DEFAULT_TIMEOUT, mode: str
 
 
 def _grade_read_notebook(nb, key: str, canonical, path: Path, warnings: list[str], timeout: float,
-                         mode: str | None, hide, enforce_policy: bool) -> NotebookReport:
+                         mode: str | None, hide, enforce_policy: bool, case_seed: int) -> NotebookReport:
     """:func:`grade_notebook` once the notebook is read and known: answers out, sandboxed run, verdicts."""
     submission = answers.take_answers(nb, canonical, key)
     warnings += submission.warnings
@@ -299,17 +328,21 @@ def _grade_read_notebook(nb, key: str, canonical, path: Path, warnings: list[str
     run_cells, refused = _cells_to_run(submission, canonical, enforce_policy)
     from . import wire
     from .checks import CHECKS
-    from .checks.framework import make_cases
+    from .checks.framework import hidden_case, make_cases
 
     to_run = [e for e in registry.exercises_of(key) if e.key not in refused and e.key not in submission.problems]
-    cases = {e.key: make_cases(CHECKS[e.key]) for e in to_run}
+    # (public cases, hidden case or None): the worker gets both, in that order, not knowing which is which
+    cases = {e.key: (make_cases(CHECKS[e.key]), hidden_case(CHECKS[e.key], hidden_seed(case_seed, e.key)))
+             for e in to_run}
     workdir = tempfile.mkdtemp(prefix="flashlib-grade-")
     try:
         os.chmod(workdir, 0o700)
         os.makedirs(os.path.join(workdir, "cases"))
         os.makedirs(os.path.join(workdir, "tmp"))
         for exercise in to_run:
-            wire.save_cases(os.path.join(workdir, "cases", f"{exercise.key}.pt"), cases[exercise.key])
+            public, hidden = cases[exercise.key]
+            wire.save_cases(os.path.join(workdir, "cases", f"{exercise.key}.pt"),
+                            public + ([hidden] if hidden is not None else []))
         job = {"notebook": key, "cells": run_cells, "cell_time_limit": CELL_TIME_LIMIT,
                "exercises": [e.key for e in to_run], "answers": {e.key: e.answer for e in to_run}}
         Path(workdir, "job.json").write_text(json.dumps(job), encoding="utf-8")
@@ -334,7 +367,8 @@ def _grade_read_notebook(nb, key: str, canonical, path: Path, warnings: list[str
         warnings.append(f"the notebook was stopped: {outcome.disk_exceeded}")
     if outcome.leftovers_killed:
         warnings.append(f"{outcome.leftovers_killed} process(es) left behind by the notebook were killed")
-    return NotebookReport(display_path(path), key, GRADED, scores, [_short(w) for w in warnings], outcome.mode)
+    return NotebookReport(display_path(path), key, GRADED, scores, [_short(w) for w in warnings], outcome.mode,
+                          case_seed)
 
 
 def find_notebooks(target: Path) -> list[Path]:
@@ -441,6 +475,9 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"time limit per notebook (default {DEFAULT_TIMEOUT:g})")
     parser.add_argument("--sandbox", choices=sandbox.MODES, default=None,
                         help="how to isolate learners' code (default: the strongest that works here)")
+    parser.add_argument("--seed", type=int, default=None, metavar="N",
+                        help="draw each exercise's hidden case from N (default: a fresh one, printed), to grade "
+                             "again with the same cases")
     parser.add_argument("--exercises", metavar="DIR", default=None,
                         help=f"the course's exercise notebooks (default {default_exercises_dir()})")
     args = parser.parse_args(argv)
@@ -480,9 +517,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--jobs: the 'user' sandbox kills every process of its one user id when a notebook ends, "
                      "so nothing can be graded side by side with it; use --jobs 1, or install bubblewrap")
     print(f"sandbox: {mode}: {sandbox.GUARANTEES[mode]}", flush=True)
+    if args.seed is not None and args.seed < 0:
+        parser.error(f"--seed: expected a whole number of at least 0, got {args.seed}")
+    case_seed = secrets.randbelow(2**31) if args.seed is None else args.seed
+    print(f"hidden cases: seed {case_seed} (--seed {case_seed} grades again with the same cases)", flush=True)
     outputs = [Path(path).resolve() for path in (args.json, args.csv) if path]
     hide = [path.parent for path in outputs]
-    options = dict(timeout=args.timeout, mode=mode, exercises_dir=exercises_dir, hide=hide)
+    options = dict(timeout=args.timeout, mode=mode, exercises_dir=exercises_dir, hide=hide, case_seed=case_seed)
     if args.learners:
         results = gradebook.grade_class(target, jobs=args.jobs, **options)
         for result in results:

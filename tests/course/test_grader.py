@@ -5,6 +5,7 @@ swapped for the code under test (:func:`learner_notebook`), so every test grades
 a notebook a learner could hand in. The slow part, runs in the sandbox, is
 grouped into a few module-scoped fixtures.
 """
+import dataclasses
 import hashlib
 import json
 import math
@@ -498,6 +499,64 @@ def test_the_notebook_time_limit_stops_a_given_cell_that_hangs(tmp_path):
     assert [s.status for s in report.exercises] == ["NOT RUN", "NOT RUN"]
 
 
+# ------------------------------------------------------------------ the hidden case
+
+def _lookup_table_answer(key: str) -> str:
+    """stable_softmax as a table of the public cases' float64 outputs, keyed by the input's shape and dtype."""
+    from flashlib.course.checks import CHECKS
+    from flashlib.course.checks.framework import make_cases
+
+    table = {(tuple(case.args[0].shape), str(case.args[0].dtype)): case.expected.tolist()
+             for case in make_cases(CHECKS[key])}
+    assert len(table) == len(make_cases(CHECKS[key]))  # one entry per public case
+    return (f"table = {table!r}\n"
+            "return torch.tensor(table[(tuple(x.shape), str(x.dtype))], dtype=x.dtype)")
+
+
+def test_outputs_looked_up_in_a_table_pass_the_notebook_but_not_the_grader(tmp_path):
+    """The public cases are the same in the notebook and in the grader, so a table of their outputs passes the
+    notebook's check; the grader's hidden case, from a seed the learner never sees, fails it."""
+    from flashlib.course import checks
+    from flashlib.course.checks.framework import run_check
+
+    code = _lookup_table_answer("01_naive_attention.stable_softmax")
+    namespace = {}
+    exec("import torch\ndef stable_softmax(x):\n" + textwrap.indent(code, "    "), namespace)
+    assert run_check(checks.CHECKS["01_naive_attention.stable_softmax"], namespace["stable_softmax"]).passed
+    path = write(learner_notebook("01_naive_attention", {"stable_softmax": code}), tmp_path / "01_naive_attention.ipynb")
+    report = grader.grade_notebook(path, case_seed=11)
+    got = scores(report)
+    assert got["stable_softmax"].status == "FAIL" and report.case_seed == 11
+    assert "right on the notebook's cases, wrong on a case only the grader draws" in got["stable_softmax"].feedback
+    assert got["naive_attention"].status == "PASS"
+
+
+def test_the_hidden_case_is_new_reproducible_and_judged_after_the_public_ones():
+    from flashlib.course.checks import CHECKS
+    from flashlib.course.checks.framework import hidden_case, judge, make_cases, run_learner
+    from flashlib.reference import stable_softmax
+
+    key = "01_naive_attention.stable_softmax"
+    check, public = CHECKS[key], make_cases(CHECKS[key])
+    seeds = [grader.hidden_seed(run, key) for run in (1, 2)]
+    assert seeds[0] != seeds[1] and grader.hidden_seed(1, key) == seeds[0]
+    hidden = hidden_case(check, seeds[0])
+    assert hidden is not None and not any(torch_equal_args(hidden, case) for case in public)
+    assert torch_equal_args(hidden, hidden_case(check, seeds[0]))  # the same seed, the same case
+    replies = run_learner(check, stable_softmax, public + [hidden])
+    assert grader.judge_with_hidden(check, (public, hidden), replies) == judge(check, public, replies[:len(public)])
+    wrong_on_hidden = replies[:len(public)] + [dataclasses.replace(replies[-1], out=replies[-1].out * 2)]
+    passed, headline, _ = grader.judge_with_hidden(check, (public, hidden), wrong_on_hidden)
+    assert not passed and headline.startswith("right on the notebook's cases, wrong on a case only the grader draws")
+
+
+def torch_equal_args(a, b) -> bool:
+    import torch
+
+    return a.description == b.description and all(
+        torch.equal(x, y) for x, y in zip(a.args, b.args) if isinstance(x, torch.Tensor))
+
+
 # ------------------------------------------------------------------ one learner cannot stop the class run
 
 def test_an_output_the_checks_cannot_read_fails_only_its_exercise(tmp_path):
@@ -663,6 +722,7 @@ def test_blank_exercises_get_zero(graded_exercises):
     (["solutions", "--timeout", "0"], "expected a positive number of seconds"),
     (["solutions", "--exercises", "no/such/folder"], "is not a folder of exercise notebooks"),
     (["solutions", "--sandbox", "nope"], "invalid choice"),
+    (["solutions", "--seed", "-1"], "--seed: expected a whole number of at least 0, got -1"),
 ])
 def test_usage_errors_exit_2(argv, words, capsys, monkeypatch):
     monkeypatch.chdir(REPO)
@@ -682,7 +742,7 @@ def test_empty_folder_is_a_usage_error(tmp_path, capsys):
 def test_every_exercise_has_a_check_whose_cases_reach_the_worker_intact(key, tmp_path):
     from flashlib.course import wire
     from flashlib.course.checks import CHECKS
-    from flashlib.course.checks.framework import make_cases
+    from flashlib.course.checks.framework import make_cases, tensors_in
 
     cases = make_cases(CHECKS[key])
     wire.save_cases(tmp_path / "cases.pt", cases)
@@ -690,21 +750,9 @@ def test_every_exercise_has_a_check_whose_cases_reach_the_worker_intact(key, tmp
     assert [c.description for c in loaded] == [c.description for c in cases]
     assert all(c.expected is None for c in loaded)  # the worker never sees the answers
     for case, back in zip(cases, loaded):
-        flat, flat_back = _tensors(case.args), _tensors(back.args)
+        flat, flat_back = tensors_in(case.args), tensors_in(back.args)
         assert len(flat) == len(flat_back) and all(
             a.equal(b) or (a.isnan() == b.isnan()).all() for a, b in zip(flat, flat_back))
-
-
-def _tensors(value):
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for item in value for t in _tensors(item)]
-    if isinstance(value, dict):
-        return [t for item in value.values() for t in _tensors(item)]
-    return []
 
 
 def test_bubblewrap_keeps_python_and_flashlib_visible_when_they_live_in_tmp(monkeypatch):

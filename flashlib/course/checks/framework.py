@@ -484,6 +484,33 @@ def make_cases(check: Check, seed: int | None = None) -> list[Case]:
     return list(check.make_cases(case_generator(check.exercise, seed)))
 
 
+def hidden_case(check: Check, seed: int) -> Case | None:
+    """A case the learner has never seen: the smallest of the check's cases drawn from ``seed`` that is none
+    of its public ones (:func:`make_cases` without a seed, which the notebook's check cell runs too). The
+    grader adds it, from a seed of its own, so that an answer that looks its outputs up in a table made
+    from the public cases fails. None where every case of the check is fixed."""
+    public = make_cases(check)
+    fresh = [case for case in make_cases(check, seed) if not any(_same_case(case, old) for old in public)]
+    return min(fresh, key=lambda case: sum(t.numel() for t in tensors_in(case.args)), default=None)
+
+
+def tensors_in(value) -> list[torch.Tensor]:
+    """Every tensor in ``value`` (in tuples, lists and dict values), in order."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for item in value for t in tensors_in(item)]
+    if isinstance(value, dict):
+        return [t for item in value.values() for t in tensors_in(item)]
+    return []
+
+
+def _same_case(a: Case, b: Case) -> bool:
+    ta, tb = tensors_in(a.args), tensors_in(b.args)
+    return (a.description == b.description and len(ta) == len(tb)
+            and all(_same_tensor(x, y) for x, y in zip(ta, tb)))
+
+
 # ------------------------------------------------------------ the learner's side
 
 @dataclasses.dataclass
