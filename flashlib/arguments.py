@@ -8,11 +8,14 @@ kernels then trust the values.
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch.autograd import forward_ad
 
 from . import runtime
 from .kernels.attention_fwd import MAX_HEAD_DIM, MIN_HEAD_DIM
+from .kernels.dropout import effective_dropout_p
 from .spec import AttentionSpec
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -129,9 +132,13 @@ def make_spec(causal, window, softmax_scale, softcap, alibi_slopes, dropout_p) -
 
     ``softcap`` and ``dropout_p`` of None mean 0 (Hugging Face passes None for "off").
     """
-    return AttentionSpec.checked(causal=causal, window=window,
-                         softmax_scale=softmax_scale, softcap=0.0 if softcap is None else softcap,
-                         has_alibi=alibi_slopes is not None, dropout_p=0.0 if dropout_p is None else dropout_p)
+    spec = AttentionSpec.checked(causal=causal, window=window,
+                                 softmax_scale=softmax_scale, softcap=0.0 if softcap is None else softcap,
+                                 has_alibi=alibi_slopes is not None, dropout_p=0.0 if dropout_p is None else dropout_p)
+    if spec.dropout_p > 0 and effective_dropout_p(spec.dropout_p) == 0:
+        warnings.warn(f"dropout_p={spec.dropout_p:g} rounds to 0 at the kernels' resolution (multiples of 1/256): "
+                      "no attention weight is dropped. Pass 0, or at least 1/512", stacklevel=3)
+    return spec
 
 
 def check_lengths(lengths, name: str, batch: int, device: torch.device, meaning: str) -> None:

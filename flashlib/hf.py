@@ -17,8 +17,11 @@ sliding-window version) the layer receives the 2D (B, N_k) padding mask, or None
 nothing is padded, and rebuilds causality and the window itself from ``module.is_causal``
 and ``sliding_window``; no N_q x N_k mask is ever made. Any other pattern (packed sequences,
 image-token overlays, chunked or bidirectional attention) gets the exact 4D boolean mask of
-``sdpa``, which the layer accepts only when it reduces to padding plus what it rebuilds, and
-otherwise refuses with an error naming it: flashlib never ignores a mask silently.
+``sdpa``, which the layer accepts when it reduces to padding plus what it rebuilds, or to
+sequences packed into rows (block-diagonal causal: padding-free training, where position_ids
+restart; those go through ``flash_attention_varlen``), and otherwise refuses with an error
+naming it: flashlib never ignores a mask silently. Packed sequences also come as
+flash-attention's ``cu_seq_lens_q/k`` keywords (``DataCollatorWithFlattening``), taken as given.
 
 The name is not "flashlib": Transformers >= 5 treats every implementation whose name contains
 "flash" as a flash-attn build and tries to load it as a kernel from the Hub (``from_pretrained``
@@ -28,6 +31,8 @@ fails with "Could not find the currently requested flash attention implementatio
 Importing this module needs no Transformers; :func:`register` does (``pip install flashlib[hf]``).
 """
 from __future__ import annotations
+
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +44,7 @@ from .varlen import flash_attention_varlen
 DEFAULT_NAME = "triton_fa"
 
 #: Keywords some models pass that change the result and that flashlib does not implement.
-UNSUPPORTED = ("s_aux", "position_bias", "cu_seq_lens_q", "cu_seq_lens_k", "block_table", "cache")
+UNSUPPORTED = ("s_aux", "position_bias", "block_table", "cache")
 
 
 def register(name: str = DEFAULT_NAME) -> str:
@@ -136,6 +141,10 @@ def flashlib_attention_forward(module, query, key, value, attention_mask, scalin
     there that nothing reads). With padding, a sliding window counts valid tokens, as flash-attention-2 does,
     which equals sdpa's count of positions unless padding sits between tokens: that case raises.
     """
+    if kwargs.get("output_attentions"):  # as sdpa says it: the model returns no attention weights
+        warnings.warn("flashlib's Transformers attention does not return attention weights (output_attentions=True "
+                      "gives none): FlashAttention never forms them. Use attn_implementation='eager' to see them",
+                      stacklevel=2)
     unsupported = [name for name in UNSUPPORTED if kwargs.get(name) is not None]
     if unsupported:
         raise NotImplementedError(f"flashlib's Transformers attention does not implement {unsupported}: "
@@ -150,13 +159,89 @@ def flashlib_attention_forward(module, query, key, value, attention_mask, scalin
         value = F.pad(value, (0, head_dim - v_head_dim))
     # (B, N, H, D) views of the projections (no copy); the output comes back in that layout, as Transformers wants
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
-    if attention_mask is None:
+    given = _given_sequences(kwargs, q.shape[0])
+    if given is not None:  # packed sequences, as Transformers' DataCollatorWithFlattening hands them over
+        out = _attend_given_sequences(q, k, v, attention_mask, given, options)
+    elif attention_mask is None:
         out = flash_attention(q, k, v, layout="bnhd", **options)
     else:
-        mask = _padding_mask(attention_mask, options, *q.shape[:2], k.shape[1])
-        attend = _attend_keys_padded if _keys_only(options) else _attend_padded
-        out = attend(q, k, v, mask, options)
+        try:
+            mask = _padding_mask(attention_mask, options, *q.shape[:2], k.shape[1])
+        except ValueError:  # not padding: perhaps sequences packed into rows (position_ids that restart)
+            packed = _packed_sequences(attention_mask, options, *q.shape[:2], k.shape[1])
+            if packed is None:
+                raise
+            out = _attend_packed(q, k, v, *packed, options)
+        else:
+            attend = _attend_keys_padded if _keys_only(options) else _attend_padded
+            out = attend(q, k, v, mask, options)
     return out[..., :v_head_dim], None
+
+
+def _given_sequences(kwargs, batch: int):
+    """(cu_seqlens_q, cu_seqlens_k, max_q, max_k) from flash-attention's keywords, or None without them."""
+    names = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+    given = [kwargs.get(name) for name in names]
+    if all(value is None for value in given):
+        return None
+    if any(value is None for value in given) or batch != 1:
+        raise ValueError(f"flashlib's Transformers attention takes packed sequences as one row (batch 1) with all of "
+                         f"{list(names)}; got batch {batch} and {[n for n, v in zip(names, given) if v is not None]}")
+    cu_q, cu_k, max_q, max_k = given
+    return cu_q.to(torch.int32), cu_k.to(torch.int32), int(max_q), int(max_k)
+
+
+def _attend_given_sequences(q, k, v, attention_mask, given, options):
+    """Attention within each of the packed sequences that ``cu_seq_lens_q/k`` delimit in the one row of (1, N, H, D)
+    q, k, v. A mask passed beside them must say the same (sdpa's block-diagonal mask of the same sequences)."""
+    cu_q, cu_k, max_q, max_k = given
+    if attention_mask is not None:
+        packed = _packed_sequences(attention_mask, options, 1, q.shape[1], k.shape[1])
+        if packed is None or packed[0].numel() != q.shape[1] or not (
+                torch.equal(packed[1], cu_q) and torch.equal(packed[1], cu_k)):
+            raise ValueError("flashlib's Transformers attention got cu_seq_lens_q/k and an attention_mask that "
+                             "describe different sequences")
+    return flash_attention_varlen(q[0], k[0], v[0], cu_q, cu_k, max_q, max_k, **options)[None]
+
+
+def _packed_sequences(mask, options, batch: int, n_q: int, n_k: int):
+    """(token index, cu_seqlens, longest) of the sequences packed into the rows of a 4D mask that is exactly
+    block-diagonal causal (and windowed as the layer is), padding left out; None for any other mask.
+
+    A token is a query row that sees some key; it begins a sequence when the first key it sees is itself.
+    The mask must then be, in every row, each token seeing the tokens of its own sequence up to itself (and
+    within the window, counted in tokens): what ``flash_attention_varlen`` computes on the tokens gathered.
+    """
+    if mask.dim() != 4 or n_q != n_k or not options["causal"]:
+        return None
+    if mask.shape[0] not in (1, batch) or tuple(mask.shape[2:]) != (n_q, n_k):
+        return None
+    allowed = _allowed(mask, f"a {tuple(mask.shape)} {mask.dtype} attention_mask").expand(batch, n_q, n_k)
+    tokens = allowed.any(-1)
+    if not bool((tokens == allowed.any(-2)).all()):  # a key no query of its own sees, or the reverse
+        return None
+    positions = torch.arange(n_q, device=mask.device)
+    begins = tokens & (allowed.to(torch.uint8).argmax(-1) == positions)
+    sequence = begins.flatten().cumsum(0).view(tokens.shape)  # 1, 2, ...: the sequence of each token
+    rank = tokens.flatten().cumsum(0).view(tokens.shape)  # the token's place among all tokens
+    expected = ((sequence[:, :, None] == sequence[:, None, :]) & tokens[:, :, None] & tokens[:, None, :]
+                & (rank[:, None, :] <= rank[:, :, None]))
+    left = options["window"][0] if options["window"] is not None else -1
+    if left >= 0:
+        expected &= rank[:, :, None] - rank[:, None, :] <= left
+    if not bool((allowed == expected).all()) or not bool(begins.any()):
+        return None
+    index = tokens.flatten().nonzero().squeeze(1)
+    lengths = torch.bincount(sequence.flatten()[index] - 1)
+    return index, F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0)), int(lengths.max())
+
+
+def _attend_packed(q, k, v, index, cu_seqlens, longest, options):
+    """Attention of (B, N, H, D) q, k, v within the packed sequences of :func:`_packed_sequences`; 0 at padding."""
+    batch, n = q.shape[:2]
+    tokens = [t.reshape(batch * n, *t.shape[2:])[index] for t in (q, k, v)]
+    out = flash_attention_varlen(*tokens, cu_seqlens, cu_seqlens, longest, longest, **options)
+    return out.new_zeros(batch * n, *out.shape[1:]).index_copy(0, index, out).view(batch, n, *out.shape[1:])
 
 
 def _keys_only(options) -> bool:
@@ -208,6 +293,21 @@ def _attend_padded(q, k, v, mask, options):
     return out.new_zeros(batch * n_q, *out.shape[1:]).index_copy(0, q_index, out).view(batch, n_q, *out.shape[1:])
 
 
+def _allowed(mask: torch.Tensor, what: str) -> torch.Tensor:
+    """The (B, N_q, N_k) bool of a 4D mask, boolean or additive (0 / -inf), the same for every head; else a
+    ValueError that says it is a bias or differs between heads (``what`` names the mask)."""
+    if mask.dtype == torch.bool:
+        allowed = mask
+    else:  # additive: 0 where allowed, a large negative number (or -inf) where not
+        allowed = mask == 0
+        if not bool((allowed | (mask <= torch.finfo(mask.dtype).min / 2)).all()):
+            raise ValueError(f"flashlib's Transformers attention got {what} that adds a bias to the scores "
+                             "(values other than 0 and -inf): flashlib takes masks, not biases; use sdpa or eager")
+    if not bool((allowed == allowed[:, :1]).all()):
+        raise ValueError(f"flashlib's Transformers attention got {what} that differs between heads")
+    return allowed[:, 0]
+
+
 def _padding_mask(mask, options, batch: int, n_q: int, n_k: int) -> torch.Tensor:
     """The (B, N_k) bool padding mask of a 2D padding mask or of a 4D mask that is padding plus the causal and
     window bounds of ``options``; a ValueError naming what came in for anything else."""
@@ -227,16 +327,7 @@ def _padding_mask(mask, options, batch: int, n_q: int, n_k: int) -> torch.Tensor
     if mask.shape[0] not in (1, batch) or tuple(mask.shape[2:]) != (n_q, n_k) or (n_q > n_k and not keys_only):
         raise ValueError(f"flashlib's Transformers attention got {what}: a 4D mask must be (B or 1, H or 1, N_q, N_k) "
                          f"with B = {batch}" + ("" if keys_only else " and N_q <= N_k (queries are the last keys)"))
-    if mask.dtype == torch.bool:
-        allowed = mask
-    else:  # additive: 0 where allowed, a large negative number (or -inf) where not
-        allowed = mask == 0
-        if not bool((allowed | (mask <= torch.finfo(mask.dtype).min / 2)).all()):
-            raise ValueError(f"flashlib's Transformers attention got {what} that adds a bias to the scores "
-                             "(values other than 0 and -inf): flashlib takes masks, not biases; use sdpa or eager")
-    if not bool((allowed == allowed[:, :1]).all()):
-        raise ValueError(f"flashlib's Transformers attention got {what} that differs between heads")
-    allowed = allowed[:, 0]
+    allowed = _allowed(mask, what)
     keys = allowed.any(dim=1)  # a key that no query sees is padding
     rows = torch.arange(n_q, device=mask.device)[:, None] + (n_k - n_q)
     cols = torch.arange(n_k, device=mask.device)[None, :]

@@ -4,7 +4,9 @@ Tiny random models, no download, float32: Llama (GQA, RoPE, causal), Mistral (sl
 Gemma 2 (softcap, a custom scale, sliding and full layers alternating). With no, right, left and
 middle padding the logits and every parameter's gradient match ``sdpa`` (``eager`` for Gemma 2,
 which sdpa does not run) on the tokens that are not padding; a training step runs; greedy generation
-with a KV cache (dynamic and static) gives sdpa's tokens. Each comparison also records which flashlib
+with a KV cache (dynamic and static) gives sdpa's tokens. BART's cross-attention to a padded encoder and
+sequences packed into one row (restarting position_ids, or the collator's cu_seq_lens) match sdpa too.
+Each comparison also records which flashlib
 entry point ran, so a model that silently used another implementation fails. 4D masks and the
 errors are tested on the attention function directly.
 """
@@ -258,14 +260,61 @@ def test_bidirectional_layers_mask_keys_only(name, n_q):
         hf.flashlib_attention_forward(module, q, k, v, keys[:, :5])
 
 
-def test_packed_sequences_raise_instead_of_attending_across(name):
-    """position_ids that restart within a row (padding-free packing) make Transformers build a block-diagonal
-    mask, which is not padding: the flashlib model raises rather than let the sequences see each other."""
-    _, ours = twins(name, transformers.LlamaConfig(**SIZES))
-    ids, _ = batch("none")
-    position_ids = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6]], device=DEVICE)
+@pytest.mark.parametrize("model", ["llama", "mistral-window-3"])
+def test_packed_sequences_match_sdpa_and_never_attend_across(name, calls, model):
+    """Padding-free packing: three sequences in one row, with position_ids that restart (Transformers then builds a
+    block-diagonal causal mask) or with the collator's cu_seq_lens_q/k. Logits and gradients match sdpa, which
+    matches each sequence run alone; the flashlib model takes flash_attention_varlen over the three."""
+    config = (transformers.LlamaConfig(**SIZES) if model == "llama"
+              else transformers.MistralConfig(**SIZES, sliding_window=3))
+    ref, ours = twins(name, config, transformers.LlamaForCausalLM if model == "llama"
+                      else transformers.MistralForCausalLM)
+    lengths = (5, 3, 7)
+    sequences = [torch.randint(1, 64, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in lengths]
+    collated = transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True)(
+        [{"input_ids": s} for s in sequences])
+    by_positions = {"input_ids": collated["input_ids"], "position_ids": collated["position_ids"]}
+    by_keywords = {key: value for key, value in collated.items() if key != "labels"}
+    expected = None
+    for inputs in (by_positions, by_keywords):
+        inputs = {key: value.to(DEVICE) if isinstance(value, torch.Tensor) else value for key, value in inputs.items()}
+        results = []
+        for model_ in (ref, ours):
+            model_.zero_grad()
+            logits = model_(**inputs, use_cache=False).logits
+            logits.square().mean().backward()
+            results.append((logits.detach(), {key: p.grad.clone() for key, p in model_.named_parameters()}))
+        (ref_logits, ref_grads), (logits, grads) = results
+        assert_close(logits, ref_logits, RTOL, "logits")
+        for key, grad in grads.items():
+            assert_close(grad, ref_grads[key], RTOL, f"gradient of {key}")
+        expected = ref_logits if expected is None else expected
+        assert_close(logits, expected, RTOL, "the same logits either way")
+    alone = torch.cat([ref(torch.tensor([s], device=DEVICE), use_cache=False).logits[0] for s in sequences])
+    assert_close(expected[0], alone, RTOL, "each sequence alone")
+    assert {call[0] for call in calls} == {"varlen"} and all(call[1] == max(lengths) for call in calls)
+
+
+def test_packed_sequences_and_their_mask_must_agree(name):
+    module, q, k, v = attention_inputs(n_q=6, n_k=6)
+    q, k, v = q[:1], k[:1], v[:1]
+    blocks = torch.zeros(6, 6, dtype=torch.bool, device=DEVICE)
+    blocks[:2, :2], blocks[2:, 2:] = True, True
+    mask = (blocks & torch.ones(6, 6, dtype=torch.bool, device=DEVICE).tril())[None, None]
+    cu = torch.tensor([0, 2, 6], dtype=torch.int32, device=DEVICE)
+    given = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": 4, "max_length_k": 4}
+    out = hf.flashlib_attention_forward(module, q, k, v, mask, **given)[0]
+    assert_close(out, hf.flashlib_attention_forward(module, q, k, v, mask)[0], RTOL, "cu_seq_lens as the mask says")
+    other = dict(given, cu_seq_lens_q=torch.tensor([0, 3, 6], dtype=torch.int32, device=DEVICE))
+    other["cu_seq_lens_k"] = other["cu_seq_lens_q"]
+    with pytest.raises(ValueError, match="describe different sequences"):
+        hf.flashlib_attention_forward(module, q, k, v, mask, **other)
+    with pytest.raises(ValueError, match="one row \\(batch 1\\) with all of"):
+        hf.flashlib_attention_forward(module, q, k, v, None, cu_seq_lens_q=cu)
+    across = mask.clone()
+    across[0, 0, 3, 1] = True  # a token that sees the previous sequence: neither padding nor packing
     with pytest.raises(ValueError, match="not padding plus the causal pattern"):
-        ours(ids[:1], position_ids=position_ids, use_cache=False)
+        hf.flashlib_attention_forward(module, q, k, v, across)
 
 
 def test_window_with_padding_between_tokens_raises(name):
@@ -273,6 +322,13 @@ def test_window_with_padding_between_tokens_raises(name):
     holes = torch.tensor([[1, 1, 0, 1, 1, 1], [1, 1, 1, 1, 1, 1]], dtype=torch.bool, device=DEVICE)
     with pytest.raises(ValueError, match="sliding window needs left or right padding"):
         hf.flashlib_attention_forward(module, q, k, v, holes, sliding_window=3)
+
+
+def test_asking_for_attention_weights_is_answered_with_a_warning(name):
+    module, q, k, v = attention_inputs()
+    with pytest.warns(UserWarning, match="does not return attention weights"):
+        out, weights = hf.flashlib_attention_forward(module, q, k, v, None, output_attentions=True)
+    assert weights is None and out.shape == (2, 6, 4, 16)
 
 
 def test_unsupported_keywords_raise(name):

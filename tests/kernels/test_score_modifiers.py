@@ -6,6 +6,8 @@ applies the kernel's own mask (returned by ``return_dropout_mask``), for its gra
 also by finite differences, for its statistics (kept fraction), its reproducibility
 under ``torch.manual_seed`` and for p = 0 being exactly the dropout-free kernel.
 """
+import warnings
+
 import pytest
 import torch
 
@@ -116,6 +118,17 @@ def test_effective_dropout_p_is_p_rounded_to_eight_bits():
     assert effective_dropout_p(0.25) == 0.25 and effective_dropout_p(0.0) == 0.0
     assert abs(effective_dropout_p(0.1) - 0.1) <= 2 ** -9 and effective_dropout_p(0.1) * 256 == 26
     assert effective_dropout_p(0.9999999) == 1 - 2 ** -8  # never 1: the scale 1 / (1 - p) stays finite
+
+
+def test_a_dropout_p_that_rounds_to_zero_is_said_so():
+    """A model's attention_dropout of 0.0015 once turned dropout off without a word."""
+    q, k, v = make_inputs(1, 1, 1, 8, 8, 16, torch.float32)
+    with pytest.warns(UserWarning, match=r"dropout_p=0.0015 rounds to 0 .* no attention weight is dropped"):
+        out = flash_attention(q, k, v, dropout_p=0.0015)
+    assert torch.equal(out, flash_attention(q, k, v))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        flash_attention(q, k, v, dropout_p=2 ** -8)  # the smallest p the kernels draw with: no warning
 
 
 @pytest.mark.parametrize("seed", [0, 1234, 2 ** 61 + 977])
