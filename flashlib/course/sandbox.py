@@ -241,9 +241,31 @@ def _clean_up(process: subprocess.Popen, mode: str, known_children: set[int]) ->
 
 # ------------------------------------------------------------------ running
 
+#: Bytes each private tmpfs (/tmp, /dev/shm) may hold: they live in the machine's memory, and the job's own
+#: temporary files go to its folder (TMPDIR), which :func:`folder_over_limits` measures.
+TMPFS_BYTES = 256 * 2**20
+#: A hidden folder is an empty tmpfs: nothing needs to be written there.
+HIDDEN_TMPFS_BYTES = 2**20
+
+
+@functools.lru_cache(maxsize=None)
+def _bwrap_sizes_tmpfs() -> bool:
+    """Whether this bubblewrap has ``--size`` (0.5 and later), asked once; without it, tmpfs are unbounded."""
+    try:
+        return "--size" in subprocess.run([shutil.which("bwrap"), "--help"], capture_output=True, text=True,
+                                          timeout=20).stdout
+    except (OSError, subprocess.SubprocessError, TypeError):
+        return False
+
+
+def _tmpfs(path: str, size: int) -> list[str]:
+    """bwrap's arguments for an empty tmpfs at ``path`` holding at most ``size`` bytes (where bwrap can say so)."""
+    return (["--size", str(size)] if _bwrap_sizes_tmpfs() else []) + ["--tmpfs", path]
+
+
 def _bwrap_base_args() -> list[str]:
-    return ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-            "--tmpfs", "/dev/shm", "--unshare-all", "--unshare-user", "--uid", "65534", "--gid", "65534",
+    return ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", *_tmpfs("/tmp", TMPFS_BYTES),
+            *_tmpfs("/dev/shm", TMPFS_BYTES), "--unshare-all", "--unshare-user", "--uid", "65534", "--gid", "65534",
             "--die-with-parent", "--new-session"]
 
 
@@ -271,7 +293,7 @@ def _bwrap_views(workdir: str, hide) -> list[str]:
     for folder in hide:
         folder = str(Path(folder).resolve())
         if not any(path == folder or path.startswith(folder + os.sep) for path in needed + [workdir]):
-            views += ["--tmpfs", folder]
+            views += _tmpfs(folder, HIDDEN_TMPFS_BYTES)
     return views + ["--bind", workdir, workdir]
 
 

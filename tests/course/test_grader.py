@@ -642,6 +642,25 @@ def test_a_job_that_fills_its_folder_is_stopped(tmp_path, limit, words):
     assert words in outcome.disk_exceeded
 
 
+@pytest.mark.skipif(not sandbox._bwrap_works(), reason="bubblewrap cannot make its namespaces here")
+def test_the_private_tmp_of_bubblewrap_holds_a_bounded_amount(tmp_path):
+    """/tmp in the sandbox is a tmpfs, which lives in the machine's memory: it is sized (where bwrap can)."""
+    code = ("written = 0\n"
+            "try:\n"
+            "    for i in range(64):\n"
+            "        with open(f'/tmp/junk{i}', 'wb') as f:\n"
+            "            for _ in range(16):\n"
+            "                f.write(b'x' * 2**20); f.flush(); written += 1\n"
+            "except OSError as error:\n"
+            "    open('result', 'w').write(f'stopped after {written} MiB: {error.strerror}')\n")
+    outcome = sandbox.run([sys.executable, "-c", code], tmp_path, {"PATH": os.environ["PATH"]},
+                          sandbox.Limits(wall_seconds=60), mode="bwrap")
+    assert outcome.returncode == 0
+    result = (tmp_path / "result").read_text()
+    assert result.startswith("stopped after") and "No space left" in result, result
+    assert int(result.split()[2]) <= sandbox.TMPFS_BYTES // 2**20
+
+
 # ------------------------------------------------------------------ the whole course, by the CLI
 
 def cpu_seconds_of(argv) -> float:
@@ -758,6 +777,7 @@ def test_every_exercise_has_a_check_whose_cases_reach_the_worker_intact(key, tmp
 def test_bubblewrap_keeps_python_and_flashlib_visible_when_they_live_in_tmp(monkeypatch):
     """A checkout in /tmp (as CI may make one): bound back after /tmp's tmpfs, its graded folder still hidden."""
     monkeypatch.setattr(sandbox, "_needed_paths", lambda: ["/tmp/ci/.venv", "/usr/lib/python3", "/tmp/ci"])
+    monkeypatch.setattr(sandbox, "_bwrap_sizes_tmpfs", lambda: False)  # an old bwrap; with --size: the same, sized
     views = sandbox._bwrap_views("/tmp/flashlib-grade-x", hide=["/tmp/ci/solutions", "/tmp/ci"])
     assert views == ["--ro-bind", "/tmp/ci", "/tmp/ci", "--ro-bind", "/tmp/ci/.venv", "/tmp/ci/.venv",
                      "--tmpfs", "/tmp/ci/solutions",  # hidden after the bind that holds it; /tmp/ci holds Python
