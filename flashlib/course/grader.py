@@ -223,7 +223,7 @@ def judge_with_hidden(check, cases: tuple[list, object], replies: list) -> tuple
     if passed and hidden is not None:
         hidden_passed, hidden_headline, hidden_details = judge(check, [hidden], replies[len(public):])
         if not hidden_passed:
-            return False, ("right on the notebook's cases, wrong on a case only the grader draws: "
+            return False, ("right on the notebook's cases, not on a case only the grader draws: "
                            + hidden_headline), hidden_details
     return passed, headline, details
 
@@ -251,12 +251,8 @@ def _cells_to_run(submission: answers.Submission, canonical: nbformat.NotebookNo
             lines = cell.source.split("\n")
             regions = [(first, last) for first, last in cell.regions
                        if not answers.is_unattempted("\n".join(lines[first - 1:last]))]
-            try:
-                problems = policy.check_answer(registry.exercise(cell.exercise), cell.source, regions, given,
-                                               given_sources=given_sources)
-            except (RecursionError, MemoryError):  # Python's parser gives up on code nested thousands deep
-                problems = [policy.Refusal(regions[0][0] if regions else 0,
-                                           "the answer is nested too deeply for Python to read")]
+            problems = policy.check_answer(registry.exercise(cell.exercise), cell.source, regions, given,
+                                           given_sources=given_sources)
             if regions and problems and enforce_policy:
                 refused[cell.exercise] = ("answer refused: " + "; ".join(str(p) for p in problems[:3])
                                           + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""))

@@ -527,7 +527,7 @@ def test_outputs_looked_up_in_a_table_pass_the_notebook_but_not_the_grader(tmp_p
     report = grader.grade_notebook(path, case_seed=11)
     got = scores(report)
     assert got["stable_softmax"].status == "FAIL" and report.case_seed == 11
-    assert "right on the notebook's cases, wrong on a case only the grader draws" in got["stable_softmax"].feedback
+    assert "right on the notebook's cases, not on a case only the grader draws" in got["stable_softmax"].feedback
     assert got["naive_attention"].status == "PASS"
 
 
@@ -547,7 +547,7 @@ def test_the_hidden_case_is_new_reproducible_and_judged_after_the_public_ones():
     assert grader.judge_with_hidden(check, (public, hidden), replies) == judge(check, public, replies[:len(public)])
     wrong_on_hidden = replies[:len(public)] + [dataclasses.replace(replies[-1], out=replies[-1].out * 2)]
     passed, headline, _ = grader.judge_with_hidden(check, (public, hidden), wrong_on_hidden)
-    assert not passed and headline.startswith("right on the notebook's cases, wrong on a case only the grader draws")
+    assert not passed and headline.startswith("right on the notebook's cases, not on a case only the grader draws")
 
 
 def torch_equal_args(a, b) -> bool:
