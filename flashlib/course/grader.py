@@ -183,7 +183,13 @@ def _judge_all(notebook: str, submission: answers.Submission, refused: dict[str,
             continue
         path = os.path.join(workdir, "replies", f"{key}.pt")
         try:
-            replies = [wire.reply_from_wire(item) for item in wire.load(path)]
+            loaded = wire.load(path)
+            public, hidden = cases[key]
+            expected = len(public) + (hidden is not None)
+            if not isinstance(loaded, list) or len(loaded) > expected:  # never iterate what the learner sized
+                raise ValueError(f"expected a list of at most {expected} replies, got a {type(loaded).__name__}"
+                                 + (f" of {len(loaded)}" if isinstance(loaded, list) else ""))
+            replies = [wire.reply_from_wire(item) for item in loaded]
         except FileNotFoundError:
             why = ("the run was stopped at the notebook time limit" if outcome.timed_out
                    else f"the run was stopped: {outcome.disk_exceeded}" if outcome.disk_exceeded

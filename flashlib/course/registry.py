@@ -49,12 +49,16 @@ ESCAPE_ATTRIBUTES = ("sys", "os", "builtins", "importlib", "import_module", "sub
 #: walks a dotted string, ``pkgutil.resolve_name``, ``importlib.import_module`` and ``torch.package``'s
 #: ``PackageImporter`` import one, ``pydoc.locate`` and ``runpy.run_module`` both, ``builtins.exec`` runs one,
 #: ``gc.get_referrers`` and ``gc.get_objects`` hand back any live object (flashlib's functions among them),
-#: ``torch.utils.cpp_extension.load_inline`` and ``torch.ops.load_library`` load native code. Refused as names
+#: ``torch.utils.cpp_extension.load_inline`` and ``torch.ops.load_library`` load native code, ``tl.str_to_ty``
+#: evaluates part of its string, ``torch.fx``'s ``call_method`` looks a method up by name, and
+#: ``torch.overrides.get_overridable_functions`` hands back every torch function (SDPA too). Refused as names
 #: and as attributes, wherever they appear (``eval`` only as a name, in ALWAYS_FORBIDDEN: ``model.eval()`` is a
 #: module's evaluation mode, and the builtin reached under any name is refused by identity in the policy).
-STRING_ACCESS = ("attrgetter", "methodcaller", "exec", "setattr", "getattr", "delattr", "globals", "locals",
-                 "vars", "import_module", "load_inline", "load_library", "PackageImporter", "resolve_name",
-                 "get_referrers", "get_referents", "get_objects", "locate", "run_module", "run_path")
+STRING_ACCESS = ("attrgetter", "methodcaller", "exec", "setattr", "str_to_ty", "call_method", "call_function",
+                 "call_module", "get_overridable_functions", "get_testing_overrides", "get_ignored_functions",
+                 "getattr", "delattr", "globals", "locals", "vars", "import_module", "load_inline", "load_library",
+                 "PackageImporter", "resolve_name", "get_referrers", "get_referents", "get_objects", "locate",
+                 "run_module", "run_path")
 
 #: The modules an answer may reach through an attribute chain (``torch.nn.functional``, ``tl.math``): these
 #: families and their public submodules, as the notebook imported them (``copy`` is notebook 08's). Any other
@@ -69,10 +73,10 @@ ANSWER_MODULES = ("torch", "triton", "math", "copy")
 #: strings), start processes (``torch.utils.collect_env`` runs shell commands) or hold the machine's settings.
 #: Refused as modules, and for the functions, classes and objects they define (``torch.load``).
 ESCAPE_MODULES = ("torch.hub", "torch.package", "torch.serialization", "torch.jit", "torch.export", "torch.compiler",
-                  "torch.utils.cpp_extension", "torch.utils.benchmark", "torch.utils.collect_env",
-                  "torch.utils.data", "torch.multiprocessing", "torch.distributed", "torch.ops", "torch.classes",
-                  "triton.runtime.build", "triton.runtime.cache", "triton.runtime.driver", "triton.backends",
-                  "triton.compiler", "triton.tools", "triton.testing", "triton.knobs")
+                  "torch.fx", "torch.overrides", "torch.library", "torch.utils", "torch.nn.attention", "torch.onnx",
+                  "torch.masked", "torch.testing", "torch.profiler", "torch.multiprocessing", "torch.distributed",
+                  "torch.ops", "torch.classes", "triton.runtime.build", "triton.runtime.cache", "triton.runtime.driver",
+                  "triton.backends", "triton.compiler", "triton.tools", "triton.testing", "triton.knobs")
 
 #: Attention written by hand: refused where the exercise is to *call* flashlib's attention.
 HAND_ATTENTION = ("matmul", "bmm", "einsum", "softmax", "log_softmax", "softmin", "exp", "mm", "baddbmm",
@@ -100,10 +104,13 @@ class Exercise:
         return f"{self.notebook}.{self.name}"
 
 
-#: softmin(x) is softmax(-x), and ``torch.distributions.Categorical(logits=x).probs`` is softmax(x). Forbidden
-#: names also refuse their class, whatever its case and underscores (``Softmax``, ``LogSoftmax``, ``Softmin``):
-#: see :func:`flashlib.course.policy.same_name`.
-_ATTENTION_BY_HAND = ("softmax", "log_softmax", "softmin", "logsumexp", "distributions")
+#: softmin(x) is softmax(-x), and ``torch.distributions.Categorical(logits=x).probs`` is softmax(x);
+#: ``Softmax2d`` is softmax over channels, ``gumbel_softmax`` a softmax of shifted scores (at a huge
+#: temperature, the plain one), and the last of ``logcumsumexp`` is ``logsumexp``. Forbidden names also refuse
+#: their class, whatever its case and underscores (``Softmax``, ``LogSoftmax``, ``Softmin``): see
+#: :func:`flashlib.course.policy.same_name`.
+_ATTENTION_BY_HAND = ("softmax", "log_softmax", "softmin", "softmax2d", "gumbel_softmax", "logsumexp", "logcumsumexp",
+                      "distributions")
 
 EXERCISES: tuple[Exercise, ...] = (
     Exercise("01_naive_attention", "naive_attention", 2,
@@ -123,12 +130,12 @@ EXERCISES: tuple[Exercise, ...] = (
              forbidden=_ATTENTION_BY_HAND),
     Exercise("04_flash_forward", "inner_loop", 4,
              "The inner loop of the FlashAttention forward kernel, then O = acc / l and L = m + log l",
-             "flash_forward_kernel", kind=KERNEL, forbidden=("torch",)),
+             "flash_forward_kernel", kind=KERNEL, forbidden=("torch", *_ATTENTION_BY_HAND)),
     Exercise("05_flash_backward", "ds", 2,
              "dS = P * (dP - D) from P, dP and D = rowsum(dO * O)", "ds"),
     Exercise("05_flash_backward", "dkdv_loop", 4,
              "The loop of the dK/dV kernel: recompute P from L, dV += P^T dO, dK += scale * dS^T Q", "flash_dkdv_kernel",
-             kind=KERNEL, forbidden=("torch", "grad", "backward")),
+             kind=KERNEL, forbidden=("torch", "grad", "backward", *_ATTENTION_BY_HAND)),
     Exercise("06_masking", "causal_block_range", 2,
              "The key blocks a causal query block visits: bottom-right aligned, nothing skipped that is needed, nothing visited that is not", "causal_block_range"),
     Exercise("06_masking", "padding_mask", 2,
@@ -146,7 +153,7 @@ EXERCISES: tuple[Exercise, ...] = (
              required_calls=("flash_attention",), no_matmul_operator=True),
     Exercise("08_in_practice", "gqa_attention", 2,
              "The attention module's forward with GQA: H query heads, H_kv shared k/v heads",
-             "GQAttention", kind=CLASS, forbidden=HAND_ATTENTION + ("forward_reference",),
+             "GQAttention", kind=CLASS, forbidden=HAND_ATTENTION + ("forward_reference", "set_attention", "attend"),
              uses_flashlib=("flash_attention",), required_calls=("flash_attention",),
              no_matmul_operator=True),
     Exercise("09_decoding", "merge_splits", 2,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
+import zipfile
 
 import torch
 
@@ -57,10 +58,21 @@ def save(path: str | os.PathLike, value) -> None:
 
 
 def load(path: str | os.PathLike, max_bytes: int = MAX_REPLY_BYTES):
-    """Read plain data written by :func:`save`, refusing files over ``max_bytes`` and any code."""
+    """Read plain data written by :func:`save`, refusing files over ``max_bytes`` and any code.
+
+    ``torch.save`` stores its archive uncompressed; one with compressed entries (a few kilobytes that
+    unpack to gigabytes) or whose entries add up to more than ``max_bytes`` is refused before it is read.
+    """
     size = os.path.getsize(path)
     if size > max_bytes:
         raise ValueError(f"{path}: {size} bytes, more than the {max_bytes} allowed")
+    with zipfile.ZipFile(path) as archive:
+        entries = archive.infolist()
+    if any(entry.compress_type != zipfile.ZIP_STORED for entry in entries):
+        raise ValueError(f"{path}: compressed entries, which torch.save never writes")
+    unpacked = sum(entry.file_size for entry in entries)
+    if unpacked > max_bytes:
+        raise ValueError(f"{path}: {unpacked} bytes unpacked, more than the {max_bytes} allowed")
     return torch.load(path, weights_only=True, map_location="cpu")
 
 

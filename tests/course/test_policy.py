@@ -75,6 +75,35 @@ RED_TEAM = [
     ("01_naive_attention", "naive_attention",
      "g = (i for i in [])\nreturn g.gi_frame.f_builtins['__import__']('flashlib.reference').naive_attention(q, k, v)",
      ["`.gi_frame` is not allowed", "`.f_builtins` is not allowed"]),
+    # round two: torch.fx looks methods up by name, tl.str_to_ty evaluates part of its string
+    ("01_naive_attention", "stable_softmax",
+     "g = torch.fx.Graph()\nt = g.placeholder('x')\nf = g.call_method('__getattribute__', (t, 'backward'))\n"
+     "return torch.fx.GraphModule(torch.nn.Module(), g)(x)",
+     ["`torch.fx` is the module `torch.fx`, which leads out", "`.call_method` is not allowed"]),
+    ("05_flash_backward", "ds", "tl.str_to_ty(\"tensordesc<fp32[16],__import__('sys')>\", None)\nreturn p",
+     ["`.str_to_ty` is not allowed"]),
+    ("04_flash_forward", "flash_forward_kernel", "y = tl.str_to_ty('fp32', None)", ["`.str_to_ty` is not allowed"]),
+    # ... every torch function, SDPA among them, by the string of its name
+    ("01_naive_attention", "naive_attention",
+     "f = [f for fs in torch.overrides.get_overridable_functions().values() for f in fs "
+     "if 'scaled_dot_product' in str(f)][0]\nreturn f(q, k, v)",
+     ["`torch.overrides` is the module `torch.overrides`", "`.get_overridable_functions` is not allowed"]),
+    # softmax under other names, in Python and in kernels
+    ("01_naive_attention", "stable_softmax",
+     "return torch.nn.Softmax2d()(x.reshape(-1, x.shape[-1], 1, 1)).reshape(x.shape)",
+     ["`.Softmax2d` is not allowed in this answer (it is `softmax2d` by another spelling)"]),
+    ("01_naive_attention", "stable_softmax", "return F.gumbel_softmax(x * 1e6, tau=1e6)",
+     ["`.gumbel_softmax` is not allowed"]),
+    ("01_naive_attention", "stable_softmax", "return torch.exp(x - x.logcumsumexp(-1)[..., -1:])",
+     ["`.logcumsumexp` is not allowed"]),
+    ("04_flash_forward", "flash_forward_kernel", "p = tl.softmax(qk)", ["`.softmax` is not allowed"]),
+    ("05_flash_backward", "flash_dkdv_kernel", "p = tl.softmax(qk)", ["`.softmax` is not allowed"]),
+    # someone else's attention: flex_attention, and notebook 08's model switched back to sdpa through self
+    ("01_naive_attention", "naive_attention", "return torch.nn.attention.flex_attention.flex_attention(q, k, v)",
+     ["`torch.nn.attention` is the module `torch.nn.attention`, which leads out"]),
+    ("08_in_practice", "GQAttention",
+     "if False:\n    flash_attention(x, x, x)\nself.set_attention('sdpa')\nreturn self.attend(x, x, x)",
+     ["`.set_attention` is not allowed", "`.attend` is not allowed"]),
 ]
 
 
@@ -142,7 +171,8 @@ def test_what_a_chain_reaches_is_judged_in_the_graders_process(code, words):
 
 def test_a_verdict_does_not_depend_on_what_the_grader_loaded_before():
     """torch.onnx is made on demand by torch's __getattr__: once judged "cannot be checked" in a fresh grader
-    and followed in one where some test had imported it. Now it is imported to be followed, in both."""
+    and followed in one where some test had imported it. Now a submodule nobody imported is judged by its name
+    (imported to be followed where its name allows it), the same in both."""
     code = ("from flashlib.course import policy, registry\n"
             "import sys, torch\n"
             "assert 'torch.onnx' not in sys.modules\n"
@@ -157,7 +187,7 @@ def test_a_verdict_does_not_depend_on_what_the_grader_loaded_before():
                                                        f"return torch.onnx.{attr}")
         here = str([r.message for r in policy.check_answer(exercise, source, regions, set())])
         assert fresh == here, attr
-    assert "`torch.onnx.utils` is the module `torch.onnx._internal" in here  # followed into torch.onnx
+    assert "`torch.onnx` is the module `torch.onnx`, which leads out" in here  # judged by its name, loaded or not
 
 
 def test_a_module_held_by_a_class_is_refused_where_the_class_is_held():
