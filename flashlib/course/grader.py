@@ -260,8 +260,7 @@ def _cells_to_run(submission: answers.Submission, canonical: nbformat.NotebookNo
             problems = policy.check_answer(registry.exercise(cell.exercise), cell.source, regions, given,
                                            given_sources=given_sources)
             if regions and problems and enforce_policy:
-                refused[cell.exercise] = ("answer refused: " + "; ".join(str(p) for p in problems[:3])
-                                          + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""))
+                refused[cell.exercise] = policy.describe(problems)
                 sources[cell.index] = canonical.cells[cell.index].source
     answer_sources = [sources[cell.index] for cell in submission.cells if cell.kind == answers.ANSWER]
     demos_needed = answers.demo_cells_read_by(submission, answer_sources)

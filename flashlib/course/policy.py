@@ -43,8 +43,9 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import linecache
 
-from . import reach, registry
+from . import answers, reach, registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +57,42 @@ class Refusal:
 
     def __str__(self) -> str:
         return f"line {self.line}: {self.message}"
+
+
+def describe(refusals: list[Refusal]) -> str:
+    """The feedback of a refused answer, as the grader and the notebook's check cell both give it."""
+    more = f" (and {len(refusals) - 3} more)" if len(refusals) > 3 else ""
+    return "answer refused: " + "; ".join(str(refusal) for refusal in refusals[:3]) + more
+
+
+def refusals_in_notebook(exercise: registry.Exercise, learner) -> list[Refusal]:
+    """The refusals of the answer regions in the notebook cell that defines ``learner`` (a function, a Triton
+    kernel or a class), read from the cell's source as Jupyter keeps it, so that the check cell refuses what
+    the grader will refuse. [] where the source cannot be found (code not typed into a cell) or the cell has no
+    answer markers; the given cells are taken to import what the course's notebooks import."""
+    code = _code_of(learner)
+    source = "".join(linecache.getlines(code.co_filename)) if code is not None else ""
+    lines = source.split("\n")
+    pairs = answers.marker_pairs(lines)
+    if isinstance(pairs, str):  # markers out of order: the grader reports that, not these rules
+        return []
+    regions = [(begin + 2, end) for begin, end in pairs  # 1-based lines between the markers
+               if not answers.is_unattempted("\n".join(lines[begin + 1:end]))]
+    if not regions:
+        return []
+    module_globals = getattr(getattr(learner, "fn", learner), "__globals__", None) or {}
+    given = {name for name, value in module_globals.items()
+             if (getattr(value, "__module__", None) or getattr(value, "__name__", "") or "").startswith("flashlib")}
+    return check_answer(exercise, source, regions, given)
+
+
+def _code_of(learner):
+    """The code object of a learner's function, of a Triton kernel's Python function, or of a class's first
+    method: its file is the notebook cell."""
+    target = getattr(learner, "fn", learner)
+    if isinstance(target, type):
+        return next((value.__code__ for value in vars(target).values() if hasattr(value, "__code__")), None)
+    return getattr(target, "__code__", None)
 
 
 def flashlib_names(given_sources: list[str]) -> set[str]:

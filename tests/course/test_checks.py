@@ -643,6 +643,36 @@ def test_matmul_kernel_passes_the_library_kernel(capsys):
     assert capsys.readouterr().out == "✓ matmul_kernel: correct on 7 cases (3/3 points)\n"
 
 
+@triton.jit
+def matmul_steps_by_one_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                               stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                               BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    offs_m = (pid // num_pid_n) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = (pid % num_pid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K):  # one step per element of K, while the pointers move a whole block
+        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] + k0 < K), other=0.0)
+        b = tl.load(b_ptrs, mask=(offs_k[:, None] + k0 < K) & (offs_n[None, :] < N), other=0.0)
+        acc += tl.dot(a, b)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+def test_a_kernel_that_reads_far_past_its_tensors_gets_feedback_not_a_crash():
+    """The interpreter reads raw memory: this loop once ended the process (Jupyter: "kernel died"), with no word
+    for the learner. Loads and stores outside every tensor of the launch are refused before they happen."""
+    result = checks.check_matmul_kernel(matmul_steps_by_one_kernel)
+    assert not result.passed
+    assert "WildAccess: the kernel loads" in result.feedback and "a loop that runs too long" in result.feedback
+
+
 def test_matmul_replies_without_their_count_of_stray_loads_fail():
     """The count of loads outside A and B is made where the kernel runs (the learner's process, when grading):
     a reply that lacks it, or holds something else, fails instead of counting as no stray load."""

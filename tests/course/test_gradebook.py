@@ -38,8 +38,10 @@ def sandbox_mode() -> str:
 
 
 def grade_by_cli(root: Path, out: Path, *options: str) -> dict:
+    # one seed for the hidden cases, so that two runs draw the same ones (and print the same)
     proc = subprocess.run([sys.executable, "-m", "flashlib.grade", str(root), "--learners", "--sandbox", sandbox_mode(),
-                           "--csv", str(out / "grades.csv"), "--json", str(out / "grades.json"), *options],
+                           "--csv", str(out / "grades.csv"), "--json", str(out / "grades.json"), "--seed", "7",
+                           *options],
                           capture_output=True, text=True, cwd=REPO, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     with open(out / "grades.csv", newline="", encoding="utf-8") as handle:
@@ -86,6 +88,7 @@ def test_two_learners_at_a_time_give_the_same_gradebook(class_folder, graded_cla
     side_by_side = grade_by_cli(class_folder, tmp_path, "--jobs", "2")
     assert side_by_side["csv"] == graded_class["csv"]
     assert side_by_side["stdout"].split("\n")[1:] == graded_class["stdout"].split("\n")[1:]
+    assert "hidden cases: seed 7 (--seed 7 grades again with the same cases)" in side_by_side["stdout"]
 
 
 def test_learners_are_not_graded_side_by_side_in_the_user_sandbox(tmp_path, monkeypatch, capsys):

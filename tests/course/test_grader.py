@@ -334,6 +334,37 @@ def test_the_notebook_and_the_grader_give_the_same_verdict(key, name, code, tmp_
     assert graded.feedback == grader._short(mine.feedback)
 
 
+@pytest.mark.parametrize("key, name, code", [
+    ("01_naive_attention", "stable_softmax", "return torch.softmax(x, dim=-1)"),
+    ("03_online_softmax", "merge_partials", "m = torch.maximum(m_a, m_b)\nreturn m, torch.logsumexp(l_a, -1), o_a"),
+    ("02_triton_tiled_matmul", "matmul_kernel", "acc += tl.str_to_ty('fp32', None)"),
+])
+def test_the_notebooks_check_refuses_what_the_grader_refuses_in_its_words(key, name, code, tmp_path):
+    """A check cell once gave 2/2 to torch.softmax, which the grader refuses: both now read the cell's answer
+    regions with the same rules, and say the same."""
+    import linecache
+
+    from flashlib.course import checks
+    from flashlib.course.checks.framework import run_check
+
+    nb = learner_notebook(key, {name: code})
+    report = grader.grade_notebook(write(nb, tmp_path / f"{key}.ipynb"))
+    exercise = next(e for e in registry.exercises_of(key) if e.answer == name)
+    graded = next(s for s in report.exercises if s.exercise == exercise.key)
+    assert graded.status == "REFUSED"
+    canonical = nbformat.read(EXERCISES / f"{key}.ipynb", as_version=4)
+    submission = answers.take_answers(nb, canonical, key)
+    namespace = {}
+    exec(submission.cells[0].source, namespace)  # the notebook's imports
+    source = submission.answer_cells(exercise.key)[0].source
+    filename = f"<notebook cell {key}>"  # as Jupyter keeps a cell's source for inspect and tracebacks
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), namespace)
+    mine = run_check(checks.CHECKS[exercise.key], namespace[name])
+    assert not mine.passed and mine.points == 0
+    assert graded.feedback in grader._short(mine.feedback), (graded.feedback, mine.feedback)
+
+
 # ------------------------------------------------------------------ points as data
 
 def test_points_are_clamped_and_nan_safe():

@@ -638,12 +638,19 @@ def run_check(check: Check, learner, *, seed: int | None = None,
               time_limit_s: float | None = None) -> results.ExerciseResult:
     """Run ``check`` on the learner's function or kernel; print and return the verdict.
 
-    The cases are the exercise's own (seeded from its id, so the grader sees the
-    same ones); ``seed`` picks other random ones (tests); ``time_limit_s`` overrides
+    An answer the grader's rules refuse (:func:`flashlib.course.policy.refusals_in_notebook`) is refused here
+    too, in the grader's words, and not run. The cases are the exercise's own (seeded from its id, so the
+    grader sees the same ones); ``seed`` picks other random ones (tests); ``time_limit_s`` overrides
     the check's time limit per case. Never raises for mistakes in the learner's code.
     The grader does not read this verdict: it computes its own (see
     :mod:`flashlib.course.grader`).
     """
+    from .. import policy  # the grader's rules on whose work an answer is, read from the notebook cell
+
+    exercise = registry.BY_KEY.get(check.exercise)  # a check of the course's (not a test's own)
+    refused = policy.refusals_in_notebook(exercise, learner) if exercise is not None else []
+    if refused:  # the grader would not run it: neither does the check
+        return verdict(check.exercise, False, policy.describe(refused), [], echo=True)
     cases = make_cases(check, seed)
     passed, headline, details = judge(check, cases, run_learner(check, learner, cases, time_limit_s))
     return verdict(check.exercise, passed, headline, details, echo=True)

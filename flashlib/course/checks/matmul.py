@@ -145,7 +145,7 @@ def _inside_its_operands(case: Case, out: torch.Tensor) -> str | None:
         return (f"read outside A or B along M or N ({stray} loaded elements): C comes out right, since the rows "
                 "of A past M and the columns of B past N only reach elements of C that are never stored, but on a "
                 "GPU such loads read foreign memory or fault. Mask A's loads along M as well as K, "
-                "(offs_m[:, None] < M) & (offs_k[None, :] < K - k), and B's along N as well as K")
+                "(offs_m[:, None] < M) & (offs_k[None, :] + k0 < K), and B's along N as well as K")
     return None
 
 

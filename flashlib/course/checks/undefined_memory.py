@@ -29,6 +29,11 @@ UNDEFINED_LANES = ("a masked tl.load without other= reads undefined values in th
 _UNSET = object()
 
 
+class WildAccess(RuntimeError):
+    """A kernel in the interpreter loaded or stored where none of its tensors lies: refused before it happens,
+    since the interpreter would read or write raw memory there (and end the process, Jupyter's kernel too)."""
+
+
 @contextlib.contextmanager
 def nan_in_masked_lanes(reads: list | None = None):
     """Inside the block, a masked ``tl.load`` without ``other=`` fills its masked-off lanes with NaN.
@@ -42,6 +47,11 @@ def nan_in_masked_lanes(reads: list | None = None):
     ``reads``: a list that receives, for every load, the addresses of the lanes it reads (a numpy array; the
     masked-off lanes left out), for :func:`addresses_outside`. A load past a tensor's edge whose values never
     reach a stored element changes no output, yet on a GPU it reads foreign memory, or faults.
+
+    A load or store of a lane that lies in none of the buffers of the tensors the block's launches were given
+    (a loop that runs too long, a pointer moved by the wrong stride) raises :class:`WildAccess` instead of
+    letting the interpreter touch that memory: a segmentation fault there would end the learner's process
+    with no feedback at all.
     """
     if not runtime.INTERPRET:
         yield
@@ -58,6 +68,7 @@ def nan_in_masked_lanes(reads: list | None = None):
         return
 
     def create_masked_load(ptrs, mask, other, cache_policy, is_volatile):
+        _refuse_wild("loads", ptrs, mask, ranges)
         if reads is not None:
             reads.append(np.ravel(ptrs.data)[np.ravel(np.broadcast_to(mask.data, np.shape(ptrs.data)))]
                          .astype(np.uint64))  # a scalar load has 0-d pointers
@@ -68,15 +79,74 @@ def nan_in_masked_lanes(reads: list | None = None):
                 other = handle(np.full(ptrs.data.shape, np.nan, dtype=dtype), dtype_tt)
         return original(ptrs, mask, other, cache_policy, is_volatile)
 
-    own = vars(builder).get("create_masked_load", _UNSET)
-    builder.create_masked_load = create_masked_load
+    original_store = builder.create_masked_store
+
+    def create_masked_store(ptrs, value, mask, cache_policy):
+        _refuse_wild("stores", ptrs, mask, ranges)
+        return original_store(ptrs, value, mask, cache_policy)
+
+    ranges: list[tuple[int, int]] = []  # (first byte, past the last) of every buffer a launch was given
+    executor = interpreter.GridExecutor
+    original_args = executor._init_args_hst
+
+    def init_args_hst(self, args_dev, kwargs):
+        args_hst, kwargs_hst = original_args(self, args_dev, kwargs)
+        ranges.extend(_buffers(list(args_hst) + list(kwargs_hst.values())))
+        return args_hst, kwargs_hst
+
+    patched = {"create_masked_load": create_masked_load, "create_masked_store": create_masked_store}
+    own = {name: vars(builder).get(name, _UNSET) for name in patched}
+    for name, function in patched.items():
+        setattr(builder, name, function)
+    executor._init_args_hst = init_args_hst
     try:
         yield
     finally:
-        if own is _UNSET:
-            del builder.create_masked_load
-        else:
-            builder.create_masked_load = own
+        executor._init_args_hst = original_args
+        for name, before in own.items():
+            if before is _UNSET:
+                delattr(builder, name)
+            else:
+                setattr(builder, name, before)
+
+
+def _buffers(values) -> list[tuple[int, int]]:
+    """The byte ranges of the storages of the tensors in ``values`` (in tuples, and a descriptor's base)."""
+    out = []
+    for value in values:
+        if isinstance(value, tuple):
+            out += _buffers(value)
+        elif hasattr(value, "base") and hasattr(getattr(value, "base"), "untyped_storage"):
+            out += _buffers([value.base])
+        elif isinstance(value, torch.Tensor):
+            storage = value.untyped_storage()
+            out.append((storage.data_ptr(), storage.data_ptr() + storage.nbytes()))
+    return out
+
+
+def _refuse_wild(what: str, ptrs, mask, ranges) -> None:
+    """Raise :class:`WildAccess` if a lane of ``ptrs`` that ``mask`` keeps lies in none of ``ranges`` (bytes)."""
+    import numpy as np
+
+    if not ranges:  # no launch seen (another Triton): nothing to compare with
+        return
+    addresses = np.ravel(ptrs.data)[np.ravel(np.broadcast_to(mask.data, np.shape(ptrs.data)))].astype(np.uint64)
+    if not addresses.size:
+        return
+    size = np.uint64(np.dtype(_np_dtype_of(ptrs)).itemsize)
+    inside = np.zeros(addresses.shape, dtype=bool)
+    for start, end in ranges:
+        inside |= (addresses >= np.uint64(start)) & (addresses + size <= np.uint64(end))
+    if not inside.all():
+        raise WildAccess(f"the kernel {what} {int((~inside).sum())} element(s) outside every tensor it was given: "
+                         "a loop that runs too long, or pointers moved too far. On a GPU this reads or writes "
+                         "foreign memory, or faults")
+
+
+def _np_dtype_of(ptrs):
+    from triton.runtime import interpreter
+
+    return interpreter._get_np_dtype(ptrs.get_element_ty())
 
 
 def addresses_outside(reads: list, *tensors: torch.Tensor) -> int:
