@@ -198,31 +198,20 @@ def check_answer(exercise: registry.Exercise, source: str, regions: list[tuple[i
             refusals.append(Refusal(line, "rebinding `self` is not allowed in an answer: `self` is the object "
                                           "the method was called on, the only one whose attributes an "
                                           "answer may set"))
-        elif isinstance(node, ast.Name):
-            if node.id.startswith("_") and node.id != "_":
-                refusals.append(Refusal(line, f"`{node.id}`: names starting with _ are not allowed in an answer"))
-            elif node.id in forbidden_flashlib:
-                refusals.append(Refusal(line, f"`{node.id}` is flashlib's finished code: the exercise is to "
+        elif isinstance(node, (ast.Name, ast.Attribute)):
+            is_name = isinstance(node, ast.Name)
+            word, shown = (node.id, f"`{node.id}`") if is_name else (node.attr, f"`.{node.attr}`")
+            if word.startswith("_") and word != "_":
+                refusals.append(Refusal(line, f"{shown}: {'names' if is_name else 'attributes'} starting with _ "
+                                              "are not allowed in an answer"))
+            elif is_name and word in forbidden_flashlib:
+                refusals.append(Refusal(line, f"{shown} is flashlib's finished code: the exercise is to "
                                               "write it yourself"))
-            elif node.id in forbidden:
-                refusals.append(Refusal(line, f"`{node.id}` is not allowed in this answer"
-                                              + _why(node.id, exercise)))
-            elif _spelling(node.id) in spellings:
-                name = spellings[_spelling(node.id)]
-                refusals.append(Refusal(line, f"`{node.id}` is not allowed in this answer (it is `{name}` "
-                                              "by another spelling)" + _why(name, exercise)))
-            else:
-                refusals += [Refusal(*problem) for problem in chains.problems_of(node, parents.get(node))]
-        elif isinstance(node, ast.Attribute):
-            if node.attr.startswith("_"):
-                refusals.append(Refusal(line, f"`.{node.attr}`: attributes starting with _ are not allowed "
-                                              "in an answer"))
-            elif node.attr in forbidden_attributes:
-                refusals.append(Refusal(line, f"`.{node.attr}` is not allowed in this answer"
-                                              + _why(node.attr, exercise)))
-            elif _spelling(node.attr) in spellings:
-                name = spellings[_spelling(node.attr)]
-                refusals.append(Refusal(line, f"`.{node.attr}` is not allowed in this answer (it is `{name}` "
+            elif word in (forbidden if is_name else forbidden_attributes):
+                refusals.append(Refusal(line, f"{shown} is not allowed in this answer" + _why(word, exercise)))
+            elif _spelling(word) in spellings:
+                name = spellings[_spelling(word)]
+                refusals.append(Refusal(line, f"{shown} is not allowed in this answer (it is `{name}` "
                                               "by another spelling)" + _why(name, exercise)))
             else:
                 refusals += [Refusal(*problem) for problem in chains.problems_of(node, parents.get(node))]
