@@ -263,7 +263,7 @@ def _module_name(module: types.ModuleType) -> str | None:
 
 def _held_module(target: object) -> str | None:
     """The name of a public attribute of ``target`` (not a module) that is a module, if it has one: its own, or
-    its class's. Such an object, held as a value, would take the module out of :class:`_Chains`' sight
+    its class's. Such an object, held as a value, would take the module out of :class:`Chains`' sight
     (``s = tl.semantic.TritonSemantic`` then ``s.lang.typing``). Read statically, like every step of a chain."""
     kind = type(target)
     classes = type.__dict__["__mro__"].__get__(target if issubclass(kind, type) else kind)
