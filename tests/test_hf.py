@@ -295,6 +295,38 @@ def test_packed_sequences_match_sdpa_and_never_attend_across(name, calls, model)
     assert {call[0] for call in calls} == {"varlen"} and all(call[1] == max(lengths) for call in calls)
 
 
+def test_nan_in_padding_never_reaches_a_valid_output_or_gradient(name):
+    """Key padding of a bidirectional layer (cross-attention, N_q != N_k) and the padding around packed sequences
+    are never read: NaN there leaves the outputs and gradients of the valid tokens as they are without it."""
+    module, q, k, v = attention_inputs(n_q=5, n_k=6, seed=4)
+    module.is_causal = False
+    keys = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]], dtype=torch.bool, device=DEVICE)
+    blocks = torch.zeros(6, 6, dtype=torch.bool, device=DEVICE)
+    blocks[:2, :2], blocks[2:5, 2:5] = True, True  # two sequences, the last token padding
+    packed = (blocks & torch.ones(6, 6, dtype=torch.bool, device=DEVICE).tril())[None, None].expand(2, 1, 6, 6)
+    causal = types.SimpleNamespace(is_causal=True, num_key_value_groups=2)
+    for layer, mask, queries, padded in ((module, keys, q, (0, slice(None), slice(4, None))),
+                                         (causal, packed, attention_inputs(n_q=6, n_k=6, seed=5)[1],
+                                          (slice(None), slice(None), slice(5, None)))):
+        results = []
+        for fill in (None, float("nan")):
+            leaves = [t.clone() for t in (queries, k, v)]
+            if fill is not None:
+                for t in leaves[1:] if layer is module else leaves:
+                    t[padded] = fill
+            leaves = [t.requires_grad_() for t in leaves]
+            out = hf.flashlib_attention_forward(layer, *leaves, mask)[0]
+            valid = out if layer is module else out[:, :5]
+            valid.square().sum().backward()
+            results.append((valid.detach(), [t.grad.clone() for t in leaves]))
+        (clean, clean_grads), (dirty, dirty_grads) = results
+        assert torch.equal(clean, dirty) and not dirty.isnan().any()
+        for a, b in zip(clean_grads, dirty_grads):
+            kept = torch.ones_like(a, dtype=torch.bool)
+            kept[padded] = False
+            assert torch.equal(a[kept], b[kept]) and not b[kept].isnan().any()
+
+
 def test_packed_sequences_and_their_mask_must_agree(name):
     module, q, k, v = attention_inputs(n_q=6, n_k=6)
     q, k, v = q[:1], k[:1], v[:1]

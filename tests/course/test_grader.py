@@ -365,6 +365,28 @@ def test_the_notebooks_check_refuses_what_the_grader_refuses_in_its_words(key, n
     assert graded.feedback in grader._short(mine.feedback), (graded.feedback, mine.feedback)
 
 
+def test_a_blank_exercise_is_not_attempted_in_the_notebook_not_refused():
+    """The placeholder of a generated exercise is no answer to read: the check cell says not attempted."""
+    import linecache
+
+    from flashlib.course import checks
+    from flashlib.course.checks.framework import run_check
+
+    key, name = "01_naive_attention", "stable_softmax"
+    canonical = nbformat.read(EXERCISES / f"{key}.ipynb", as_version=4)
+    submission = answers.take_answers(canonical, canonical, key)
+    exercise = next(e for e in registry.exercises_of(key) if e.answer == name)
+    source = submission.answer_cells(exercise.key)[0].source
+    filename = "<notebook cell blank>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    namespace = {}
+    exec(submission.cells[0].source, namespace)
+    exec(compile(source, filename, "exec"), namespace)
+    assert policy.refusals_in_notebook(exercise, namespace[name]) == []
+    result = run_check(checks.CHECKS[exercise.key], namespace[name])
+    assert not result.passed and "not attempted" in result.feedback and "refused" not in result.feedback
+
+
 # ------------------------------------------------------------------ points as data
 
 def test_points_are_clamped_and_nan_safe():
