@@ -238,10 +238,20 @@ def _packed_sequences(mask, options, batch: int, n_q: int, n_k: int):
 
 def _attend_packed(q, k, v, index, cu_seqlens, longest, options):
     """Attention of (B, N, H, D) q, k, v within the packed sequences of :func:`_packed_sequences`; 0 at padding."""
-    batch, n = q.shape[:2]
-    tokens = [t.reshape(batch * n, *t.shape[2:])[index] for t in (q, k, v)]
-    out = flash_attention_varlen(*tokens, cu_seqlens, cu_seqlens, longest, longest, **options)
-    return out.new_zeros(batch * n, *out.shape[1:]).index_copy(0, index, out).view(batch, n, *out.shape[1:])
+    return _varlen_of_tokens(q, k, v, index, index, cu_seqlens, cu_seqlens, longest, longest, options)
+
+
+def _varlen_of_tokens(q, k, v, q_index, k_index, cu_q, cu_k, max_q, max_k, options):
+    """Attention of the tokens of (B, N, H, D) q, k, v that the flat indices pick (``q_index`` None: every query),
+    packed for ``flash_attention_varlen`` (as flash-attention-2's unpadding), and the output back in (B, N_q, H, D),
+    0 where no query was picked. Only the picked tokens are read: padding, whatever it holds, never is."""
+    batch, n_q, n_k = q.shape[0], q.shape[1], k.shape[1]
+    q_rows, k_rows, v_rows = (t.reshape(batch * n, *t.shape[2:]) for t, n in ((q, n_q), (k, n_k), (v, n_k)))
+    out = flash_attention_varlen(q_rows if q_index is None else q_rows[q_index], k_rows[k_index], v_rows[k_index],
+                                 cu_q, cu_k, max_q, max_k, **options)
+    if q_index is not None:
+        out = out.new_zeros(batch * n_q, *out.shape[1:]).index_copy(0, q_index, out)
+    return out.view(batch, n_q, *out.shape[1:])
 
 
 def _keys_only(options) -> bool:
@@ -261,10 +271,7 @@ def _attend_keys_padded(q, k, v, mask, options):
     k_index = mask.flatten().nonzero().squeeze(1)
     cu_q = torch.arange(0, (batch + 1) * n_q, n_q, dtype=torch.int32, device=q.device)
     cu_k = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
-    out = flash_attention_varlen(q.reshape(batch * n_q, *q.shape[2:]), k.reshape(batch * n_k, *k.shape[2:])[k_index],
-                                 v.reshape(batch * n_k, *v.shape[2:])[k_index], cu_q, cu_k, n_q, int(lengths.max()),
-                                 **options)
-    return out.view(batch, n_q, *out.shape[1:])
+    return _varlen_of_tokens(q, k, v, None, k_index, cu_q, cu_k, n_q, int(lengths.max()), options)
 
 
 def _attend_padded(q, k, v, mask, options):
@@ -286,11 +293,8 @@ def _attend_padded(q, k, v, mask, options):
     q_lengths = q_mask.sum(-1, dtype=torch.int32)
     q_index, k_index = q_mask.flatten().nonzero().squeeze(1), mask.flatten().nonzero().squeeze(1)
     cu_q, cu_k = (F.pad(n.cumsum(0, dtype=torch.int32), (1, 0)) for n in (q_lengths, lengths))
-    out = flash_attention_varlen(q.reshape(batch * n_q, *q.shape[2:])[q_index],
-                                 k.reshape(batch * n_k, *k.shape[2:])[k_index],
-                                 v.reshape(batch * n_k, *v.shape[2:])[k_index],
-                                 cu_q, cu_k, int(q_lengths.max()), int(lengths.max()), **options)
-    return out.new_zeros(batch * n_q, *out.shape[1:]).index_copy(0, q_index, out).view(batch, n_q, *out.shape[1:])
+    return _varlen_of_tokens(q, k, v, q_index, k_index, cu_q, cu_k, int(q_lengths.max()), int(lengths.max()),
+                             options)
 
 
 def _allowed(mask: torch.Tensor, what: str) -> torch.Tensor:

@@ -68,7 +68,7 @@ def nan_in_masked_lanes(reads: list | None = None):
         return
 
     def create_masked_load(ptrs, mask, other, cache_policy, is_volatile):
-        _refuse_wild("loads", ptrs, mask, ranges)
+        _refuse_wild("loads", ptrs, mask, ranges, np_dtype)
         if reads is not None:
             reads.append(np.ravel(ptrs.data)[np.ravel(np.broadcast_to(mask.data, np.shape(ptrs.data)))]
                          .astype(np.uint64))  # a scalar load has 0-d pointers
@@ -82,7 +82,7 @@ def nan_in_masked_lanes(reads: list | None = None):
     original_store = builder.create_masked_store
 
     def create_masked_store(ptrs, value, mask, cache_policy):
-        _refuse_wild("stores", ptrs, mask, ranges)
+        _refuse_wild("stores", ptrs, mask, ranges, np_dtype)
         return original_store(ptrs, value, mask, cache_policy)
 
     ranges: list[tuple[int, int]] = []  # (first byte, past the last) of every buffer a launch was given
@@ -124,7 +124,7 @@ def _buffers(values) -> list[tuple[int, int]]:
     return out
 
 
-def _refuse_wild(what: str, ptrs, mask, ranges) -> None:
+def _refuse_wild(what: str, ptrs, mask, ranges, np_dtype) -> None:
     """Raise :class:`WildAccess` if a lane of ``ptrs`` that ``mask`` keeps lies in none of ``ranges`` (bytes)."""
     import numpy as np
 
@@ -133,7 +133,7 @@ def _refuse_wild(what: str, ptrs, mask, ranges) -> None:
     addresses = np.ravel(ptrs.data)[np.ravel(np.broadcast_to(mask.data, np.shape(ptrs.data)))].astype(np.uint64)
     if not addresses.size:
         return
-    size = np.uint64(np.dtype(_np_dtype_of(ptrs)).itemsize)
+    size = np.uint64(np.dtype(np_dtype(ptrs.get_element_ty())).itemsize)
     inside = np.zeros(addresses.shape, dtype=bool)
     for start, end in ranges:
         inside |= (addresses >= np.uint64(start)) & (addresses + size <= np.uint64(end))
@@ -141,12 +141,6 @@ def _refuse_wild(what: str, ptrs, mask, ranges) -> None:
         raise WildAccess(f"the kernel {what} {int((~inside).sum())} element(s) outside every tensor it was given: "
                          "a loop that runs too long, or pointers moved too far. On a GPU this reads or writes "
                          "foreign memory, or faults")
-
-
-def _np_dtype_of(ptrs):
-    from triton.runtime import interpreter
-
-    return interpreter._get_np_dtype(ptrs.get_element_ty())
 
 
 def addresses_outside(reads: list, *tensors: torch.Tensor) -> int:
