@@ -584,6 +584,53 @@ def test_outputs_looked_up_in_a_table_pass_the_notebook_but_not_the_grader(tmp_p
     assert got["naive_attention"].status == "PASS"
 
 
+@pytest.mark.parametrize("seed", [3, 11])
+def test_every_exercise_gets_a_hidden_case_the_notebook_never_ran(seed):
+    """Formula exercises draw plain numbers, not tensors; their hidden case was once taken for a public one (only
+    tensors were compared), so four exercises had none and a table of their public outputs passed the grader."""
+    from flashlib.course.checks import CHECKS
+    from flashlib.course.checks.framework import hidden_case, make_cases
+
+    for key, check in CHECKS.items():
+        hidden = hidden_case(check, grader.hidden_seed(seed, key))
+        assert hidden is not None, key
+        assert not any(hidden.description == case.description and equal_values(hidden.args, case.args)
+                       for case in make_cases(check)), key
+
+
+def equal_values(a, b) -> bool:
+    """Tensors by torch.equal, containers item by item, anything else by ==."""
+    import torch
+
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, (tuple, list)):
+        return isinstance(b, (tuple, list)) and len(a) == len(b) and all(map(equal_values, a, b))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(equal_values(a[k], b[k]) for k in a)
+    return a == b
+
+
+def test_a_table_of_a_formula_exercises_public_outputs_fails_the_grader(tmp_path):
+    from flashlib.course import checks
+    from flashlib.course.checks.framework import make_cases, run_check
+
+    key = "07_performance.attention_flops"
+    table = {(shape, kwargs["causal"], kwargs["mode"]): float(value)
+             for case in make_cases(checks.CHECKS[key])
+             for (shape, kwargs), value in zip(case.args[0], case.expected.tolist())}
+    code = f"table = {table!r}\nreturn table[((batch, heads, n, d), causal, mode)]"
+    namespace = {}
+    exec('def attention_flops(batch, heads, n, d, causal=False, mode="fwd"):\n' + textwrap.indent(code, "    "),
+         namespace)
+    assert run_check(checks.CHECKS[key], namespace["attention_flops"]).passed
+    path = write(learner_notebook("07_performance", {"attention_flops": code}), tmp_path / "07_performance.ipynb")
+    got = scores(grader.grade_notebook(path, case_seed=5))
+    assert got["attention_flops"].status == "FAIL"
+    assert "right on the notebook's cases, not on a case only the grader draws" in got["attention_flops"].feedback
+    assert got["achieved_tflops"].status == "PASS"
+
+
 def test_the_hidden_case_is_new_reproducible_and_judged_after_the_public_ones():
     from flashlib.course.checks import CHECKS
     from flashlib.course.checks.framework import hidden_case, judge, make_cases, run_learner
