@@ -24,6 +24,16 @@ session lent a GPU runs ``timings``, ``grid`` and ``extras``, and ``tests`` agai
 (``--steps gpu_tests``: the unreached 25 are not named in that log). ``--steps`` runs part of a stage when less
 device time is left than the whole needs.
 
+The grid measures the forward and backward with the settings the timings decide. A machine is given back 30 s
+after a call, too soon to edit those settings by hand between the two calls, so the timings call also copies its
+logs to ``build/backlog`` (ignored by git, so kept on the machine between calls) and the grid call first writes
+their settings into its own copy of the tree:
+
+    ... gpu_backlog.py timings --out $OUT && mkdir -p build/backlog && cp $OUT/*.log build/backlog/
+    python3 benchmarks/gpu_backlog.py apply --out build/backlog; ... gpu_backlog.py grid --out $OUT
+
+and here ``apply --out DIR`` on the fetched logs writes the same values (their comments are a person's job).
+
 ``--dry-run`` runs nothing: it checks that every step's files exist and that its script's parser takes its
 arguments (tests/test_gpu_backlog.py does so on the CPU), so that a renamed option cannot cost a GPU call.
 """
@@ -307,10 +317,71 @@ def decisions(out: Path) -> list:
     return lines
 
 
+#: Where each setting that a timings log decides lives.
+SETTING_FILES = {"FP8_HEAD_DIMS": "flashlib/kernels/attention_fwd_hopper.py",
+                 "FP8_WEIGHTS_SHARED": "flashlib/kernels/attention_fwd_hopper.py",
+                 "FP8_Q_IN_REGISTERS": "flashlib/kernels/attention_fwd_hopper.py",
+                 "Q_IN_REGISTERS_HEAD_DIMS": "flashlib/kernels/attention_fwd_hopper.py",
+                 "DQ_REGISTER_OPERANDS": "flashlib/kernels/attention_bwd_hopper.py",
+                 "DKDV_REGISTER_OPERANDS": "flashlib/kernels/attention_bwd_hopper.py"}
+
+
+def _every_point_wins(rows, d, ratio) -> bool:
+    values = [ratio(row) for row in rows if row.get("d") == d and "N" in row]
+    values = [v for v in values if v is not None]
+    return bool(values) and min(values) > 1
+
+
+def settings(out: Path) -> dict:
+    """The values the timings logs under ``out`` decide, by the rules :func:`decisions` states: a head dim joins a
+    tuple where its route is faster at every timed point and none of the step's checks failed; a placement flag
+    flips where the other placement is faster at every point of every head dim FP8 is routed at. A setting whose
+    log is missing or whose checks failed is left out (it keeps its value)."""
+    chosen = {}
+    fp8 = log_rows(out / "gluon_fp8_ab.log")
+    if fp8 and not _failed_checks(fp8):
+        dims = tuple(d for d in (128, 64)
+                     if _every_point_wins(fp8, d, lambda r: _ratio(r, "fp8_triton_ms", "fp8_gluon_ms")))
+        chosen["FP8_HEAD_DIMS"] = dims
+        if dims:
+            chosen["FP8_WEIGHTS_SHARED"] = not all(
+                _every_point_wins(fp8, d, lambda r: _ratio(r, "fp8_gluon_ms", "fp8_gluon_registers_ms")) for d in dims)
+            chosen["FP8_Q_IN_REGISTERS"] = not all(
+                _every_point_wins(fp8, d, lambda r: _ratio(r, "fp8_gluon_ms", "fp8_gluon_q_shared_ms")) for d in dims)
+    for log, name, dims, ratio in (
+            ("gluon_dq_ab", "DQ_REGISTER_OPERANDS", (128, 64), lambda r: r.get("dq regs/shared")),
+            ("gluon_bwd_ab", "DKDV_REGISTER_OPERANDS", (64,), lambda r: _ratio(r, "gluon_regs_tflops", "gluon_tflops")),
+            ("gluon_fwd_ab", "Q_IN_REGISTERS_HEAD_DIMS", (128, 64), lambda r: r.get("qregs/gluon"))):
+        rows = log_rows(out / f"{log}.log")
+        if rows and not _failed_checks(rows):
+            chosen[name] = tuple(d for d in dims if _every_point_wins(rows, d, ratio))
+    return chosen
+
+
+def apply_settings(chosen: dict, root: Path = ROOT) -> list:
+    """Write ``chosen`` into the kernels' sources under ``root`` (each setting's one assignment line; its comment
+    is left for a person to update) and return the lines changed. The device call that runs the grid applies the
+    timings' settings to its own copy of the tree first, so that the grid measures what they decided."""
+    changed = []
+    for name, value in chosen.items():
+        path = root / SETTING_FILES[name]
+        text = path.read_text()
+        annotation = ": tuple[int, ...]" if isinstance(value, tuple) else ""
+        line = f"{name}{annotation} = {value!r}"
+        new, count = re.subn(rf"^{name}(: [^=]+)? = .*$", line, text, count=1, flags=re.MULTILINE)
+        if count != 1:
+            raise SystemExit(f"no assignment of {name} in {path}")
+        if new != text:
+            path.write_text(new)
+            changed.append(f"{SETTING_FILES[name]}: {line}")
+    return changed
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("stage", choices=sorted(STAGES) + ["summary"],
-                        help="a stage to run, or 'summary': what the logs under --out decide (no GPU needed)")
+    parser.add_argument("stage", choices=sorted(STAGES) + ["summary", "apply"],
+                        help="a stage to run; 'summary': what the logs under --out decide (no GPU needed); "
+                             "'apply': write what they decide into the kernels' settings")
     parser.add_argument("--out", type=Path, default=Path("backlog"))
     parser.add_argument("--dry-run", action="store_true", help="check every step's arguments; run nothing")
     parser.add_argument("--steps", default="",
@@ -320,6 +391,9 @@ def main(argv=None) -> int:
     if args.stage == "summary":
         for step, question, answer in decisions(args.out):
             print(f"{step}: {question}: {answer}")
+        return 0
+    if args.stage == "apply":
+        print("\n".join(apply_settings(settings(args.out))) or "no setting changed")
         return 0
     steps = STAGES[args.stage]
     if args.steps:

@@ -157,3 +157,42 @@ def test_the_summary_compares_the_dropout_config_with_the_default_one(tmp_path):
 
 def test_the_summary_of_an_empty_folder_decides_nothing(tmp_path):
     assert gpu_backlog.decisions(tmp_path) == []
+
+
+def _write_log(out: Path, name: str, rows) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.log").write_text("# header\n" + "\n".join(json.dumps(row) for row in rows) + "\n")
+
+
+def test_the_timings_decide_the_settings_by_the_stated_rules(tmp_path):
+    """A head dim joins a tuple only where its route wins at every point; failed checks leave a setting alone."""
+    points = (1024, 4096, 16384)
+    _write_log(tmp_path, "gluon_fp8_ab", [
+        {"d": d, "N": n, "fp8_triton_ms": 1.0, "fp8_gluon_ms": 0.9 if d == 128 else (0.9 if n < 16384 else 1.1),
+         "fp8_gluon_registers_ms": 0.8, "fp8_gluon_q_shared_ms": 1.0} for d in (128, 64) for n in points])
+    _write_log(tmp_path, "gluon_dq_ab", [{"d": d, "N": n, "dq regs/shared": 1.02} for d in (128, 64) for n in points]
+               + [{"case": "grad", "d": 64, "status": "mismatch"}])
+    _write_log(tmp_path, "gluon_bwd_ab", [{"d": 64, "N": n, "gluon_regs_tflops": 300, "gluon_tflops": 290}
+                                          for n in points])
+    _write_log(tmp_path, "gluon_fwd_ab", [{"d": d, "N": n, "qregs/gluon": 1.01 if d == 64 else 0.99}
+                                          for d in (128, 64) for n in points])
+    assert gpu_backlog.settings(tmp_path) == {
+        "FP8_HEAD_DIMS": (128,), "FP8_WEIGHTS_SHARED": False, "FP8_Q_IN_REGISTERS": True,
+        "DKDV_REGISTER_OPERANDS": (64,), "Q_IN_REGISTERS_HEAD_DIMS": (64,)}  # dq: a failed check, left alone
+
+
+def test_applying_settings_rewrites_only_their_assignments(tmp_path):
+    root = BENCHMARKS.parent
+    for relative in set(gpu_backlog.SETTING_FILES.values()):
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / relative).write_text((root / relative).read_text())
+    shared = "\nFP8_WEIGHTS_SHARED = True\n" in (root / gpu_backlog.SETTING_FILES["FP8_WEIGHTS_SHARED"]).read_text()
+    # Values no head dim list holds today, and the flag flipped, so that each is a change.
+    chosen = {"FP8_HEAD_DIMS": (256, 32), "FP8_WEIGHTS_SHARED": not shared, "DQ_REGISTER_OPERANDS": (256,)}
+    changed = gpu_backlog.apply_settings(chosen, tmp_path)
+    assert len(changed) == 3
+    fwd = (tmp_path / gpu_backlog.SETTING_FILES["FP8_HEAD_DIMS"]).read_text()
+    assert "\nFP8_HEAD_DIMS: tuple[int, ...] = (256, 32)\n" in fwd and f"\nFP8_WEIGHTS_SHARED = {not shared}\n" in fwd
+    before = (root / gpu_backlog.SETTING_FILES["FP8_HEAD_DIMS"]).read_text().splitlines()
+    assert sum(a != b for a, b in zip(before, fwd.splitlines())) == 2 and len(before) == len(fwd.splitlines())
+    assert gpu_backlog.apply_settings(chosen, tmp_path) == []  # applied twice: nothing more changes
