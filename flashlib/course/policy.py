@@ -179,9 +179,10 @@ def check_answer(exercise: registry.Exercise, source: str, regions: list[tuple[i
     forbidden_flashlib = set(given_flashlib) - allowed
     imports = dict(reach.COURSE_IMPORTS if given_sources is None else reach.given_imports(given_sources))
     imports.update(reach.given_imports([source]))
+    reads = reach.global_reads(tree)
     chains = reach.Chains({name: binding for name, binding in imports.items()
                            if name not in forbidden | forbidden_flashlib and _spelling(name) not in spellings},
-                          reach.global_reads(tree))
+                          reads)
     parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
     called = set()
     for node in ast.walk(tree):
@@ -201,6 +202,9 @@ def check_answer(exercise: registry.Exercise, source: str, regions: list[tuple[i
         elif isinstance(node, (ast.Name, ast.Attribute)):
             is_name = isinstance(node, ast.Name)
             word, shown = (node.id, f"`{node.id}`") if is_name else (node.attr, f"`.{node.attr}`")
+            own = is_name and id(node) not in reads  # a local of the answer's own (bound or read in its scope)
+            if own and not word.startswith("__"):
+                continue
             if word.startswith("_") and word != "_":
                 refusals.append(Refusal(line, f"{shown}: {'names' if is_name else 'attributes'} starting with _ "
                                               "are not allowed in an answer"))
@@ -218,7 +222,7 @@ def check_answer(exercise: registry.Exercise, source: str, regions: list[tuple[i
         elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
             targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
             for target in targets:
-                for sub in ast.walk(target):
+                for sub in _stored(target):
                     if isinstance(sub, ast.Attribute) and not (isinstance(sub.value, ast.Name)
                                                                and sub.value.id == "self"):
                         refusals.append(Refusal(line, "assigning to attributes of other objects is not "
@@ -271,3 +275,21 @@ def _unique(refusals: list[Refusal]) -> list[Refusal]:
             seen.add((refusal.line, refusal.message))
             out.append(refusal)
     return out
+
+
+def _stored(target: ast.AST):
+    """The nodes a target stores into: through tuples and starred names, and a subscript's object (its index
+    is only read, and the rules on names and attributes read it like any other expression)."""
+    stack = [target]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.Tuple, ast.List)):
+            stack += node.elts
+        elif isinstance(node, ast.Starred):
+            stack.append(node.value)
+        elif isinstance(node, ast.Subscript):
+            stack.append(node.value)
+        else:
+            yield node
+            if isinstance(node, ast.Attribute):
+                stack.append(node.value)

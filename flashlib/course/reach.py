@@ -380,7 +380,7 @@ def global_reads(tree: ast.AST) -> set[int]:
         if isinstance(node, ast.Name):
             if isinstance(node.ctx, ast.Load) and not any(
                     node.id in names for depth, (kind, names) in enumerate(reversed(scopes))
-                    if kind != "class" or depth == 0):
+                    if kind != "class"):  # a class body reads globals until it binds the name (LOAD_NAME)
                 reads.add(id(node))
         elif isinstance(node, _FUNCTIONS):
             outside = [*node.args.defaults, *(d for d in node.args.kw_defaults if d is not None)]

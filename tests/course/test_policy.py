@@ -104,6 +104,15 @@ RED_TEAM = [
     ("08_in_practice", "GQAttention",
      "if False:\n    flash_attention(x, x, x)\nself.set_attention('sdpa')\nreturn self.attend(x, x, x)",
      ["`.set_attention` is not allowed", "`.attend` is not allowed"]),
+    # a class body reads the global until it binds the name: `ld` is torch.load, whatever torch is later
+    ("01_naive_attention", "stable_softmax", "class A:\n    ld = torch.load\n    torch = None\nreturn A.ld",
+     ["`torch.load`"]),
+    ("01_naive_attention", "stable_softmax", "class A:\n    e = exec\n    exec = None\nreturn x",
+     ["`exec` is not allowed"]),
+    # a double underscore stays refused, even for the answer's own name
+    ("01_naive_attention", "stable_softmax", "__x = x\nreturn __x", ["`__x`: names starting with _"]),
+    # an assignment into a subscript of an attribute is still one to the attribute's object
+    ("01_naive_attention", "stable_softmax", "x.data[0] = 0\nreturn x", ["assigning to attributes"]),
 ]
 
 
@@ -240,6 +249,21 @@ def test_every_solution_is_accepted(pass_given):
     ("04_flash_forward", "flash_forward_kernel",
      "s = tl.math.exp2(tl.zeros([16, 16], dtype=tl.float32)) * triton.cdiv(4, 2)\n"
      "t = tl.extra.cuda.libdevice.exp(s) if tl.constexpr(False) else s"),
+    # an index that reads attributes is read, not assigned to (session 51's audit: refused as monkey-patching)
+    ("01_naive_attention", "stable_softmax",
+     "m = x.amax(dim=-1, keepdim=True)\nm[torch.isinf(m)] = 0\nm[m == -math.inf] = 0\nreturn (x - m).exp()"),
+    # the learner's own variables may be named like what the exercise forbids: they hold only what was assigned
+    ("01_naive_attention", "stable_softmax",
+     "e = (x - x.amax(dim=-1, keepdim=True)).exp()\nsoftmax = e / e.sum(-1, keepdim=True)\nsoft_max = softmax\n"
+     "type = x.dtype\nvars = e.sum(-1)\nreturn soft_max.to(type)"),
+    ("09_decoding", "merge_splits",
+     "m = lse_parts.amax(0)\nlog_sum_exp = m + (lse_parts - m).exp().sum(0).log()\n"
+     "return (o_parts * (lse_parts - log_sum_exp).exp()[..., None]).sum(0), log_sum_exp"),
+    ("06_masking", "causal_block_range", "tiles = 1\nreturn 0, tiles * 0 + n_k"),
+    # and their own helpers may start with one underscore
+    ("01_naive_attention", "stable_softmax",
+     "def _shifted(a):\n    return a - a.amax(dim=-1, keepdim=True)\n_e = _shifted(x).exp()\n"
+     "return _e / _e.sum(-1, keepdim=True)"),
 ])
 def test_legit_answer_code_is_accepted(key, answer, code):
     assert refusals(key, answer, code) == ""
@@ -284,8 +308,9 @@ def test_global_reads_follow_pythons_scopes():
     reads = reach.global_reads(tree)
     got = [(node.lineno, node.col_offset) for node in ast.walk(tree)
            if isinstance(node, ast.Name) and node.id == "torch" and id(node) in reads]
-    # line 3: `b = torch`; line 4: the first iterable only; line 9: the method does not see K's torch
-    assert sorted(got) == [(3, 8), (4, 28), (9, 19)]
+    # line 3: `b = torch`; line 4: the first iterable only; line 7: a class body reads a global until the name is
+    # bound there (taken as a global read wherever it stands, the safe side); line 9: the method does not see K's
+    assert sorted(got) == [(3, 8), (4, 28), (7, 12), (9, 19)]
 
 
 def test_deep_answers_are_read_without_recursion_or_refused_by_name():
