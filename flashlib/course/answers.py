@@ -25,6 +25,7 @@ import ast
 import dataclasses
 import re
 import symtable
+from pathlib import Path
 
 import nbformat
 
@@ -110,7 +111,7 @@ def _defines(source: str, name: str) -> bool:
     return re.search(rf"^[ \t]*(?:async[ \t]+)?(?:def|class)[ \t]+{re.escape(name)}\b", source, re.M) is not None
 
 
-def _canonical_cells(canonical: nbformat.NotebookNode, notebook: str) -> list[Cell]:
+def canonical_cells(canonical: nbformat.NotebookNode, notebook: str) -> list[Cell]:
     """The canonical notebook's code cells, each marked as given, demo, answer (with its exercise) or check."""
     by_answer = {exercise.answer: exercise.key for exercise in registry.exercises_of(notebook)}
     cells = []
@@ -175,7 +176,7 @@ def _splice(canonical_lines: list[str], canonical_pairs, regions: list[list[str]
 def take_answers(learner: nbformat.NotebookNode, canonical: nbformat.NotebookNode,
                  notebook: str) -> Submission:
     """The canonical exercise notebook ``canonical`` (key ``notebook``) with the learner's answers in it."""
-    cells = _canonical_cells(canonical, notebook)
+    cells = canonical_cells(canonical, notebook)
     canonical_ids = {index: canonical.cells[index].get("id") for index in range(len(canonical.cells))}
     learner_code = [cell for cell in learner.cells if cell.cell_type == "code"]
     learner_by_id = {cell.get("id"): cell for cell in learner.cells if cell.get("id")}
@@ -262,6 +263,39 @@ def _bound_or_changed(source: str) -> set[str]:
     return names
 
 
+#: The course's generated exercise notebooks, beside the package: the grader's canonical notebooks by default.
+EXERCISES_DIR = Path(__file__).resolve().parents[2] / "exercises"
+
+
+def course_notebook(notebook: str) -> nbformat.NotebookNode | None:
+    """The course's exercise notebook ``notebook`` in :data:`EXERCISES_DIR`, or None where it is not there: the
+    grader's default canonical notebook, read in the learner's notebook too."""
+    path = EXERCISES_DIR / f"{notebook}.ipynb"
+    return nbformat.read(path, as_version=4) if path.is_file() else None
+
+
+def names_an_answer_may_read(cells: list[Cell]) -> set[str]:
+    """The global names that the cells the grader runs may bind: every cell's but the check cells' (the grader
+    never runs those)."""
+    return names_bound([cell.source for cell in cells if cell.kind != CHECK])
+
+
+def names_bound(sources: list[str]) -> set[str]:
+    """Every global name the cells bind (assignment, import, def, class, for, with; ``global`` in a function):
+    what an answer, run among these cells, may read. Cells that do not parse (or nest too deeply for Python's
+    parser) bind nothing here."""
+    names = set()
+    for source in sources:
+        try:
+            tables = _tables(source)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):  # the rules refuse such a cell themselves
+            continue
+        names |= {symbol.get_name() for table in tables for symbol in table.get_symbols()
+                  if (table.get_type() == "module" or symbol.is_declared_global())
+                  and (symbol.is_assigned() or symbol.is_imported())}
+    return names
+
+
 def _globals_read(source: str) -> set[str]:
     """Global names a cell reads: at its top level, or inside a function or class where they are not local."""
     return {symbol.get_name() for table in _tables(source) for symbol in table.get_symbols()
@@ -274,7 +308,7 @@ def demo_names_used_later(canonical: nbformat.NotebookNode, notebook: str) -> li
     Empty when skipping the demo cells changes nothing the graded cells can see by name.
     """
     found, demo_names = [], {}
-    for cell in _canonical_cells(canonical, notebook):
+    for cell in canonical_cells(canonical, notebook):
         if cell.kind == DEMO:
             for name in _bound_or_changed(cell.source):
                 demo_names[name] = cell.index

@@ -149,7 +149,7 @@ def _scores_for(notebook: str, status: str, feedback: str) -> list[ExerciseScore
 
 def default_exercises_dir() -> Path:
     """The course's generated exercise notebooks (``exercises/`` beside the package)."""
-    return Path(__file__).resolve().parents[2] / "exercises"
+    return answers.EXERCISES_DIR
 
 
 def _worker_env(workdir: str) -> dict[str, str]:
@@ -249,6 +249,7 @@ def _cells_to_run(submission: answers.Submission, canonical: nbformat.NotebookNo
     """
     given_sources = [cell.source for cell in submission.cells if cell.kind != answers.ANSWER]
     given = policy.flashlib_names(given_sources)
+    readable = answers.names_an_answer_may_read(submission.cells)
     refused: dict[str, str] = {}
     sources = {}
     for cell in submission.cells:
@@ -258,7 +259,7 @@ def _cells_to_run(submission: answers.Submission, canonical: nbformat.NotebookNo
             regions = [(first, last) for first, last in cell.regions
                        if not answers.is_unattempted("\n".join(lines[first - 1:last]))]
             problems = policy.check_answer(registry.exercise(cell.exercise), cell.source, regions, given,
-                                           given_sources=given_sources)
+                                           given_sources=given_sources, notebook_names=readable)
             if regions and problems and enforce_policy:
                 refused[cell.exercise] = policy.describe(problems)
                 sources[cell.index] = canonical.cells[cell.index].source

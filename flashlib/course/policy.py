@@ -42,6 +42,7 @@ whatever these rules miss.
 from __future__ import annotations
 
 import ast
+import builtins
 import dataclasses
 import linecache
 
@@ -69,7 +70,8 @@ def refusals_in_notebook(exercise: registry.Exercise, learner) -> list[Refusal]:
     """The refusals of the answer regions in the notebook cell that defines ``learner`` (a function, a Triton
     kernel or a class), read from the cell's source as Jupyter keeps it, so that the check cell refuses what
     the grader will refuse. [] where the source cannot be found (code not typed into a cell) or the cell has no
-    answer markers; the given cells are taken to import what the course's notebooks import."""
+    answer markers. The given cells are the course's exercise notebook's, as the grader reads them; where that
+    notebook is not beside the package, they are taken to import what the course's notebooks import."""
     code = _code_of(learner)
     source = "".join(linecache.getlines(code.co_filename)) if code is not None else ""
     lines = source.split("\n")
@@ -80,6 +82,12 @@ def refusals_in_notebook(exercise: registry.Exercise, learner) -> list[Refusal]:
                if not answers.is_unattempted("\n".join(lines[begin + 1:end]))]
     if not regions:
         return []
+    canonical = answers.course_notebook(exercise.notebook)
+    if canonical is not None:  # the grader's own view: the course's cells, not what the learner's kernel holds
+        cells = answers.canonical_cells(canonical, exercise.notebook)
+        given_sources = [cell.source for cell in cells if cell.kind != answers.ANSWER]
+        return check_answer(exercise, source, regions, flashlib_names(given_sources), given_sources=given_sources,
+                            notebook_names=answers.names_an_answer_may_read(cells))
     module_globals = getattr(getattr(learner, "fn", learner), "__globals__", None) or {}
     given = {name for name, value in module_globals.items()
              if (getattr(value, "__module__", None) or getattr(value, "__name__", "") or "").startswith("flashlib")}
@@ -147,14 +155,17 @@ def _in_region(node: ast.AST, regions) -> bool:
 
 
 def check_answer(exercise: registry.Exercise, source: str, regions: list[tuple[int, int]],
-                 given_flashlib: set[str], *, given_sources: list[str] | None = None) -> list[Refusal]:
+                 given_flashlib: set[str], *, given_sources: list[str] | None = None,
+                 notebook_names: set[str] | None = None) -> list[Refusal]:
     """The refusals for the answer regions (1-based line ranges) of one rebuilt cell; [] if accepted.
 
     ``given_flashlib`` is :func:`flashlib_names` of the given cells. ``given_sources`` are those cells'
     sources themselves (the same list), from which the names they import are read
     (:func:`~flashlib.course.reach.given_imports`) for the rule on modules; left out, the course's usual
     imports (:data:`~flashlib.course.reach.COURSE_IMPORTS`) stand in for them. Imports in the cell itself,
-    outside the regions, count too.
+    outside the regions, count too. ``notebook_names`` are the global names the course's cells of the notebook
+    bind (:func:`~flashlib.course.answers.names_bound`): given, an answer that reads any other global (but a
+    builtin) is refused, since the grader runs no cell of the learner's own; left out, that rule is off.
     """
     try:
         tree = ast.parse(source)
@@ -180,6 +191,10 @@ def check_answer(exercise: registry.Exercise, source: str, regions: list[tuple[i
     imports = dict(reach.COURSE_IMPORTS if given_sources is None else reach.given_imports(given_sources))
     imports.update(reach.given_imports([source]))
     reads = reach.global_reads(tree)
+    # What the answer may read as a global: what the notebook's cells (and this one) bind, and Python's builtins.
+    # A name bound only by a cell of the learner's own is not there when the grader runs the answer.
+    defined = (None if notebook_names is None
+               else set(notebook_names) | answers.names_bound([source]) | set(dir(builtins)))
     chains = reach.Chains({name: binding for name, binding in imports.items()
                            if name not in forbidden | forbidden_flashlib and _spelling(name) not in spellings},
                           reads)
@@ -217,6 +232,11 @@ def check_answer(exercise: registry.Exercise, source: str, regions: list[tuple[i
                 name = spellings[_spelling(word)]
                 refusals.append(Refusal(line, f"{shown} is not allowed in this answer (it is `{name}` "
                                               "by another spelling)" + _why(name, exercise)))
+            elif is_name and defined is not None and id(node) in reads and word not in defined:
+                refusals.append(Refusal(line, f"{shown} is not defined by the notebook's cells: the grader runs only "
+                                              "those and the answers, so a name imported or defined in a cell of "
+                                              "your own is missing there (use what the notebook imports, e.g. "
+                                              "float('-inf') for -math.inf)"))
             else:
                 refusals += [Refusal(*problem) for problem in chains.problems_of(node, parents.get(node))]
         elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
@@ -236,7 +256,7 @@ def check_answer(exercise: registry.Exercise, source: str, regions: list[tuple[i
     for name in exercise.required_calls:
         if name not in called and not any(r.message.startswith("the cell does not parse") for r in refusals):
             line = regions[0][0] if regions else 0
-            refusals.append(Refusal(line, f"the answer must call `{name}`"))
+            refusals.append(Refusal(line, f"the answer must call `{name}` (by that name)"))
     return _unique(refusals)
 
 
@@ -257,12 +277,17 @@ def _binds_self(node: ast.AST) -> bool:
 
 
 def _why(name: str, exercise: registry.Exercise) -> str:
-    if name in exercise.forbidden and exercise.kind == registry.KERNEL:
+    if name == "torch" and exercise.kind == registry.KERNEL:
         return ": a kernel's answer is Triton code (tl.*) on the kernel's own pointers"
     if name in registry.HAND_ATTENTION and exercise.required_calls:
         return ": this exercise is to call flashlib's attention, not to write attention by hand"
+    if name in exercise.forbidden and exercise.required_calls:
+        calls = ", ".join(f"`{call}`" for call in exercise.required_calls)
+        return f": the answer must call {calls} itself, not another route to attention"
     if name in exercise.forbidden:
         return ": it would do the exercise for you"
+    if name == "type":
+        return ": `type(x)` leads to any class's internals; use `x.dtype`, or `isinstance`"
     if name in registry.STRING_ACCESS:
         return ": it finds or runs code from a string (or loads native code), out of the rules' sight"
     return ": it reaches outside the answer"

@@ -338,6 +338,8 @@ def test_the_notebook_and_the_grader_give_the_same_verdict(key, name, code, tmp_
     ("01_naive_attention", "stable_softmax", "return torch.softmax(x, dim=-1)"),
     ("03_online_softmax", "merge_partials", "m = torch.maximum(m_a, m_b)\nreturn m, torch.logsumexp(l_a, -1), o_a"),
     ("02_triton_tiled_matmul", "matmul_kernel", "acc += tl.str_to_ty('fp32', None)"),
+    # notebook 09 imports no math: the learner's scratch cell did (below), which the grader never runs
+    ("09_decoding", "merge_splits", "return -math.inf"),
 ])
 def test_the_notebooks_check_refuses_what_the_grader_refuses_in_its_words(key, name, code, tmp_path):
     """A check cell once gave 2/2 to torch.softmax, which the grader refuses: both now read the cell's answer
@@ -355,7 +357,7 @@ def test_the_notebooks_check_refuses_what_the_grader_refuses_in_its_words(key, n
     canonical = nbformat.read(EXERCISES / f"{key}.ipynb", as_version=4)
     submission = answers.take_answers(nb, canonical, key)
     namespace = {}
-    exec(submission.cells[0].source, namespace)  # the notebook's imports
+    exec(submission.cells[0].source + "\nimport math  # a scratch cell of the learner's", namespace)
     source = submission.answer_cells(exercise.key)[0].source
     filename = f"<notebook cell {key}>"  # as Jupyter keeps a cell's source for inspect and tracebacks
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
@@ -882,3 +884,13 @@ def test_bubblewrap_keeps_python_and_flashlib_visible_when_they_live_in_tmp(monk
     assert views == ["--ro-bind", "/tmp/ci", "/tmp/ci", "--ro-bind", "/tmp/ci/.venv", "/tmp/ci/.venv",
                      "--tmpfs", "/tmp/ci/solutions",  # hidden after the bind that holds it; /tmp/ci holds Python
                      "--bind", "/tmp/flashlib-grade-x", "/tmp/flashlib-grade-x"]
+
+
+def test_what_an_answer_raised_survives_the_reports_cut(tmp_path):
+    """The report keeps the start of the feedback; the case's long description once came first and cut the
+    exception's own words ("NameError: name 'math' is not defined") from it."""
+    path = write(learner_notebook("01_naive_attention", {"stable_softmax": "return x.no_such_method()"}),
+                 tmp_path / "01_naive_attention.ipynb")
+    got = scores(grader.grade_notebook(path))["stable_softmax"]
+    assert got.status == "FAIL" and len(got.feedback) <= grader.MESSAGE_CHARS
+    assert "object has no attribute 'no_such_method'" in got.feedback, got.feedback

@@ -36,10 +36,16 @@ def answer_cell(key: str, answer: str, code: str):
     return exercise, source, [(first, first + len(body) - 1)], given
 
 
+def notebook_names(key: str) -> set[str]:
+    """The globals the course's cells of notebook ``key`` bind, as the grader reads them."""
+    canonical = nbformat.read(EXERCISES / f"{key}.ipynb", as_version=4)
+    return answers.names_an_answer_may_read(answers.canonical_cells(canonical, key))
+
+
 def refusals(key: str, answer: str, code: str, pass_given: bool = True) -> str:
     """The refusals of ``code`` as the grader words them, joined by ' | ' ('' when accepted)."""
     exercise, source, regions, given = answer_cell(key, answer, code)
-    extra = {"given_sources": given} if pass_given else {}
+    extra = {"given_sources": given, "notebook_names": notebook_names(key)} if pass_given else {}
     found = policy.check_answer(exercise, source, regions, policy.flashlib_names(given), **extra)
     return " | ".join(str(refusal) for refusal in found)
 
@@ -204,6 +210,15 @@ def test_a_module_held_by_a_class_is_refused_where_the_class_is_held():
     assert "`tl.semantic.TritonSemantic` holds a module (`tl.semantic.TritonSemantic.lang`)" in found
 
 
+def test_a_global_no_cell_of_the_notebook_binds_is_refused():
+    """Notebook 09 imports no math. A learner who imported it in a cell of their own passed the notebook's check
+    and raised NameError in the grader (which runs only the course's cells), with the cause cut from the report."""
+    found = refusals("09_decoding", "merge_splits", "return o_parts[0], -math.inf")
+    assert "`math` is not defined by the notebook's cells" in found
+    assert refusals("01_naive_attention", "stable_softmax", "return x * math.pi / math.pi") == ""  # 01 imports it
+    assert refusals("09_decoding", "merge_splits", "return o_parts[0], -math.inf", pass_given=False) == ""
+
+
 def test_a_given_cells_alias_of_a_module_is_followed():
     exercise, source, regions, given = answer_cell("01_naive_attention", "stable_softmax",
                                                    "return G.torch.functional.operator")
@@ -221,7 +236,7 @@ def test_every_solution_is_accepted(pass_given):
         solution = nbformat.read(SOLUTIONS / f"{key}.ipynb", as_version=4)
         submission = answers.take_answers(solution, canonical, key)
         given = [c.source for c in submission.cells if c.kind != answers.ANSWER]
-        extra = {"given_sources": given} if pass_given else {}
+        extra = {"given_sources": given, "notebook_names": notebook_names(key)} if pass_given else {}
         for cell in submission.cells:
             if cell.kind == answers.ANSWER:
                 found = policy.check_answer(registry.exercise(cell.exercise), cell.source, cell.regions,
@@ -320,3 +335,28 @@ def test_deep_answers_are_read_without_recursion_or_refused_by_name():
     found = refusals("01_naive_attention", "stable_softmax", f"y = {long_chain}\nreturn x")
     assert "is the module `operator`" in found
     assert "nested too deeply" in refusals("01_naive_attention", "stable_softmax", "return " + "x + " * 100_000 + "x")
+
+
+@pytest.mark.parametrize("key, answer, code, words", [
+    # only torch in a kernel is "not Triton code"; tl.softmax is Triton, and does the exercise
+    ("05_flash_backward", "flash_dkdv_kernel", "p = tl.softmax(qk)", "`.softmax` is not allowed in this answer: it "
+                                                                     "would do the exercise for you"),
+    ("04_flash_forward", "flash_forward_kernel", "x = torch.zeros(1)", "a kernel's answer is Triton code"),
+    # the model's own switch back to another attention
+    ("08_in_practice", "GQAttention", "flash_attention(x, x, x)\nreturn self.attend(x, x, x)",
+     "`.attend` is not allowed in this answer: the answer must call `flash_attention` itself"),
+    ("01_naive_attention", "stable_softmax", "print(type(x))\nreturn x", "use `x.dtype`, or `isinstance`"),
+])
+def test_a_refusal_says_why_in_the_words_of_its_rule(key, answer, code, words):
+    assert words in refusals(key, answer, code)
+
+
+@pytest.mark.parametrize("exercise", [e for e in registry.EXERCISES if "logsumexp" in e.forbidden
+                                      and e.kind != registry.KERNEL], ids=lambda e: e.key)
+def test_an_exercise_says_what_its_answer_may_not_use(exercise):
+    """`torch.logsumexp` was refused in notebook 09 with no word of it in the exercise (session 51's audit)."""
+    nb = nbformat.read(EXERCISES / f"{exercise.notebook}.ipynb", as_version=4)
+    index = next(i for i, cell in enumerate(nb.cells)
+                 if cell.cell_type == "code" and f"def {exercise.answer}(" in cell.source)
+    text = next(cell.source for cell in reversed(nb.cells[:index]) if cell.cell_type == "markdown")
+    assert all(f"`{name}`" in text for name in ("softmax", "log_softmax", "logsumexp")), exercise.key

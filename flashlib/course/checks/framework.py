@@ -621,9 +621,9 @@ def judge(check: Check, cases: Sequence[Case], replies: Sequence[Reply]) -> tupl
         reply = replies[number - 1]
         if reply.status == "not attempted":
             return False, NOT_ATTEMPTED, []
-        if reply.status != "ok":
+        if reply.status != "ok":  # what was raised, then where: the report keeps only the feedback's start
             return False, reply.headline or f"the run ended with status {reply.status!r}", \
-                [where] + [str(line) for line in reply.details]
+                [str(line) for line in reply.details] + [where]
         # The judge's own context wins: a reply may only add what the call noted.
         judged = dataclasses.replace(case, context={**dict(reply.context or {}), **case.context})
         failure = _judge(check, judged, reply.out)
