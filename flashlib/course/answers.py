@@ -23,14 +23,15 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
+import json
 import re
 import symtable
-from pathlib import Path
 
 import nbformat
 
 from . import registry
-from .make_exercises import ANSWER_BEGIN, ANSWER_END, BEGIN, END, PLACEHOLDER
+from .make_exercises import ANSWER_BEGIN, ANSWER_END, BEGIN, COURSE_CELLS, END, PLACEHOLDER
 
 GIVEN, ANSWER, CHECK, DEMO = "given", "answer", "check", "demo"
 #: The cell tag that makes a given cell a demo: shown to the learner, not run by the grader.
@@ -263,15 +264,17 @@ def _bound_or_changed(source: str) -> set[str]:
     return names
 
 
-#: The course's generated exercise notebooks, beside the package: the grader's canonical notebooks by default.
-EXERCISES_DIR = Path(__file__).resolve().parents[2] / "exercises"
-
-
-def course_notebook(notebook: str) -> nbformat.NotebookNode | None:
-    """The course's exercise notebook ``notebook`` in :data:`EXERCISES_DIR`, or None where it is not there: the
-    grader's default canonical notebook, read in the learner's notebook too."""
-    path = EXERCISES_DIR / f"{notebook}.ipynb"
-    return nbformat.read(path, as_version=4) if path.is_file() else None
+@functools.lru_cache(maxsize=None)
+def course_cells(notebook: str) -> tuple[list[str], set[str]] | None:
+    """(given cell sources, names an answer may read) of the course's notebook ``notebook``, as the grader reads
+    them from its canonical notebook; None for a notebook the record does not hold. Read from the record that
+    ``make_exercises`` writes with the exercises, never from ``exercises/`` itself, which the learner edits
+    (a scratch cell saved there is no cell of the course's)."""
+    try:
+        entry = json.loads(COURSE_CELLS.read_text(encoding="utf-8")).get(notebook)
+    except (OSError, ValueError):
+        return None
+    return None if entry is None else (list(entry["given_sources"]), set(entry["names"]))
 
 
 def names_an_answer_may_read(cells: list[Cell]) -> set[str]:

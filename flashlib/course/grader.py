@@ -46,7 +46,7 @@ from pathlib import Path
 
 import nbformat
 
-from . import answers, policy, registry, sandbox
+from . import answers, make_exercises, policy, registry, sandbox
 
 DEFAULT_TIMEOUT = 300.0  # wall-clock seconds per notebook, in the sandbox
 CELL_TIME_LIMIT = 120.0  # seconds per given cell
@@ -149,7 +149,7 @@ def _scores_for(notebook: str, status: str, feedback: str) -> list[ExerciseScore
 
 def default_exercises_dir() -> Path:
     """The course's generated exercise notebooks (``exercises/`` beside the package)."""
-    return answers.EXERCISES_DIR
+    return make_exercises.EXERCISES_DIR
 
 
 def _worker_env(workdir: str) -> dict[str, str]:

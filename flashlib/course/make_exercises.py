@@ -158,12 +158,33 @@ def _expected(src: Path) -> dict[str, str]:
     return expected
 
 
-def sync(src: str | Path, dst: str | Path, check: bool = False) -> list[str]:
+#: The course's generated exercise notebooks, beside the package: the grader's canonical notebooks by default.
+EXERCISES_DIR = Path(__file__).resolve().parents[2] / "exercises"
+#: What the check cells read of the course's notebooks (:func:`flashlib.course.answers.course_cells`): written
+#: here with the exercises, since a learner edits ``exercises/`` itself.
+COURSE_CELLS = Path(__file__).with_name("course_cells.json")
+
+
+def course_cells_record(expected: dict[str, str]) -> str:
+    """The text of :data:`COURSE_CELLS` for the generated exercise notebooks ``expected`` (file name → text):
+    each notebook's given cells and the names an answer may read, as the grader reads them."""
+    from . import answers  # answers imports this module's markers
+
+    record = {}
+    for name, text in sorted(expected.items()):
+        key = name.removesuffix(".ipynb")
+        cells = answers.canonical_cells(nbformat.reads(text, as_version=4), key)
+        record[key] = {"given_sources": [cell.source for cell in cells if cell.kind != answers.ANSWER],
+                       "names": sorted(answers.names_an_answer_may_read(cells))}
+    return json.dumps(record, indent=1, sort_keys=True) + "\n"
+
+
+def sync(src: str | Path, dst: str | Path, check: bool = False, record: Path | None = None) -> list[str]:
     """Bring ``dst`` in line with ``src``; return what was (or, with ``check``, would be) changed.
 
     Every notebook is generated before anything is written, so a marker error leaves
     ``dst`` untouched. With ``check=True`` nothing is written; an empty list means
-    ``dst`` is up to date.
+    ``dst`` is up to date. ``record`` (the command line's :data:`COURSE_CELLS`) is kept up to date too.
     """
     src, dst = Path(src), Path(dst)
     if not src.is_dir():
@@ -182,12 +203,17 @@ def sync(src: str | Path, dst: str | Path, check: bool = False) -> list[str]:
             writes[name] = text
     extra = sorted(existing - set(expected))
     problems += [f"{dst / name}: extra (no {src / name})" for name in extra]
+    record_text = course_cells_record(expected) if record is not None else None
+    if record is not None and (not record.is_file() or record.read_text(encoding="utf-8") != record_text):
+        problems.append(f"{record}: stale (the given cells of {dst} differ)")
     if not check:
         dst.mkdir(parents=True, exist_ok=True)
         for name, text in writes.items():
             (dst / name).write_bytes(text.encode("utf-8"))
         for name in extra:
             (dst / name).unlink()
+        if record_text is not None:
+            record.write_text(record_text, encoding="utf-8")
     return problems
 
 
@@ -203,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     if not Path(args.src).is_dir():
         parser.error(f"SRC: expected a folder of solution notebooks, got {args.src!r}")
     try:
-        problems = sync(args.src, args.dst, check=args.check)
+        course = Path(args.dst).resolve() == EXERCISES_DIR  # the course's own exercises: keep their record
+        problems = sync(args.src, args.dst, check=args.check, record=COURSE_CELLS if course else None)
     except MarkerError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

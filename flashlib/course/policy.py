@@ -70,8 +70,9 @@ def refusals_in_notebook(exercise: registry.Exercise, learner) -> list[Refusal]:
     """The refusals of the answer regions in the notebook cell that defines ``learner`` (a function, a Triton
     kernel or a class), read from the cell's source as Jupyter keeps it, so that the check cell refuses what
     the grader will refuse. [] where the source cannot be found (code not typed into a cell) or the cell has no
-    answer markers. The given cells are the course's exercise notebook's, as the grader reads them; where that
-    notebook is not beside the package, they are taken to import what the course's notebooks import."""
+    answer markers. The given cells are the course's (:func:`~flashlib.course.answers.course_cells`), as the
+    grader reads them; where the record lacks the notebook, they are taken to import what the course's
+    notebooks import."""
     code = _code_of(learner)
     source = "".join(linecache.getlines(code.co_filename)) if code is not None else ""
     lines = source.split("\n")
@@ -82,12 +83,11 @@ def refusals_in_notebook(exercise: registry.Exercise, learner) -> list[Refusal]:
                if not answers.is_unattempted("\n".join(lines[begin + 1:end]))]
     if not regions:
         return []
-    canonical = answers.course_notebook(exercise.notebook)
-    if canonical is not None:  # the grader's own view: the course's cells, not what the learner's kernel holds
-        cells = answers.canonical_cells(canonical, exercise.notebook)
-        given_sources = [cell.source for cell in cells if cell.kind != answers.ANSWER]
+    course = answers.course_cells(exercise.notebook)
+    if course is not None:  # the grader's own view: the course's cells, not what the learner's kernel holds
+        given_sources, names = course
         return check_answer(exercise, source, regions, flashlib_names(given_sources), given_sources=given_sources,
-                            notebook_names=answers.names_an_answer_may_read(cells))
+                            notebook_names=names)
     module_globals = getattr(getattr(learner, "fn", learner), "__globals__", None) or {}
     given = {name for name, value in module_globals.items()
              if (getattr(value, "__module__", None) or getattr(value, "__name__", "") or "").startswith("flashlib")}
@@ -194,7 +194,8 @@ def check_answer(exercise: registry.Exercise, source: str, regions: list[tuple[i
     # What the answer may read as a global: what the notebook's cells (and this one) bind, and Python's builtins.
     # A name bound only by a cell of the learner's own is not there when the grader runs the answer.
     defined = (None if notebook_names is None
-               else set(notebook_names) | answers.names_bound([source]) | set(dir(builtins)))
+               else set(notebook_names) | answers.names_bound([source])
+               | (set(dir(builtins)) - _JUPYTER_BUILTINS))
     chains = reach.Chains({name: binding for name, binding in imports.items()
                            if name not in forbidden | forbidden_flashlib and _spelling(name) not in spellings},
                           reads)
@@ -239,8 +240,16 @@ def check_answer(exercise: registry.Exercise, source: str, regions: list[tuple[i
                                               "float('-inf') for -math.inf)"))
             else:
                 refusals += [Refusal(*problem) for problem in chains.problems_of(node, parents.get(node))]
-        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
-            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete, ast.For, ast.AsyncFor,
+                               ast.With, ast.AsyncWith, *_COMPREHENSIONS)):
+            if isinstance(node, (ast.Assign, ast.Delete)):
+                targets = node.targets
+            elif isinstance(node, (ast.With, ast.AsyncWith)):
+                targets = [item.optional_vars for item in node.items if item.optional_vars is not None]
+            elif isinstance(node, _COMPREHENSIONS):
+                targets = [generator.target for generator in node.generators]
+            else:
+                targets = [node.target]
             for target in targets:
                 for sub in _stored(target):
                     if isinstance(sub, ast.Attribute) and not (isinstance(sub.value, ast.Name)
@@ -258,6 +267,12 @@ def check_answer(exercise: registry.Exercise, source: str, regions: list[tuple[i
             line = regions[0][0] if regions else 0
             refusals.append(Refusal(line, f"the answer must call `{name}` (by that name)"))
     return _unique(refusals)
+
+
+#: What IPython adds to builtins in a kernel: there in the check cell, not in the grader's worker.
+_JUPYTER_BUILTINS = {"display", "get_ipython", "__IPYTHON__"}
+#: Comprehensions, whose targets store like a ``for`` loop's.
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 
 
 def _binds_self(node: ast.AST) -> bool:

@@ -378,10 +378,15 @@ def global_reads(tree: ast.AST) -> set[int]:
     while stack:
         node, scopes = stack.pop()
         if isinstance(node, ast.Name):
-            if isinstance(node.ctx, ast.Load) and not any(
-                    node.id in names for depth, (kind, names) in enumerate(reversed(scopes))
-                    if kind != "class"):  # a class body reads globals until it binds the name (LOAD_NAME)
+            if isinstance(node.ctx, ast.Load) and (
+                    # a name the class body binds is read with LOAD_NAME: the class's dict, then globals and
+                    # builtins, never the enclosing function's local of that name
+                    (scopes and scopes[-1][0] == "class" and node.id in scopes[-1][1])
+                    or not any(node.id in names for kind, names in scopes if kind != "class")):
                 reads.add(id(node))
+        elif isinstance(node, ast.AnnAssign) and scopes and scopes[-1][0] == "function":
+            # a local's annotation is never evaluated in a function
+            stack += [(child, scopes) for child in (node.target, node.value) if child is not None]
         elif isinstance(node, _FUNCTIONS):
             outside = [*node.args.defaults, *(d for d in node.args.kw_defaults if d is not None)]
             if not isinstance(node, ast.Lambda):
@@ -397,7 +402,8 @@ def global_reads(tree: ast.AST) -> set[int]:
         elif isinstance(node, _COMPREHENSIONS):
             inner = (*scopes, ("comprehension", frozenset(name.id for generator in node.generators
                                                           for name in ast.walk(generator.target)
-                                                          if isinstance(name, ast.Name))))
+                                                          if isinstance(name, ast.Name)
+                                                          and isinstance(name.ctx, ast.Store))))
             rest = [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
             for index, generator in enumerate(node.generators):
                 rest += [generator.target, *generator.ifs] + ([generator.iter] if index else [])

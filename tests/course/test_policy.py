@@ -5,6 +5,7 @@ Each answer here goes into the course's own exercise cell (``exercises/``), in p
 is checked with the given cells of that notebook, as the grader checks it (statically: nothing here runs).
 """
 import ast
+import builtins
 import subprocess
 import sys
 import textwrap
@@ -115,6 +116,20 @@ RED_TEAM = [
      ["`torch.load`"]),
     ("01_naive_attention", "stable_softmax", "class A:\n    e = exec\n    exec = None\nreturn x",
      ["`exec` is not allowed"]),
+    # a class body that binds a name reads the global one, never the function's local of that name
+    ("01_naive_attention", "stable_softmax",
+     "getattr = None\nclass K:\n    f = getattr(x, 'soft' + 'max')\n    getattr = 0\nreturn K.f(-1)",
+     ["`getattr` is not allowed"]),
+    # a comprehension's target stores into d[...]: the index is read, and is no variable of the comprehension
+    ("01_naive_attention", "stable_softmax", "d = {}\nreturn [getattr(x, 'soft' + 'max') for d[getattr] in [0]][0](-1)",
+     ["`getattr` is not allowed"]),
+    # attributes stored by for, with and comprehension targets: monkey-patching too
+    ("01_naive_attention", "stable_softmax", "for torch.allclose in [None]:\n    pass\nreturn x",
+     ["assigning to attributes"]),
+    ("01_naive_attention", "stable_softmax", "y = [0 for torch.allclose in [None]]\nreturn x",
+     ["assigning to attributes"]),
+    ("01_naive_attention", "stable_softmax", "with torch.no_grad() as torch.allclose:\n    pass\nreturn x",
+     ["assigning to attributes"]),
     # a double underscore stays refused, even for the answer's own name
     ("01_naive_attention", "stable_softmax", "__x = x\nreturn __x", ["`__x`: names starting with _"]),
     # an assignment into a subscript of an attribute is still one to the attribute's object
@@ -210,13 +225,16 @@ def test_a_module_held_by_a_class_is_refused_where_the_class_is_held():
     assert "`tl.semantic.TritonSemantic` holds a module (`tl.semantic.TritonSemantic.lang`)" in found
 
 
-def test_a_global_no_cell_of_the_notebook_binds_is_refused():
+def test_a_global_no_cell_of_the_notebook_binds_is_refused(monkeypatch):
     """Notebook 09 imports no math. A learner who imported it in a cell of their own passed the notebook's check
     and raised NameError in the grader (which runs only the course's cells), with the cause cut from the report."""
     found = refusals("09_decoding", "merge_splits", "return o_parts[0], -math.inf")
     assert "`math` is not defined by the notebook's cells" in found
     assert refusals("01_naive_attention", "stable_softmax", "return x * math.pi / math.pi") == ""  # 01 imports it
     assert refusals("09_decoding", "merge_splits", "return o_parts[0], -math.inf", pass_given=False) == ""
+    # IPython puts display into a kernel's builtins; the grader's worker has none: refused in both places alike
+    monkeypatch.setattr(builtins, "display", print, raising=False)
+    assert "`display` is not defined" in refusals("01_naive_attention", "stable_softmax", "display(x)\nreturn x")
 
 
 def test_a_given_cells_alias_of_a_module_is_followed():
@@ -275,6 +293,9 @@ def test_every_solution_is_accepted(pass_given):
      "m = lse_parts.amax(0)\nlog_sum_exp = m + (lse_parts - m).exp().sum(0).log()\n"
      "return (o_parts * (lse_parts - log_sum_exp).exp()[..., None]).sum(0), log_sum_exp"),
     ("06_masking", "causal_block_range", "tiles = 1\nreturn 0, tiles * 0 + n_k"),
+    # a local's annotation is never evaluated; IPython's display is no name the grader has, but is refused alike
+    ("01_naive_attention", "stable_softmax", "e: Tensor = (x - x.amax(dim=-1, keepdim=True)).exp()\n"
+                                             "return e / e.sum(-1, keepdim=True)"),
     # and their own helpers may start with one underscore
     ("01_naive_attention", "stable_softmax",
      "def _shifted(a):\n    return a - a.amax(dim=-1, keepdim=True)\n_e = _shifted(x).exp()\n"
@@ -360,3 +381,19 @@ def test_an_exercise_says_what_its_answer_may_not_use(exercise):
                  if cell.cell_type == "code" and f"def {exercise.answer}(" in cell.source)
     text = next(cell.source for cell in reversed(nb.cells[:index]) if cell.cell_type == "markdown")
     assert all(f"`{name}`" in text for name in ("softmax", "log_softmax", "logsumexp")), exercise.key
+
+
+def test_the_check_cell_reads_the_courses_cells_not_the_learners_saved_notebook():
+    """A learner edits exercises/ itself: a scratch `import math` cell saved there once counted as a given cell
+    in the check cell (which then passed what the grader refused), and a saved copy of an answer cell made every
+    check cell of the notebook raise. The check cells read make_exercises' record instead, which holds exactly
+    the given cells of the course's exercise notebooks."""
+    from flashlib.course.make_exercises import COURSE_CELLS, _expected, course_cells_record
+
+    assert COURSE_CELLS.read_text(encoding="utf-8") == course_cells_record(_expected(SOLUTIONS))
+    for key in registry.notebooks():
+        canonical = nbformat.read(EXERCISES / f"{key}.ipynb", as_version=4)
+        given_sources, names = answers.course_cells(key)
+        cells = answers.canonical_cells(canonical, key)
+        assert given_sources == [cell.source for cell in cells if cell.kind != answers.ANSWER]
+        assert names == answers.names_an_answer_may_read(cells) and names
