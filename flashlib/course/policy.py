@@ -190,7 +190,8 @@ def check_answer(exercise: registry.Exercise, source: str, regions: list[tuple[i
     forbidden_flashlib = set(given_flashlib) - allowed
     imports = dict(reach.COURSE_IMPORTS if given_sources is None else reach.given_imports(given_sources))
     imports.update(reach.given_imports([source]))
-    reads = reach.global_reads(tree)
+    class_bound: set[int] = set()  # reads in a class body of names the class binds: maybe the class's own
+    reads = reach.global_reads(tree, class_bound)
     # What the answer may read as a global: what the notebook's cells (and this one) bind, and Python's builtins.
     # A name bound only by a cell of the learner's own is not there when the grader runs the answer.
     defined = (None if notebook_names is None
@@ -233,7 +234,8 @@ def check_answer(exercise: registry.Exercise, source: str, regions: list[tuple[i
                 name = spellings[_spelling(word)]
                 refusals.append(Refusal(line, f"{shown} is not allowed in this answer (it is `{name}` "
                                               "by another spelling)" + _why(name, exercise)))
-            elif is_name and defined is not None and id(node) in reads and word not in defined:
+            elif (is_name and defined is not None and id(node) in reads and id(node) not in class_bound
+                  and word not in defined):
                 refusals.append(Refusal(line, f"{shown} is not defined by the notebook's cells: the grader runs only "
                                               "those and the answers, so a name imported or defined in a cell of "
                                               "your own is missing there (use what the notebook imports, e.g. "

@@ -364,26 +364,30 @@ _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 
 
-def global_reads(tree: ast.AST) -> set[int]:
+def global_reads(tree: ast.AST, class_bound: set[int] | None = None) -> set[int]:
     """The ids of the names in ``tree`` that are read as globals: those the notebook's imports bound.
 
     Python decides statically, scope by scope, whether a name is local; this follows the same rules
     (a binding anywhere in a function makes the name local in all of it; a class body's names are not
     seen by its methods; a comprehension has its own scope, but its first iterable is read outside it),
     so that a learner's own variable named ``copy`` or ``F`` is not taken for the module, and a global
-    ``torch`` is never taken for a local.
+    ``torch`` is never taken for a local. A class body's read of a name that the class binds is a global
+    read too (the global until the class binds it); ``class_bound``, where given, gets those ids, since the
+    name may be the class's own by the time it is read.
     """
     reads: set[int] = set()
     stack: list[tuple[ast.AST, tuple[tuple[str, frozenset[str]], ...]]] = [(tree, ())]
     while stack:
         node, scopes = stack.pop()
         if isinstance(node, ast.Name):
+            # a name the class body binds is read with LOAD_NAME: the class's dict, then globals and builtins,
+            # never the enclosing function's local of that name
+            own_class = bool(scopes) and scopes[-1][0] == "class" and node.id in scopes[-1][1]
             if isinstance(node.ctx, ast.Load) and (
-                    # a name the class body binds is read with LOAD_NAME: the class's dict, then globals and
-                    # builtins, never the enclosing function's local of that name
-                    (scopes and scopes[-1][0] == "class" and node.id in scopes[-1][1])
-                    or not any(node.id in names for kind, names in scopes if kind != "class")):
+                    own_class or not any(node.id in names for kind, names in scopes if kind != "class")):
                 reads.add(id(node))
+                if own_class and class_bound is not None:
+                    class_bound.add(id(node))
         elif isinstance(node, ast.AnnAssign) and scopes and scopes[-1][0] == "function":
             # a local's annotation is never evaluated in a function
             stack += [(child, scopes) for child in (node.target, node.value) if child is not None]

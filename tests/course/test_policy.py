@@ -296,6 +296,10 @@ def test_every_solution_is_accepted(pass_given):
     # a local's annotation is never evaluated; IPython's display is no name the grader has, but is refused alike
     ("01_naive_attention", "stable_softmax", "e: Tensor = (x - x.amax(dim=-1, keepdim=True)).exp()\n"
                                              "return e / e.sum(-1, keepdim=True)"),
+    # a class body reading what it bound itself (a name no notebook cell binds)
+    ("01_naive_attention", "stable_softmax", "class Cfg:\n    dim = -1\n    keep = dim\n"
+                                             "e = (x - x.amax(dim=Cfg.keep, keepdim=True)).exp()\n"
+                                             "return e / e.sum(Cfg.dim, keepdim=True)"),
     # and their own helpers may start with one underscore
     ("01_naive_attention", "stable_softmax",
      "def _shifted(a):\n    return a - a.amax(dim=-1, keepdim=True)\n_e = _shifted(x).exp()\n"
