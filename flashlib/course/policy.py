@@ -7,7 +7,7 @@ region is refused when it
 
 * imports anything, or declares ``global``/``nonlocal`` (an answer uses what the
   notebook imported, and defines nothing outside its function);
-* touches a name or attribute that starts with ``_`` (Python's internals:
+* touches a global name, a dunder or an attribute that starts with ``_`` (Python's internals:
   ``__import__``, ``__globals__``, ``__class__``, ``_judge``, ...);
 * names a way out of the answer (``eval``, ``open``, ``os``, ``getattr``, ``super``,
   ...: :data:`~flashlib.course.registry.ALWAYS_FORBIDDEN`), or reaches one as an
@@ -29,11 +29,19 @@ region is refused when it
   a later ``m.operator`` pass unread;
 * uses a name that a given cell bound to flashlib (``from flashlib.x import y``),
   unless the exercise is about using it (``Exercise.uses_flashlib``);
-* assigns to an attribute of anything but ``self`` (no monkey-patching), or binds the
+* reads a global that no cell of the course's notebook binds, nor a builtin (``math`` where the notebook
+  imports none): the grader runs only the course's cells and the answers, so a name that a learner's own cell
+  imported would be missing there, and the answer would pass the notebook's check but not the grader;
+* assigns to an attribute of anything but ``self`` (no monkey-patching; loop, ``with`` and comprehension
+  targets count), or binds the
   name ``self`` itself (``self = torch``, a nested ``def f(self)``, ``for self in``), which
   would make any object ``self`` and let ``self.exp = ...`` patch it;
 * lacks a call the exercise asks for (``flash_attention`` in notebook 08) or uses
   the ``@`` operator where attention must not be written by hand.
+
+The rules on names judge the globals an answer reads. Its own local variables and helpers (bound in its
+function) hold only what the answer put there, which is judged where it is put, so they may have any name but a
+dunder: ``softmax = e / e.sum(-1, keepdim=True)`` or ``def _scores(q, k)`` is the learner's own work.
 
 These rules are about whose work an answer is. Keeping hostile code from harming
 the machine is the sandbox's job (:mod:`flashlib.course.sandbox`), which holds
