@@ -70,8 +70,12 @@ class Refusal:
 
 def describe(refusals: list[Refusal]) -> str:
     """The feedback of a refused answer, as the grader and the notebook's check cell both give it."""
-    more = f" (and {len(refusals) - 3} more)" if len(refusals) > 3 else ""
-    return "answer refused: " + "; ".join(str(refusal) for refusal in refusals[:3]) + more
+    lines: dict[str, list[int]] = {}  # one message once, with every line it applies to
+    for refusal in refusals:
+        lines.setdefault(refusal.message, []).append(refusal.line)
+    said = [f"line{'s' if len(at) > 1 else ''} {', '.join(map(str, at))}: {message}" for message, at in lines.items()]
+    more = f" (and {len(said) - 3} more)" if len(said) > 3 else ""
+    return "answer refused: " + "; ".join(said[:3]) + more
 
 
 def refusals_in_notebook(exercise: registry.Exercise, learner) -> list[Refusal]:

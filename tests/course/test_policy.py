@@ -401,3 +401,10 @@ def test_the_check_cell_reads_the_courses_cells_not_the_learners_saved_notebook(
         cells = answers.canonical_cells(canonical, key)
         assert given_sources == [cell.source for cell in cells if cell.kind != answers.ANSWER]
         assert names == answers.names_an_answer_may_read(cells) and names
+
+
+def test_a_refusal_met_on_several_lines_is_said_once():
+    found = [policy.Refusal(5, "`math` is not defined"), policy.Refusal(2, "`.softmax` is not allowed"),
+             policy.Refusal(9, "`math` is not defined")]
+    assert policy.describe(found) == ("answer refused: lines 5, 9: `math` is not defined; "
+                                      "line 2: `.softmax` is not allowed")
