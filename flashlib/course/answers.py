@@ -251,9 +251,7 @@ def _tables(source: str) -> list[symtable.SymbolTable]:
 def _bound_or_changed(source: str) -> set[str]:
     """Global names a cell binds (assignment, import, def, for, with; ``global`` in a function) or changes in
     place (``x.a = ...``, ``x[i] += ...``; counted wherever it is written, to be safe)."""
-    names = {symbol.get_name() for table in _tables(source) for symbol in table.get_symbols()
-             if (table.get_type() == "module" or symbol.is_declared_global())
-             and (symbol.is_assigned() or symbol.is_imported())}
+    names = names_bound([source])
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(node.ctx, (ast.Store, ast.Del)):
             base = node.value

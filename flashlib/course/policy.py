@@ -254,16 +254,7 @@ def check_answer(exercise: registry.Exercise, source: str, regions: list[tuple[i
                                               "float('-inf') for -math.inf)"))
             else:
                 refusals += [Refusal(*problem) for problem in chains.problems_of(node, parents.get(node))]
-        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete, ast.For, ast.AsyncFor,
-                               ast.With, ast.AsyncWith, *_COMPREHENSIONS)):
-            if isinstance(node, (ast.Assign, ast.Delete)):
-                targets = node.targets
-            elif isinstance(node, (ast.With, ast.AsyncWith)):
-                targets = [item.optional_vars for item in node.items if item.optional_vars is not None]
-            elif isinstance(node, _COMPREHENSIONS):
-                targets = [generator.target for generator in node.generators]
-            else:
-                targets = [node.target]
+        elif (targets := _store_targets(node)) is not None:
             for target in targets:
                 for sub in _stored(target):
                     if isinstance(sub, ast.Attribute) and not (isinstance(sub.value, ast.Name)
@@ -285,8 +276,20 @@ def check_answer(exercise: registry.Exercise, source: str, regions: list[tuple[i
 
 #: What IPython adds to builtins in a kernel: there in the check cell, not in the grader's worker.
 _JUPYTER_BUILTINS = {"display", "get_ipython", "__IPYTHON__"}
-#: Comprehensions, whose targets store like a ``for`` loop's.
-_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
+
+def _store_targets(node: ast.AST) -> list[ast.AST] | None:
+    """The targets that ``node`` stores into (an assignment, ``del``, a loop, ``with ... as``, a comprehension);
+    None for any other node."""
+    if isinstance(node, (ast.Assign, ast.Delete)):
+        return node.targets
+    if isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For, ast.AsyncFor)):
+        return [node.target]
+    if isinstance(node, (ast.With, ast.AsyncWith)):
+        return [item.optional_vars for item in node.items if item.optional_vars is not None]
+    if isinstance(node, reach.COMPREHENSIONS):
+        return [generator.target for generator in node.generators]
+    return None
 
 
 def _binds_self(node: ast.AST) -> bool:

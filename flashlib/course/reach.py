@@ -361,7 +361,8 @@ def may_import(name: str) -> bool:
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 
 
-_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+#: Comprehensions: each has its own scope, and its targets store like a ``for`` loop's.
+COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 
 
 def global_reads(tree: ast.AST, class_bound: set[int] | None = None) -> set[int]:
@@ -403,7 +404,7 @@ def global_reads(tree: ast.AST, class_bound: set[int] | None = None) -> set[int]
             inner = (*scopes, ("class", frozenset(_bound_in(node))))
             stack += [(child, scopes) for child in [*node.decorator_list, *node.bases, *node.keywords]]
             stack += [(child, inner) for child in node.body]
-        elif isinstance(node, _COMPREHENSIONS):
+        elif isinstance(node, COMPREHENSIONS):
             inner = (*scopes, ("comprehension", frozenset(name.id for generator in node.generators
                                                           for name in ast.walk(generator.target)
                                                           if isinstance(name, ast.Name)
@@ -450,6 +451,6 @@ def _bound_in(scope: ast.AST) -> set[str]:
             names.add(node.rest)
         elif isinstance(node, ast.Global):
             declared_global.update(node.names)
-        inside = in_comprehension or isinstance(node, _COMPREHENSIONS)
+        inside = in_comprehension or isinstance(node, COMPREHENSIONS)
         stack += [(child, inside) for child in ast.iter_child_nodes(node)]
     return names - declared_global

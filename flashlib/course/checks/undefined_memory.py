@@ -70,8 +70,7 @@ def nan_in_masked_lanes(reads: list | None = None):
     def create_masked_load(ptrs, mask, other, cache_policy, is_volatile):
         _refuse_wild("loads", ptrs, mask, ranges, np_dtype)
         if reads is not None:
-            reads.append(np.ravel(ptrs.data)[np.ravel(np.broadcast_to(mask.data, np.shape(ptrs.data)))]
-                         .astype(np.uint64))  # a scalar load has 0-d pointers
+            reads.append(_kept_lanes(ptrs, mask))
         if other is None and not mask.data.all():
             dtype_tt = ptrs.get_element_ty()
             dtype = np_dtype(dtype_tt)
@@ -124,13 +123,21 @@ def _buffers(values) -> list[tuple[int, int]]:
     return out
 
 
+def _kept_lanes(ptrs, mask):
+    """The addresses of the lanes of ``ptrs`` that ``mask`` keeps, flat, as uint64 (a scalar access has 0-d
+    pointers)."""
+    import numpy as np
+
+    return np.ravel(ptrs.data)[np.ravel(np.broadcast_to(mask.data, np.shape(ptrs.data)))].astype(np.uint64)
+
+
 def _refuse_wild(what: str, ptrs, mask, ranges, np_dtype) -> None:
     """Raise :class:`WildAccess` if a lane of ``ptrs`` that ``mask`` keeps lies in none of ``ranges`` (bytes)."""
     import numpy as np
 
     if not ranges:  # no launch seen (another Triton): nothing to compare with
         return
-    addresses = np.ravel(ptrs.data)[np.ravel(np.broadcast_to(mask.data, np.shape(ptrs.data)))].astype(np.uint64)
+    addresses = _kept_lanes(ptrs, mask)
     if not addresses.size:
         return
     size = np.uint64(np.dtype(np_dtype(ptrs.get_element_ty())).itemsize)
