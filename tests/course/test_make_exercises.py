@@ -1,4 +1,5 @@
 """The exercise generator: marker replacement, cleared outputs, byte-stable files, drift."""
+import ast
 import json
 from pathlib import Path
 
@@ -250,3 +251,68 @@ def test_solutions_and_the_registry_must_agree(tmp_path):
     with pytest.raises(MarkerError, match="07_performance, cell 6: answer markers in a cell that defines no registered"):
         mk.check_against_registry(make_exercise_notebook(nb), "07_performance")
     assert "07_performance" in registry.notebooks()
+
+
+def _calls_outside_a_placeholder_guard(tree, names):
+    """Lines of ``tree`` that read one of ``names`` outside a ``try`` that catches NotImplementedError. A function
+    the cell defines runs what its body reads only when called, so its own calls are judged in their place."""
+    names = set(names)
+    while True:
+        callers = {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
+                   and any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(node))}
+        if callers <= names:
+            break
+        names |= callers
+
+    def guarded(handlers):
+        return any(isinstance(h.type, ast.Name) and h.type.id == "NotImplementedError" for h in handlers)
+
+    unguarded = []
+
+    def walk(node, inside):
+        if isinstance(node, ast.Name) and node.id in names and not inside:
+            unguarded.append((node.id, node.lineno))
+        if isinstance(node, ast.FunctionDef) and node.name in names:
+            return
+        if isinstance(node, ast.Try):
+            for child in node.body:
+                walk(child, inside or guarded(node.handlers))
+            for child in (*node.handlers, *node.orelse, *node.finalbody):
+                walk(child, inside)
+            return
+        for child in ast.iter_child_nodes(node):
+            walk(child, inside)
+
+    walk(tree, False)
+    return unguarded
+
+
+def test_demo_cells_print_a_line_while_their_exercise_is_unfinished():
+    """A demo cell that runs the learner's function catches the placeholder's NotImplementedError and says to
+    finish the exercise first: a learner who runs it early, or runs all cells of a fresh exercise notebook,
+    reads one line instead of a traceback (through torch.nn.Module's internals in 08), and Run All goes on to
+    the next exercise's cells. Kernel answers are left out: their stubs compile and raise nothing."""
+    from flashlib.course import registry
+
+    answers = {}
+    for exercise in registry.EXERCISES:
+        if exercise.kind != registry.KERNEL:
+            answers.setdefault(exercise.notebook, set()).add(exercise.answer)
+    checked = 0
+    for path in sorted((REPO / "exercises").glob("*.ipynb")):
+        names = answers.get(path.stem, set())
+        for cell in nbformat.read(path, as_version=4).cells:
+            if "demo" not in cell.metadata.get("tags", []):
+                continue
+            tree = ast.parse(TransformerManager().transform_cell(cell.source))
+            assert _calls_outside_a_placeholder_guard(tree, names) == [], f"{path.name} cell {cell.id}"
+            checked += any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(tree))
+    assert checked == 11    # the demo cells of 03 (2), 05, 06 (2), 07, 08 (2), 09 (2) and 10
+
+
+def test_the_placeholder_guard_finds_an_unguarded_call():
+    tree = ast.parse("x = 1\ntry:\n    y = f(x)\nexcept ValueError:\n    pass\n"
+                     "try:\n    z = f(y)\nexcept NotImplementedError:\n    print(f)\n")
+    assert _calls_outside_a_placeholder_guard(tree, {"f"}) == [("f", 3), ("f", 9)]
+    defined = ast.parse("def g():\n    return f()\n\ntry:\n    g()\nexcept NotImplementedError:\n    pass\ng()\n")
+    assert _calls_outside_a_placeholder_guard(defined, {"f"}) == [("g", 8)]
