@@ -321,6 +321,22 @@ def test_paged_gather_index_explains_the_first_wrong_token():
 def test_paged_gather_index_wrong_forms_are_explained(answer, words):
     result = checks.check_paged_gather_index(answer)
     assert not result.passed and words in result.feedback, result.feedback
+    # The learner's code raised nothing: the feedback says what it returned, not "your code raised TypeError".
+    assert "your code raised" not in result.feedback, result.feedback
+
+
+def test_paged_gather_index_wrong_index_is_told_without_a_relative_error():
+    """An index is right or wrong: a 'relative error 0.86, allowed 0' says nothing a learner can use."""
+    feedback = checks.check_paged_gather_index(gather_ignores_table).feedback
+    assert "first difference at" in feedback and "relative error" not in feedback, feedback
+
+
+def test_a_learners_own_error_is_still_reported_as_raised():
+    def crash(block_table, page_size, positions):
+        return block_table[positions]   # IndexError: positions run past the table's columns
+
+    feedback = checks.check_paged_gather_index(crash).feedback
+    assert "your code raised IndexError" in feedback and "block_table[positions]" in feedback, feedback
 
 
 def test_paged_gather_index_fixed_cases_cross_page_boundaries_whatever_the_seed():

@@ -139,7 +139,7 @@ def test_attend_that_needs_contiguous_inputs_fails_with_the_line():
 def _judged_from_saved_replies(check, answer):
     """What the grader decides: replies detached, saved and loaded with weights_only (no autograd graph),
     judged by the check that checks.CHECKS holds for the exercise."""
-    assert checks.CHECKS[check.exercise] is check and check.inspect is None
+    assert checks.CHECKS[check.exercise] is check
     cases = framework.make_cases(check)
     replies = framework.run_learner(check, answer, cases)
     buffer = io.BytesIO()
@@ -152,17 +152,76 @@ def _judged_from_saved_replies(check, answer):
 
 
 @pytest.mark.parametrize("answer, passes", [(attend_right, True), (attend_repeat, False),
-                                            (attend_not_causal, False), (attend_default_layout, False),
-                                            (sdpa_attend, True)],
+                                            (attend_not_causal, False), (attend_default_layout, False)],
                          ids=lambda x: getattr(x, "__name__", None))
-def test_attend_verdict_by_values_alone(answer, passes):
-    # right values pass the grader's judge even without flashlib (SDPA): the grader refuses such an
-    # answer from its source before running it; only the notebook's check looks at the autograd graph
+def test_attend_verdict_from_saved_replies(answer, passes):
+    # The grader judges the values and the copies the call noted; that the answer calls flashlib it checks
+    # from the source before running it (only the notebook's check looks at the autograd graph for it).
     passed, headline, details = _judged_from_saved_replies(in_practice.ATTEND_CHECK, answer)
     assert passed == passes, (headline, details)
     if not passes:
         assert details[0].startswith("case 1 of 5") and any(line.startswith("likely mistake") for line in details)
 
+
+def test_the_grader_judge_does_not_look_for_flashlib_but_for_copies():
+    """SDPA's attention in the model (right values, no flashlib node) fails the grader's judge on the copies its
+    GQA path makes (repeat_interleave); without them it would pass, since flashlib's use is judged from the source."""
+    passed, headline, _ = _judged_from_saved_replies(in_practice.ATTEND_CHECK, sdpa_attend)
+    assert not passed and headline.startswith("right values, but your code copies"), headline
+
+
+
+def attend_contiguous(q, k, v):   # right values, but a copy of each input
+    o = flash_attention(*(t.transpose(1, 2).contiguous() for t in (q, k, v)), causal=True)
+    return o.transpose(1, 2)
+
+
+def attend_clone_q(q, k, v):
+    return flash_attention(q.clone(), k, v, causal=True, layout="bnhd")
+
+
+def attend_repeat_interleave(q, k, v):   # right values: GQA spelled out with copies of k and v
+    group = q.shape[2] // k.shape[2]
+    return flash_attention(q, k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2), causal=True,
+                           layout="bnhd")
+
+
+def attend_output_copied(q, k, v):
+    o = flash_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
+    return o.transpose(1, 2).contiguous()
+
+
+@pytest.mark.parametrize("answer, copy", [(attend_contiguous, "CloneBackward0"), (attend_clone_q, "CloneBackward0"),
+                                          (attend_repeat_interleave, "CloneBackward0"),
+                                          (attend_output_copied, "CloneBackward0")],
+                         ids=lambda x: getattr(x, "__name__", x))
+def test_attend_that_copies_the_tensors_fails_in_the_notebook_and_the_grader(answer, copy):
+    """The exercise asks for attention "without copying the tensors": flashlib reads the model's layout
+    through strides and shares GQA heads itself. An answer that copies gets the values right, and fails."""
+    result = checks.check_attend(answer)
+    assert not result.passed and "right values, but your code copies the tensors" in result.feedback
+    assert copy in result.feedback, result.feedback
+    passed, headline, _ = _judged_from_saved_replies(in_practice.ATTEND_CHECK, answer)
+    assert not passed and headline.startswith("right values, but your code copies") and copy in headline
+
+
+@pytest.mark.parametrize("answer", [attend_right, attend_transposed])
+def test_attend_without_copies_passes_in_the_notebook_and_the_grader(answer):
+    assert checks.check_attend(answer).passed
+    assert _judged_from_saved_replies(in_practice.ATTEND_CHECK, answer)[0]
+
+
+@pytest.mark.parametrize("noted", [None, "none", ["CloneBackward0", 3]])
+def test_attend_copies_that_do_not_come_back_as_a_list_of_names_fail(noted):
+    cases = framework.make_cases(in_practice.ATTEND_CHECK)
+    replies = framework.run_learner(in_practice.ATTEND_CHECK, attend_right, cases)
+    for reply in replies:
+        if noted is None:
+            reply.context.pop("copies")
+        else:
+            reply.context["copies"] = noted
+    passed, headline, _ = framework.judge(in_practice.ATTEND_CHECK, cases, replies)
+    assert not passed and "did not come back" in headline
 
 
 def test_attend_crash_is_reported_with_the_line():

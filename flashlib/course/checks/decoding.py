@@ -45,7 +45,7 @@ import torch
 from ...online_softmax import safe_shift
 from ...reference import stable_softmax
 from ...validation import tolerance
-from .framework import Case, Check, Mistake, error_from, register, run_check
+from .framework import Case, Check, Mistake, WrongReturn, error_from, register, run_check
 
 NOTEBOOK = "09_decoding"
 MERGE_SPLITS = register(NOTEBOOK, "merge_splits", 2,
@@ -334,8 +334,8 @@ def check_merge_splits(fn, *, seed: int | None = None, time_limit_s: float | Non
 # ===================================================================== paged_gather_index
 
 def _pack(pages: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """(B, T, 2) float64: the page and the row of every token."""
-    return torch.stack([pages.double(), rows.double()], dim=-1)
+    """(B, T, 2) int64: the page and the row of every token."""
+    return torch.stack([pages.long(), rows.long()], dim=-1)
 
 
 def _lookup(block_table: torch.Tensor, logical: torch.Tensor) -> torch.Tensor:
@@ -467,20 +467,21 @@ def _as_pair(out, positions: torch.Tensor):
     """The learner's (pages, rows) as two (B, T) integer tensors, or a clear error."""
     want = tuple(positions.shape)
     if isinstance(out, torch.Tensor):
-        raise TypeError("paged_gather_index must return a pair (pages, rows), got one Tensor: return the page and "
+        raise WrongReturn("paged_gather_index must return a pair (pages, rows), got one Tensor: return the page and "
                         "the row of each token separately (a flat index page * page_size + row is one tensor)")
     if not isinstance(out, (tuple, list)) or len(out) != 2:
         what = type(out).__name__ + (f" of length {len(out)}" if isinstance(out, (tuple, list)) else "")
-        raise TypeError(f"paged_gather_index must return a pair (pages, rows), got a {what}")
+        raise WrongReturn(f"paged_gather_index must return a pair (pages, rows), got a {what}")
     pair = []
     for name, value in zip(("pages", "rows"), out):
         if not isinstance(value, torch.Tensor):
-            raise TypeError(f"paged_gather_index returned {name} as a {type(value).__name__}, expected a torch.Tensor")
+            raise WrongReturn(f"paged_gather_index returned {name} as a {type(value).__name__}, "
+                              "expected a torch.Tensor")
         if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
-            raise TypeError(f"paged_gather_index returned {name} of dtype {value.dtype}: pages and rows are integer "
+            raise WrongReturn(f"paged_gather_index returned {name} of dtype {value.dtype}: pages and rows are integer "
                             "indices (use // for the page number, not /, and keep the integer dtypes)")
         if tuple(value.shape) != want:
-            raise ValueError(f"paged_gather_index returned {name} of shape {tuple(value.shape)}, expected {want}, "
+            raise WrongReturn(f"paged_gather_index returned {name} of shape {tuple(value.shape)}, expected {want}, "
                              "the shape of positions (B, T): one page and one row per token")
         pair.append(value)
     return _pack(*pair)

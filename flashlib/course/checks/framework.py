@@ -80,6 +80,13 @@ def exercise_info(exercise: str) -> tuple[str, float, str]:
 
 # --------------------------------------------------------------------- time limit
 
+class WrongReturn(TypeError):
+    """Raised by a check's ``call`` when the learner's function returned a value of the wrong type, dtype or
+    shape for the check to compare (a float index, one tensor instead of a pair). It is reported as what was
+    returned, in the check's words: the learner's code raised nothing, and "your code raised TypeError" would
+    send them looking for an error that is not there."""
+
+
 class CheckTimeout(BaseException):
     """Raised inside the learner's code when its time is up.
 
@@ -383,7 +390,7 @@ def _judge(check: Check, case: Case, out) -> _Failure | None:
         nonfinite = bool((~torch.isfinite(got.detach().cpu()) & torch.isfinite(want.cpu())).any())
         headline = prefix + ("NaN or inf in the output" if nonfinite else "wrong values")
         details = [f"{prefix}first difference at {_index(index)}: expected {_fmt(expected)}, got {_fmt(value)}"
-                   + ("" if nonfinite else
+                   + ("" if nonfinite or not want.is_floating_point() else   # indices are right or wrong
                       f" (relative error {_fmt(error)}, allowed {case.tolerance:g})")]
         if check.explain is not None:
             details += check.explain(case, out)
@@ -582,6 +589,9 @@ def run_learner(check: Check, learner, cases: Sequence[Case], limit: float | Non
             exc = _unwrap(raised)
             if isinstance(exc, NotImplementedError):
                 replies.append(Reply("not attempted", headline=NOT_ATTEMPTED))
+            elif isinstance(exc, WrongReturn):
+                replies.append(Reply("raised", headline="your code returned a value the exercise does not ask for",
+                                     details=[str(exc)]))
             else:
                 replies.append(Reply("raised", headline=f"your code raised {type(exc).__name__}",
                                      details=_describe_exception(exc)))

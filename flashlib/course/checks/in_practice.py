@@ -18,9 +18,10 @@ three query heads per k/v head (H = 6, H_kv = 2), where ``repeat`` and
 non-contiguous views of one fused projection (B, N, H + 2 H_kv, D), as a model
 that projects q, k and v with one matmul produces them. Seeded random cases follow.
 The grader's checks (:data:`ATTEND_CHECK`, :data:`GQA_ATTENTION_CHECK`, in
-``checks.CHECKS``) judge the values alone: the replies cross a process boundary as
-plain tensors, without their autograd graph, and that the answer calls flashlib is
-checked statically from its source (the registry's ``required_calls``). Every wrong
+``checks.CHECKS``) judge the values (and, for ``attend``, the copies the call found in
+the output's autograd graph: the exercise asks for none): the replies cross a process
+boundary as plain tensors, without their autograd graph, and that the answer calls
+flashlib is checked statically from its source (the registry's ``required_calls``). Every wrong
 answer below gives other values than the right one on the fixed case. In the
 notebook, ``check_attend`` and ``check_gqa_attention`` also look for flashlib's
 autograd node in the output (``_inspect_flashlib``), where the graph is still there.
@@ -73,6 +74,44 @@ def _inspect_flashlib(case: Case, out) -> str | None:
         return ("right values, but not computed by flashlib: call flashlib.flash_attention "
                 "(the check found no FlashAttentionFunction node in the output's autograd graph)")
     return None
+
+
+#: Autograd nodes of operations that copy a tensor's data: ``contiguous()`` and ``reshape`` of a view (Clone),
+#: ``to``/``float``/``half`` that change the dtype (ToCopy), ``copy_``, ``cat``/``stack``, ``repeat``,
+#: ``repeat_interleave`` and ``index_select`` (IndexSelect, or Clone of an expanded view), ``gather``.
+COPYING_NODES = ("CloneBackward0", "ToCopyBackward0", "CopyBackwards", "CopySlices", "CatBackward0",
+                 "StackBackward0", "RepeatBackward0", "IndexSelectBackward0", "GatherBackward0")
+
+
+def copies_in_graph(out) -> list[str]:
+    """The copying autograd nodes (:data:`COPYING_NODES`) between ``out`` and the leaves, by name."""
+    seen, stack, found = set(), [getattr(out, "grad_fn", None)], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if type(node).__name__ in COPYING_NODES:
+            found.add(type(node).__name__)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return sorted(found)
+
+
+def _inspect_no_copy(case: Case, out) -> str | None:
+    """The exercise asks for attention without copying q, k, v or o: the call noted the graph's copies."""
+    copies = case.context.get("copies")
+    if not isinstance(copies, list) or not all(isinstance(name, str) for name in copies):  # noted by the call
+        return f"the list of copies in the output's autograd graph did not come back (got {type(copies).__name__})"
+    if copies:
+        return ("right values, but your code copies the tensors (" + ", ".join(copies) + " in the output's "
+                "autograd graph): flash_attention reads q, k and v where they are, through their strides, with "
+                "layout=\"bnhd\" (or transpose(1, 2) views), and shares the H_kv k/v heads itself; no "
+                "contiguous(), clone(), repeat_interleave, cat or dtype change is needed")
+    return None
+
+
+def _inspect_flashlib_no_copy(case: Case, out) -> str | None:
+    return _inspect_flashlib(case, out) or _inspect_no_copy(case, out)
 
 
 # ------------------------------------------------------------------ attention in float64
@@ -179,7 +218,8 @@ def _attend_cases(gen):
 
 
 def _call_with_grad(learner, case: Case):
-    """Call on tensors that require grad, so that the output's autograd graph shows who computed it.
+    """Call on tensors that require grad, so that the output's autograd graph shows who computed it and
+    whether the answer copied the tensors on the way (noted in the case's context for the judge).
 
     The framework has already copied the case's args; a FUSED case hands the learner q, k and v as
     views of one (B, N, H + 2 H_kv, D) tensor (strides of a fused projection, not contiguous).
@@ -188,14 +228,19 @@ def _call_with_grad(learner, case: Case):
     if case.context.get("inputs") == FUSED:
         fused = torch.cat([q, k, v], dim=2).detach().requires_grad_()
         q, k, v = fused.split([q.shape[2], k.shape[2], v.shape[2]], dim=2)
-        return learner(q, k, v)
-    return learner(*(t.detach().requires_grad_() for t in (q, k, v)))
+    else:
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out = learner(q, k, v)
+    case.context["copies"] = copies_in_graph(out)   # judged by _inspect_no_copy, on the grader's side too
+    return out
 
 
-#: What the grader judges: the values (its replies carry no autograd graph).
-ATTEND_CHECK = Check(ATTEND, _attend_cases, ATTEND_MISTAKES, call=_call_with_grad, time_limit=20.0)
+#: What the grader judges: the values, and the copies the call found in the output's autograd graph (its
+#: replies carry no graph).
+ATTEND_CHECK = Check(ATTEND, _attend_cases, ATTEND_MISTAKES, call=_call_with_grad, time_limit=20.0,
+                     inspect=_inspect_no_copy)
 #: What the notebook's check cell runs: the same, and the output must come from flashlib's autograd node.
-ATTEND_NOTEBOOK_CHECK = dataclasses.replace(ATTEND_CHECK, inspect=_inspect_flashlib)
+ATTEND_NOTEBOOK_CHECK = dataclasses.replace(ATTEND_CHECK, inspect=_inspect_flashlib_no_copy)
 
 
 def check_attend(fn, *, seed: int | None = None, time_limit_s: float | None = None):

@@ -39,7 +39,7 @@ import torch
 
 from ... import reference
 from ...integer_math import ceil_div
-from .framework import Case, Check, Mistake, register, run_check
+from .framework import Case, Check, Mistake, WrongReturn, register, run_check
 
 NOTEBOOK = "06_masking"
 CAUSAL_BLOCK_RANGE = register(NOTEBOOK, "causal_block_range", 2,
@@ -67,18 +67,18 @@ def _normalised(lo: int, hi: int) -> tuple[int, int]:
 
 
 def _as_range(got, config) -> tuple[int, int]:
-    """The learner's (lo, hi) as two Python ints, or a clear TypeError."""
+    """The learner's (lo, hi) as two Python ints, or a clear WrongReturn."""
     where = "causal_block_range{}".format(tuple(config))
     if not isinstance(got, (tuple, list)) or len(got) != 2:
         what = f"a {type(got).__name__}" + (f" of length {len(got)}" if isinstance(got, (tuple, list)) else "")
-        raise TypeError(f"{where} returned {what}; expected a pair (lo, hi) of ints")
+        raise WrongReturn(f"{where} returned {what}; expected a pair (lo, hi) of ints")
     pair = []
     for name, value in zip(("lo", "hi"), got):
         if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
             value = value.item()
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
             hint = " (use // for integer division, or -(-a // b) to round up)" if isinstance(value, float) else ""
-            raise TypeError(f"{where} returned {name} = {value!r} ({type(value).__name__}); expected an int{hint}")
+            raise WrongReturn(f"{where} returned {name} = {value!r} ({type(value).__name__}); expected an int{hint}")
         pair.append(int(value))
     return _normalised(*pair)
 

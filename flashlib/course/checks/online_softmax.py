@@ -34,7 +34,7 @@ import torch
 from ...online_softmax import safe_shift, finalize, initial_state, online_softmax_step
 from ...reference import stable_softmax
 from ...validation import tolerance
-from .framework import Case, Check, Mistake, copy_tensors, error_from, register, run_check
+from .framework import Case, Check, Mistake, WrongReturn, copy_tensors, error_from, register, run_check
 
 NOTEBOOK = "03_online_softmax"
 ONLINE_UPDATE = register(NOTEBOOK, "online_update", 2,
@@ -61,14 +61,14 @@ def _as_state(out, who: str, rows: int, head_dim: int, names=("m_new", "l_new", 
     """The learner's (m, l, x) as float64 tensors of shapes (M,), (M,), (M, D), or a clear error."""
     if not isinstance(out, (tuple, list)) or len(out) != 3:
         got = type(out).__name__ + (f" of length {len(out)}" if isinstance(out, (tuple, list)) else "")
-        raise TypeError(f"{who} must return a tuple ({', '.join(names)}), got a {got}")
+        raise WrongReturn(f"{who} must return a tuple ({', '.join(names)}), got a {got}")
     shapes = ((rows,), (rows,), (rows, head_dim))
     state = []
     for name, value, shape in zip(names, out, shapes):
         if not isinstance(value, torch.Tensor):
-            raise TypeError(f"{who} returned {name} as a {type(value).__name__}, expected a torch.Tensor")
+            raise WrongReturn(f"{who} returned {name} as a {type(value).__name__}, expected a torch.Tensor")
         if tuple(value.shape) != shape:
-            raise ValueError(f"{who} returned {name} of shape {tuple(value.shape)}, expected {shape} "
+            raise WrongReturn(f"{who} returned {name} of shape {tuple(value.shape)}, expected {shape} "
                              f"(M = {rows} query rows, D = {head_dim})")
         state.append(value.detach().double().cpu())
     return tuple(state)

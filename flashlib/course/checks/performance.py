@@ -36,7 +36,7 @@ import numbers
 
 import torch
 
-from .framework import Case, Check, Mistake, register, run_check
+from .framework import Case, Check, Mistake, WrongReturn, register, run_check
 
 NOTEBOOK = "07_performance"
 ATTENTION_FLOPS = register(NOTEBOOK, "attention_flops", 2,
@@ -56,11 +56,11 @@ MODE_FACTOR = {"fwd": 1.0, "bwd": 2.5, "train": 3.5}
 # --------------------------------------------------------------------- helpers
 
 def _as_number(got, call: str) -> float:
-    """The learner's value as a float, or a TypeError that says what came back."""
+    """The learner's value as a float, or a WrongReturn that says what came back."""
     if isinstance(got, torch.Tensor) and got.numel() == 1:
         got = got.item()
     if isinstance(got, bool) or not isinstance(got, numbers.Real):
-        raise TypeError(f"{call} returned {got!r:.60} ({type(got).__name__}); expected a number (float or int)")
+        raise WrongReturn(f"{call} returned {got!r:.60} ({type(got).__name__}); expected a number (float or int)")
     return float(got)
 
 
