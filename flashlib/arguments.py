@@ -62,6 +62,9 @@ def check_tensors(q, k, v, dims: tuple[int, ...], kind: str, shapes_expected: st
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"Expected {kind}: {name} is a {type(t).__name__}, not a torch.Tensor")
+        if t.layout != torch.strided:  # the kernels read memory through strides: a sparse tensor has none
+            raise TypeError(f"Expected dense {kind}: {name} has layout {t.layout}; convert it with "
+                            f"{name}.to_dense()")
     if q.dim() not in dims or k.dim() != q.dim() or v.dim() != q.dim():
         raise ValueError(f"Expected {kind}{shapes_expected}; got {describe_shapes(q, k, v)}")
 

@@ -23,20 +23,23 @@ query to meet every key, so the K/V shards travel around a ring:
   owner. K/V travel a second time for the recompute (they are not stored W times).
 * **Causal and the zigzag.** Cut contiguously, rank r's queries see shard s fully when s < r,
   with the causal diagonal when s == r, and not at all when s > r (the step is skipped; the data
-  still passes on): the last rank does W times the work of the first, and every step waits for
-  the slowest. ``scheme="zigzag"`` cuts the sequence into 2W chunks and gives rank r the chunks
-  r and 2W-1-r, an early one and a late one. Against the shard of rank s != r, exactly half of
-  the pairs are visible, and always as a full rectangle: for s < r both of r's chunks see s's
-  early chunk (and neither sees its late one); for s > r only r's late chunk sees, and it sees
-  both of s's chunks. Every rank does the same work at every step (:func:`step_work`).
+  still passes on): the last rank does 2W - 1 times the work of the first (2W - 1 half-blocks
+  against one), and every step waits for the slowest. ``scheme="zigzag"`` cuts the sequence into
+  2W chunks and gives rank r the chunks r and 2W-1-r, an early one and a late one. Against the
+  shard of rank s != r, exactly half of the pairs are visible, and always as a full rectangle:
+  for s < r both of r's chunks see s's early chunk (and neither sees its late one); for s > r
+  only r's late chunk sees, and it sees both of s's chunks. Every rank does the same work at
+  every step (:func:`step_work`).
 
 Errors: arguments are checked on each rank, then the ranks compare what they were given *once*
 per call (one ``all_gather`` of a few int64 numbers); a rank whose arguments differ from the
-others' (shapes, dtype, causal, scheme, scale) makes *every* rank raise the same clear error,
-so that none waits forever for a transfer that will not come. A rank that never calls at all
-cannot be detected that way: the process group's own timeout bounds every collective and
-transfer (``torch.distributed.init_process_group(..., timeout=datetime.timedelta(seconds=60))``;
-gloo raises when it expires, NCCL's watchdog aborts the communicator).
+others' (shapes, dtype, causal, scheme, scale, whether autograd records the call) or fail its
+own checks makes *every* rank raise the same clear error, so that none waits forever for a
+transfer that will not come. What cannot be compared that way: a ``group`` that is not a process
+group, or another group object on some ranks, and a rank that never calls at all: the process
+group's own timeout bounds every collective and transfer
+(``torch.distributed.init_process_group(..., timeout=datetime.timedelta(seconds=60))``; gloo
+raises when it expires, NCCL's watchdog aborts the communicator).
 
 Runs on gloo (CPU tensors: flashlib's kernels run in Triton's interpreter there) and on NCCL
 (one GPU per rank, ``torch.cuda.set_device(rank)`` before the first call).
@@ -60,7 +63,7 @@ import torch
 import torch.distributed as dist
 
 from . import ops
-from .arguments import SUPPORTED_DTYPES
+from .arguments import SUPPORTED_DTYPES, transform_or_forward_mode_active
 from .attention import check_attention_args, flash_attention
 from .online_softmax import safe_shift
 
@@ -205,6 +208,26 @@ def _wait(requests) -> None:
 
 
 # ---------------------------------------------------------------- the autograd.Function
+DOUBLE_BACKWARD_MESSAGE = (
+    "ring_attention has no double backward (its backward is flash_attention's kernels and a ring of transfers, "
+    "neither differentiable): gradients of gradients through it are not supported")
+
+
+class _GradientsNotDifferentiable(torch.autograd.Function):
+    """Hands dq, dk, dv on unchanged, connected to what they depend on (q, k, v, dO), so that differentiating them
+    raises :data:`DOUBLE_BACKWARD_MESSAGE`. Left unconnected, autograd would take them for constants, and a
+    second derivative (a gradient penalty, ``torch.autograd.grad(..., create_graph=True)``) would silently come
+    out first-order."""
+
+    @staticmethod
+    def forward(ctx, dq, dk, dv, *depends_on):
+        return dq, dk, dv
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(DOUBLE_BACKWARD_MESSAGE)
+
+
 class RingAttentionFunction(torch.autograd.Function):
     """Ring attention's forward and backward on checked shards (see the module docstring).
 
@@ -280,13 +303,17 @@ class RingAttentionFunction(torch.autograd.Function):
         if ring.world_size > 1:
             _wait(dkv_requests)
         need_q, need_k, need_v = ctx.needs_input_grad[:3]
-        return (dq.to(q.dtype) if need_q else None, dkv_in[0].to(k.dtype) if need_k else None,
-                dkv_in[1].to(v.dtype) if need_v else None, None, None, None, None)
+        grads = (dq.to(q.dtype) if need_q else None, dkv_in[0].to(k.dtype) if need_k else None,
+                 dkv_in[1].to(v.dtype) if need_v else None)
+        if torch.is_grad_enabled():  # create_graph=True: autograd records this backward
+            grads = _GradientsNotDifferentiable.apply(*grads, q, k, v, grad_o)
+        return (*grads, None, None, None, None)
 
 
 # ---------------------------------------------------------------- argument checks
 _FIELDS = ("batch size B", "query heads H", "k/v heads H_kv", "shard length N/W", "head_dim D", "dtype",
-           "device type", "causal", "scheme", "softmax_scale")
+           "device type", "causal", "scheme", "softmax_scale",
+           "autograd recording (grad mode on and an input that requires grad: the backward is collective too)")
 _DEVICE_TYPES = ("cpu", "cuda")
 
 
@@ -299,6 +326,12 @@ def _check_local(q, k, v, causal, scheme, softmax_scale) -> float:
         raise ValueError(f"Expected 4D tensors: ring_attention takes this rank's shards as q (B, H, N/W, D), "
                          f"k and v (B, H_kv, N/W, D); got q.shape={tuple(q.shape)}, k.shape={tuple(k.shape)}, "
                          f"v.shape={tuple(v.shape)}")
+    if transform_or_forward_mode_active():
+        raise ValueError("ring_attention supports neither torch.func transforms (grad, vmap, jvp, jacrev...) nor "
+                         "forward-mode AD: its forward and backward are rings of transfers between processes. Use "
+                         "reverse mode, loss.backward() or torch.autograd.grad, on every rank")
+    if q.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"ring_attention takes float16, bfloat16 or float32 shards; got q.dtype={q.dtype}")
     spec, _ = check_attention_args(q, k, v, causal, softmax_scale=softmax_scale)
     _check_scheme(scheme)
     if k.shape[2] != q.shape[2]:
@@ -310,13 +343,18 @@ def _check_local(q, k, v, causal, scheme, softmax_scale) -> float:
     return spec.scale(q.shape[-1])
 
 
-def _describe(q, k, causal, scheme, scale, device) -> torch.Tensor:
+def _describe(q, k, v, causal, scheme, scale, device) -> torch.Tensor:
     """This rank's call as int64 numbers (first: 1, the arguments passed the local checks), in _FIELDS order."""
     scale_bits = struct.unpack("<q", struct.pack("<d", scale))[0]
     numbers = [1, *q.shape[:2], k.shape[1], *q.shape[2:], SUPPORTED_DTYPES.index(q.dtype),
                _DEVICE_TYPES.index(q.device.type) if q.device.type in _DEVICE_TYPES else len(_DEVICE_TYPES),
-               int(causal), SCHEMES.index(scheme), scale_bits]
+               int(causal), SCHEMES.index(scheme), scale_bits, int(_records_autograd(q, k, v))]
     return torch.tensor(numbers, dtype=torch.int64, device=device)
+
+
+def _records_autograd(q, k, v) -> bool:
+    """Whether autograd records this call: then every rank must run the backward, which is a ring too."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
 
 
 def _readable(field: int, value: int):
@@ -325,7 +363,7 @@ def _readable(field: int, value: int):
         return SUPPORTED_DTYPES[value]
     if name == "device type":
         return _DEVICE_TYPES[value] if value < len(_DEVICE_TYPES) else "other"
-    if name == "causal":
+    if name in ("causal", _FIELDS[-1]):
         return bool(value)
     if name == "scheme":
         return SCHEMES[value]
@@ -376,15 +414,21 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     ``causal`` masks by global position; ``scheme="zigzag"`` balances the causal work across ranks
     (the shards must then be cut with the same scheme). ``softmax_scale`` defaults to 1/sqrt(D).
 
-    Differentiable in q, k and v: the backward sends dK/dV around the ring back to their owners
-    (see the module docstring). Bad arguments raise a ValueError/TypeError naming the argument on
-    every rank (arguments that differ between ranks included, checked once per call); the group's
-    ``timeout`` (``init_process_group(timeout=...)``) bounds the wait for a rank that never calls.
+    Differentiable in q, k and v, in reverse mode: the backward sends dK/dV around the ring back to
+    their owners (see the module docstring); a second derivative through it raises
+    (:data:`DOUBLE_BACKWARD_MESSAGE`), and so do torch.func transforms and forward-mode AD. Bad
+    arguments raise a ValueError/TypeError naming the argument on every rank (arguments that differ
+    between ranks included, and whether autograd records the call, checked once per call); the
+    group's ``timeout`` (``init_process_group(timeout=...)``) bounds the wait for a rank that never
+    calls.
     """
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("ring_attention needs torch.distributed initialised: call "
                            "torch.distributed.init_process_group(backend, ...) on every rank first "
                            "(on one device, use flashlib.flash_attention)")
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"group must be a torch.distributed ProcessGroup (or None for the default group), the same "
+                        f"on every rank; got a {type(group).__name__}")
     group = dist.group.WORLD if group is None else group
     if dist.get_rank(group) < 0:
         raise ValueError(f"this process (global rank {dist.get_rank()}) is not a member of group: call "
@@ -392,15 +436,15 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     local_error, scale = None, math.nan
     try:
         scale = _check_local(q, k, v, causal, scheme, softmax_scale)
-    except (TypeError, ValueError) as error:
-        local_error = error
+    except Exception as error:  # noqa: BLE001 - any local failure (a sparse tensor's NotImplementedError too)
+        local_error = error       # is raised on this rank after the others learn of it, never before
     if dist.get_world_size(group) == 1:
         if local_error is not None:
             raise local_error
     else:
         device = _collective_device(group)
         description = (torch.zeros(len(_FIELDS) + 1, dtype=torch.int64, device=device) if local_error
-                       else _describe(q, k, causal, scheme, scale, device))
+                       else _describe(q, k, v, causal, scheme, scale, device))
         _check_across_ranks(description, local_error, group)
     o, _ = RingAttentionFunction.apply(q, k.contiguous(), v.contiguous(), causal, scheme, scale, group)
     return o

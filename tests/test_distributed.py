@@ -119,8 +119,9 @@ def mismatch_worker(rank: int, world_size: int, store_dir: str, out_dir: str) ->
     gen = torch.Generator().manual_seed(rank)
     results = {}
 
-    def attempt(label, n=SHARD, dtype=torch.float32, group=None, **kwargs):
+    def attempt(label, n=SHARD, dtype=torch.float32, group=None, q_grad=False, sparse=False, **kwargs):
         q, k, v = (torch.randn(1, HEADS, n, HEAD_DIM, generator=gen).to(dtype) for _ in range(3))
+        q = q.to_sparse() if sparse else q.requires_grad_(q_grad)
         start = time.monotonic()
         try:
             ring_attention(q, k, v, group=group, **kwargs)
@@ -135,6 +136,8 @@ def mismatch_worker(rank: int, world_size: int, store_dir: str, out_dir: str) ->
         attempt("scale", softmax_scale=0.5 if rank == 0 else None)
         attempt("unknown-scheme", scheme="diagonal" if rank == 1 else "contiguous")
         attempt("odd-zigzag", n=SHARD + 1, scheme="zigzag")
+        attempt("grad", q_grad=rank == 0)    # rank 1 would never run the backward's ring
+        attempt("sparse", sparse=rank == 1)  # not a TypeError/ValueError: rank 0 must learn of it all the same
         attempt("good-after-errors", causal=True, scheme="zigzag")
         short = dist.new_group(list(range(world_size)), timeout=datetime.timedelta(seconds=2))
         if rank == 0:
@@ -277,6 +280,21 @@ def test_one_rank_rejected_makes_every_rank_raise(mismatch_results):
         assert results["odd-zigzag"][0] == "ValueError" and "even shard length" in results["odd-zigzag"][1]
 
 
+def test_autograd_on_some_ranks_only_raises_on_every_rank(mismatch_results):
+    """A rank whose call autograd records runs a backward that is a ring too: a rank whose call it does not record
+    would never join it, and the first would wait for the group's timeout, in backward, with gloo's words."""
+    for rank, results in enumerate(mismatch_results):
+        kind, message, seconds = results["grad"]
+        assert kind == "ValueError" and "same autograd recording" in message and "rank 0: True, rank 1: False" in \
+            message and seconds < 5, f"rank {rank}: {kind}: {message}"
+
+
+def test_any_local_failure_is_shared_with_the_other_ranks(mismatch_results):
+    rank0, rank1 = (results["sparse"] for results in mismatch_results)
+    assert rank1 is not None and rank1[2] < 5, rank1
+    assert rank0[0] == "ValueError" and "rank(s) [1]" in rank0[1] and rank0[2] < 5, rank0
+
+
 def test_group_still_usable_after_errors(mismatch_results):
     assert all(results["good-after-errors"] is None for results in mismatch_results)
 
@@ -337,6 +355,53 @@ def test_bad_arguments_on_one_rank(one_rank, args, kwargs, error, words):
     with pytest.raises(error) as raised:
         ring_attention(*args, **kwargs)
     assert all(w in str(raised.value) for w in words), str(raised.value)
+
+
+def test_double_backward_raises_instead_of_a_silent_first_order_result(one_rank):
+    """A gradient penalty through ring_attention: dq must stay connected to q, k, v, and differentiating it
+    raise, as flash_attention's does (unconnected, d(penalty)/dq came out as 0 with no error)."""
+    from flashlib.distributed import DOUBLE_BACKWARD_MESSAGE
+
+    gen = torch.Generator().manual_seed(3)
+    q, k, v, do = (torch.randn(1, HEADS, SHARD, HEAD_DIM, generator=gen) for _ in range(4))
+    q.requires_grad_()
+    o = ring_attention(q, k, v, causal=True)
+    (dq,) = torch.autograd.grad(o, q, do, create_graph=True)
+    assert dq.requires_grad
+    with pytest.raises(RuntimeError) as raised:
+        ((o * do).sum() + (dq ** 2).sum()).backward()
+    assert str(raised.value) == DOUBLE_BACKWARD_MESSAGE
+    q_single = q.detach().clone().requires_grad_()   # the first derivative is still right
+    (dq_single,) = torch.autograd.grad(flash_attention(q_single, k, v, causal=True), q_single, do)
+    assert relative_error(dq.detach(), dq_single) <= 1e-5
+
+
+@pytest.mark.parametrize("transform", ["grad", "vmap", "forward_ad"])
+def test_torch_func_and_forward_mode_get_a_clear_error(one_rank, transform):
+    q, k, v = (torch.randn(1, HEADS, SHARD, HEAD_DIM) for _ in range(3))
+    with pytest.raises(ValueError, match="supports neither torch.func transforms"):
+        if transform == "grad":
+            torch.func.grad(lambda x: ring_attention(x, k, v).sum())(q)
+        elif transform == "vmap":
+            torch.func.vmap(lambda x: ring_attention(x, k, v))(q[None])
+        else:
+            import torch.autograd.forward_ad as fwAD
+            with fwAD.dual_level():
+                ring_attention(fwAD.make_dual(q, torch.ones_like(q)), k, v)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float8_e4m3fn])
+def test_unsupported_dtypes_are_named_without_flash_attentions_fp8_advice(one_rank, dtype):
+    q = torch.zeros(1, HEADS, SHARD, HEAD_DIM).to(dtype)
+    with pytest.raises(TypeError) as raised:
+        ring_attention(q, q, q)
+    assert "float16, bfloat16 or float32" in str(raised.value) and str(dtype) in str(raised.value)
+    assert "descale" not in str(raised.value)
+
+
+def test_a_group_that_is_not_a_process_group_is_named(one_rank):
+    with pytest.raises(TypeError, match="group must be a torch.distributed ProcessGroup .* got a list"):
+        ring_attention(*(torch.zeros(1, HEADS, SHARD, HEAD_DIM) for _ in range(3)), group=[0])
 
 
 def test_needs_an_initialised_process_group(monkeypatch):

@@ -249,6 +249,7 @@ GOOD = dict(cu_seqlens_q=cu(0, 4, 10), cu_seqlens_k=cu(0, 5, 12), max_seqlen_q=6
 
 @pytest.mark.parametrize("args, kwargs, error, message", [
     ((list(range(3)), K, V), {}, TypeError, r"Expected 3D packed tensors: q is a list"),
+    ((Q.to_sparse(), K, V), {}, TypeError, r"Expected dense 3D packed tensors: q has layout torch.sparse_coo"),
     ((t(1, 10, 4, 16), K, V), {}, ValueError, r"Expected 3D packed tensors.*q.shape=\(1, 10, 4, 16\)"),
     ((Q, K, t(11, 2, 16)), {}, ValueError, r"Q, K, V shapes must match.*v.shape=\(11, 2, 16\)"),
     ((Q, t(12, 2, 32), t(12, 2, 32)), {}, ValueError, r"Q, K, V shapes must match.*head_dim"),

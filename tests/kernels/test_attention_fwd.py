@@ -312,6 +312,8 @@ QKV = (t(2, 4, 8, 16), t(2, 2, 8, 16), t(2, 2, 8, 16))
 
 @pytest.mark.parametrize("args, kwargs, error, message", [
     ((list(range(3)), QKV[1], QKV[2]), {}, TypeError, r"Expected 3D or 4D tensors: q is a list"),
+    ((QKV[0], QKV[1].to_sparse(), QKV[2]), {}, TypeError, r"Expected dense 3D or 4D tensors: k has layout "
+                                                          r"torch.sparse_coo; convert it with k.to_dense\(\)"),
     ((t(4, 16), t(4, 16), t(4, 16)), {}, ValueError, r"Expected 3D or 4D tensors .*q.shape=\(4, 16\)"),
     ((t(2, 8, 16), QKV[1], QKV[2]), {}, ValueError, r"Expected 3D or 4D .*k.shape=\(2, 2, 8, 16\)"),
     ((QKV[0], t(3, 2, 8, 16), QKV[2]), {}, ValueError, r"Q, K, V shapes must match .*k.shape=\(3, 2, 8, 16\)"),
