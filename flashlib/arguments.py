@@ -120,14 +120,16 @@ def check_alibi_slopes(alibi_slopes, batch: int, heads: int, device: torch.devic
 
 
 def differentiated(t: torch.Tensor) -> bool:
-    """Whether some derivative is being taken with respect to ``t``: it requires grad (with grad mode on), it
-    is a dual tensor of forward-mode AD, or torch.func's grad or jvp wraps it. While torch.compile traces, only
-    the first is asked (the others would break the graph, and the compiled call is the custom op)."""
+    """Whether some derivative is being taken with respect to ``t``: it requires grad (with grad mode on; inside
+    torch.func.grad too, where a tensor computed from the differentiated input does and a constant does not), or
+    it carries a tangent (forward-mode AD, torch.func.jvp). Being wrapped by a transform says nothing: every tensor
+    made inside torch.func.grad is, constants included. While torch.compile traces, only the first is asked (the
+    other would break the graph, and the compiled call is the custom op)."""
     if torch.is_grad_enabled() and t.requires_grad:
         return True
     if torch.compiler.is_compiling():
         return False
-    return forward_ad.unpack_dual(t).tangent is not None or torch._C._functorch.is_gradtrackingtensor(t)
+    return forward_ad.unpack_dual(t).tangent is not None
 
 
 def make_spec(causal, window, softmax_scale, softcap, alibi_slopes, dropout_p) -> AttentionSpec:

@@ -343,7 +343,7 @@ def _fold_slopes(alibi_slopes, dim, size, batch):
     slopes = _fold(alibi_slopes, dim, size)
     if slopes.dim() == 2:  # a mapped (H,): (size, H) → (size, B, H)
         slopes = slopes.unsqueeze(1).expand(size, batch, slopes.shape[-1])
-    return slopes.reshape(size * batch, slopes.shape[-1])
+    return slopes.reshape(size * batch, slopes.shape[-1]).contiguous()  # read as (B, H) rows, never by stride
 
 
 def _fold_batch(size, tensors, dims, seq_lens, seq_lens_dim, alibi_slopes, slopes_dim):
@@ -354,9 +354,24 @@ def _fold_batch(size, tensors, dims, seq_lens, seq_lens_dim, alibi_slopes, slope
     folded = [None if t is None else _fold(t, d, size) for t, d in zip(tensors, dims)]
     batch = folded[0].shape[1]
     folded = tuple(None if t is None else t.reshape(size * batch, *t.shape[2:]) for t in folded)
-    if seq_lens is not None:
-        seq_lens = _fold(seq_lens, seq_lens_dim, size).reshape(size * batch)
+    if seq_lens is not None:  # contiguous: the kernels read the lengths at SEQ_LENS + b, and an unmapped (B = 1)
+        seq_lens = _fold(seq_lens, seq_lens_dim, size).reshape(size * batch).contiguous()  # one folds to stride 0
     return batch, folded, seq_lens, _fold_slopes(alibi_slopes, slopes_dim, size, batch)
+
+
+def _check_vmap_randomness(info, dropout_p) -> None:
+    """vmap's ``randomness`` setting, as torch's own dropout keeps it: the default "error" refuses a random draw,
+    "different" is what folding the slices into one launch gives (each sample its own mask); "same" (one mask for
+    every slice) the folded launch cannot give, so it is refused rather than ignored."""
+    if not dropout_p or info.randomness == "different":
+        return
+    if info.randomness == "error":
+        raise RuntimeError("vmap: called random operation while in randomness error mode (flash_attention with "
+                           "dropout_p > 0). Pass randomness='different' to torch.func.vmap, or take dropout "
+                           "out of the vmapped function")
+    raise NotImplementedError("flash_attention's dropout under torch.func.vmap(randomness='same') is not supported: "
+                              "the mapped slices are one launch, and each draws its own mask; use "
+                              "randomness='different'")
 
 
 def vmap(info, in_dims, q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slopes, *settings):
@@ -365,6 +380,7 @@ def vmap(info, in_dims, q, k, v, seq_lens, cu_seqlens_q, cu_seqlens_k, alibi_slo
     if layout == "packed" or any(d is not None for d in in_dims[4:6]):
         raise NotImplementedError("vmap over flash_attention_varlen is not supported: pack the mapped "
                                   "sequences into one call (cu_seqlens) instead")
+    _check_vmap_randomness(info, settings[-1])
     size = info.batch_size
     batch, (q, k, v), seq_lens, alibi_slopes = _fold_batch(size, (q, k, v), in_dims[:3], seq_lens, in_dims[3],
                                                            alibi_slopes, in_dims[6])

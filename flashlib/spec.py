@@ -55,11 +55,17 @@ def check_window(window) -> None:
             raise ValueError(f"window {side} bound must be >= 0, or -1 for unbounded; got window={tuple(window)}")
 
 
+def _finite(value) -> bool:
+    """math.isfinite, in a form torch.compile traces when the float is dynamic (a SymFloat: an argument that
+    changed between calls, or dynamic=True), where math.isfinite breaks a fullgraph compile."""
+    return value == value and value not in (math.inf, -math.inf)
+
+
 def _check_float(name: str, value, *, low: float, high: float | None = None, closed_high: bool = False,
                  meaning: str) -> None:
     if not isinstance(value, numbers.Real) or isinstance(value, bool):
         raise TypeError(f"{name} must be a float ({meaning}); got {value!r}")
-    if not math.isfinite(value) or value < low or (high is not None and (value > high if closed_high
+    if not _finite(value) or value < low or (high is not None and (value > high if closed_high
                                                                           else value >= high)):
         bound = "" if high is None else (f" and <= {high}" if closed_high else f" and < {high}")
         raise ValueError(f"{name} must be finite, >= {low}{bound} ({meaning}); got {value}")
@@ -100,7 +106,7 @@ class AttentionSpec:
         if softmax_scale is not None:
             if not isinstance(softmax_scale, numbers.Real) or isinstance(softmax_scale, bool):
                 raise TypeError(f"softmax_scale must be a float or None; got {softmax_scale!r}")
-            if not math.isfinite(softmax_scale):
+            if not _finite(softmax_scale):
                 raise ValueError(f"softmax_scale must be finite; got {softmax_scale}")
         _check_float("softcap", softcap, low=0.0, meaning="0 for none, else scores become "
                      "softcap * tanh(scores / softcap)")

@@ -95,7 +95,7 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     attending to ``k[cu_seqlens_k[b]:cu_seqlens_k[b + 1]]`` (and v), and never sees another
     sequence. ``cu_seqlens_q``, ``cu_seqlens_k`` (B + 1,) torch.int32 on q's device, from 0,
     nondecreasing, ending at total_q and total_k (lengths may be 0); ``max_seqlen_q``,
-    ``max_seqlen_k`` ints at least the longest lengths (they size the grid). See
+    ``max_seqlen_k`` ints at least the longest lengths (they size the grid, up to total_q and total_k). See
     :func:`pack_sequences`.
 
     Masks and scores per sequence, with :func:`flashlib.flash_attention`'s semantics:
@@ -112,8 +112,11 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """
     spec, alibi_slopes = check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                                            window, softmax_scale, softcap, alibi_slopes, dropout_p)
+    # No sequence is longer than the whole pack: an overestimate past it would only size a grid of empty programs
+    # (2**40 rows once launched past CUDA's grid limit), so the grid stops at total_q and total_k.
+    max_seqlen_q, max_seqlen_k = min(int(max_seqlen_q), q.shape[0]), min(int(max_seqlen_k), k.shape[0])
     o, lse, _ = ops.attention(q, k, v, None, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), alibi_slopes,
-                              int(max_seqlen_q), int(max_seqlen_k), "packed", spec)
+                              max_seqlen_q, max_seqlen_k, "packed", spec)
     return (o, lse) if return_lse else o
 
 

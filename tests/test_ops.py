@@ -1,6 +1,8 @@
 """The attention op in real use: torch.compile (fullgraph, forward and backward), the custom ops'
 registration (opcheck), torch.func, double backward refused on every path, NaN semantics and
 padding that is never read, and ``flash_attention_v2``."""
+import functools
+
 import pytest
 import torch
 
@@ -90,6 +92,22 @@ def test_compiled_varlen_and_dropout():
     assert torch.equal(first, eager), "compiled and eager draw the same dropout seed from torch's generator"
 
 
+def test_compiled_fullgraph_with_dynamic_floats_and_shapes():
+    """A float argument that changes between calls (a per-layer softcap or scale, a dropout schedule) makes the
+    recompile trace it as a SymFloat, as dynamic=True does from the start: the argument checks must trace then."""
+    q, k, v = make_inputs(1, 2, 2, 24, 24, 16, torch.float32)
+
+    def attend(q, k, v, softcap, scale):
+        return flash_attention(q, k, v, causal=True, softcap=softcap, softmax_scale=scale)
+
+    for dynamic in (None, True):
+        torch._dynamo.reset()
+        compiled = torch.compile(attend, fullgraph=True, dynamic=dynamic, backend="aot_eager")
+        for softcap, scale in ((20.0, 0.25), (30.0, 0.3)):
+            assert torch.equal(compiled(q, k, v, softcap, scale), attend(q, k, v, softcap, scale))
+    torch._dynamo.reset()
+
+
 def test_custom_ops_pass_opcheck():
     """Schema, fake tensors, autograd registration and AOT dispatch of both ops agree with the real ones."""
     q, k, v, do = (t.requires_grad_() for t in make_inputs(1, 4, 2, 24, 20, 16, torch.float32, layout="bnhd",
@@ -164,6 +182,36 @@ def test_vmap_folds_into_the_batch():
     assert torch.equal(mapped, looped)
     shared_kv = torch.func.vmap(lambda q: flash_attention(q, k[0], v[0]))(q)
     assert torch.equal(shared_kv[1], flash_attention(q[1], k[0], v[0]))
+
+
+def test_vmap_of_one_sample_with_lengths_and_slopes_it_does_not_map():
+    """A batch of one whose seq_lens and (B, H) ALiBi slopes are closed over (not mapped): folded, they became
+    views of stride 0, which the kernels read as contiguous, so every slice after the first read past them (on a
+    GPU out of bounds) and came out wrong by 0.5-1.1."""
+    q = torch.stack([make_inputs(1, 2, 2, 24, 24, 16, torch.float32, seed=s)[0] for s in range(4)])
+    _, k, v = make_inputs(1, 2, 2, 24, 24, 16, torch.float32, seed=9)
+    lens = torch.tensor([7], dtype=torch.int32, device=DEVICE)
+    slopes = torch.tensor([[0.5, 0.25]], device=DEVICE)
+    call = functools.partial(flash_attention, k=k, v=v, causal=True, seq_lens=lens, alibi_slopes=slopes)
+    mapped = torch.func.vmap(lambda x: call(x))(q)
+    assert all(torch.equal(mapped[i], call(q[i])) for i in range(4))
+    expanded = torch.func.vmap(lambda x, n: flash_attention(x, k, v, seq_lens=n))(q, lens.expand(4, 1))
+    assert all(torch.equal(expanded[i], flash_attention(q[i], k, v, seq_lens=lens)) for i in range(4))
+
+
+def test_vmap_keeps_torchs_randomness_contract_for_dropout():
+    """As torch's dropout: vmap's default randomness='error' refuses the draw; 'different' gives every slice its
+    own mask (three identical slices come out different); 'same', which one folded launch cannot give, raises."""
+    q, k, v = (t.expand(3, *t.shape).clone() for t in make_inputs(1, 1, 1, 16, 16, 16, torch.float32))
+    attend = functools.partial(flash_attention, dropout_p=0.5)
+    with pytest.raises(RuntimeError, match="randomness error mode"):
+        torch.func.vmap(attend)(q, k, v)
+    with pytest.raises(NotImplementedError, match="randomness='same'"):
+        torch.func.vmap(attend, randomness="same")(q, k, v)
+    different = torch.func.vmap(attend, randomness="different")(q, k, v)
+    assert not torch.equal(different[0], different[1])
+    without = torch.func.vmap(flash_attention)(q, k, v)   # no dropout: nothing random, the default mode is fine
+    assert relative_error(without[1], flash_attention(q[1], k[1], v[1])) <= 1e-6
 
 
 def test_func_grad_and_vjp_match_backward():

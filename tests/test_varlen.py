@@ -247,6 +247,21 @@ Q, K, V = t(10, 4, 16), t(12, 2, 16), t(12, 2, 16)
 GOOD = dict(cu_seqlens_q=cu(0, 4, 10), cu_seqlens_k=cu(0, 5, 12), max_seqlen_q=6, max_seqlen_k=7)
 
 
+def test_an_overestimated_max_seqlen_sizes_no_larger_grid_than_the_pack(monkeypatch):
+    """max_seqlen only bounds the lengths: 2**40 (an overestimate a caller may pass) gives the same result, with
+    the grid stopped at total_q and total_k (it used to size 2**40 rows and run for minutes)."""
+    cu_q, cu_k = cu(0, 4, 10), cu(0, 5, 12)
+    want = flash_attention_varlen(Q, K, V, cu_q, cu_k, 6, 7, causal=True)
+    launched = ops_module.attention
+
+    def bounded(*args):
+        assert args[7:9] == (Q.shape[0], K.shape[0]), f"max_seqlen_q, max_seqlen_k = {args[7:9]}"
+        return launched(*args)
+
+    monkeypatch.setattr(ops_module, "attention", bounded)
+    assert torch.equal(flash_attention_varlen(Q, K, V, cu_q, cu_k, 2**40, 2**40, causal=True), want)
+
+
 @pytest.mark.parametrize("args, kwargs, error, message", [
     ((list(range(3)), K, V), {}, TypeError, r"Expected 3D packed tensors: q is a list"),
     ((Q.to_sparse(), K, V), {}, TypeError, r"Expected dense 3D packed tensors: q has layout torch.sparse_coo"),

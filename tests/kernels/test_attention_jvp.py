@@ -241,6 +241,22 @@ def test_alibi_slopes_being_differentiated_are_refused_in_either_mode():
         flash_attention(q, k, v, alibi_slopes=slopes_.clone().requires_grad_())
 
 
+def test_constant_alibi_slopes_made_inside_a_transform_are_accepted():
+    """A model that builds its slopes in forward() (BLOOM, MPT) makes them inside torch.func.grad or jvp, where
+    every new tensor is wrapped: a constant there is no derivative of the slopes, and is not refused."""
+    (q, k, v), (q_t, _, _) = fresh(1, 2, 2, 12, 12, 16)
+
+    def attend(x):
+        return flash_attention(x, k, v, causal=True, alibi_slopes=2.0 ** -torch.arange(1, 3, dtype=torch.float32))
+
+    leaf = q.clone().requires_grad_()
+    attend(leaf).sum().backward()
+    assert relative_error(torch.func.grad(lambda x: attend(x).sum())(q), leaf.grad) <= 1e-5
+    with forward_ad.dual_level():
+        eager_tangent = forward_ad.unpack_dual(attend(forward_ad.make_dual(q, q_t))).tangent
+    assert relative_error(torch.func.jvp(attend, (q,), (q_t,))[1], eager_tangent) <= 1e-5
+
+
 def test_jacfwd_with_dropout_is_refused_rather_than_drawing_other_masks():
     (q, k, v), _ = fresh(1, 1, 1, 8, 8, 16)
     with pytest.raises(NotImplementedError, match="jvp with dropout is not supported"):
