@@ -205,6 +205,21 @@ def test_attend_that_copies_the_tensors_fails_in_the_notebook_and_the_grader(ans
     assert not passed and headline.startswith("right values, but your code copies") and copy in headline
 
 
+def attend_copy_then_detach(q, k, v):   # hides the copy from the graph, and the gradient with it
+    return flash_attention(q.contiguous(), k, v, causal=True, layout="bnhd").detach()
+
+
+def attend_detached_k(q, k, v):
+    return flash_attention(q, k.detach(), v, causal=True, layout="bnhd")
+
+
+@pytest.mark.parametrize("answer", [attend_copy_then_detach, attend_detached_k])
+def test_attend_whose_gradient_does_not_reach_the_inputs_fails_in_the_grader(answer):
+    passed, headline, _ = _judged_from_saved_replies(in_practice.ATTEND_CHECK, answer)
+    assert not passed and headline.startswith("right values, but no gradient flows"), headline
+    assert not checks.check_attend(answer).passed
+
+
 @pytest.mark.parametrize("answer", [attend_right, attend_transposed])
 def test_attend_without_copies_passes_in_the_notebook_and_the_grader(answer):
     assert checks.check_attend(answer).passed
@@ -216,6 +231,7 @@ def test_attend_copies_that_do_not_come_back_as_a_list_of_names_fail(noted):
     cases = framework.make_cases(in_practice.ATTEND_CHECK)
     replies = framework.run_learner(in_practice.ATTEND_CHECK, attend_right, cases)
     for reply in replies:
+        assert reply.context["gradient reaches q, k, v"] is True
         if noted is None:
             reply.context.pop("copies")
         else:

@@ -97,11 +97,31 @@ def copies_in_graph(out) -> list[str]:
     return sorted(found)
 
 
+def reaches_every_leaf(out, leaves) -> bool:
+    """Whether the gradient of ``out`` flows back to every tensor of ``leaves`` (its autograd graph holds their
+    AccumulateGrad nodes): a detached output, or a detached input, trains nothing through it."""
+    seen, stack, reached = set(), [getattr(out, "grad_fn", None)], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        variable = getattr(node, "variable", None)
+        reached.update(i for i, leaf in enumerate(leaves) if variable is leaf)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return len(reached) == len(leaves)
+
+
 def _inspect_no_copy(case: Case, out) -> str | None:
-    """The exercise asks for attention without copying q, k, v or o: the call noted the graph's copies."""
-    copies = case.context.get("copies")
-    if not isinstance(copies, list) or not all(isinstance(name, str) for name in copies):  # noted by the call
+    """The exercise asks for attention without copying q, k, v or o, that gradients flow through: the call
+    noted the graph's copies, and whether the output's gradient reaches the inputs."""
+    copies, reached = case.context.get("copies"), case.context.get("gradient reaches q, k, v")
+    if not isinstance(copies, list) or not all(isinstance(name, str) for name in copies) \
+            or not isinstance(reached, bool):  # noted by the call
         return f"the list of copies in the output's autograd graph did not come back (got {type(copies).__name__})"
+    if not reached:
+        return ("right values, but no gradient flows from the output back to q, k and v (a detach(), or a "
+                "computation outside autograd): the model could not learn through this attention")
     if copies:
         return ("right values, but your code copies the tensors (" + ", ".join(copies) + " in the output's "
                 "autograd graph): flash_attention reads q, k and v where they are, through their strides, with "
@@ -227,11 +247,14 @@ def _call_with_grad(learner, case: Case):
     q, k, v = case.args
     if case.context.get("inputs") == FUSED:
         fused = torch.cat([q, k, v], dim=2).detach().requires_grad_()
+        leaves = (fused,)
         q, k, v = fused.split([q.shape[2], k.shape[2], v.shape[2]], dim=2)
     else:
-        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        q, k, v = leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
     out = learner(q, k, v)
-    case.context["copies"] = copies_in_graph(out)   # judged by _inspect_no_copy, on the grader's side too
+    # judged by _inspect_no_copy, on the grader's side too
+    case.context["copies"] = copies_in_graph(out)
+    case.context["gradient reaches q, k, v"] = reaches_every_leaf(out, leaves)
     return out
 
 
