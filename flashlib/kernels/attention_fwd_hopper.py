@@ -74,15 +74,16 @@ CONFIGS = {64: (64, 128, 3), 128: (64, 128, 2)}
 FP8_CONFIGS = {64: (64, 128, 4), 128: (64, 128, 3)}
 #: Whether FP8 weights reach P V through a shared-memory slot of each consumer rather than registers
 #: (:func:`_weights_operand`): 486 instructions a key block at head_dim 128 against 682 (Triton 3.6, compiled for
-#: sm_90a). Not yet timed on a GPU (``benchmarks/gluon_fp8_ab.py`` times both); the launcher's
-#: ``fp8_weights_shared`` takes either.
+#: sm_90a); timed on an H100, P in registers runs 0.82-0.85x of this at 128, 0.79-0.83x at 64 (forty-first
+#: finding). The launcher's ``fp8_weights_shared`` takes either.
 FP8_WEIGHTS_SHARED = True
 #: Where each consumer reads Q, the first operand of ``S = Q K^T`` in every key block of a tile, from registers
 #: (loaded once a tile; its shared-memory slot is released to the loader at once) rather than from shared memory: a
 #: product of both operands in shared memory reads 96 bytes a cycle at N = 128 keys, one with A in registers 64
 #: (benchmarks/TUNING.md, thirty-ninth and fortieth findings). FP8 (:data:`FP8_Q_IN_REGISTERS`): on, as its P comes
-#: from shared memory; 16-bit without dropout (whose draws then spill): at the head dims in
-#: :data:`Q_IN_REGISTERS_HEAD_DIMS`, none until timed. The launcher's ``q_in_registers`` takes either.
+#: from shared memory (Q from shared memory instead runs 0.96-0.98x at head_dim 128 on an H100, forty-first
+#: finding); 16-bit without dropout (whose draws then spill): at the head dims in :data:`Q_IN_REGISTERS_HEAD_DIMS`,
+#: none until timed. The launcher's ``q_in_registers`` takes either.
 FP8_Q_IN_REGISTERS = True
 Q_IN_REGISTERS_HEAD_DIMS: tuple[int, ...] = ()
 #: Registers a thread of each partition: the consumer warpgroups hold O, S and P (FlashAttention-3's 240),
@@ -570,10 +571,11 @@ MIN_SCORES = 2 ** 27
 #: where the Triton forward took 1.34-1.38x, but 1.49-1.66x under the causal mask against the Triton forward's
 #: 1.15-1.37x (0.73-0.88x its speed there).
 DROPOUT_CAUSAL = False
-#: The head dims at which an FP8 call is routed here by default: none yet. The FP8 path of this kernel was
-#: written and compiled for sm_90a without a GPU (session 46, benchmarks/TUNING.md thirty-sixth finding); until
-#: its GPU tests and ``benchmarks/gluon_fp8_ab.py`` have run, FP8 takes it only with ``use_gluon=True``.
-FP8_HEAD_DIMS: tuple[int, ...] = ()
+#: The head dims at which an FP8 call is routed here by default. Written and compiled without a GPU (session 46,
+#: benchmarks/TUNING.md thirty-sixth finding), then checked and timed on an H100 (session 52, forty-first finding):
+#: at 128 it runs 1.05-1.16x the Triton FP8 forward (1.37-1.42x flashlib's fp16 forward, N >= 4k); at 64, where
+#: exp2 bounds both, 0.92-0.99x, so Triton keeps it. Other head dims take it only with ``use_gluon=True``.
+FP8_HEAD_DIMS: tuple[int, ...] = (128,)
 
 
 def preferred(head_dim: int, n_q: int, n_k: int, scores: float, causal: bool, dropout: bool = False,

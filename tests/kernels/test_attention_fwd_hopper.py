@@ -85,17 +85,20 @@ def test_dropout_is_preferred_without_a_mask_only_as_measured():
                                                                                      dropout=True)
 
 
-def test_fp8_is_not_preferred_before_it_is_measured():
-    """The FP8 path was compiled, not yet run on a GPU (session 46): no head_dim takes it by default."""
-    assert hopper.FP8_HEAD_DIMS == ()
-    assert hopper.preferred(128, 4096, 4096, 2 ** 30, False) and not hopper.preferred(128, 4096, 4096, 2 ** 30, False,
-                                                                                      fp8=True)
+def test_fp8_is_preferred_only_where_it_was_measured_faster():
+    """Timed on an H100 (session 52, TUNING.md forty-first finding): the Gluon FP8 forward beats the Triton one at
+    head_dim 128 (1.05-1.16x), not at 64 (0.92-0.99x); with the 16-bit route's size thresholds."""
+    assert hopper.FP8_HEAD_DIMS == (128,)
+    assert hopper.preferred(128, 4096, 4096, 2 ** 30, False, fp8=True)
+    assert not hopper.preferred(64, 4096, 4096, 2 ** 30, False, fp8=True)
+    assert not hopper.preferred(128, 4096, 4096, 2 ** 25, False, fp8=True)   # below MIN_SCORES
 
 
 def test_an_fp8_call_is_routed_with_its_descale_factors_and_v_read_keys_innermost(monkeypatch):
     """An FP8 call reaches the Gluon forward with ``use_gluon=True``: with the very (3, B, H_kv) factors, and with
-    V handed to ``can_run`` as V^T, whose descriptor then reads the keys contiguous. By default it stays on the
-    Triton forward (its launch is recorded instead, as the interpreter runs no FP8)."""
+    V handed to ``can_run`` as V^T, whose descriptor then reads the keys contiguous. By default a call this small
+    (2^25 scores, under MIN_SCORES) stays on the Triton forward (its launch is recorded instead, as the
+    interpreter runs no FP8)."""
     seen, gluon, triton_forward = [], [], []
     monkeypatch.setattr(hopper, "can_run", lambda q, k, v, o, *, scale, fp8: seen.append((v.stride(), fp8)) or True)
     monkeypatch.setattr(hopper, "launch_attention_forward_hopper",
