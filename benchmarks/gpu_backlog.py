@@ -24,6 +24,11 @@ session lent a GPU runs ``timings``, ``grid`` and ``extras``, and ``tests`` agai
 (``--steps gpu_tests``: the unreached 25 are not named in that log). ``--steps`` runs part of a stage when less
 device time is left than the whole needs.
 
+Session 52 was lent an H100 at last: the ``timings`` stage's checks all passed, and a second call on the warm
+machine timed the FP8, dQ and dK/dV A/Bs (benchmarks/results/gluon_*_session52_*.log; TUNING.md forty-first finding:
+FP8_HEAD_DIMS = (128,), nothing else changes). The next session runs ``timings_rest`` (dropout's backward and the
+16-bit forward's Q in registers, with limits a cold machine needs), then ``grid``, ``extras`` and ``tests``.
+
 The grid measures the forward and backward with the settings the timings decide. A machine is given back 30 s
 after a call, too soon to edit those settings by hand between the two calls, so the timings call also copies its
 logs to ``build/backlog`` (ignored by git, so kept on the machine between calls) and the grid call first writes
@@ -123,6 +128,20 @@ STAGES = {
              "issue 13's dropout cost after the thirty-seventh finding (1.17-1.27x the plain backward before it; the "
              "target is <= 1.15x)"),
         Step("gluon_fwd_ab", 90,
+             ("benchmarks/gluon_fwd_ab.py", "--dtype", "fp16", "--d", "128,64", "--N", FA2_N, "--no-checks"),
+             "attention_fwd_hopper.Q_IN_REGISTERS_HEAD_DIMS for 16-bit inputs: a head dim goes in where "
+             "'qregs/gluon' > 1 at every N (fortieth finding)"),
+    ),
+    # Session 52 (a cold H100): the timings stage's steps ran their checks (all passed) and ran out of their limits
+    # compiling; a second call on the warm machine timed gluon_fp8_ab, gluon_dq_ab and gluon_bwd_ab (forty-first
+    # finding). What is left, with the limits a cold machine needs (compiling took 100-150 s a script):
+    "timings_rest": (
+        Step("gluon_dropout_ab", 320,
+             ("benchmarks/gluon_dropout_ab.py", "--dtype", "fp16", "--d", "128,64", "--N", FA2_N,
+              "--parts", "bwd", "--routes", "plain,gluon,triton"),
+             "issue 13's dropout cost after the thirty-seventh finding (1.17x at D = 128, N = 1024 in session 52; "
+             "the target is <= 1.15x)"),
+        Step("gluon_fwd_ab", 240,
              ("benchmarks/gluon_fwd_ab.py", "--dtype", "fp16", "--d", "128,64", "--N", FA2_N, "--no-checks"),
              "attention_fwd_hopper.Q_IN_REGISTERS_HEAD_DIMS for 16-bit inputs: a head dim goes in where "
              "'qregs/gluon' > 1 at every N (fortieth finding)"),
