@@ -55,18 +55,22 @@ GQA_ATTENTION = register(NOTEBOOK, "gqa_attention", 2,
                          "The attention module's forward with GQA: H query heads, H_kv shared k/v heads")
 
 
-def _flashlib_used(out) -> bool:
-    """Whether ``out`` was computed through an autograd node of flashlib's attention (padded or varlen)."""
+def autograd_nodes(out):
+    """Every node of ``out``'s autograd graph, once each (none for a tensor without one)."""
     seen, stack = set(), [getattr(out, "grad_fn", None)]
     while stack:
         node = stack.pop()
         if node is None or node in seen:
             continue
         seen.add(node)
-        if type(node).__name__.startswith("FlashAttentionFunction"):  # padded and varlen share the op
-            return True
+        yield node
         stack.extend(next_node for next_node, _ in node.next_functions)
-    return False
+
+
+def _flashlib_used(out) -> bool:
+    """Whether ``out`` was computed through an autograd node of flashlib's attention (padded or varlen)."""
+    # padded and varlen share the op
+    return any(type(node).__name__.startswith("FlashAttentionFunction") for node in autograd_nodes(out))
 
 
 def _inspect_flashlib(case: Case, out) -> str | None:
@@ -85,31 +89,14 @@ COPYING_NODES = ("CloneBackward0", "ToCopyBackward0", "CopyBackwards", "CopySlic
 
 def copies_in_graph(out) -> list[str]:
     """The copying autograd nodes (:data:`COPYING_NODES`) between ``out`` and the leaves, by name."""
-    seen, stack, found = set(), [getattr(out, "grad_fn", None)], set()
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        if type(node).__name__ in COPYING_NODES:
-            found.add(type(node).__name__)
-        stack.extend(next_node for next_node, _ in node.next_functions)
-    return sorted(found)
+    return sorted({type(node).__name__ for node in autograd_nodes(out)} & set(COPYING_NODES))
 
 
 def reaches_every_leaf(out, leaves) -> bool:
     """Whether the gradient of ``out`` flows back to every tensor of ``leaves`` (its autograd graph holds their
     AccumulateGrad nodes): a detached output, or a detached input, trains nothing through it."""
-    seen, stack, reached = set(), [getattr(out, "grad_fn", None)], set()
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        variable = getattr(node, "variable", None)
-        reached.update(i for i, leaf in enumerate(leaves) if variable is leaf)
-        stack.extend(next_node for next_node, _ in node.next_functions)
-    return len(reached) == len(leaves)
+    variables = [getattr(node, "variable", None) for node in autograd_nodes(out)]
+    return all(any(variable is leaf for variable in variables) for leaf in leaves)
 
 
 def _inspect_no_copy(case: Case, out) -> str | None:
