@@ -37,7 +37,7 @@ flashlib; GQA/MQA; 2-byte types; head_dim 64 or 128; a positive scale) and its d
 in 16 bits) runs the same partitions: both products take e4m3 operands, 32 of them a step; FP8 tensor cores read
 both operands along the reduction, so V arrives as V^T tiles (keys innermost), P reaches P V through a
 shared-memory slot of each consumer rather than registers (:func:`_weights_operand`), and Q stays in registers. It is
-taken only when asked (:data:`FP8_HEAD_DIMS` is empty until it is measured). Everything else (windows, lengths,
+taken by default at :data:`FP8_HEAD_DIMS` (128, measured faster there). Everything else (windows, lengths,
 packed sequences, score modifiers, other head dims, float32) runs in :mod:`.attention_fwd`, which is also the only
 forward of the interpreter: Gluon has no interpreter. :func:`can_run` says which calls this kernel can take and
 :func:`preferred` where it is the faster forward; GPU tests compare it with the float64 reference and with
