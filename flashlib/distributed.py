@@ -311,9 +311,9 @@ class RingAttentionFunction(torch.autograd.Function):
 
 
 # ---------------------------------------------------------------- argument checks
+_AUTOGRAD_FIELD = "autograd recording (grad mode on and an input that requires grad: the backward is collective too)"
 _FIELDS = ("batch size B", "query heads H", "k/v heads H_kv", "shard length N/W", "head_dim D", "dtype",
-           "device type", "causal", "scheme", "softmax_scale",
-           "autograd recording (grad mode on and an input that requires grad: the backward is collective too)")
+           "device type", "causal", "scheme", "softmax_scale", _AUTOGRAD_FIELD)
 _DEVICE_TYPES = ("cpu", "cuda")
 
 
@@ -363,7 +363,7 @@ def _readable(field: int, value: int):
         return SUPPORTED_DTYPES[value]
     if name == "device type":
         return _DEVICE_TYPES[value] if value < len(_DEVICE_TYPES) else "other"
-    if name in ("causal", _FIELDS[-1]):
+    if name in ("causal", _AUTOGRAD_FIELD):
         return bool(value)
     if name == "scheme":
         return SCHEMES[value]
@@ -436,8 +436,8 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     local_error, scale = None, math.nan
     try:
         scale = _check_local(q, k, v, causal, scheme, softmax_scale)
-    except Exception as error:  # noqa: BLE001 - any local failure (a sparse tensor's NotImplementedError too)
-        local_error = error       # is raised on this rank after the others learn of it, never before
+    except Exception as error:  # noqa: BLE001 - any local failure, not only the checks' own errors, is
+        local_error = error       # raised on this rank after the others learn of it, never before
     if dist.get_world_size(group) == 1:
         if local_error is not None:
             raise local_error

@@ -354,8 +354,9 @@ def _fold_batch(size, tensors, dims, seq_lens, seq_lens_dim, alibi_slopes, slope
     folded = [None if t is None else _fold(t, d, size) for t, d in zip(tensors, dims)]
     batch = folded[0].shape[1]
     folded = tuple(None if t is None else t.reshape(size * batch, *t.shape[2:]) for t in folded)
-    if seq_lens is not None:  # contiguous: the kernels read the lengths at SEQ_LENS + b, and an unmapped (B = 1)
-        seq_lens = _fold(seq_lens, seq_lens_dim, size).reshape(size * batch).contiguous()  # one folds to stride 0
+    # The kernels read the lengths at SEQ_LENS + b: contiguous, since unmapped lengths of B = 1 fold to stride 0.
+    if seq_lens is not None:
+        seq_lens = _fold(seq_lens, seq_lens_dim, size).reshape(size * batch).contiguous()
     return batch, folded, seq_lens, _fold_slopes(alibi_slopes, slopes_dim, size, batch)
 
 

@@ -105,7 +105,8 @@ def _inspect_no_copy(case: Case, out) -> str | None:
     copies, reached = case.context.get("copies"), case.context.get("gradient reaches q, k, v")
     if not isinstance(copies, list) or not all(isinstance(name, str) for name in copies) \
             or not isinstance(reached, bool):  # noted by the call
-        return f"the list of copies in the output's autograd graph did not come back (got {type(copies).__name__})"
+        return (f"what the check noted about the output's autograd graph did not come back (copies: "
+                f"{type(copies).__name__}, gradient reach: {type(reached).__name__})")
     if not reached:
         return ("right values, but no gradient flows from the output back to q, k and v (a detach(), or a "
                 "computation outside autograd): the model could not learn through this attention")
