@@ -29,6 +29,11 @@ machine timed the FP8, dQ and dK/dV A/Bs (benchmarks/results/gluon_*_session52_*
 FP8_HEAD_DIMS = (128,), nothing else changes). The next session runs ``timings_rest`` (dropout's backward and the
 16-bit forward's Q in registers, with limits a cold machine needs), then ``grid``, ``extras`` and ``tests``.
 
+Session 53 (an H100) ran ``timings_rest``, ``grid``, ``extras`` and ``tests --steps gpu_tests`` (187 of 194 passed,
+none failed; TUNING.md forty-second finding: Q_IN_REGISTERS_HEAD_DIMS = (64,)). The next session runs ``recheck``:
+the grid's slow N = 1024 points at D = 128 again in a fresh process, the forward autotuner's picks there, and the
+rest of the GPU suite.
+
 The grid measures the forward and backward with the settings the timings decide. A machine is given back 30 s
 after a call, too soon to edit those settings by hand between the two calls, so the timings call also copies its
 logs to ``build/backlog`` (ignored by git, so kept on the machine between calls) and the grid call first writes
@@ -160,6 +165,24 @@ STAGES = {
 _REST_LIMITS = {"gluon_dropout_ab": 320, "gluon_fwd_ab": 240}
 STAGES["timings_rest"] = tuple(replace(step, limit_s=_REST_LIMITS[step.name]) for step in STAGES["timings"]
                                if step.name in _REST_LIMITS)
+
+# Session 53 (an H100) ran timings_rest, grid, extras and tests' first step (forty-second finding). Left: three N = 1024
+# points of the grid at D = 128 ran 0.30-0.69x cuDNN where the same kernels' A/B run, minutes earlier, was level with
+# it; and the rest of the GPU suite. Whether a fresh process repeats them, and whether the forward's autotuner picks
+# differ from run to run there (each pick scored by every config's time in a CUDA graph):
+STAGES["recheck"] = (
+    Step("grid_n1024", 150,
+         ("-m", "flashlib.bench", "--mode", "fwd,bwd", "--dtype", "fp16,bf16", "--d", "128", "--N", "1024",
+          "--causal", "both", "--impl", "flashlib,sdpa_cudnn", "--no-ceilings", "--out", "{out}/grid_n1024"),
+         "whether session 53's slow N = 1024 points at D = 128 (fwd fp16 causal 0.30x cuDNN, bf16 causal 0.54x, bf16 "
+         "0.69x) come back in a fresh process: an outlier of that run, or a pick of the autotuner"),
+    Step("autotune_spread_n1024", 170,
+         ("benchmarks/autotune_spread.py", "--kernels", "fwd", "--d", "128", "--N", "1024", "--causal", "both",
+          "--repeats", "3", "--time-budget", "150", "--out", "{out}"),
+         "how far the forward autotuner's picks at D = 128, N = 1024 land from the best config, run to run: a fixed "
+         "config or another benchmarker for short sequences if the picks scatter"),
+    replace(STAGES["tests"][1], limit_s=250),
+)
 
 
 def command(step: Step, out: Path) -> list:

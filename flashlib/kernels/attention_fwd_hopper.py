@@ -83,9 +83,11 @@ FP8_WEIGHTS_SHARED = True
 #: (benchmarks/TUNING.md, thirty-ninth and fortieth findings). FP8 (:data:`FP8_Q_IN_REGISTERS`): on, as its P comes
 #: from shared memory (Q from shared memory instead runs 0.96-0.98x at head_dim 128 on an H100, forty-first
 #: finding); 16-bit without dropout (whose draws then spill): at the head dims in :data:`Q_IN_REGISTERS_HEAD_DIMS`,
-#: none until timed. The launcher's ``q_in_registers`` takes either.
+#: 64, where it ran 1.000-1.033x Q from shared memory at every N from 1k to 16k, causal or not (H100, fp16, session
+#: 53, forty-second finding; at 128 0.962-1.016x, so it stays in shared memory there). The route takes this kernel
+#: at 64 only with ``use_gluon=True`` (:data:`ROUTED_HEAD_DIMS`). The launcher's ``q_in_registers`` takes either.
 FP8_Q_IN_REGISTERS = True
-Q_IN_REGISTERS_HEAD_DIMS: tuple[int, ...] = ()
+Q_IN_REGISTERS_HEAD_DIMS: tuple[int, ...] = (64,)
 #: Registers a thread of each partition: the consumer warpgroups hold O, S and P (FlashAttention-3's 240),
 #: the loading warp only addresses. The kernel is capped at KERNEL_REGISTERS so that its three warpgroups
 #: fit the SM's 64K registers; the first consumer (the default partition) gets what the others leave.
