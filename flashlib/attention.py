@@ -200,13 +200,13 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 
 def _call_signature(q, k, v, causal, window, softmax_scale, layout, softcap, dropout_p, variant) -> tuple | None:
     """Everything the argument checks of a call without tensor-valued options look at: the tensors'
-    types, shapes, dtypes and devices, and each option's value *and type* (``causal=1`` equals
-    ``causal=True`` but must still be refused). None where an option cannot be a key (a list window)
-    or q, k, v are not all tensors (the checks name what came in)."""
+    types, layouts (dense or sparse), shapes, dtypes and devices, and each option's value *and type*
+    (``causal=1`` equals ``causal=True`` but must still be refused). None where an option cannot be a
+    key (a list window) or q, k, v are not all tensors (the checks name what came in)."""
     if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
         return None
-    key = (type(q), type(k), type(v), q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype,
-           q.device, k.device, v.device, type(causal), causal, type(softmax_scale), softmax_scale,
+    key = (type(q), type(k), type(v), q.layout, k.layout, v.layout, q.shape, k.shape, v.shape, q.dtype, k.dtype,
+           v.dtype, q.device, k.device, v.device, type(causal), causal, type(softmax_scale), softmax_scale,
            type(layout), layout, type(softcap), softcap, type(dropout_p), dropout_p, type(variant), variant,
            type(window), window if type(window) is not tuple else (window, tuple(map(type, window))))
     try:

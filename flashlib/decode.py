@@ -27,6 +27,8 @@ from .spec import AttentionSpec
 
 #: ``window`` sides and ``num_splits``/``max_keys`` travel through the custom op as ints; -1: none/default.
 UNSET = -1
+#: The largest length an int32 ``cache_seqlens`` holds.
+INT32_MAX = 2**31 - 1
 
 
 def _bnhd(t: torch.Tensor, layout: str) -> torch.Tensor:
@@ -97,6 +99,9 @@ def _check_cache_seqlens(cache_seqlens, batch: int, device: torch.device) -> tor
     if cache_seqlens is None:
         return None
     if isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool):
+        if not 0 <= cache_seqlens <= INT32_MAX:
+            raise ValueError(f"cache_seqlens must be >= 0 and fit an int32 (at most {INT32_MAX}); "
+                             f"got {cache_seqlens}")
         return torch.full((batch,), int(cache_seqlens), dtype=torch.int32, device=device)
     check_lengths(cache_seqlens, "cache_seqlens", batch, device, "the cached tokens of each sequence (or an int)")
     return cache_seqlens.contiguous()  # the kernels read lengths[b] at offset b: a strided view is copied
@@ -140,29 +145,47 @@ def _check_new_tokens(k, v, batch: int, heads_kv: int, head_dim: int, cache_dtyp
 
 
 def _check_values(cache_seqlens, n_new: int, capacity: int, block_table, page_size: int, num_pages: int) -> int:
-    """The longest sequence after the append, after checking that every sequence fits and that every
-    block-table entry it reads names a page: one device sync for all of it."""
-    total = cache_seqlens + n_new
-    bad_pages = torch.zeros((), dtype=torch.int64, device=cache_seqlens.device)
+    """The longest sequence after the append, after checking that every sequence fits, that every
+    block-table entry it reads names a page, and that no two sequences append into one slot of a
+    shared page: one device sync for all of it."""
+    total = cache_seqlens.long() + n_new  # in int64: a length near 2^31 must not wrap round to fit
+    zero = torch.zeros((), dtype=torch.int64, device=cache_seqlens.device)
+    bad_pages = shared_slots = zero
     if block_table is not None:
         pages_used = (total + page_size - 1) // page_size  # per sample
         used = torch.arange(block_table.shape[1], device=block_table.device)[None, :] < pages_used[:, None]
         bad = used & ((block_table < 0) | (block_table >= num_pages))
         bad_pages = bad.sum()
-    low, high, n_bad = torch.stack([cache_seqlens.min().long(), total.max().long(), bad_pages]).tolist()
+        if n_new:
+            slots = _append_slots(block_table, cache_seqlens, n_new, page_size).flatten().sort().values
+            shared_slots = (slots[1:] == slots[:-1]).sum() if slots.numel() > 1 else zero
+    low, high, n_bad, n_shared = torch.stack([cache_seqlens.min().long(), total.max(), bad_pages,
+                                              shared_slots]).tolist()
     if low < 0:
         raise ValueError(f"cache_seqlens must be >= 0; got a minimum of {low}")
     if high > capacity:
         b = int(total.argmax())
+        pages = f" ({capacity // page_size} pages of {page_size} in block_table)" if block_table is not None else ""
+        if not n_new:
+            raise ValueError(f"cache_seqlens[{b}] = {high} is more than the cache holds: {capacity} tokens{pages}")
         raise ValueError(f"the append would overflow the cache: sequence {b} has {int(cache_seqlens[b])} cached "
-                         f"tokens + {n_new} new = {high} > the cache's capacity of {capacity} tokens"
-                         + (f" ({capacity // page_size} pages of {page_size} in block_table)"
-                            if block_table is not None else ""))
+                         f"tokens + {n_new} new = {high} > the cache's capacity of {capacity} tokens{pages}")
     if n_bad:
         b, j = (int(i) for i in bad.nonzero()[0])
         raise ValueError(f"block_table[{b}, {j}] = {int(block_table[b, j])} is out of range: the paged "
                          f"cache has {num_pages} pages (indices 0 to {num_pages - 1})")
+    if n_shared:
+        raise ValueError(f"block_table gives {n_shared} slot(s) of the pages being appended to more than one "
+                         "sequence: appends into a page that sequences share would overwrite each other's tokens "
+                         "(copy the page before appending, as copy-on-write does)")
     return high
+
+
+def _append_slots(block_table, cache_seqlens, n_new: int, page_size: int) -> torch.Tensor:
+    """(B, N_new) int64: the paged cache's slot (page * page_size + offset) of each appended token."""
+    positions = cache_seqlens.long()[:, None] + torch.arange(n_new, device=block_table.device)[None, :]
+    pages = torch.gather(block_table.long(), 1, positions // page_size)
+    return pages * page_size + positions % page_size
 
 
 def _append(k_cache, v_cache, k, v, cache_seqlens, block_table) -> None:
@@ -175,9 +198,36 @@ def _append(k_cache, v_cache, k, v, cache_seqlens, block_table) -> None:
         v_cache[samples, positions] = v
     else:
         page_size = k_cache.shape[1]
-        pages = torch.gather(block_table.long(), 1, positions // page_size)
-        k_cache[pages, positions % page_size] = k
-        v_cache[pages, positions % page_size] = v
+        slots = _append_slots(block_table, cache_seqlens, n_new, page_size)
+        k_cache[slots // page_size, slots % page_size] = k
+        v_cache[slots // page_size, slots % page_size] = v
+
+
+def _check_writable(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    """Caches that k, v are appended to: no two of their elements share memory (an expanded cache, stride 0 over
+    its sequences, would take every sequence's append in one place), and k_cache is not v_cache."""
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if may_overlap_itself(t):
+            raise ValueError(f"{name} is appended to in place, so each of its elements needs memory of its own; got "
+                             f"shape {tuple(t.shape)} with strides {t.stride()} (an expanded or overlapping view: "
+                             f"pass {name}.contiguous() or a cache allocated for it)")
+    same = k_cache is v_cache or (not torch.compiler.is_compiling()  # a traced tensor has no address
+                                  and k_cache.numel() and k_cache.data_ptr() == v_cache.data_ptr())
+    if same:
+        raise ValueError("k_cache and v_cache are the same memory: appending would write each new value over its "
+                         "key; pass two caches")
+
+
+def may_overlap_itself(t: torch.Tensor) -> bool:
+    """Whether two elements of ``t`` may share memory: False when its dims, ordered by stride, each step past
+    everything the smaller ones span (as any tensor allocated or sliced from one does). Conservative: an exotic
+    interleaving of strides that does not overlap is reported as overlapping."""
+    span = 0
+    for stride, size in sorted((stride, size) for size, stride in zip(t.shape, t.stride()) if size > 1):
+        if stride <= span:
+            return True
+        span += stride * (size - 1)
+    return False
 
 
 def flash_attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -200,7 +250,8 @@ def flash_attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache
       None means every cache is full (only without k, v);
     * k, v (B, N_new, H_kv, D), optional: written into the cache at ``cache_seqlens[b]``
       onwards, before attending. ``cache_seqlens`` itself is not changed: add N_new to it
-      for the next step.
+      for the next step. A cache appended to must own its memory: an expanded view (one prompt
+      shared by every sequence) or one tensor passed as both caches is refused.
 
     Sequence b then holds ``cache_seqlens[b] + N_new`` tokens, and query i sits at
     position ``i + cache_seqlens[b] + N_new - N_q`` of it: ``causal`` (default True) lets it
@@ -213,11 +264,15 @@ def flash_attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache
     ``num_splits`` overrides the kernel's choice of key chunks (1: no split).
 
     ``check_values=False`` skips the checks that read ``cache_seqlens`` and ``block_table`` on the
-    device (that the append fits, that each page index exists): one sync per call, which stalls
+    device (that the append fits, that each page index exists, that no two sequences append into one slot of a
+    shared page): one sync per call, which stalls
     a decoding loop that launches the next layer while this one runs. The caller then vouches
     for them (:class:`flashlib.model.PagedKVCache` counts its tokens on the host). They are
     skipped by themselves under ``torch.compile`` and during CUDA-graph capture.
     """
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
+        if isinstance(t, torch.Tensor) and t.layout != torch.strided:  # the kernels read memory through strides
+            raise TypeError(f"{name} must be a dense tensor; got layout {t.layout} (convert it with {name}.to_dense())")
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
         raise ValueError(f"q must be a 4D (B, N_q, H, D) tensor; got "
                          f"{tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__}")
@@ -239,6 +294,9 @@ def flash_attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache
     if paged:
         _check_block_table(block_table, batch, q.device)
         num_pages, page_size = k_cache.shape[:2]
+        if page_size == 0:
+            raise ValueError(f"a paged cache is (num_pages, page_size, H_kv, D) with page_size >= 1; got k_cache "
+                             f"{tuple(k_cache.shape)}")
         capacity = block_table.shape[1] * page_size
     else:
         if k_cache.shape[0] != batch:
@@ -268,6 +326,7 @@ def flash_attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache
     if batch and check_values and values_checked(q):
         max_keys = _check_values(cache_seqlens, n_new, capacity, block_table, page_size, num_pages)
     if n_new:
+        _check_writable(k_cache, v_cache)
         _append(k_cache, v_cache, k, v, cache_seqlens, block_table)
     k_lens = cache_seqlens + n_new if n_new else cache_seqlens
     o, lse = splitkv_attention(q, k_cache, v_cache, "bnhd", spec, k_lens=k_lens, block_table=block_table,

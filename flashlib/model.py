@@ -21,6 +21,8 @@ Any function with that signature can be plugged in (``model.set_attention(fn)``)
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from importlib import resources
 from typing import Callable, Union
 
@@ -413,13 +415,23 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature:
     ``cuda_graph`` (with ``kv_cache``; default: on a CUDA device) replays the decoding steps
     from a CUDA graph (:class:`GraphedDecodeStep`): the same tokens, without the host time of
     launching every kernel of every layer at every step.
+
+    The model runs in eval mode (no dropout) and is handed back in the mode it came in.
     """
+    if not (isinstance(idx, torch.Tensor) and idx.dim() == 2 and idx.dtype in (torch.int64, torch.int32)):
+        got = (f"a {idx.dtype} tensor of shape {tuple(idx.shape)}" if isinstance(idx, torch.Tensor)
+               else f"a {type(idx).__name__}")
+        raise TypeError(f"idx must be a (B, N) torch.int64 (or int32) tensor of token ids; got {got}")
+    if idx.shape[1] == 0:
+        raise ValueError(f"idx must hold a prompt of at least one token per sequence; got shape {tuple(idx.shape)}")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an int >= 0; got {max_new_tokens!r}")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise ValueError(f"top_k must be None (sample from every token) or an int >= 1; got {top_k!r}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0 (0: greedy); got {temperature}")
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not 0 <= temperature < math.inf:
+        raise ValueError(f"temperature must be a finite number >= 0 (0: greedy); got {temperature!r}")
+    if kv_cache and (isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1):
+        raise ValueError(f"page_size must be an int >= 1 (tokens per page of the KV cache); got {page_size!r}")
     if cuda_graph is not None and not isinstance(cuda_graph, bool):
         raise TypeError(f"cuda_graph must be None (on with kv_cache on a GPU) or a bool; got {cuda_graph!r}")
     if cuda_graph is None:
@@ -428,7 +440,18 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *, temperature:
         raise ValueError("cuda_graph=True replays the decoding step of the KV cache: pass kv_cache=True too")
     if cuda_graph and idx.device.type != "cuda":
         raise ValueError(f"cuda_graph=True needs a CUDA device; idx is on {idx.device}")
+    was_training = model.training
     model.eval()
+    try:
+        return _generate(model, idx, max_new_tokens, temperature, top_k, generator, kv_cache, page_size, cuda_graph)
+    finally:
+        model.train(was_training)
+
+
+def _generate(model, idx, max_new_tokens, temperature, top_k, generator, kv_cache, page_size, cuda_graph):
+    """:func:`generate` of checked arguments, the model in eval mode."""
+    if idx.shape[0] == 0:  # no sequence: nothing to run (a cache of no sequence cannot be built)
+        return idx.new_empty((0, idx.shape[1] + max_new_tokens))
     if not kv_cache:
         for _ in range(max_new_tokens):
             logits = model(idx[:, -model.config.context:])[:, -1]

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from .kernels.attention_fwd import MAX_HEAD_DIM, MIN_HEAD_DIM
+
 VARIANTS = ("auto", "fa2", "splitkv")
 
 #: Split-KV is chosen up to this many queries per sequence. Its programs hold every query
@@ -54,11 +56,16 @@ def select_variant(batch: int, heads_q: int, heads_kv: int, n_q: int, n_k: int, 
     >>> select_variant(4, 16, 16, 2048, 2048, 64).variant
     'fa2'
     """
-    for name, value in (("batch", batch), ("heads_q", heads_q), ("heads_kv", heads_kv), ("n_q", n_q),
-                        ("n_k", n_k), ("head_dim", head_dim)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise TypeError(f"select_variant: {name} must be an int >= 0; got {value!r}")
-    if heads_kv == 0 or heads_q % heads_kv:
+    for name, value, low in (("batch", batch, 0), ("heads_q", heads_q, 1), ("heads_kv", heads_kv, 1),
+                             ("n_q", n_q, 0), ("n_k", n_k, 0), ("head_dim", head_dim, MIN_HEAD_DIM)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"select_variant: {name} must be an int >= {low}; got {value!r}")
+        if value < low:
+            raise ValueError(f"select_variant: {name} must be an int >= {low}; got {value}")
+    if head_dim > MAX_HEAD_DIM:
+        raise ValueError(f"select_variant: head_dim must be at most {MAX_HEAD_DIM} (the kernels take "
+                         f"{MIN_HEAD_DIM} to {MAX_HEAD_DIM}); got {head_dim}")
+    if heads_q % heads_kv:
         raise ValueError(f"select_variant: heads_q ({heads_q}) must be a multiple of heads_kv ({heads_kv})")
     group = heads_q // heads_kv
     if preferred_variant(n_q) == "splitkv":

@@ -526,6 +526,15 @@ def test_select_variant_gives_a_choice_and_a_reason():
         select_variant(1, 32, 5, 1, 10, 64)
     with pytest.raises(TypeError, match="n_k must be an int"):
         select_variant(1, 32, 8, 1, 10.0, 64)
+    # problems no kernel takes were once given a variant (head_dim 0 or 1000, no query head), and a negative size
+    # a TypeError
+    for args, message in (((1, 4, 4, 1, 100, 0), "head_dim must be an int >= 16; got 0"),
+                          ((1, 4, 4, 1, 100, 1000), "head_dim must be at most 256"),
+                          ((1, 0, 1, 1, 100, 64), "heads_q must be an int >= 1; got 0"),
+                          ((-2, 4, 4, 1, 100, 64), "batch must be an int >= 0; got -2"),
+                          ((1, 4, 4, -1, 100, 64), "n_q must be an int >= 0; got -1")):
+        with pytest.raises(ValueError, match=message):
+            select_variant(*args)
 
 
 def test_torch_compile_fullgraph_matches_eager():
@@ -578,6 +587,16 @@ def _args(**changes):
     (dict(q=lambda a: a["q"][0]), ValueError, r"q must be a 4D \(B, N_q, H, D\)"),
     (dict(k_cache=lambda a: a["k_cache"][:2], v_cache=lambda a: a["v_cache"][:2]), ValueError,
      "a paged cache needs block_table"),
+    # the append's total is summed in int64: 2^31 - 1 + 1 once wrapped round to a negative length that "fit"
+    (dict(cache_seqlens=lambda a: torch.tensor([2**31 - 1, 3, 3], dtype=torch.int32, device=DEVICE)), ValueError,
+     r"overflow the cache: sequence 0 has 2147483647 cached tokens \+ 1 new = 2147483648 > the cache's capacity of 96"),
+    (dict(cache_seqlens=2**40), ValueError, r"cache_seqlens must be >= 0 and fit an int32 .*; got 1099511627776"),
+    (dict(cache_seqlens=-1), ValueError, r"cache_seqlens must be >= 0 and fit an int32 .*; got -1"),
+    (dict(k=None, v=None, cache_seqlens=lambda a: a["cache_seqlens"] + 60), ValueError,
+     r"cache_seqlens\[1\] = 110 is more than the cache holds: 96 tokens"),
+    (dict(q=lambda a: a["q"].to_sparse()), TypeError, r"q must be a dense tensor; got layout torch.sparse_coo"),
+    (dict(k_cache=lambda a: a["k_cache"].to_sparse()), TypeError, r"k_cache must be a dense tensor"),
+    (dict(v=lambda a: a["v"].to_sparse()), TypeError, r"v must be a dense tensor; got layout torch.sparse_coo"),
 ])
 def test_bad_input_gets_a_clear_error(changes, error, message):
     args = _args(**changes)
@@ -600,6 +619,61 @@ def test_block_table_errors():
         flash_attention_with_kvcache(q, pool, pool.clone(), k, v, cache_seqlens=lengths, block_table=table.long())
     with pytest.raises(ValueError, match=r"block_table must have shape \(B, max_pages\)"):
         flash_attention_with_kvcache(q, pool, pool.clone(), k, v, cache_seqlens=lengths, block_table=table[:2])
+
+
+def test_a_paged_cache_of_empty_pages_is_refused():
+    q, k_cache, v_cache, k, v, lengths = _problem(n_new=0, lengths=[0, 0, 0], seed=12)
+    table = torch.zeros(3, 2, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match=r"page_size >= 1; got k_cache \(3, 0, 2, 32\)"):  # was a ZeroDivisionError
+        flash_attention_with_kvcache(q, k_cache[:, :0], v_cache[:, :0], cache_seqlens=0, block_table=table)
+
+
+def test_an_append_into_memory_that_two_places_share_is_refused():
+    """Appending writes in place: an expanded cache (one prompt for every sequence, stride 0) took every sequence's
+    new token in one slot, one tensor passed as both caches lost its keys, and two sequences appending into a page
+    they share overwrote each other. Each gave a wrong answer without an error."""
+    q, k_cache, v_cache, k, v, lengths = _problem(n_new=1, lengths=[4, 4, 4], seed=13)
+    expanded_k, expanded_v = k_cache[:1].expand(3, -1, -1, -1), v_cache[:1].expand(3, -1, -1, -1)
+    with pytest.raises(ValueError, match=r"k_cache is appended to in place, .* strides \(0, 64, 32, 1\)"):
+        flash_attention_with_kvcache(q, expanded_k, expanded_v, k, v, cache_seqlens=lengths)
+    with pytest.raises(ValueError, match="k_cache and v_cache are the same memory"):
+        flash_attention_with_kvcache(q, k_cache, k_cache, k, v, cache_seqlens=lengths)
+    with torch.no_grad():  # without an append nothing is written: a shared prompt is fine to read
+        read = flash_attention_with_kvcache(q, expanded_k, expanded_v, cache_seqlens=lengths)
+    ref, _ = _reference(q, expanded_k, expanded_v, lengths)
+    assert relative_error(read, ref) <= 1e-5
+    gen = torch.Generator().manual_seed(13)
+    pool, table = _paged(k_cache, 16, gen)
+    shared = table.clone()
+    shared[2, 0] = shared[0, 0]  # sequences 0 and 2 both append at token 4 of one page
+    with pytest.raises(ValueError, match=r"block_table gives 1 slot\(s\) of the pages being appended to more than "
+                                         r"one sequence"):
+        flash_attention_with_kvcache(q, pool, pool.clone(), k, v, cache_seqlens=lengths, block_table=shared)
+    with torch.no_grad():  # shared pages that are only read (a common prefix) are fine
+        flash_attention_with_kvcache(q, pool, pool.clone(), cache_seqlens=lengths + 1, block_table=shared)
+
+
+def test_caches_that_are_views_of_one_buffer_without_overlap_take_the_append():
+    """K and V interleaved in one buffer (B, N, 2, H_kv, D), and a cache sliced out of a longer one, own every
+    element: the overlap check must let them through, and the append and the attention must be right."""
+    q, k_cache, v_cache, k, v, lengths = _problem(n_new=2, lengths=[3, 50, 20], seed=14)
+    kv = torch.stack([k_cache, v_cache], dim=2)  # (B, N, 2, H_kv, D)
+    wide = torch.cat([k_cache, torch.randn_like(k_cache)], dim=1)[:, :k_cache.shape[1]]
+    for kc, vc in ((kv[:, :, 0], kv[:, :, 1]), (wide, v_cache.clone())):
+        before_k, before_v = kc.clone(), vc.clone()
+        out = flash_attention_with_kvcache(q, kc, vc, k, v, cache_seqlens=lengths)
+        assert torch.equal(kc, _expected_cache(before_k, k, lengths))
+        assert torch.equal(vc, _expected_cache(before_v, v, lengths))
+        ref, _ = _reference(q, kc, vc, lengths + 2)
+        assert relative_error(out, ref) <= 1e-5
+
+
+def test_may_overlap_itself_reads_the_strides():
+    t = torch.zeros(2, 3, 4, 8)
+    assert not any(flashlib.decode.may_overlap_itself(x) for x in (t, t.transpose(1, 2), t[:, :, :, :5], t[:, ::2],
+                                                                  t[:1], t.new_zeros(0, 3)))
+    assert flashlib.decode.may_overlap_itself(t[:1].expand(2, -1, -1, -1))
+    assert flashlib.decode.may_overlap_itself(torch.zeros(16).as_strided((3, 4), (2, 1)))  # rows overlap by 2
 
 
 def test_training_through_the_cache_is_refused():

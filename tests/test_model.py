@@ -240,8 +240,9 @@ def test_the_cache_is_bounded_by_the_context_and_says_so():
     with pytest.raises(ValueError, match=r"prompt \(10\) \+ max_new_tokens \(7\) = 17 must fit the model's context \(16\)"):
         M.generate(model, start, 7, kv_cache=True)
     assert M.generate(model, start, 7).shape == (1, 17)  # without the cache it slides past the context
-    with pytest.raises(ValueError, match="temperature must be >= 0"):
-        M.generate(model, start, 1, temperature=-1.0)
+    for bad in (-1.0, None, float("nan"), float("inf"), True):  # None and NaN failed inside torch, not here
+        with pytest.raises(ValueError, match=rf"temperature must be a finite number >= 0 \(0: greedy\); got {bad!r}"):
+            M.generate(model, start, 1, temperature=bad)
     for bad in (-1, 2.0, True):  # -1 once returned the prompt silently, 2.0 failed inside torch.zeros
         with pytest.raises(ValueError, match=rf"max_new_tokens must be an int >= 0; got {bad!r}"):
             M.generate(model, start, bad, kv_cache=True)
@@ -268,3 +269,39 @@ def test_gpu_experiment_of_notebook_08_matches_sdpa_to_rounding_over_its_compare
     compared = experiment["compared_steps"]
     assert M.relative_loss_gap(runs["flashlib"][:compared], runs["sdpa"][:compared]) < LOSS_TOL
     assert sum(runs["flashlib"][-10:]) / 10 < 0.8 * math.log(tok.vocab_size)
+
+
+def test_generate_names_a_bad_prompt_or_page_size_and_treats_an_empty_batch_alike_with_and_without_the_cache():
+    """An empty prompt and a 1D prompt failed with IndexError deep inside; page_size=2.5 inside torch.zeros; a batch
+    of no sequence returned (0, N + new) without the cache and raised the cache's own error with it."""
+    model = _tiny(context=16)
+    start = torch.zeros(2, 3, dtype=torch.long, device=DEVICE)
+    with pytest.raises(ValueError, match=r"idx must hold a prompt of at least one token per sequence; got shape "
+                                         r"\(2, 0\)"):
+        M.generate(model, start[:, :0], 2)
+    for bad, got in ((start[0], r"a torch.int64 tensor of shape \(3,\)"), (start.float(), "a torch.float32 tensor"),
+                     ([[1, 2]], "a list")):
+        with pytest.raises(TypeError, match=rf"idx must be a \(B, N\) torch.int64 \(or int32\) tensor of token ids; "
+                                            rf"got {got}"):
+            M.generate(model, bad, 2)
+    for bad in (2.5, 0, True):
+        with pytest.raises(ValueError, match=rf"page_size must be an int >= 1 .*; got {bad!r}"):
+            M.generate(model, start, 2, kv_cache=True, page_size=bad)
+    for kv_cache in (False, True):
+        out = M.generate(model, start[:0], 4, kv_cache=kv_cache)
+        assert out.shape == (0, 7) and out.dtype == start.dtype
+
+
+def test_generate_hands_the_model_back_in_the_mode_it_came_in():
+    """generate once left a training model in eval mode, silently turning its dropout off for the training after."""
+    model = _tiny(context=16)
+    start = torch.zeros(1, 3, dtype=torch.long, device=DEVICE)
+    for training in (True, False):
+        for kv_cache in (False, True):
+            model.train(training)
+            M.generate(model, start, 2, kv_cache=kv_cache)
+            assert model.training is training and all(m.training is training for m in model.modules())
+    model.train()
+    with pytest.raises(ValueError, match="must fit the model's context"):  # an error on the way out, too
+        M.generate(model, start, 20, kv_cache=True)
+    assert model.training

@@ -362,6 +362,19 @@ def test_a_remembered_call_never_lets_an_equal_but_invalid_argument_through(coun
         flash_attention(q, k, v, **invalid)
 
 
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+def test_a_remembered_call_never_lets_a_sparse_tensor_of_its_shape_through(counted_checks, which):
+    """A sparse tensor has the shape, dtype and device of the dense one: the signature holds each tensor's layout
+    too (a sparse q after a dense call once failed inside torch.empty_like instead of being told to densify)."""
+    tensors = dict(zip("qkv", make_inputs(1, 2, 2, 40, 40, 16, torch.float32)))
+    flash_attention(**tensors, variant="fa2")
+    flash_attention(**tensors, variant="fa2")
+    assert len(counted_checks) == 1
+    tensors[which] = tensors[which].to_sparse()
+    with pytest.raises(TypeError, match=rf"Expected dense 3D or 4D tensors: {which} has layout torch.sparse_coo"):
+        flash_attention(**tensors, variant="fa2")
+
+
 def test_inference_and_training_calls_agree_and_forward_ad_still_reaches_its_rule(counted_checks):
     """Without a gradient to track the front door calls the forward directly, past autograd; a tangent
     (forward-mode AD) must still reach the op's rule and come out, even for a remembered signature."""
