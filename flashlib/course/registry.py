@@ -106,11 +106,15 @@ class Exercise:
 
 #: softmin(x) is softmax(-x), and ``torch.distributions.Categorical(logits=x).probs`` is softmax(x);
 #: ``Softmax2d`` is softmax over channels, ``gumbel_softmax`` a softmax of shifted scores (at a huge
-#: temperature, the plain one), and the last of ``logcumsumexp`` is ``logsumexp``. Forbidden names also refuse
-#: their class, whatever its case and underscores (``Softmax``, ``LogSoftmax``, ``Softmin``): see
-#: :func:`flashlib.course.policy.same_name`.
+#: temperature, the plain one), and the last of ``logcumsumexp`` is ``logsumexp``; ``cross_entropy`` is
+#: -log_softmax at the target (exp(-cross_entropy) of every target is the softmax), and attention itself
+#: (``MultiheadAttention`` and the transformer layers built on it; SDPA is refused everywhere) is a softmax with
+#: V = I. Forbidden names also refuse their class, whatever its case and underscores (``Softmax``,
+#: ``LogSoftmax``, ``Softmin``): see :func:`flashlib.course.policy.same_name`.
 _ATTENTION_BY_HAND = ("softmax", "log_softmax", "softmin", "softmax2d", "gumbel_softmax", "logsumexp", "logcumsumexp",
-                      "distributions")
+                      "distributions", "cross_entropy", "CrossEntropyLoss", "multi_head_attention_forward",
+                      "MultiheadAttention", "Transformer", "TransformerEncoder", "TransformerDecoder",
+                      "TransformerEncoderLayer", "TransformerDecoderLayer")
 
 EXERCISES: tuple[Exercise, ...] = (
     Exercise("01_naive_attention", "naive_attention", 2,

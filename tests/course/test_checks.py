@@ -247,7 +247,7 @@ def test_stable_softmax_passes_the_right_answer_and_torch_softmax(capsys):
     assert checks.check_stable_softmax(softmax_right).passed
     assert checks.check_stable_softmax(lambda x: torch.softmax(x, dim=-1)).passed
     out = capsys.readouterr().out
-    assert out == "✓ stable_softmax: correct on 5 cases (2/2 points)\n" * 2
+    assert out == "✓ stable_softmax: correct on 6 cases (2/2 points)\n" * 2
 
 
 def test_stable_softmax_blank_is_not_attempted():
@@ -258,7 +258,7 @@ def test_stable_softmax_blank_is_not_attempted():
 def test_stable_softmax_without_max_fails_on_large_values_and_says_so():
     result = checks.check_stable_softmax(softmax_without_max)
     assert not result.passed
-    assert "case 1 of 5: x (4, 6), float64, rows at very different offsets: around +800" in result.feedback
+    assert "case 1 of 6: x (4, 6), float64, rows at very different offsets: around +800" in result.feedback
     assert "NaN" in result.feedback and "row max is not subtracted" in result.feedback
 
 
@@ -271,7 +271,7 @@ def test_stable_softmax_global_max_fails_in_every_run_and_is_named(wrong, headli
     # random rows rarely sit far enough apart; the fixed first case has rows near +800, +300, -300, -800
     result = checks.check_stable_softmax(wrong, seed=seed)
     assert not result.passed and result.points == 0
-    assert f"✗ stable_softmax: {headline}" in result.feedback and "case 1 of 5" in result.feedback
+    assert f"✗ stable_softmax: {headline}" in result.feedback and "case 1 of 6" in result.feedback
     assert f"every row must sum to 1; {row}" in result.feedback
     assert ("likely mistake: looks like the max of the whole tensor (x.max()) is subtracted, not each row's "
             "own max") in result.feedback
@@ -280,7 +280,7 @@ def test_stable_softmax_global_max_fails_in_every_run_and_is_named(wrong, headli
 
 def test_stable_softmax_max_over_the_wrong_dim_is_named():
     result = checks.check_stable_softmax(softmax_column_max)
-    assert not result.passed and "case 1 of 5" in result.feedback
+    assert not result.passed and "case 1 of 6" in result.feedback
     assert "the max is taken over the wrong dimension (each column's max, not each row's)" in result.feedback
 
 
@@ -509,7 +509,8 @@ def matmul_slow_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, strid
 
 # More wrong k-loops, from one jit body (the bug picked by a constexpr).
 (MM_NO_OTHER, MM_NO_OTHER_ON_B, MM_A_ADVANCED_BY_BLOCK_K, MM_B_REBUILT_WITHOUT_STRIDE_BN, MM_LOOP_TO_K_MINUS_BLOCK,
- MM_LOOP_TO_WHOLE_BLOCKS, MM_A_STEPS_WITH_STRIDE_AM, MM_A_ASSUMED_CONTIGUOUS) = (tl.constexpr(i) for i in range(8))
+ MM_LOOP_TO_WHOLE_BLOCKS, MM_A_STEPS_WITH_STRIDE_AM, MM_A_ASSUMED_CONTIGUOUS, MM_LOOP_TO_K_MINUS_ONE) = (
+    tl.constexpr(i) for i in range(9))
 
 
 @triton.jit
@@ -531,6 +532,8 @@ def _matmul_bug_body(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_
         k_end = K - BLOCK_K
     elif BUG == MM_LOOP_TO_WHOLE_BLOCKS:
         k_end = K // BLOCK_K * BLOCK_K
+    elif BUG == MM_LOOP_TO_K_MINUS_ONE:  # right unless the last step is 1 wide
+        k_end = K - 1
     for k0 in range(0, k_end, BLOCK_K):
         a_mask = (offs_m[:, None] < M) & (offs_k[None, :] + k0 < K)
         b_mask = (offs_k[:, None] + k0 < K) & (offs_n[None, :] < N)
@@ -608,6 +611,14 @@ def matmul_loop_to_whole_blocks_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, 
                                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     _matmul_bug_body(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                      stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, MM_LOOP_TO_WHOLE_BLOCKS)
+
+
+@triton.jit
+def matmul_loop_to_k_minus_one_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
+                                      stride_bn, stride_cm, stride_cn, BLOCK_M: tl.constexpr,
+                                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    _matmul_bug_body(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                     stride_cm, stride_cn, BLOCK_M, BLOCK_N, BLOCK_K, MM_LOOP_TO_K_MINUS_ONE)
 
 
 @triton.jit
@@ -756,6 +767,8 @@ UNDEFINED_LANES_HINT = "likely mistake: a masked tl.load without other= reads un
     (matmul_no_other_on_b_kernel, 2, UNDEFINED_LANES_HINT),
     (matmul_loop_to_k_minus_block_kernel, 1, "likely mistake: the k-loop stops before the end of K"),
     (matmul_loop_to_whole_blocks_kernel, 2, "likely mistake: the k-loop stops before the end of K"),
+    # range(0, K - 1, BLOCK_K) passed: no case had a last step 1 wide
+    (matmul_loop_to_k_minus_one_kernel, 7, "likely mistake: the k-loop stops before the end of K"),
     (matmul_a_advanced_by_block_k_kernel, 4, "likely mistake: A is not read through its strides"),
     (matmul_a_steps_with_stride_am_kernel, 1, "likely mistake: A is not read through its strides"),
     (matmul_a_assumed_contiguous_kernel, 1, "likely mistake: A is not read through its strides"),

@@ -70,7 +70,7 @@ def test_ds_passes_right_answers(fn, capsys):
     result = checks.check_ds(fn)
     assert result.passed and result.points == result.max_points == 2
     assert result.exercise == "05_flash_backward.ds"
-    assert capsys.readouterr().out == "✓ ds: correct on 4 cases (2/2 points)\n"
+    assert capsys.readouterr().out == "✓ ds: correct on 5 cases (2/2 points)\n"
 
 
 def test_ds_blank_is_not_attempted():
@@ -91,7 +91,7 @@ def test_ds_blank_is_not_attempted():
 def test_ds_wrong_answers_are_named(fn, words):
     result = checks.check_ds(fn)
     assert not result.passed and result.points == 0
-    assert "case 1 of 4" in result.feedback
+    assert "case 1 of 5" in result.feedback
     assert f"likely mistake: {words}" in result.feedback, result.feedback
 
 
@@ -101,22 +101,29 @@ def test_ds_on_a_non_square_problem_the_broadcast_error_is_reported():
         return ds_right(p, dp, d) if p.shape[-1] == p.shape[-2] and p.dim() == 2 else ds_not_broadcast(p, dp, d)
 
     result = checks.check_ds(square_only)
-    assert not result.passed and "case 2 of 4" in result.feedback
+    assert not result.passed and "case 2 of 5" in result.feedback
     assert "your code raised RuntimeError" in result.feedback and "ds_not_broadcast" in result.feedback
 
 
 def test_ds_transposed_is_named_on_square_and_non_square_cases():
     result = checks.check_ds(ds_transposed)
-    assert not result.passed and "case 1 of 4" in result.feedback
+    assert not result.passed and "case 1 of 5" in result.feedback
     assert "likely mistake: dS is transposed" in result.feedback
 
     def transposed_past_case_1(p, dp, d):
         return ds_right(p, dp, d) if p.shape == (6, 6) else ds_transposed(p, dp, d)
 
     result = checks.check_ds(transposed_past_case_1)
-    assert "case 2 of 4" in result.feedback and "wrong shape" in result.feedback
+    assert "case 2 of 5" in result.feedback and "wrong shape" in result.feedback
     assert "expected shape (5, 9) = (..., N_q, N_k), like p, got (9, 5)" in result.feedback
     assert "likely mistake: dS is transposed" in result.feedback
+
+
+def test_ds_in_float64_for_float32_inputs_is_a_wrong_dtype():
+    """The exercise asks for dS in p's dtype; with float64 cases only, an upcast answer passed."""
+    result = checks.check_ds(lambda p, dp, d: p.double() * (dp.double() - d.double()[..., None]))
+    assert not result.passed and "wrong dtype" in result.feedback and "case 5 of 5" in result.feedback
+    assert "expected torch.float32, got torch.float64" in result.feedback
 
 
 def test_ds_a_row_vector_is_a_wrong_shape():
@@ -127,7 +134,8 @@ def test_ds_a_row_vector_is_a_wrong_shape():
 # ---------------------------------------------------------------------- dK / dV
 
 (RIGHT, LOOP_STUB, P_NOT_PT, NO_DK_SCALE, DP_IN_DK, NO_DELTA, SIGN_FLIPPED, P_EXP, P_TILE_SOFTMAX,
- P_EXP2, UNSCALED_S, NO_TAIL_MASK, NO_OTHER, NO_OTHER_ON_D, ROW_STEP_HEAD_DIM) = (tl.constexpr(i) for i in range(15))
+ P_EXP2, UNSCALED_S, NO_TAIL_MASK, NO_OTHER, NO_OTHER_ON_D, ROW_STEP_HEAD_DIM, NO_CASTS) = (tl.constexpr(i)
+                                                                                          for i in range(16))
 
 
 @triton.jit
@@ -190,9 +198,11 @@ def _dkdv_body(Q, K, V, DO, L, DELTA, DK, DV, sm_scale,
             else:
                 p = tl.exp(s - lse[:, None])
             if BUG == P_NOT_PT:
-                dv += tl.dot(p, do)
-            else:
+                dv += tl.dot(p.to(do.dtype), do)
+            elif BUG == NO_CASTS:  # float32 P against float16 dO: tl.dot refuses the pair
                 dv += tl.dot(tl.trans(p), do)
+            else:
+                dv += tl.dot(tl.trans(p).to(do.dtype), do)
             dp = tl.dot(do, tl.trans(v))
             if BUG == NO_DELTA:
                 ds = p * dp
@@ -201,11 +211,13 @@ def _dkdv_body(Q, K, V, DO, L, DELTA, DK, DV, sm_scale,
             else:
                 ds = p * (dp - delta[:, None])
             if BUG == NO_DK_SCALE:
-                dk += tl.dot(tl.trans(ds), q)
+                dk += tl.dot(tl.trans(ds).to(q.dtype), q)
             elif BUG == DP_IN_DK:
-                dk += tl.dot(tl.trans(dp), q) * sm_scale
-            else:
+                dk += tl.dot(tl.trans(dp).to(q.dtype), q) * sm_scale
+            elif BUG == NO_CASTS:
                 dk += tl.dot(tl.trans(ds), q) * sm_scale
+            else:
+                dk += tl.dot(tl.trans(ds).to(q.dtype), q) * sm_scale
     tl.store(DK + off_h * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :], dk,
              mask=offs_n[:, None] < N_K)
     tl.store(DV + off_h * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :], dv,
@@ -230,6 +242,16 @@ def loop_stub_kernel(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, stride_
     _dkdv_body(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
                stride_vh, stride_vn, stride_doh, stride_don, stride_dkh, stride_dkn, stride_dvh, stride_dvn,
                N_Q, N_K, HEAD_DIM, BLOCK_M, BLOCK_N, LOOP_STUB)
+
+
+@triton.jit
+def no_casts_kernel(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+                    stride_vh, stride_vn, stride_doh, stride_don, stride_dkh, stride_dkn, stride_dvh,
+                    stride_dvn, N_Q, N_K, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr):
+    _dkdv_body(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+               stride_vh, stride_vn, stride_doh, stride_don, stride_dkh, stride_dkn, stride_dvh, stride_dvn,
+               N_Q, N_K, HEAD_DIM, BLOCK_M, BLOCK_N, NO_CASTS)
 
 
 @triton.jit
@@ -364,13 +386,21 @@ def test_the_teaching_kernel_passes(capsys):
     result = checks.check_dkdv_kernel(flash_dkdv_kernel)
     assert result.passed and result.points == result.max_points == 4
     assert result.exercise == "05_flash_backward.dkdv_loop"
-    assert capsys.readouterr().out == "✓ dkdv_loop: correct on 5 cases (4/4 points)\n"
+    assert capsys.readouterr().out == "✓ dkdv_loop: correct on 6 cases (4/4 points)\n"
 
 
 def test_a_kernel_written_independently_passes_and_the_verdict_is_deterministic():
     first = checks.check_dkdv_kernel(right_kernel)
     assert first.passed
     assert checks.check_dkdv_kernel(right_kernel).feedback == first.feedback
+
+
+def test_a_kernel_without_the_casts_to_16_bits_fails_on_the_float16_case():
+    """float32 P and dS against float16 dO and Q: right in float32, refused by tl.dot in float16 (the kernel passed
+    4/4 on float32 cases only, then crashed in the notebook's next cell on a GPU)."""
+    result = checks.check_dkdv_kernel(no_casts_kernel)
+    assert not result.passed and "case 6 of 6" in result.feedback and "float16" in result.feedback
+    assert "Both operands must be same dtype" in result.feedback
 
 
 def test_the_blank_exercise_is_not_attempted():
@@ -397,7 +427,7 @@ def test_the_blank_exercise_is_not_attempted():
 def test_wrong_kernels_are_named(bug, case, words):
     result = checks.check_dkdv_kernel(bug)
     assert not result.passed and result.points == 0
-    assert f"case {case} of 5" in result.feedback
+    assert f"case {case} of 6" in result.feedback
     assert f"likely mistake: {words}" in result.feedback, result.feedback
     assert "\n  or: " not in result.feedback, result.feedback
 

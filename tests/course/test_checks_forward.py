@@ -19,7 +19,8 @@ from flashlib.kernels.attention_fwd_simple import flash_forward_kernel  # noqa: 
 # Which bug a kernel has (constexpr: globals a compiled kernel reads must be).
 (RIGHT, NO_ACC_RESCALE, NO_L_RESCALE, NO_DIVISION, SCALE_TWICE, LOG2_SCALE_WITH_EXP, NO_TAIL_MASK,
  TAIL_OFF_BY_ONE, NO_LOAD_MASK, LOG2_LSE, NO_M_UPDATE, LOOP_STUB, ALL_STUBS, BLOCK_MAX_ONLY, NO_OTHER,
- NO_MAX, K_WITHOUT_OTHER, ALPHA_FLIPPED, P_OLD_MAX, ROW_STEP_HEAD_DIM) = (tl.constexpr(i) for i in range(20))
+ NO_MAX, K_WITHOUT_OTHER, ALPHA_FLIPPED, P_OLD_MAX, ROW_STEP_HEAD_DIM, LOAD_MASK_OFF_BY_ONE,
+ LOAD_MASK_WITHOUT_START) = (tl.constexpr(i) for i in range(22))
 
 
 @triton.jit
@@ -52,6 +53,12 @@ def _forward_body(Q, K, V, O, L, sm_scale, stride_qh, stride_qn, stride_kh, stri
             elif BUG == ROW_STEP_HEAD_DIM:  # rows assumed HEAD_DIM apart: right only for contiguous rows
                 k = tl.load(k_ptrs + start_n * HEAD_DIM, mask=cols[None, :] < N_K, other=0.0)
                 v = tl.load(v_ptrs + start_n * HEAD_DIM, mask=cols[:, None] < N_K, other=0.0)
+            elif BUG == LOAD_MASK_OFF_BY_ONE:  # one key past N_K loaded: its score is masked below
+                k = tl.load(k_ptrs + start_n * stride_kn, mask=cols[None, :] <= N_K, other=0.0)
+                v = tl.load(v_ptrs + start_n * stride_vn, mask=cols[:, None] <= N_K, other=0.0)
+            elif BUG == LOAD_MASK_WITHOUT_START:  # the mask of block 0 for every block: the tail block reads past
+                k = tl.load(k_ptrs + start_n * stride_kn, mask=offs_n[None, :] < N_K, other=0.0)
+                v = tl.load(v_ptrs + start_n * stride_vn, mask=cols[:, None] < N_K, other=0.0)
             elif BUG == K_WITHOUT_OTHER:  # harmless: the scores past N_K are replaced by -inf below
                 k = tl.load(k_ptrs + start_n * stride_kn, mask=cols[None, :] < N_K)
                 v = tl.load(v_ptrs + start_n * stride_vn, mask=cols[:, None] < N_K, other=0.0)
@@ -276,6 +283,22 @@ def row_step_head_dim_kernel(Q, K, V, O, L, sm_scale, stride_qh, stride_qn, stri
                   stride_vn, stride_oh, stride_on, N_Q, N_K, HEAD_DIM, BLOCK_M, BLOCK_N, ROW_STEP_HEAD_DIM)
 
 
+@triton.jit
+def load_mask_off_by_one_kernel(Q, K, V, O, L, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+                                stride_vh, stride_vn, stride_oh, stride_on, N_Q, N_K,
+                                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    _forward_body(Q, K, V, O, L, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn, stride_vh,
+                  stride_vn, stride_oh, stride_on, N_Q, N_K, HEAD_DIM, BLOCK_M, BLOCK_N, LOAD_MASK_OFF_BY_ONE)
+
+
+@triton.jit
+def load_mask_without_start_kernel(Q, K, V, O, L, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+                                   stride_vh, stride_vn, stride_oh, stride_on, N_Q, N_K,
+                                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    _forward_body(Q, K, V, O, L, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn, stride_vh,
+                  stride_vn, stride_oh, stride_on, N_Q, N_K, HEAD_DIM, BLOCK_M, BLOCK_N, LOAD_MASK_WITHOUT_START)
+
+
 class NaiveKernel(KernelInterface):
     """A 'kernel' that computes S = Q K^T with torch when launched: right values, N x N memory."""
 
@@ -378,11 +401,26 @@ def test_which_output_is_wrong_is_said():
     assert "L: wrong values" in result.feedback and "compared: O right, L wrong" in result.feedback
 
 
-def test_reading_past_the_last_key_gives_the_nan_hint():
-    result = checks.check_flash_forward_kernel(no_load_mask_kernel)
-    assert not result.passed and "case 3 of 8" in result.feedback  # case 2 keeps 0 after the last key
-    assert "NaN or inf in the output" in result.feedback
-    assert "a tl.load read past the last key" in result.feedback
+@pytest.mark.parametrize("kernel, count", [(no_load_mask_kernel, 4608), (load_mask_off_by_one_kernel, 192),
+                                           (load_mask_without_start_kernel, 2304)])
+def test_reading_past_the_last_key_fails_even_where_o_comes_out_right(kernel, count):
+    """Case 2 keeps 0 after the last key, and the scores past N_K are masked: O came out right and these kernels
+    passed (4/4, the grader too), though on a GPU their loads read past K and V. The check counts them."""
+    result = checks.check_flash_forward_kernel(kernel)
+    assert not result.passed and "case 2 of 8" in result.feedback
+    assert f"✗ inner_loop: read past the last key or query ({count} loaded elements)" in result.feedback
+    assert "start_n + offs_n < N_K" in result.feedback
+
+
+def test_reading_past_the_last_key_into_nan_is_told_where_the_nan_came_from():
+    from flashlib.course.checks import forward, framework
+
+    cases = framework.make_cases(forward.FORWARD_KERNEL_CHECK)
+    replies = framework.run_learner(forward.FORWARD_KERNEL_CHECK, no_load_mask_kernel, cases[:3])
+    passed, headline, details = framework.judge(forward.FORWARD_KERNEL_CHECK, cases[2:3], replies[2:3])
+    assert not passed and headline == "O: NaN or inf in the output"
+    assert any("loads read 2304 element(s) past the last query or key" in line for line in details), details
+    assert any("a tl.load read past the last key" in line for line in details), details
 
 
 def test_plain_torch_is_refused():

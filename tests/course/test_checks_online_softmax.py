@@ -230,14 +230,28 @@ def test_online_update_exception_shows_the_line():
     assert "m_new = torch.maximum(m, scores.max(dim=-1))" in result.feedback
 
 
-def test_online_update_does_not_let_in_place_edits_corrupt_the_reference():
+def test_online_update_fails_an_answer_that_changes_its_inputs_in_place():
+    """The check hands each block's call copies, so an in-place edit never reached the case's arguments and passed
+    (4/4 in the grader), while notebook 03's demo, whose blocks are views of one score matrix, came out wrong."""
     def in_place(m, l, acc, scores, v):
         out = update_right(m, l, acc, scores, v)
         scores.fill_(0.0)
         m.fill_(123.0)
         return out
 
-    assert checks.check_online_update(in_place).passed
+    def exp_in_place(m, l, acc, scores, v):  # the audit's answer: right values, scores turned into p in place
+        m_new = torch.maximum(m, scores.amax(-1))
+        m_safe = torch.where(torch.isneginf(m_new), 0.0, m_new)
+        alpha = torch.exp(m - m_safe)
+        scores.sub_(m_safe[:, None]).exp_()
+        return m_new, alpha * l + scores.sum(-1), alpha[:, None] * acc + scores @ v
+
+    for answer, changed in ((in_place, "m, scores"), (exp_in_place, "scores")):
+        for seed in SEEDS:
+            result = checks.check_online_update(answer, seed=seed)
+            assert not result.passed
+            assert f"your code changed its input in place ({changed})" in result.feedback
+            assert "a function must not modify the tensors it is given" in result.feedback
 
 
 # ------------------------------------------------------------------------- merge
@@ -391,14 +405,21 @@ def test_merge_partials_bad_returns_are_explained():
 
 
 
-def test_in_place_edits_in_a_whole_problem_do_not_leak_between_blocks():
-    def in_place_everywhere(m, l, acc, scores, v):
-        m_new, l_new, acc_new = update_right(m, l, acc, scores, v)
-        scores.zero_()
-        v.zero_()
-        return m_new, l_new, acc_new
+def test_merge_partials_fails_an_answer_that_changes_its_inputs_in_place():
+    def scaled_in_place(a, b):  # the audit's answer: right values, o_a rescaled in place and returned
+        (m_a, l_a, o_a), (m_b, l_b, o_b) = a, b
+        m = torch.maximum(m_a, m_b)
+        m_safe = torch.where(m == NEG_INF, torch.zeros_like(m), m)
+        w_a, w_b = l_a * torch.exp(m_a - m_safe), l_b * torch.exp(m_b - m_safe)
+        l = w_a + w_b
+        l_safe = torch.where(l == 0, torch.ones_like(l), l)
+        o_a.mul_(w_a[:, None]).add_(w_b[:, None] * o_b).div_(l_safe[:, None])
+        return m, l, o_a
 
-    assert checks.check_online_update(in_place_everywhere).passed
+    for seed in SEEDS:
+        assert checks.check_merge_partials(merge_right, seed=seed).passed
+        result = checks.check_merge_partials(scaled_in_place, seed=seed)
+        assert not result.passed and "your code changed its input in place (o_a)" in result.feedback
 
 
 def test_checks_are_registered_in_notebook_order():

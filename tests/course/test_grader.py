@@ -8,6 +8,7 @@ grouped into a few module-scoped fixtures.
 import dataclasses
 import hashlib
 import json
+import linecache
 import math
 import os
 import resource
@@ -311,6 +312,33 @@ WRONG_ANSWERS = [
      "    a = tl.load(a_ptrs, mask=offs_k[None, :] + k0 < K, other=0.0)\n"
      "    b = tl.load(b_ptrs, mask=offs_k[:, None] + k0 < K, other=0.0)\n"
      "    acc += tl.dot(a, b)\n    a_ptrs += BLOCK_K * stride_ak\n    b_ptrs += BLOCK_K * stride_bk"),
+    # A learner audit's answers that passed (session 53): right values, inputs changed in place (the check handed
+    # each block's call copies)
+    ("03_online_softmax", "online_update",
+     "m_new = torch.maximum(m, scores.amax(-1))\nm_safe = torch.where(torch.isneginf(m_new), 0.0, m_new)\n"
+     "alpha = torch.exp(m - m_safe)\nscores.sub_(m_safe[:, None]).exp_()\n"
+     "return m_new, alpha * l + scores.sum(-1), alpha[:, None] * acc + scores @ v"),
+    # O right, K loaded past N_K (its scores are masked): counted where the kernel ran
+    ("04_flash_forward", "flash_forward_kernel",
+     "cols = start_n + offs_n\n"
+     "k = tl.load(k_ptrs + start_n * stride_kn, mask=cols[None, :] <= N_K, other=0.0)\n"
+     "v = tl.load(v_ptrs + start_n * stride_vn, mask=cols[:, None] < N_K, other=0.0)\n"
+     "s = tl.where(cols[None, :] < N_K, tl.dot(q, k) * sm_scale, float('-inf'))\n"
+     "m_new = tl.maximum(m_i, tl.max(s, 1))\nalpha = tl.exp(m_i - m_new)\np = tl.exp(s - m_new[:, None])\n"
+     "l_i = l_i * alpha + tl.sum(p, 1)\nacc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)\nm_i = m_new"),
+    # no casts to dO's and Q's dtype: right in float32, refused by tl.dot in float16
+    ("05_flash_backward", "flash_dkdv_kernel",
+     "rows = start_m + offs_m\n"
+     "q = tl.load(q_ptrs + start_m * stride_qn, mask=rows[:, None] < N_Q, other=0.0)\n"
+     "do = tl.load(do_ptrs + start_m * stride_don, mask=rows[:, None] < N_Q, other=0.0)\n"
+     "lse = tl.load(l_ptrs + start_m, mask=rows < N_Q, other=0.0)\n"
+     "delta = tl.load(delta_ptrs + start_m, mask=rows < N_Q, other=0.0)\n"
+     "p = tl.exp(tl.dot(q, kT) * sm_scale - lse[:, None])\ndv += tl.dot(tl.trans(p), do)\n"
+     "ds = p * (tl.dot(do, vT) - delta[:, None])\ndk += tl.dot(tl.trans(ds), q) * sm_scale"),
+    # float64 out of float32 inputs
+    ("05_flash_backward", "ds", "return p.double() * (dp.double() - d.double()[..., None])"),
+    ("01_naive_attention", "stable_softmax",
+     "x = x.double()\ne = torch.exp(x - x.amax(-1, keepdim=True))\nreturn e / e.sum(-1, keepdim=True)"),
 ]
 
 
@@ -328,7 +356,10 @@ def test_the_notebook_and_the_grader_give_the_same_verdict(key, name, code, tmp_
     submission = answers.take_answers(nb, canonical, key)
     namespace = {}
     exec(submission.cells[0].source, namespace)  # the notebook's imports
-    exec(submission.answer_cells(exercise.key)[0].source, namespace)
+    answer_cell = submission.answer_cells(exercise.key)[0].source
+    filename = f"<answer of {key}>"  # as Jupyter does, the cell's lines are known (feedback quotes the failing one)
+    linecache.cache[filename] = (len(answer_cell), None, answer_cell.splitlines(True), filename)
+    exec(compile(answer_cell, filename, "exec"), namespace)
     mine = run_check(checks.CHECKS[exercise.key], namespace[name])
     assert not mine.passed and not graded.passed
     assert graded.feedback == grader._short(mine.feedback)

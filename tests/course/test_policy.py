@@ -101,6 +101,17 @@ RED_TEAM = [
      ["`.Softmax2d` is not allowed in this answer (it is `softmax2d` by another spelling)"]),
     ("01_naive_attention", "stable_softmax", "return F.gumbel_softmax(x * 1e6, tau=1e6)",
      ["`.gumbel_softmax` is not allowed"]),
+    # a learner audit's answer: exp(-cross_entropy) of every target is the softmax (it passed, 2/2)
+    ("01_naive_attention", "stable_softmax",
+     "return torch.exp(-torch.nn.functional.cross_entropy(\n"
+     "    x.unsqueeze(-1).expand(*x.shape, x.shape[-1]).transpose(-1, -2).reshape(-1, x.shape[-1]),\n"
+     "    torch.arange(x.shape[-1]).repeat(x.numel() // x.shape[-1]), reduction='none')).view_as(x)",
+     ["`.cross_entropy` is not allowed"]),
+    ("01_naive_attention", "stable_softmax", "return torch.nn.CrossEntropyLoss(reduction='none')(x, x)",
+     ["`.CrossEntropyLoss` is not allowed"]),
+    ("01_naive_attention", "stable_softmax",
+     "return F.scaled_dot_product_attention(x[None], torch.eye(x.shape[-1])[None], torch.eye(x.shape[-1])[None], "
+     "scale=1.0)[0]", ["`.scaled_dot_product_attention` is not allowed"]),
     ("01_naive_attention", "stable_softmax", "return torch.exp(x - x.logcumsumexp(-1)[..., -1:])",
      ["`.logcumsumexp` is not allowed"]),
     ("04_flash_forward", "flash_forward_kernel", "p = tl.softmax(qk)", ["`.softmax` is not allowed"]),

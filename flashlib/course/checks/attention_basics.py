@@ -1,6 +1,7 @@
 """Checks for notebook 01 (naive attention): attention from the formula, stable softmax.
 
-Both run the learner's PyTorch function on float64 inputs and compare with
+Both run the learner's PyTorch function on float64 inputs (and one float32 case each, for the
+output's dtype) and compare with
 :mod:`flashlib.reference`. Each check's first case is fixed (the same values
 whatever the seed), so that the wrong answers it is built to catch fail on every
 run; seeded random cases follow. The wrong answers they recognise are the classic
@@ -191,6 +192,8 @@ def _softmax_cases(gen):
         _softmax_case("x (6, 16), float64, large values: standard normal x 1000 "
                            "(exp(x) overflows unless the row max is subtracted)", randn(6, 16) * 1000),
         _softmax_case("x (5, 12), float64, some entries -inf (masked scores)", masked),
+        # the softmax in x's dtype: an answer that upcasts to float64 passed every float64 case
+        _softmax_case("x (3, 9), float32, standard normal values x 3", (randn(3, 9) * 3).float()),
     ]
 
 

@@ -99,8 +99,8 @@ DS_MISTAKES = (
 )
 
 
-def _ds_case(gen, description, lead, n_q, n_k, *, causal=False, empty_rows=()) -> Case:
-    """P, dP and D of a real attention problem (float64); expected dS."""
+def _ds_case(gen, description, lead, n_q, n_k, *, causal=False, empty_rows=(), dtype=torch.float64) -> Case:
+    """P, dP and D of a real attention problem, in ``dtype``; expected dS (float64, from those values)."""
     head_dim = 8
 
     def randn(*shape):
@@ -117,10 +117,11 @@ def _ds_case(gen, description, lead, n_q, n_k, *, causal=False, empty_rows=()) -
     o = p @ v
     dp = do @ v.transpose(-2, -1)
     d = (do * o).sum(dim=-1)
+    p, dp, d = (t.to(dtype) for t in (p, dp, d))
     shape = f"{tuple(lead) + (n_q, n_k)}"
-    return Case(f"p and dp {shape}, d {tuple(lead) + (n_q,)}, float64: {description}", (p, dp, d),
-                p * (dp - d.unsqueeze(-1)), tolerance(torch.float64), shape_words="(..., N_q, N_k), like p",
-                out_dtype=torch.float64)
+    expected = p.double() * (dp.double() - d.double().unsqueeze(-1))
+    return Case(f"p and dp {shape}, d {tuple(lead) + (n_q,)}, {str(dtype).replace('torch.', '')}: {description}",
+                (p, dp, d), expected, tolerance(dtype), shape_words="(..., N_q, N_k), like p", out_dtype=dtype)
 
 
 def _ds_cases(gen):
@@ -130,6 +131,8 @@ def _ds_cases(gen):
         _ds_case(gen, "batch 2, 3 heads, 7 queries, 12 keys; row 3 sees no key (P = 0, D = 0)",
                  (2, 3), 7, 12, empty_rows=(3,)),
         _ds_case(gen, "batch 2, 2 heads, 8 queries, 8 keys, causal", (2, 2), 8, 8, causal=True),
+        # dS in p's dtype: an answer that upcasts to float64 passed every float64 case
+        _ds_case(gen, "one head, 6 queries, 10 keys", (), 6, 10, dtype=torch.float32),
     ]
 
 
@@ -284,8 +287,10 @@ DKDV_MISTAKES = (
 
 
 def _dkdv_case(gen, description, shape, n_k, blocks, *, spread=1.5, after=AFTER_NAN, key_offsets=None,
-               row_stride=None) -> Case:
-    """float32 inputs, their float64 reference O and L, and dK, dV from autograd in float64.
+               row_stride=None, dtype=torch.float32) -> Case:
+    """``dtype`` inputs (float32 unless said), their float64 reference O and L, and dK, dV from autograd in
+    float64. A float16 case holds the kernel to its casts: tl.dot takes two operands of one type, so P and dS
+    (float32) must be cast to dO's and Q's type before their products.
 
     q, k, v and dO hold multiples of 1/64: TF32 (tl.dot's float32 on a GPU) holds them exactly and
     Q K^T and dO V^T come out exact, so that only P and dS are rounded there (random float32 inputs
@@ -305,21 +310,21 @@ def _dkdv_case(gen, description, shape, n_k, blocks, *, spread=1.5, after=AFTER_
         signs = torch.tensor([1.0, -1.0], dtype=torch.float64).repeat((n_q + 1) // 2)[:n_q]
         q[..., 0] = math.sqrt(head_dim) * signs
         k[..., 0] = torch.tensor(key_offsets, dtype=torch.float64)
-    q, k, v, do = (t.float() for t in (q, k, v, do))  # the kernel's inputs, float32
+    q, k, v, do = (t.to(dtype) for t in (q, k, v, do))  # the kernel's inputs
     q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
     o, lse = naive_attention(q64, k64, v64, return_lse=True)
     dk, dv = torch.autograd.grad(o, (k64, v64), do.double())
     bm, bn = blocks
-    description = (f"q and dO {tuple(shape)}, k and v {(batch, heads, n_k, head_dim)}, float32, "
-                   f"BLOCK_M = {bm}, BLOCK_N = {bn}: {description}")
+    description = (f"q and dO {tuple(shape)}, k and v {(batch, heads, n_k, head_dim)}, "
+                   f"{str(dtype).replace('torch.', '')}, BLOCK_M = {bm}, BLOCK_N = {bn}: {description}")
     context = {}
     if row_stride is not None:
         context["row_stride"] = row_stride
         description += (f"; the rows of q and dO are {row_stride} elements apart in memory "
                         f"(stride_qn = stride_don = {row_stride}, not HEAD_DIM = {head_dim})")
-    args = tuple(t.to(runtime.DEVICE) for t in (q, k, v, o.detach().float(), do, lse.detach().float()))
-    return Case(description, args + (blocks, after), (dk, dv), tolerance(torch.float32),
-                shape_words=("(B, H, N_k, D), like k",) * 2, out_dtype=(torch.float32, torch.float32),
+    args = tuple(t.to(runtime.DEVICE) for t in (q, k, v, o.detach().to(dtype), do, lse.detach().float()))
+    return Case(description, args + (blocks, after), (dk, dv), tolerance(dtype),
+                shape_words=("(B, H, N_k, D), like k",) * 2, out_dtype=(dtype, dtype),
                 output_names=("dK", "dV"), context=context)
 
 
@@ -343,6 +348,7 @@ def _fixed_dkdv_cases() -> list[Case]:
 def _dkdv_cases(gen):
     return _fixed_dkdv_cases() + [
         _dkdv_case(gen, "batch 2, more queries than keys, tails in both", (2, 1, 80, 64), 48, (32, 16)),
+        _dkdv_case(gen, "the inputs in float16, tails in both", (1, 2, 40, 32), 48, (16, 32), dtype=torch.float16),
     ]
 
 

@@ -53,8 +53,8 @@ from ...reference import naive_attention
 from ...validation import relative_error, tolerance
 from .framework import (DEFAULT_TIME_LIMIT, Case, Check, Mistake, diagnosis_radius, distance, register,
                         run_check)
-from .undefined_memory import (AFTER_NAN, AFTER_ZERO, UNDEFINED_LANES, in_padded_rows, nan_in_masked_lanes,
-                               rows_read_by_head_dim_steps)
+from .undefined_memory import (AFTER_NAN, AFTER_ZERO, UNDEFINED_LANES, addresses_outside, in_padded_rows,
+                               nan_in_masked_lanes, rows_read_by_head_dim_steps)
 
 NOTEBOOK = "04_flash_forward"
 INNER_LOOP = register(NOTEBOOK, "inner_loop", 4,
@@ -78,16 +78,40 @@ def _launch(kernel, case: Case):
     q, k, v = (in_padded_rows(t, block, fill, row_stride) for t, block in ((q, block_m), (k, block_n), (v, block_n)))
     o = torch.full_like(q, math.nan, memory_format=torch.contiguous_format)
     lse = torch.full(q.shape[:3], math.nan, dtype=torch.float32, device=q.device)
+    reads = []
 
     def launch():
-        with nan_in_masked_lanes():
+        reads.clear()
+        with nan_in_masked_lanes(reads):
             launch_simple_forward(kernel, q, k, v, block_m, block_n, out=(o, lse))
 
     if "memory_budget" in case.context:
         case.context["allocated"] = peak_memory_bytes(launch)
     else:
         launch()
+    # Loads may read q, k and v's own elements only. A load past the last key brings NaN (or 0) that a masked
+    # score hides from O, yet on a GPU it reads foreign memory or faults. Counted where the launch ran
+    # (addresses mean nothing in the grader's other process), as a number the judge reads.
+    case.context["stray_reads"] = addresses_outside(reads, q, k, v)
     return o, lse
+
+
+def _inside_q_k_and_v(case: Case, out) -> str | None:
+    """No load may read past the last query or key (in the interpreter, where the check records each load)."""
+    stray = case.context.get("stray_reads")
+    if isinstance(stray, bool) or not isinstance(stray, int) or stray < 0:  # counted in the learner's process
+        return f"the count of loads outside q, k and v did not come back as a count (got {type(stray).__name__})"
+    if stray:
+        return (f"read past the last key or query ({stray} loaded elements): the scores of keys past N_K are "
+                "masked, so O can come out right here, but on a GPU such loads read foreign memory or fault. "
+                "Mask the loads of K and V with the key index of the current block, start_n + offs_n < N_K "
+                "(cols[None, :] < N_K for K^T, cols[:, None] < N_K for V), and pass other=0.0")
+    return None
+
+
+def _inspect(case: Case, out) -> str | None:
+    """What the values cannot show: loads past q, k and v, and an N x N matrix in memory."""
+    return _inside_q_k_and_v(case, out) or _no_scores_in_memory(case, out)
 
 
 def _no_scores_in_memory(case: Case, out) -> str | None:
@@ -369,7 +393,11 @@ def _explain(case: Case, out) -> list[str]:
         nonfinite |= bool((~torch.isfinite(got) & finite).any())
     lines = ["compared: " + ", ".join(verdicts)]
     k, (_, block_n) = case.args[1], case.args[3]
-    if nonfinite and k.shape[2] % block_n == 0:
+    stray = case.context.get("stray_reads")
+    if nonfinite and isinstance(stray, int) and not isinstance(stray, bool) and stray > 0:
+        lines.append(f"loads read {stray} element(s) past the last query or key (their memory holds NaN here): "
+                     "mask every load of Q, K and V with its row index")
+    elif nonfinite and k.shape[2] % block_n == 0:
         lines.append("this case has no key tail (N_K is a multiple of BLOCK_N): no load reads past the last "
                      "key here, so the NaN or inf comes from the arithmetic")
     if _reads_rows_head_dim_apart(case, out):
@@ -408,7 +436,7 @@ def _accept_kernel(kernel) -> str | None:
 
 FORWARD_KERNEL_CHECK = Check(
     INNER_LOOP, _forward_cases, FORWARD_MISTAKES, call=_launch, accept=_accept_kernel,
-    inspect=_no_scores_in_memory, explain=_explain,
+    inspect=_inspect, explain=_explain,
     nonfinite_hint=("NaN or inf in O or L. Where the last key block has a tail, either a tl.load read past "
                     "the last key (k and v sit inside NaN-filled buffers here: mask the K and V loads with "
                     "cols < N_K), or " + UNDEFINED_LANES + ": pass other=0.0 to every masked load. Otherwise "

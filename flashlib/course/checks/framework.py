@@ -87,6 +87,26 @@ class WrongReturn(TypeError):
     send them looking for an error that is not there."""
 
 
+class ChangedInput(Exception):
+    """Raised by a check's ``call`` that hands the learner copies of its own (one call per key block, per pair of
+    partials) when the learner's function changed one of them in place: the case's arguments, which the judge
+    compares, cannot show it. The message names the arguments changed."""
+
+
+#: What a learner whose function changed its input is told to do.
+IN_PLACE_ADVICE = ("a function must not modify the tensors it is given: the caller still needs them. Use out-of-place "
+                   "operations (x = x - m, not x -= m) or work on a copy")
+
+
+def raise_if_changed(given: Sequence, originals: Sequence, names: Sequence[str]) -> None:
+    """:class:`ChangedInput` naming each tensor of ``given`` (what the learner's function received) that no longer
+    equals its counterpart in ``originals``."""
+    changed = [name for name, got, original in zip(names, given, originals)
+               if isinstance(got, torch.Tensor) and not _same_tensor(got, original)]
+    if changed:
+        raise ChangedInput(", ".join(changed))
+
+
 class CheckTimeout(BaseException):
     """Raised inside the learner's code when its time is up.
 
@@ -589,6 +609,9 @@ def run_learner(check: Check, learner, cases: Sequence[Case], limit: float | Non
             exc = _unwrap(raised)
             if isinstance(exc, NotImplementedError):
                 replies.append(Reply("not attempted", headline=NOT_ATTEMPTED))
+            elif isinstance(exc, ChangedInput):
+                replies.append(Reply("raised", headline=f"your code changed its input in place ({exc})",
+                                     details=[IN_PLACE_ADVICE]))
             elif isinstance(exc, WrongReturn):
                 replies.append(Reply("raised", headline="your code returned a value the exercise does not ask for",
                                      details=[str(exc)]))
@@ -650,8 +673,7 @@ def judge(check: Check, cases: Sequence[Case], replies: Sequence[Reply]) -> tupl
         if changed:
             which = ", ".join(f"argument {i + 1}" for i in changed)
             return False, f"right values, but your code changed its input in place ({which})", [
-                where, "a function must not modify the tensors it is given: the caller still needs "
-                "them. Use out-of-place operations (x = x - m, not x -= m) or work on a copy"]
+                where, IN_PLACE_ADVICE]
     plural = "s" if len(cases) != 1 else ""
     return True, f"correct on {len(cases)} case{plural}", []
 

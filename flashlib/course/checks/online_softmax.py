@@ -34,7 +34,8 @@ import torch
 from ...online_softmax import safe_shift, finalize, initial_state, online_softmax_step
 from ...reference import stable_softmax
 from ...validation import tolerance
-from .framework import Case, Check, Mistake, WrongReturn, copy_tensors, error_from, register, run_check
+from .framework import (Case, Check, Mistake, WrongReturn, copy_tensors, error_from, raise_if_changed, register,
+                        run_check)
 
 NOTEBOOK = "03_online_softmax"
 ONLINE_UPDATE = register(NOTEBOOK, "online_update", 2,
@@ -326,9 +327,11 @@ class _NoneReturned(Exception):
 
 def _call_update(learner, case: Case):
     def step(m, l, acc, scores, v):  # noqa: E741
-        out = learner(m.clone(), l.clone(), acc.clone(), scores.clone(), v.clone())
+        given = copy_tensors((m, l, acc, scores, v))
+        out = learner(*given)
         if out is None:
             raise _NoneReturned
+        raise_if_changed(given, (m, l, acc, scores, v), ("m", "l", "acc", "scores", "v"))
         return _as_state(out, "online_update", m.shape[0], acc.shape[1])
 
     try:
@@ -583,9 +586,11 @@ def _merge_cases(gen):
 
 def _call_merge(learner, case: Case):
     def merge(a, b):
-        out = learner(copy_tensors(a), copy_tensors(b))
+        given_a, given_b = copy_tensors(a), copy_tensors(b)
+        out = learner(given_a, given_b)
         if out is None:
             raise _NoneReturned
+        raise_if_changed((*given_a, *given_b), (*a, *b), ("m_a", "l_a", "o_a", "m_b", "l_b", "o_b"))
         return _as_state(out, "merge_partials", a[0].shape[0], a[2].shape[1], names=("m", "l", "o"))
 
     try:
