@@ -134,8 +134,8 @@ def test_ds_a_row_vector_is_a_wrong_shape():
 # ---------------------------------------------------------------------- dK / dV
 
 (RIGHT, LOOP_STUB, P_NOT_PT, NO_DK_SCALE, DP_IN_DK, NO_DELTA, SIGN_FLIPPED, P_EXP, P_TILE_SOFTMAX,
- P_EXP2, UNSCALED_S, NO_TAIL_MASK, NO_OTHER, NO_OTHER_ON_D, ROW_STEP_HEAD_DIM, NO_CASTS) = (tl.constexpr(i)
-                                                                                          for i in range(16))
+ P_EXP2, UNSCALED_S, NO_TAIL_MASK, NO_OTHER, NO_OTHER_ON_D, ROW_STEP_HEAD_DIM, NO_CASTS, Q_UNMASKED_P_MASKED) = (
+    tl.constexpr(i) for i in range(17))
 
 
 @triton.jit
@@ -169,6 +169,11 @@ def _dkdv_body(Q, K, V, DO, L, DELTA, DK, DV, sm_scale,
                 do = tl.load(do_ptrs)
                 lse = tl.load(L + off_h * N_Q + rows)
                 delta = tl.load(DELTA + off_h * N_Q + rows)
+            elif BUG == Q_UNMASKED_P_MASKED:  # q and dO read past N_Q; P of those rows zeroed below
+                q = tl.load(q_ptrs)
+                do = tl.load(do_ptrs)
+                lse = tl.load(L + off_h * N_Q + rows, mask=rows < N_Q, other=0.0)
+                delta = tl.load(DELTA + off_h * N_Q + rows, mask=rows < N_Q, other=0.0)
             elif BUG == NO_OTHER:
                 q = tl.load(q_ptrs, mask=rows[:, None] < N_Q)
                 do = tl.load(do_ptrs, mask=rows[:, None] < N_Q)
@@ -197,6 +202,8 @@ def _dkdv_body(Q, K, V, DO, L, DELTA, DK, DV, sm_scale,
                 p = tl.math.exp2(s - lse[:, None])
             else:
                 p = tl.exp(s - lse[:, None])
+            if BUG == Q_UNMASKED_P_MASKED:
+                p = tl.where(rows[:, None] < N_Q, p, 0.0)
             if BUG == P_NOT_PT:
                 dv += tl.dot(p.to(do.dtype), do)
             elif BUG == NO_CASTS:  # float32 P against float16 dO: tl.dot refuses the pair
@@ -242,6 +249,16 @@ def loop_stub_kernel(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, stride_
     _dkdv_body(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
                stride_vh, stride_vn, stride_doh, stride_don, stride_dkh, stride_dkn, stride_dvh, stride_dvn,
                N_Q, N_K, HEAD_DIM, BLOCK_M, BLOCK_N, LOOP_STUB)
+
+
+@triton.jit
+def q_unmasked_p_masked_kernel(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, stride_qn, stride_kh,
+                               stride_kn, stride_vh, stride_vn, stride_doh, stride_don, stride_dkh, stride_dkn,
+                               stride_dvh, stride_dvn, N_Q, N_K, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                               BLOCK_N: tl.constexpr):
+    _dkdv_body(Q, K, V, DO, L, DELTA, DK, DV, sm_scale, stride_qh, stride_qn, stride_kh, stride_kn,
+               stride_vh, stride_vn, stride_doh, stride_don, stride_dkh, stride_dkn, stride_dvh, stride_dvn,
+               N_Q, N_K, HEAD_DIM, BLOCK_M, BLOCK_N, Q_UNMASKED_P_MASKED)
 
 
 @triton.jit
@@ -393,6 +410,14 @@ def test_a_kernel_written_independently_passes_and_the_verdict_is_deterministic(
     first = checks.check_dkdv_kernel(right_kernel)
     assert first.passed
     assert checks.check_dkdv_kernel(right_kernel).feedback == first.feedback
+
+
+def test_loads_of_q_and_do_past_the_last_query_fail_even_where_dk_and_dv_come_out_right():
+    """Zeros after the last query row and P zeroed there: the values are right on case 2, the loads are not."""
+    result = checks.check_dkdv_kernel(q_unmasked_p_masked_kernel)
+    assert not result.passed and "case 2 of 6" in result.feedback
+    assert "✗ dkdv_loop: read q or dO past the last query (" in result.feedback
+    assert checks.check_dkdv_kernel(right_kernel).passed  # the masked loads read nothing past it
 
 
 def test_a_kernel_without_the_casts_to_16_bits_fails_on_the_float16_case():

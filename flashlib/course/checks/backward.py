@@ -48,7 +48,7 @@ from ...validation import relative_error, tolerance
 from .framework import (DEFAULT_TIME_LIMIT, Case, Check, Mistake, diagnosis_radius, distance, register,
                         run_check)
 from .undefined_memory import (AFTER_NAN, AFTER_ZERO, UNDEFINED_LANES, in_padded_rows, nan_in_masked_lanes,
-                               rows_read_by_head_dim_steps)
+                               reads_in_padding, rows_read_by_head_dim_steps)
 
 NOTEBOOK = "05_flash_backward"
 DS = register(NOTEBOOK, "ds", 2, "dS = P * (dP - D) from P, dP and D = rowsum(dO * O)")
@@ -360,9 +360,25 @@ def _launch_dkdv(kernel, case: Case):
     q, do = in_padded_rows(q, block_m, fill, row_stride), in_padded_rows(do, block_m, fill, row_stride)
     dk = torch.full_like(k, math.nan)
     dv = torch.full_like(v, math.nan)
-    with nan_in_masked_lanes():
+    reads = []
+    with nan_in_masked_lanes(reads):
         launch_simple_dkdv(kernel, q, k, v, o, do, lse, block_m, block_n, out=(dk, dv))
+    # Loads of q and dO past N_Q read the buffers around them: where P is masked there, dK and dV come out right,
+    # yet on a GPU such loads read foreign memory or fault. Counted where the launch ran, as a number.
+    case.context["stray_reads"] = reads_in_padding(reads, q, do)
     return dk, dv
+
+
+def _inside_q_and_do(case: Case, out) -> str | None:
+    """No load may read q or dO past the last query (in the interpreter, where the check records each load)."""
+    stray = case.context.get("stray_reads")
+    if isinstance(stray, bool) or not isinstance(stray, int) or stray < 0:  # counted in the learner's process
+        return f"the count of loads past q and dO did not come back as a count (got {type(stray).__name__})"
+    if stray:
+        return (f"read q or dO past the last query ({stray} loaded elements): dK and dV can come out right here, "
+                "but on a GPU such loads read foreign memory or fault. Mask the loads of Q and dO (and of L and "
+                "D) with the row index of the current block, start_m + offs_m < N_Q, and pass other=0.0")
+    return None
 
 
 def _explain_dkdv(case: Case, out) -> list[str]:
@@ -421,6 +437,7 @@ def _accept_kernel(kernel) -> str | None:
 
 DKDV_CHECK = Check(
     DKDV_LOOP, _dkdv_cases, DKDV_MISTAKES, call=_launch_dkdv, accept=_accept_kernel, explain=_explain_dkdv,
+    inspect=_inside_q_and_do,
     nonfinite_hint=("NaN or inf in dK or dV. Where the last query block has a tail, either a tl.load read "
                     "past N_Q (q and dO sit inside NaN-filled buffers here and L and D are followed by NaN: "
                     "mask the loads with rows < N_Q), or " + UNDEFINED_LANES + ": pass other=0.0 to every "

@@ -162,6 +162,25 @@ def addresses_outside(reads: list, *tensors: torch.Tensor) -> int:
     return int((~np.isin(read, np.concatenate(inside))).sum())
 
 
+def reads_in_padding(reads: list, *views: torch.Tensor) -> int:
+    """How many of the addresses in ``reads`` (:func:`nan_in_masked_lanes`) lie in the buffer around one of
+    ``views`` (:func:`in_padded_rows`) but in none of its own elements: loads past a tensor's last row that a
+    kernel was given other tensors to read too (whose elements :func:`addresses_outside` would have to list)."""
+    import numpy as np
+
+    if not reads:
+        return 0
+    read = np.concatenate(reads)
+    count = 0
+    for view in views:
+        storage = view.untyped_storage()
+        start, end = storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+        in_buffer = (read >= np.uint64(start)) & (read < np.uint64(end))
+        own = np.asarray(view.data_ptr() + view.element_size() * _element_offsets(view), dtype=np.uint64)
+        count += int((in_buffer & ~np.isin(read, own)).sum())
+    return count
+
+
 def _element_offsets(t: torch.Tensor):
     """The offset, in elements from ``t.data_ptr()``, of each element of ``t`` (any strides), as numpy."""
     offsets = torch.zeros((), dtype=torch.int64)
