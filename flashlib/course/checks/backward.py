@@ -48,7 +48,7 @@ from ...validation import relative_error, tolerance
 from .framework import (DEFAULT_TIME_LIMIT, Case, Check, Mistake, diagnosis_radius, distance, register,
                         run_check)
 from .undefined_memory import (AFTER_NAN, AFTER_ZERO, UNDEFINED_LANES, in_padded_rows, nan_in_masked_lanes,
-                               reads_in_padding, rows_read_by_head_dim_steps)
+                               reads_in_padding, rows_read_by_head_dim_steps, stray_reads_problem)
 
 NOTEBOOK = "05_flash_backward"
 DS = register(NOTEBOOK, "ds", 2, "dS = P * (dP - D) from P, dP and D = rowsum(dO * O)")
@@ -371,14 +371,11 @@ def _launch_dkdv(kernel, case: Case):
 
 def _inside_q_and_do(case: Case, out) -> str | None:
     """No load may read q or dO past the last query (in the interpreter, where the check records each load)."""
-    stray = case.context.get("stray_reads")
-    if isinstance(stray, bool) or not isinstance(stray, int) or stray < 0:  # counted in the learner's process
-        return f"the count of loads past q and dO did not come back as a count (got {type(stray).__name__})"
-    if stray:
-        return (f"read q or dO past the last query ({stray} loaded elements): dK and dV can come out right here, "
-                "but on a GPU such loads read foreign memory or fault. Mask the loads of Q and dO (and of L and "
-                "D) with the row index of the current block, start_m + offs_m < N_Q, and pass other=0.0")
-    return None
+    return stray_reads_problem(
+        case.context, "read q or dO past the last query",
+        "dK and dV can come out right here, but on a GPU such loads read foreign memory or fault. Mask the "
+        "loads of Q and dO (and of L and D) with the row index of the current block, start_m + offs_m < N_Q, "
+        "and pass other=0.0")
 
 
 def _explain_dkdv(case: Case, out) -> list[str]:

@@ -54,7 +54,7 @@ from ...validation import relative_error, tolerance
 from .framework import (DEFAULT_TIME_LIMIT, Case, Check, Mistake, diagnosis_radius, distance, register,
                         run_check)
 from .undefined_memory import (AFTER_NAN, AFTER_ZERO, UNDEFINED_LANES, addresses_outside, in_padded_rows,
-                               nan_in_masked_lanes, rows_read_by_head_dim_steps)
+                               nan_in_masked_lanes, rows_read_by_head_dim_steps, stray_reads_problem)
 
 NOTEBOOK = "04_flash_forward"
 INNER_LOOP = register(NOTEBOOK, "inner_loop", 4,
@@ -98,15 +98,11 @@ def _launch(kernel, case: Case):
 
 def _inside_q_k_and_v(case: Case, out) -> str | None:
     """No load may read past the last query or key (in the interpreter, where the check records each load)."""
-    stray = case.context.get("stray_reads")
-    if isinstance(stray, bool) or not isinstance(stray, int) or stray < 0:  # counted in the learner's process
-        return f"the count of loads outside q, k and v did not come back as a count (got {type(stray).__name__})"
-    if stray:
-        return (f"read past the last key or query ({stray} loaded elements): the scores of keys past N_K are "
-                "masked, so O can come out right here, but on a GPU such loads read foreign memory or fault. "
-                "Mask the loads of K and V with the key index of the current block, start_n + offs_n < N_K "
-                "(cols[None, :] < N_K for K^T, cols[:, None] < N_K for V), and pass other=0.0")
-    return None
+    return stray_reads_problem(
+        case.context, "read past the last key or query",
+        "the scores of keys past N_K are masked, so O can come out right here, but on a GPU such loads read "
+        "foreign memory or fault. Mask the loads of K and V with the key index of the current block, "
+        "start_n + offs_n < N_K (cols[None, :] < N_K for K^T, cols[:, None] < N_K for V), and pass other=0.0")
 
 
 def _inspect(case: Case, out) -> str | None:

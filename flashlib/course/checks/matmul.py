@@ -38,7 +38,7 @@ from ... import runtime
 from ...kernels.matmul import launch_matmul
 from ...validation import tolerance
 from .framework import DEFAULT_TIME_LIMIT, Case, Check, Mistake, register, run_check
-from .undefined_memory import UNDEFINED_LANES, addresses_outside, nan_in_masked_lanes
+from .undefined_memory import UNDEFINED_LANES, addresses_outside, nan_in_masked_lanes, stray_reads_problem
 
 NOTEBOOK = "02_triton_tiled_matmul"
 MATMUL_KERNEL = register(NOTEBOOK, "matmul_kernel", 3,
@@ -138,15 +138,11 @@ def _inside_its_operands(case: Case, out: torch.Tensor) -> str | None:
     if not (around == SENTINEL).all():
         return ("wrote outside C: missing store mask. Mask the tl.store with "
                 "(offs_m[:, None] < M) & (offs_n[None, :] < N)")
-    stray = case.context.get("stray_reads")
-    if isinstance(stray, bool) or not isinstance(stray, int) or stray < 0:  # counted in the learner's process
-        return f"the count of loads outside A and B did not come back as a count (got {type(stray).__name__})"
-    if stray:
-        return (f"read outside A or B along M or N ({stray} loaded elements): C comes out right, since the rows "
-                "of A past M and the columns of B past N only reach elements of C that are never stored, but on a "
-                "GPU such loads read foreign memory or fault. Mask A's loads along M as well as K, "
-                "(offs_m[:, None] < M) & (offs_k[None, :] + k0 < K), and B's along N as well as K")
-    return None
+    return stray_reads_problem(
+        case.context, "read outside A or B along M or N",
+        "C comes out right, since the rows of A past M and the columns of B past N only reach elements of C that "
+        "are never stored, but on a GPU such loads read foreign memory or fault. Mask A's loads along M as well "
+        "as K, (offs_m[:, None] < M) & (offs_k[None, :] + k0 < K), and B's along N as well as K")
 
 
 # ------------------------------------------------------------------ wrong answers

@@ -181,6 +181,17 @@ def reads_in_padding(reads: list, *views: torch.Tensor) -> int:
     return count
 
 
+def stray_reads_problem(context: dict, where: str, advice: str) -> str | None:
+    """The judge's words on the count of stray loads a check's launch left in ``context["stray_reads"]``
+    (:func:`addresses_outside`, :func:`reads_in_padding`): None for 0; else ``where`` (what was read outside
+    what) with the count, then ``advice``. A count that is not a plain int >= 0 (the reply is the learner
+    process's) is itself the failure."""
+    stray = context.get("stray_reads")
+    if isinstance(stray, bool) or not isinstance(stray, int) or stray < 0:
+        return f"the count of stray loads did not come back as a count (got {type(stray).__name__})"
+    return f"{where} ({stray} loaded elements): {advice}" if stray else None
+
+
 def _element_offsets(t: torch.Tensor):
     """The offset, in elements from ``t.data_ptr()``, of each element of ``t`` (any strides), as numpy."""
     offsets = torch.zeros((), dtype=torch.int64)
