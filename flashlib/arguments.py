@@ -49,6 +49,23 @@ def transform_or_forward_mode_active() -> bool:
     return torch._C._are_functorch_transforms_active() or forward_mode_active()
 
 
+#: The dtypes autocast lowers (FP8 and integers pass as they are: the checks name them).
+AUTOCAST_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def autocast_inputs(q, k, v) -> tuple:
+    """q, k, v in autocast's dtype where ``torch.autocast`` is on for their device, as SDPA (one of autocast's
+    lower-precision ops) takes them: under mixed precision a model's q and k often come out of RoPE in float32
+    while v is already 16-bit, and the kernels need one dtype. Anything else passes unchanged."""
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
+        return q, k, v
+    device = q.device.type
+    if not torch.is_autocast_enabled(device):
+        return q, k, v
+    dtype = torch.get_autocast_dtype(device)
+    return tuple(t.to(dtype) if t.dtype in AUTOCAST_DTYPES and t.dtype != dtype else t for t in (q, k, v))
+
+
 def describe_shapes(q, k, v) -> str:
     """The shapes of q, k, v for an error message (built only when one is raised)."""
     return f"q.shape={tuple(q.shape)}, k.shape={tuple(k.shape)}, v.shape={tuple(v.shape)}"

@@ -16,9 +16,9 @@ from torch.autograd import forward_ad
 from . import ops
 from .decode import splitkv_attention
 from .variants import VARIANTS, preferred_variant
-from .arguments import (check_alibi_slopes, check_dtypes_and_device, check_heads, check_lengths, check_tensors,
-                        describe_shapes, functorch_wrapped, make_spec, transform_or_forward_mode_active,
-                        values_checked)
+from .arguments import (autocast_inputs, check_alibi_slopes, check_dtypes_and_device, check_heads, check_lengths,
+                        check_tensors, describe_shapes, functorch_wrapped, make_spec,
+                        transform_or_forward_mode_active, values_checked)
 from .fp8 import fp8_attention, is_fp8
 from .kernels.dropout import dropout_mask
 
@@ -127,6 +127,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     gives exactly the dropout-free result. ``return_dropout_mask=True`` also returns the
     (B, H, N_q, N_k) bool mask of kept weights, for tests (O(N^2) memory).
 
+    Under ``torch.autocast`` float q, k, v are first cast to autocast's dtype, as SDPA's are (O then comes
+    in that dtype, and the gradients flow back to the inputs' own dtypes).
+
     Returns O in q's dtype and layout; with ``return_lse`` also L, the row
     logsumexp of the scaled, modified, masked scores (natural log, before dropout),
     float32 (B, H, N_q) ((B*H, N_q) for 3D inputs).
@@ -154,6 +157,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     per sample and K/V head; the real values are ``x8 * descale``), O in ``out_dtype``
     (bfloat16 by default, or float16). No seq_lens, dropout or gradient.
     """
+    q, k, v = autocast_inputs(q, k, v)
     signature = None
     if (seq_lens is None and alibi_slopes is None and q_descale is None and k_descale is None and v_descale is None
             and out_dtype is None and return_dropout_mask is False and not torch.compiler.is_compiling()):

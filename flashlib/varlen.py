@@ -20,7 +20,7 @@ import numbers
 import torch
 
 from . import ops
-from .arguments import (check_alibi_slopes, check_dtypes_and_device, check_heads, check_tensors,
+from .arguments import (autocast_inputs, check_alibi_slopes, check_dtypes_and_device, check_heads, check_tensors,
                         describe_shapes, make_spec, values_checked)
 
 
@@ -108,8 +108,10 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     Returns O (total_q, H, D) in q's dtype, and with ``return_lse`` also L (H, total_q)
     float32, the row logsumexp (natural log). Differentiable in q, k and v (gradients in
     the packed layout); L carries no gradient; double backward raises. Under torch.compile
-    the offsets are not read on the host (no sync): they must be valid.
+    the offsets are not read on the host (no sync): they must be valid. Under ``torch.autocast`` float q, k, v
+    are first cast to autocast's dtype, as in :func:`flashlib.flash_attention`.
     """
+    q, k, v = autocast_inputs(q, k, v)
     spec, alibi_slopes = check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                                            window, softmax_scale, softcap, alibi_slopes, dropout_p)
     # No sequence is longer than the whole pack: an overestimate past it would only size a grid of empty programs

@@ -119,6 +119,25 @@ def test_llama_logits_and_gradients_match_sdpa(name, calls, padding):
         assert_close(grad, ref_grads[key], RTOL, f"gradient of {key}")
 
 
+@pytest.mark.parametrize("padding", ("none", "left"))
+def test_mixed_precision_under_autocast_matches_sdpa(name, calls, padding):
+    """RoPE hands attention float32 q and k beside a bfloat16 v under torch.autocast: the call once raised
+    "q, k, v must have the same dtype" for every RoPE model, where sdpa casts the three to autocast's dtype."""
+    ref, ours = twins(name, transformers.LlamaConfig(**SIZES))
+    ids, mask = batch(padding)
+    device = DEVICE.type
+    with torch.autocast(device, dtype=torch.bfloat16):
+        ref_logits, ref_grads = logits_and_grads(ref, ids, mask)
+        logits, grads = logits_and_grads(ours, ids, mask)
+    assert [call[0] for call in calls] == [PATHS[padding]] * SIZES["num_hidden_layers"]
+    assert logits.dtype == ref_logits.dtype == torch.bfloat16
+    # bfloat16 products on both sides (the interpreter computes them in float32): a few bf16 ulps apart
+    assert_close(logits.float(), ref_logits.float(), 2e-2, "logits")
+    for key, grad in grads.items():
+        assert grad.dtype == ref_grads[key].dtype == torch.float32, key
+        assert_close(grad, ref_grads[key], 5e-2, f"gradient of {key}")
+
+
 @pytest.mark.parametrize("padding", ("none", "right", "left"))
 def test_mistral_sliding_window_matches_sdpa(name, calls, padding):
     """sliding_window=4 of 12 tokens: a window off by one would differ by ~0.3. The layers get the 2D mask

@@ -301,6 +301,28 @@ def test_fully_masked_rows_still_give_zero():
     assert torch.isfinite(o).all()
 
 
+# ---------------------------------------------------------------- torch.autocast
+def test_autocast_casts_q_k_and_v_to_its_dtype_as_sdpa_does():
+    """float32 q and k (out of RoPE) beside a bfloat16 v: under autocast the three go in autocast's dtype, O comes
+    out in it, and each input's gradient in its own dtype; outside autocast mixed dtypes are still refused."""
+    q, k, v = make_inputs(2, 4, 2, 24, 40, 16, torch.float32)
+    v16 = v.bfloat16()
+    leaves = [t.clone().requires_grad_() for t in (q, k, v16)]
+    with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+        out = flash_attention(*leaves, causal=True)
+        packed = flash_attention_varlen(*(t[0].transpose(0, 1) for t in (q, k, v16)),
+                                        *(torch.tensor([0, n], dtype=torch.int32, device=DEVICE) for n in (24, 40)),
+                                        24, 40, causal=True)
+    assert out.dtype == packed.dtype == torch.bfloat16
+    ref = naive_attention(*(t.bfloat16().double() for t in (q, k, v16)), causal=True)
+    assert relative_error(out, ref) <= tolerance(torch.bfloat16)
+    assert relative_error(packed, ref[0].transpose(0, 1)) <= tolerance(torch.bfloat16)
+    out.float().square().sum().backward()
+    assert [t.grad.dtype for t in leaves] == [torch.float32, torch.float32, torch.bfloat16]
+    with pytest.raises(TypeError, match="q, k, v must have the same dtype"):
+        flash_attention(q, k, v16)
+
+
 # ---------------------------------------------------------------- flash_attention_v2
 def test_flash_attention_v2_is_the_bnhd_entry():
     q, k, v = make_inputs(2, 4, 1, 20, 28, 32, torch.float32, layout="bnhd")
