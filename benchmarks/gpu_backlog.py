@@ -167,9 +167,10 @@ STAGES["timings_rest"] = tuple(replace(step, limit_s=_REST_LIMITS[step.name]) fo
                                if step.name in _REST_LIMITS)
 
 # Session 53 (an H100) ran timings_rest, grid, extras and tests' first step (forty-second finding). Left: three N = 1024
-# points of the grid at D = 128 ran 0.30-0.69x cuDNN where the same kernels' A/B run, minutes earlier, was level with
-# it; and the rest of the GPU suite. Whether a fresh process repeats them, and whether the forward's autotuner picks
-# differ from run to run there (each pick scored by every config's time in a CUDA graph):
+# points of the grid at D = 128 ran 0.30-0.69x cuDNN where the same kernels' A/B run (CUDA graphs), minutes earlier,
+# was level with it: most likely that host's time per eager call; and the rest of the GPU suite. Whether a fresh
+# process repeats them, and whether the forward's autotuner picks differ from run to run there (each pick scored by
+# every config's time in a CUDA graph):
 STAGES["recheck"] = (
     Step("grid_n1024", 150,
          ("-m", "flashlib.bench", "--mode", "fwd,bwd", "--dtype", "fp16,bf16", "--d", "128", "--N", "1024",

@@ -59,6 +59,9 @@ README_GRIDS = (
     "hopper_gluon_bwd_m64_fp16_bf16_nvidia_h200.json",
     # the backward at D = 128 once its dQ also came from a Gluon kernel (session 43)
     "hopper_gluon_dq_bwd_fp16_bf16_nvidia_h200.json",
+    # an H100: forward and backward at D = 64 and 128 beside cuDNN after Q in registers at D = 64 and FP8 through
+    # Gluon (session 53; three N = 1024 points at D = 128 ran far below the same kernels' A/B run that day)
+    "hopper_session53_grid_fp16_bf16_nvidia_h100_80gb_hbm3.json",
 )
 _MIB = 2 ** 20
 
