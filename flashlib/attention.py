@@ -229,9 +229,11 @@ def _forward_variant(variant, q, k, v, layout, spec, return_dropout_mask) -> str
     """"fa2" or "splitkv" for this call; a ValueError where the asked variant cannot serve it."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}; got {variant!r}")
-    if _always_fa2(variant, _bhnd_shape(q, layout)[2]):
-        return "fa2"  # serves every call: no refusal to look for
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    # A gradient settles "auto" before the length is read: torch.compile then puts no guard on N_q (a
+    # recompile as it crosses split-KV's bound) where the variant cannot change.
+    if (variant == "auto" and needs_grad) or _always_fa2(variant, _bhnd_shape(q, layout)[2]):
+        return "fa2"  # serves every call: no refusal to look for
     refusal = ("q, k or v requires grad (split-KV is forward only; use torch.no_grad() for inference)"
                if needs_grad else "dropout_p > 0 (split-KV has no dropout)" if spec.dropout_p > 0 or
                return_dropout_mask else

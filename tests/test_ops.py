@@ -323,6 +323,21 @@ def test_autocast_casts_q_k_and_v_to_its_dtype_as_sdpa_does():
         flash_attention(q, k, v16)
 
 
+def test_a_compiled_training_call_is_not_recompiled_as_the_length_crosses_split_kvs_bound():
+    """With a gradient wanted, "auto" is FlashAttention-2 whatever N_q: the choice once read N_q first, so
+    torch.compile guarded on N_q <= 16 and compiled a second graph past it."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    step = torch.compile(lambda q, k, v: flash_attention(q, k, v, causal=True), dynamic=True)
+    for n in (8, 12, 20, 24):
+        leaves = [t.requires_grad_() for t in make_inputs(1, 2, 2, n, n, 16, torch.float32)]
+        step(*leaves).sum().backward()
+        assert all(t.grad is not None for t in leaves)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+
+
 # ---------------------------------------------------------------- flash_attention_v2
 def test_flash_attention_v2_is_the_bnhd_entry():
     q, k, v = make_inputs(2, 4, 1, 20, 28, 32, torch.float32, layout="bnhd")
