@@ -297,6 +297,12 @@ def _attend_padded(q, k, v, mask, options):
                              options)
 
 
+#: An additive mask's value that hides its key: softmax gives it exp(bias + score - max) = 0 in float32 (and
+#: float64) for any scores below thousands, as sdpa's sum would. Masks are written with -inf, the dtype's
+#: minimum, -1e9 or -1e4.
+MASKED_BIAS = -1e4
+
+
 def _allowed(mask: torch.Tensor, what: str) -> torch.Tensor:
     """The (B, N_q, N_k) bool of a 4D mask, boolean or additive (0 / -inf), the same for every head; else a
     ValueError that says it is a bias or differs between heads (``what`` names the mask)."""
@@ -304,9 +310,10 @@ def _allowed(mask: torch.Tensor, what: str) -> torch.Tensor:
         allowed = mask
     else:  # additive: 0 where allowed, a large negative number (or -inf) where not
         allowed = mask == 0
-        if not bool((allowed | (mask <= torch.finfo(mask.dtype).min / 2)).all()):
+        if not bool((allowed | (mask <= MASKED_BIAS)).all()):
             raise ValueError(f"flashlib's Transformers attention got {what} that adds a bias to the scores "
-                             "(values other than 0 and -inf): flashlib takes masks, not biases; use sdpa or eager")
+                             f"(values other than 0 and at most {MASKED_BIAS:g}, or -inf): flashlib takes masks, not "
+                             "biases; use sdpa or eager")
     if not bool((allowed == allowed[:, :1]).all()):
         raise ValueError(f"flashlib's Transformers attention got {what} that differs between heads")
     return allowed[:, 0]

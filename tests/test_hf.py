@@ -246,9 +246,11 @@ def test_4d_masks_reduce_to_padding_or_raise(name):
     keys = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]], dtype=torch.bool, device=DEVICE)  # left padding
     allowed = torch.ones(6, 6, dtype=torch.bool, device=DEVICE).tril() & keys[:, None, None, :]  # (2, 1, 6, 6)
     additive = torch.zeros(allowed.shape, device=DEVICE).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    # -1e9 and -1e4 hide a key as fully as -inf (exp underflows to 0): they were once refused as biases
+    large_negative = [torch.zeros(allowed.shape, device=DEVICE).masked_fill(~allowed, fill) for fill in (-1e9, -1e4)]
     expected = sdpa_attention_forward(module, q, k, v, allowed)[0]
     valid = keys  # queries are the key positions: compare the tokens only
-    for mask in (keys, allowed, additive):
+    for mask in (keys, allowed, additive, *large_negative):
         out = hf.flashlib_attention_forward(module, q, k, v, mask)[0]
         assert out.shape == (2, 6, 4, 16)
         assert_close(out[valid], expected[valid], RTOL, f"output with a {tuple(mask.shape)} {mask.dtype} mask")
@@ -259,6 +261,8 @@ def test_4d_masks_reduce_to_padding_or_raise(name):
         hf.flashlib_attention_forward(module, q, k, v, future)
     with pytest.raises(ValueError, match="adds a bias"):
         hf.flashlib_attention_forward(module, q, k, v, additive + 0.5)
+    with pytest.raises(ValueError, match=r"adds a bias to the scores \(values other than 0 and at most -10000"):
+        hf.flashlib_attention_forward(module, q, k, v, additive.clamp_min(-100.0))  # -100 only lowers a weight
 
 
 @pytest.mark.parametrize("n_q", [6, 3, 9])
