@@ -60,7 +60,7 @@ def autocast_inputs(q, k, v) -> tuple:
     if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
         return q, k, v
     device = q.device.type
-    if not torch.is_autocast_enabled(device):
+    if not (torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)):  # none on "meta"
         return q, k, v
     dtype = torch.get_autocast_dtype(device)
     return tuple(t.to(dtype) if t.dtype in AUTOCAST_DTYPES and t.dtype != dtype else t for t in (q, k, v))
