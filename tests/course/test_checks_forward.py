@@ -328,6 +328,7 @@ def test_the_blank_exercise_is_not_attempted(bug):
     assert not result.passed and result.points == 0
     assert "not attempted yet?" in result.feedback and "still the stubs" in result.feedback
     assert "case 1 of 8" in result.feedback
+    assert "comes from the arithmetic" not in result.feedback  # L = -inf is the stub's m_i, not arithmetic
 
 
 @pytest.mark.parametrize("bug, case, words", [
