@@ -27,8 +27,6 @@ from .spec import AttentionSpec
 
 #: ``window`` sides and ``num_splits``/``max_keys`` travel through the custom op as ints; -1: none/default.
 UNSET = -1
-#: The largest length an int32 ``cache_seqlens`` holds.
-INT32_MAX = 2**31 - 1
 
 
 def _bnhd(t: torch.Tensor, layout: str) -> torch.Tensor:
@@ -99,8 +97,9 @@ def _check_cache_seqlens(cache_seqlens, batch: int, device: torch.device) -> tor
     if cache_seqlens is None:
         return None
     if isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool):
-        if not 0 <= cache_seqlens <= INT32_MAX:
-            raise ValueError(f"cache_seqlens must be >= 0 and fit an int32 (at most {INT32_MAX}); "
+        most = torch.iinfo(torch.int32).max
+        if not 0 <= cache_seqlens <= most:
+            raise ValueError(f"cache_seqlens must be >= 0 and fit an int32 (at most {most}); "
                              f"got {cache_seqlens}")
         return torch.full((batch,), int(cache_seqlens), dtype=torch.int32, device=device)
     check_lengths(cache_seqlens, "cache_seqlens", batch, device, "the cached tokens of each sequence (or an int)")

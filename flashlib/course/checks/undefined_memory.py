@@ -157,7 +157,7 @@ def addresses_outside(reads: list, *tensors: torch.Tensor) -> int:
 
     if not reads:
         return 0
-    inside = [np.asarray(t.data_ptr() + t.element_size() * _element_offsets(t), dtype=np.uint64) for t in tensors]
+    inside = [_element_addresses(t) for t in tensors]
     read = np.concatenate(reads)
     return int((~np.isin(read, np.concatenate(inside))).sum())
 
@@ -176,7 +176,7 @@ def reads_in_padding(reads: list, *views: torch.Tensor) -> int:
         storage = view.untyped_storage()
         start, end = storage.data_ptr(), storage.data_ptr() + storage.nbytes()
         in_buffer = (read >= np.uint64(start)) & (read < np.uint64(end))
-        own = np.asarray(view.data_ptr() + view.element_size() * _element_offsets(view), dtype=np.uint64)
+        own = _element_addresses(view)
         count += int((in_buffer & ~np.isin(read, own)).sum())
     return count
 
@@ -190,6 +190,13 @@ def stray_reads_problem(context: dict, where: str, advice: str) -> str | None:
     if isinstance(stray, bool) or not isinstance(stray, int) or stray < 0:
         return f"the count of stray loads did not come back as a count (got {type(stray).__name__})"
     return f"{where} ({stray} loaded elements): {advice}" if stray else None
+
+
+def _element_addresses(t: torch.Tensor):
+    """The address of each element of ``t`` (its own elements, any strides), as numpy uint64."""
+    import numpy as np
+
+    return np.asarray(t.data_ptr() + t.element_size() * _element_offsets(t), dtype=np.uint64)
 
 
 def _element_offsets(t: torch.Tensor):
