@@ -23,6 +23,9 @@ restart; those go through ``flash_attention_varlen``), and otherwise refuses wit
 naming it: flashlib never ignores a mask silently. Packed sequences also come as
 flash-attention's ``cu_seq_lens_q/k`` keywords (``DataCollatorWithFlattening``), taken as given.
 
+Under ``torch.compile`` a causal layer with a 2D padding mask reads nothing on the host (one graph); a 4D mask,
+or a padding mask in a decoding step (N_q < N_k), is read there, and the graph breaks (see the README).
+
 The name is not "flashlib": Transformers >= 5 treats every implementation whose name contains
 "flash" as a flash-attn build and tries to load it as a kernel from the Hub (``from_pretrained``
 fails with "Could not find the currently requested flash attention implementation"), so
@@ -37,6 +40,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from .arguments import values_checked
 from .attention import flash_attention
 from .varlen import flash_attention_varlen
 
@@ -89,6 +93,8 @@ def flashlib_attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offs
     if _is_causal_pattern(mask_function, masking_utils):
         end = int(q_offset) + q_length  # a tensor offset (static cache) costs one sync here, once per forward
         if kv_offset + kv_length == end:
+            if attention_mask is not None and not values_checked(attention_mask):  # Transformers' own function
+                return attention_mask[:, -kv_length:].bool()  # asks the host whether all are tokens: a graph break
             return masking_utils.flash_attention_mask(mask_function=mask_function, **args, **kwargs)
         if kv_offset == 0 and kv_length > end:
             if attention_mask is None:
@@ -130,7 +136,8 @@ def flashlib_attention_forward(module, query, key, value, attention_mask, scalin
     * ``scaling``, ``dropout``, ``softcap``: flashlib's ``softmax_scale``, ``dropout_p``, ``softcap``;
     * ``attention_mask``: None (nothing padded): one plain call; a 2D (B, N_k) padding mask (True or 1
       = token): right padding with N_q == N_k is ``seq_lens`` (no copy), any other padding is unpadded
-      into ``flash_attention_varlen`` and padded back; a 4D mask (B or 1, 1 or H, N_q, N_k), boolean
+      into ``flash_attention_varlen`` and padded back; under torch.compile or a CUDA graph's capture, where the
+      lengths cannot be read on the host, each row's tokens are moved to its front for ``seq_lens`` (N_q == N_k); a 4D mask (B or 1, 1 or H, N_q, N_k), boolean
       or additive (0 / -inf), is reduced to the padding mask, or refused with a ValueError if it says
       more than padding plus the causal and window bounds above.
 
@@ -279,6 +286,8 @@ def _attend_padded(q, k, v, mask, options):
     keys past the mask are empty slots and dropped)."""
     batch, n_q, n_k = q.shape[0], q.shape[1], mask.shape[1]
     k, v = k[:, :n_k], v[:, :n_k]
+    if n_q == n_k and not values_checked(mask):  # torch.compile or a CUDA graph's capture: no host read
+        return _attend_tokens_first(q, k, v, mask, options)
     positions = torch.arange(n_k, device=mask.device)
     lengths = mask.sum(-1, dtype=torch.int32)
     right = bool((mask == (positions < lengths[:, None])).all())  # one sync, as flash-attention-2's unpadding
@@ -286,8 +295,7 @@ def _attend_padded(q, k, v, mask, options):
         seq_lens = None if bool((lengths == n_k).all()) else lengths
         return flash_attention(q, k, v, seq_lens=seq_lens, layout="bnhd", **options)
     if options["window"] is not None and not right and not bool((mask == (positions >= n_k - lengths[:, None])).all()):
-        raise ValueError("flashlib's Transformers attention with a sliding window needs left or right padding: "
-                         "with padding between tokens the window would count tokens, not positions as sdpa does")
+        raise ValueError(WINDOW_NEEDS_EDGE_PADDING)
     # Unpad (as flash-attention-2's _upad_input): the queries are the last n_q key positions
     q_mask = mask[:, n_k - n_q:]
     q_lengths = q_mask.sum(-1, dtype=torch.int32)
@@ -295,6 +303,30 @@ def _attend_padded(q, k, v, mask, options):
     cu_q, cu_k = (F.pad(n.cumsum(0, dtype=torch.int32), (1, 0)) for n in (q_lengths, lengths))
     return _varlen_of_tokens(q, k, v, q_index, k_index, cu_q, cu_k, int(q_lengths.max()), int(lengths.max()),
                              options)
+
+
+def _attend_tokens_first(q, k, v, mask, options):
+    """Self-attention of (B, N, H, D) q, k, v with a (B, N) bool padding mask, without reading a value on the host
+    (the unpadding above reads the lengths: a graph break under torch.compile, a sync that a CUDA graph's capture
+    forbids). Each row's tokens are moved, in order, to its front (a stable sort of the mask), which leaves the
+    padding at the end, where ``seq_lens`` masks it; the output is moved back, 0 at padding. The tokens attend to
+    each other exactly as unpadded (a sliding window counts tokens); padding between tokens with a window, which
+    the unpadding refuses, is refused here by an assertion on the device. Costs a copy of q, k, v and O."""
+    n = mask.shape[1]
+    lengths = mask.sum(-1, dtype=torch.int32)
+    if options["window"] is not None:
+        positions = torch.arange(n, device=mask.device)
+        right = (mask == (positions < lengths[:, None])).all(-1)
+        left = (mask == (positions >= n - lengths[:, None])).all(-1)
+        torch._assert_async((right | left).all(), WINDOW_NEEDS_EDGE_PADDING)
+    order = torch.argsort((~mask).to(torch.uint8), dim=1, stable=True)[:, :, None, None]
+    q, k, v = (t.take_along_dim(order, dim=1) for t in (q, k, v))
+    out = flash_attention(q, k, v, seq_lens=lengths, layout="bnhd", **options)
+    return out.take_along_dim(torch.argsort(order, dim=1), dim=1)
+
+
+WINDOW_NEEDS_EDGE_PADDING = ("flashlib's Transformers attention with a sliding window needs left or right padding: "
+                             "with padding between tokens the window would count tokens, not positions as sdpa does")
 
 
 #: An additive mask's value that hides its key: softmax gives it exp(bias + score - max) = 0 in float32 (and
