@@ -23,8 +23,9 @@ restart; those go through ``flash_attention_varlen``), and otherwise refuses wit
 naming it: flashlib never ignores a mask silently. Packed sequences also come as
 flash-attention's ``cu_seq_lens_q/k`` keywords (``DataCollatorWithFlattening``), taken as given.
 
-Under ``torch.compile`` a causal layer with a 2D padding mask reads nothing on the host (one graph); a 4D mask,
-or a padding mask in a decoding step (N_q < N_k), is read there, and the graph breaks (see the README).
+Under ``torch.compile`` a causal or sliding-window layer with a 2D padding mask reads nothing on the host (one
+graph); a 4D mask, or a padding mask in a decoding step (N_q < N_k), is read there, and the graph breaks (see the
+README).
 
 The name is not "flashlib": Transformers >= 5 treats every implementation whose name contains
 "flash" as a flash-attn build and tries to load it as a kernel from the Hub (``from_pretrained``
@@ -90,7 +91,7 @@ def flashlib_attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offs
 
     args = {"batch_size": batch_size, "q_length": q_length, "kv_length": kv_length, "q_offset": q_offset,
             "kv_offset": kv_offset, "attention_mask": attention_mask}
-    if _is_causal_pattern(mask_function, masking_utils):
+    if _rebuilt_by_the_layer(mask_function, masking_utils, attention_mask, kwargs):
         end = int(q_offset) + q_length  # a tensor offset (static cache) costs one sync here, once per forward
         if kv_offset + kv_length == end:
             if attention_mask is not None and not values_checked(attention_mask):  # Transformers' own function
@@ -102,6 +103,25 @@ def flashlib_attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offs
             return attention_mask[:, :end]
     kwargs["allow_is_causal_skip"] = False  # sdpa's None means "top-left causal", which the layer would misread
     return masking_utils.sdpa_mask(mask_function=mask_function, **args, **kwargs)
+
+
+def _rebuilt_by_the_layer(mask_function, masking_utils, attention_mask, kwargs) -> bool:
+    """Whether the layer rebuilds the pattern itself (:func:`_is_causal_pattern`), also under torch.compile.
+
+    Dynamo cannot read a closure's cells, so while tracing the sliding-window closure is handed whole to
+    :func:`_is_causal_pattern`, run as plain Python once (``torch.compiler.assume_constant_result``). Dynamo can hand
+    over only closures whose cells hold no tensors, so it gets only what ``create_sliding_window_causal_mask`` builds
+    with nothing added: an ``and_masks`` closure with ``local_size`` the config's sliding window, no custom mask
+    functions (``use_vmap``) and a padding mask (without one, Transformers may add packed sequences, a tensor). Any
+    other closure while tracing gets the 4D mask: read on the host, a graph break, never a wrong result."""
+    if not torch.compiler.is_compiling() or mask_function is masking_utils.causal_mask_function:
+        return _is_causal_pattern(mask_function, masking_utils)
+    window = kwargs.get("local_size")
+    if (attention_mask is None or kwargs.get("use_vmap") or window is None
+            or window != getattr(kwargs.get("config"), "sliding_window", None)
+            or getattr(mask_function, "__code__", None) is not masking_utils.and_masks().__code__):
+        return False
+    return _is_causal_pattern_while_tracing(mask_function, masking_utils)
 
 
 def _is_causal_pattern(mask_function, masking_utils) -> bool:
@@ -122,6 +142,9 @@ def _is_causal_pattern(mask_function, masking_utils) -> bool:
         return len(parts) == 2 and parts[0].__code__ is window_code and parts[1] is causal
     except (AttributeError, TypeError, ValueError):
         return False
+
+
+_is_causal_pattern_while_tracing = torch.compiler.assume_constant_result(_is_causal_pattern)
 
 
 # ---------------------------------------------------------------- the attention, in every layer

@@ -6,7 +6,8 @@ middle padding the logits and every parameter's gradient match ``sdpa`` (``eager
 which sdpa does not run) on the tokens that are not padding; a training step runs; greedy generation
 with a KV cache (dynamic and static) gives sdpa's tokens. BART's cross-attention to a padded encoder and
 sequences packed into one row (restarting position_ids, or the collator's cu_seq_lens) match sdpa too.
-Compiled with fullgraph=True, Llama with every padding matches sdpa, and NaN in padding is never read.
+Compiled with fullgraph=True, Llama with every padding, Mistral and Gemma 2 with padding match sdpa (or
+eager), and NaN in padding is never read.
 Each comparison also records which flashlib
 entry point ran, so a model that silently used another implementation fails. 4D masks and the
 errors are tested on the attention function directly.
@@ -202,19 +203,61 @@ def test_compiled_llama_is_one_graph_and_matches_sdpa_with_any_padding(name, cal
         assert_close(grad, ref_grads[key], RTOL, f"gradient of {key}")
 
 
-def test_compiled_mistral_reads_its_4d_mask_on_the_host_and_matches_sdpa(name):
-    """Under torch.compile the sliding-window pattern is not recognised (Dynamo cannot read a closure's cells), so
-    the layers get sdpa's 4D mask, which is read on the host: a graph break (fullgraph=True fails), the right
-    result. Left padding, window 4 of 12 tokens."""
-    config = transformers.MistralConfig(**SIZES, sliding_window=4)
-    ref, ours = twins(name, config, transformers.MistralForCausalLM)
-    ids, mask = batch("left")
+@pytest.mark.parametrize("model, padding", [("mistral", "left"), ("mistral", "right"), ("mistral", "middle"),
+                                            ("gemma2", "left")])
+def test_compiled_sliding_window_models_with_a_padding_mask_are_one_graph(name, calls, model, padding):
+    """Mistral (window 4 of 12 tokens) and Gemma 2 (a sliding layer, then a full one, softcapped) compiled with
+    fullgraph=True: Dynamo cannot read the sliding-window closure's cells, so it is recognised by plain Python once
+    while tracing, and the layers get the 2D padding mask, as eager. Padding between tokens with a window is
+    refused on the device, as eager refuses it on the host."""
+    if model == "mistral":
+        config, model_class, reference = transformers.MistralConfig(**SIZES, sliding_window=4), \
+            transformers.MistralForCausalLM, "sdpa"
+    else:
+        config = transformers.Gemma2Config(**SIZES, head_dim=16, query_pre_attn_scalar=24, attn_logit_softcapping=0.1,
+                                           sliding_window=5, layer_types=["sliding_attention", "full_attention"])
+        model_class, reference = transformers.Gemma2ForCausalLM, "eager"
+    ref, ours = twins(name, config, model_class, reference=reference)
+    ids, mask = batch(padding)
+    compiled = torch.compile(ours, fullgraph=True, backend="aot_eager")
+    if padding == "middle":
+        with pytest.raises(RuntimeError, match="sliding window needs left or right padding"):
+            compiled(ids, attention_mask=mask)
+        return
     kept = mask.bool()
-    with pytest.raises(torch._dynamo.exc.UserError, match="data-dependent"):  # the README says so: update it
-        torch.compile(ours, fullgraph=True, backend="aot_eager")(ids, attention_mask=mask)  # if this compiles
-    compiled = torch.compile(ours, backend="aot_eager")
     assert_close(compiled(ids, attention_mask=mask).logits[kept], ref(ids, attention_mask=mask).logits[kept], RTOL,
                  "logits")
+    assert [call[0] for call in calls] == ["seq_lens"] * SIZES["num_hidden_layers"]
+
+
+@pytest.mark.parametrize("pattern", ["sliding causal", "sliding bidirectional"])
+def test_while_tracing_only_the_sliding_causal_closure_is_left_to_the_layer(name, pattern):
+    """The closure that passes the checks made while tracing is still recognised exactly: Transformers' bidirectional
+    sliding window (same window, same local_size) gets the 4D mask, which the layer checks, not the 2D one."""
+    from transformers import masking_utils
+
+    config = transformers.MistralConfig(**SIZES, sliding_window=4)
+    padding = torch.ones(2, 12, dtype=torch.bool, device=DEVICE)
+    build = (masking_utils.sliding_window_causal_mask_function if pattern == "sliding causal"
+             else masking_utils.sliding_window_bidirectional_mask_function)
+
+    def mask():  # the closure made while tracing, as in a compiled model
+        return hf.flashlib_attention_mask(2, 12, 12, mask_function=build(4), attention_mask=padding, local_size=4,
+                                          config=config, use_vmap=False, device=DEVICE)
+
+    assert torch.compile(mask, fullgraph=True, backend="eager")().dim() == (2 if pattern == "sliding causal" else 4)
+
+
+def test_compiled_mistral_without_a_mask_reads_the_4d_mask_on_the_host(name):
+    """Without a padding mask Transformers may add packed sequences (a tensor in the closure), so the sliding window
+    is not recognised while tracing: the layers get sdpa's 4D mask, read on the host, a graph break (fullgraph=True
+    fails; the README says so: update it if this compiles), and the right result."""
+    config = transformers.MistralConfig(**SIZES, sliding_window=4)
+    ref, ours = twins(name, config, transformers.MistralForCausalLM)
+    ids, _ = batch("none")
+    with pytest.raises(torch._dynamo.exc.UserError, match="data-dependent"):
+        torch.compile(ours, fullgraph=True, backend="aot_eager")(ids)
+    assert_close(torch.compile(ours, backend="aot_eager")(ids).logits, ref(ids).logits, RTOL, "logits")
 
 
 @pytest.mark.parametrize("padding", ("left", "middle"))
