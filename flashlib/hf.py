@@ -23,9 +23,9 @@ restart; those go through ``flash_attention_varlen``), and otherwise refuses wit
 naming it: flashlib never ignores a mask silently. Packed sequences also come as
 flash-attention's ``cu_seq_lens_q/k`` keywords (``DataCollatorWithFlattening``), taken as given.
 
-Under ``torch.compile`` a causal or sliding-window layer with a 2D padding mask reads nothing on the host (one
-graph); a 4D mask, or a padding mask in a decoding step (N_q < N_k), is read there, and the graph breaks (see the
-README).
+Under ``torch.compile`` (and while a CUDA graph is captured) a causal or sliding-window layer with a 2D padding
+mask reads nothing on the host (one graph), in training and in each decoding step of ``generate``; a 4D mask is
+read there, and the graph breaks (see the README).
 
 The name is not "flashlib": Transformers >= 5 treats every implementation whose name contains
 "flash" as a flash-attn build and tries to load it as a kernel from the Hub (``from_pretrained``
@@ -43,6 +43,7 @@ import torch.nn.functional as F
 
 from .arguments import values_checked
 from .attention import flash_attention
+from .decode import flash_attention_with_kvcache
 from .varlen import flash_attention_varlen
 
 #: The default implementation name: ``attn_implementation="triton_fa"`` after ``register()``.
@@ -91,8 +92,8 @@ def flashlib_attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offs
 
     args = {"batch_size": batch_size, "q_length": q_length, "kv_length": kv_length, "q_offset": q_offset,
             "kv_offset": kv_offset, "attention_mask": attention_mask}
-    if _rebuilt_by_the_layer(mask_function, masking_utils, attention_mask, kwargs):
-        end = int(q_offset) + q_length  # a tensor offset (static cache) costs one sync here, once per forward
+    end = _query_end(q_offset, q_length, attention_mask)
+    if end is not None and _rebuilt_by_the_layer(mask_function, masking_utils, attention_mask, kwargs):
         if kv_offset + kv_length == end:
             if attention_mask is not None and not values_checked(attention_mask):  # Transformers' own function
                 return attention_mask[:, -kv_length:].bool()  # asks the host whether all are tokens: a graph break
@@ -103,6 +104,22 @@ def flashlib_attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offs
             return attention_mask[:, :end]
     kwargs["allow_is_causal_skip"] = False  # sdpa's None means "top-left causal", which the layer would misread
     return masking_utils.sdpa_mask(mask_function=mask_function, **args, **kwargs)
+
+
+def _query_end(q_offset, q_length: int, attention_mask) -> int | None:
+    """The position after the last query, ``q_offset + q_length``. A static cache's offset is a tensor: read on the
+    host (one sync, once per forward) where values may be read. While tracing, or capturing a CUDA graph, it is the
+    padding mask's length instead, which covers every position so far (as Transformers' ``generate`` keeps it), held
+    to the offset by an assertion on the device; None (the 4D mask) without a padding mask."""
+    if not isinstance(q_offset, torch.Tensor) or values_checked(q_offset):
+        return int(q_offset) + q_length
+    if attention_mask is None:
+        return None
+    end = attention_mask.shape[-1]
+    torch._assert_async(q_offset + q_length == end, "flashlib's Transformers attention under torch.compile takes "
+                        "the queries as the last positions of the 2D attention_mask, which must cover every position "
+                        "up to them (attention_mask of length q_offset + q_length)")
+    return end
 
 
 def _rebuilt_by_the_layer(mask_function, masking_utils, attention_mask, kwargs) -> bool:
@@ -160,7 +177,8 @@ def flashlib_attention_forward(module, query, key, value, attention_mask, scalin
     * ``attention_mask``: None (nothing padded): one plain call; a 2D (B, N_k) padding mask (True or 1
       = token): right padding with N_q == N_k is ``seq_lens`` (no copy), any other padding is unpadded
       into ``flash_attention_varlen`` and padded back; under torch.compile or a CUDA graph's capture, where the
-      lengths cannot be read on the host, each row's tokens are moved to its front for ``seq_lens`` (N_q == N_k); a 4D mask (B or 1, 1 or H, N_q, N_k), boolean
+      lengths cannot be read on the host, each row's tokens are moved to its front for ``seq_lens`` (N_q == N_k),
+      or for :func:`flash_attention_with_kvcache` (N_q < N_k, without gradients or dropout: a decoding step); a 4D mask (B or 1, 1 or H, N_q, N_k), boolean
       or additive (0 / -inf), is reduced to the padding mask, or refused with a ValueError if it says
       more than padding plus the causal and window bounds above.
 
@@ -309,8 +327,8 @@ def _attend_padded(q, k, v, mask, options):
     keys past the mask are empty slots and dropped)."""
     batch, n_q, n_k = q.shape[0], q.shape[1], mask.shape[1]
     k, v = k[:, :n_k], v[:, :n_k]
-    if n_q == n_k and not values_checked(mask):  # torch.compile or a CUDA graph's capture: no host read
-        return _attend_tokens_first(q, k, v, mask, options)
+    if not values_checked(mask) and (n_q == n_k or _inference(q, k, v, options)):  # torch.compile or a CUDA
+        return _attend_tokens_first(q, k, v, mask, options)  # graph's capture: no host read
     positions = torch.arange(n_k, device=mask.device)
     lengths = mask.sum(-1, dtype=torch.int32)
     right = bool((mask == (positions < lengths[:, None])).all())  # one sync, as flash-attention-2's unpadding
@@ -329,23 +347,41 @@ def _attend_padded(q, k, v, mask, options):
 
 
 def _attend_tokens_first(q, k, v, mask, options):
-    """Self-attention of (B, N, H, D) q, k, v with a (B, N) bool padding mask, without reading a value on the host
-    (the unpadding above reads the lengths: a graph break under torch.compile, a sync that a CUDA graph's capture
-    forbids). Each row's tokens are moved, in order, to its front (a stable sort of the mask), which leaves the
-    padding at the end, where ``seq_lens`` masks it; the output is moved back, 0 at padding. The tokens attend to
-    each other exactly as unpadded (a sliding window counts tokens); padding between tokens with a window, which
-    the unpadding refuses, is refused here by an assertion on the device. Costs a copy of q, k, v and O."""
-    n = mask.shape[1]
+    """Attention of (B, N_q, H, D) q to (B, N_k, H_kv, D) k, v with a (B, N_k) bool padding mask, the queries being
+    the last N_q key positions, without reading a value on the host (the unpadding below reads the lengths: a graph
+    break under torch.compile, a sync that a CUDA graph's capture forbids).
+
+    Each row's key tokens are moved, in order, to its front (a stable sort of the mask), which leaves the padding at
+    the end: with N_q == N_k the queries move alike and ``seq_lens`` masks the padding; in a decoding step (N_q <
+    N_k, inference only) the query tokens move to the end of the queries instead, so that, bottom-right aligned to
+    the ``cache_seqlens`` key tokens of :func:`flash_attention_with_kvcache`, query token r of n sees the key tokens
+    up to its own. The output moves back, 0 at padded queries. The tokens attend to each other exactly as unpadded
+    (a sliding window counts tokens); padding between tokens with a window, which the unpadding refuses, is refused
+    here by an assertion on the device. Costs a copy of q, k, v and O."""
+    n_q, n_k = q.shape[1], mask.shape[1]
     lengths = mask.sum(-1, dtype=torch.int32)
     if options["window"] is not None:
-        positions = torch.arange(n, device=mask.device)
+        positions = torch.arange(n_k, device=mask.device)
         right = (mask == (positions < lengths[:, None])).all(-1)
-        left = (mask == (positions >= n - lengths[:, None])).all(-1)
+        left = (mask == (positions >= n_k - lengths[:, None])).all(-1)
         torch._assert_async((right | left).all(), WINDOW_NEEDS_EDGE_PADDING)
-    order = torch.argsort((~mask).to(torch.uint8), dim=1, stable=True)[:, :, None, None]
-    q, k, v = (t.take_along_dim(order, dim=1) for t in (q, k, v))
-    out = flash_attention(q, k, v, seq_lens=lengths, layout="bnhd", **options)
-    return out.take_along_dim(torch.argsort(order, dim=1), dim=1)
+    tokens_first = torch.argsort((~mask).to(torch.uint8), dim=1, stable=True)[:, :, None, None]
+    k, v = (t.take_along_dim(tokens_first, dim=1) for t in (k, v))
+    if n_q == n_k:
+        out = flash_attention(q.take_along_dim(tokens_first, dim=1), k, v, seq_lens=lengths, layout="bnhd", **options)
+        return out.take_along_dim(torch.argsort(tokens_first, dim=1), dim=1)
+    queries = mask[:, n_k - n_q:]
+    tokens_last = torch.argsort(queries.to(torch.uint8), dim=1, stable=True)[:, :, None, None]
+    out = flash_attention_with_kvcache(q.take_along_dim(tokens_last, dim=1), k, v, cache_seqlens=lengths,
+                                       causal=options["causal"], window=options["window"],
+                                       softmax_scale=options["softmax_scale"], softcap=options["softcap"])
+    return out.take_along_dim(torch.argsort(tokens_last, dim=1), dim=1).masked_fill(~queries[:, :, None, None], 0)
+
+
+def _inference(q, k, v, options) -> bool:
+    """Whether a call needs no gradient and no dropout: what :func:`flash_attention_with_kvcache` computes."""
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    return not needs_grad and not options["dropout_p"]
 
 
 WINDOW_NEEDS_EDGE_PADDING = ("flashlib's Transformers attention with a sliding window needs left or right padding: "

@@ -53,7 +53,7 @@ def name():
 @pytest.fixture
 def calls(monkeypatch):
     """Every flashlib call the attention function makes: (entry point, N_q, N_k)."""
-    log, plain, varlen = [], hf.flash_attention, hf.flash_attention_varlen
+    log, plain, varlen, kvcache = [], hf.flash_attention, hf.flash_attention_varlen, hf.flash_attention_with_kvcache
 
     def flash_attention(q, k, v, **kwargs):
         log.append(("plain" if kwargs.get("seq_lens") is None else "seq_lens", q.shape[1], k.shape[1]))
@@ -63,9 +63,23 @@ def calls(monkeypatch):
         log.append(("varlen", max_q, max_k))
         return varlen(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs)
 
+    def flash_attention_with_kvcache(q, k_cache, v_cache, **kwargs):
+        log.append(("kvcache", q.shape[1], k_cache.shape[1]))
+        return kvcache(q, k_cache, v_cache, **kwargs)
+
     monkeypatch.setattr(hf, "flash_attention", flash_attention)
     monkeypatch.setattr(hf, "flash_attention_varlen", flash_attention_varlen)
+    monkeypatch.setattr(hf, "flash_attention_with_kvcache", flash_attention_with_kvcache)
     return log
+
+
+@pytest.fixture
+def fresh_compiler():
+    """Dynamo's caches emptied before and after: every test here compiles the same Transformers code objects, and
+    their compiled versions would add up to the recompile limit (8) and make a later test fall back to eager."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
 
 
 def twins(name, config, model_class=transformers.LlamaForCausalLM, reference="sdpa", dtype=torch.float32):
@@ -188,7 +202,7 @@ def test_training_step(name, calls):
 
 
 @pytest.mark.parametrize("padding", PADDINGS)
-def test_compiled_llama_is_one_graph_and_matches_sdpa_with_any_padding(name, calls, padding):
+def test_compiled_llama_is_one_graph_and_matches_sdpa_with_any_padding(name, fresh_compiler, calls, padding):
     """torch.compile(fullgraph=True) of a model called with a padding mask (batched fine-tuning): the unpadding
     reads the lengths on the host, a graph break; compiled, each row's tokens are moved to its front instead and
     ``seq_lens`` masks the rest, the same attention with no value read. Logits and every gradient as sdpa's."""
@@ -205,7 +219,7 @@ def test_compiled_llama_is_one_graph_and_matches_sdpa_with_any_padding(name, cal
 
 @pytest.mark.parametrize("model, padding", [("mistral", "left"), ("mistral", "right"), ("mistral", "middle"),
                                             ("gemma2", "left")])
-def test_compiled_sliding_window_models_with_a_padding_mask_are_one_graph(name, calls, model, padding):
+def test_compiled_sliding_window_models_with_a_padding_mask_are_one_graph(name, fresh_compiler, calls, model, padding):
     """Mistral (window 4 of 12 tokens) and Gemma 2 (a sliding layer, then a full one, softcapped) compiled with
     fullgraph=True: Dynamo cannot read the sliding-window closure's cells, so it is recognised by plain Python once
     while tracing, and the layers get the 2D padding mask, as eager. Padding between tokens with a window is
@@ -231,7 +245,7 @@ def test_compiled_sliding_window_models_with_a_padding_mask_are_one_graph(name, 
 
 
 @pytest.mark.parametrize("pattern", ["sliding causal", "sliding bidirectional"])
-def test_while_tracing_only_the_sliding_causal_closure_is_left_to_the_layer(name, pattern):
+def test_while_tracing_only_the_sliding_causal_closure_is_left_to_the_layer(name, fresh_compiler, pattern):
     """The closure that passes the checks made while tracing is still recognised exactly: Transformers' bidirectional
     sliding window (same window, same local_size) gets the 4D mask, which the layer checks, not the 2D one."""
     from transformers import masking_utils
@@ -248,7 +262,7 @@ def test_while_tracing_only_the_sliding_causal_closure_is_left_to_the_layer(name
     assert torch.compile(mask, fullgraph=True, backend="eager")().dim() == (2 if pattern == "sliding causal" else 4)
 
 
-def test_compiled_mistral_without_a_mask_reads_the_4d_mask_on_the_host(name):
+def test_compiled_mistral_without_a_mask_reads_the_4d_mask_on_the_host(name, fresh_compiler):
     """Without a padding mask Transformers may add packed sequences (a tensor in the closure), so the sliding window
     is not recognised while tracing: the layers get sdpa's 4D mask, read on the host, a graph break (fullgraph=True
     fails; the README says so: update it if this compiles), and the right result."""
@@ -261,7 +275,7 @@ def test_compiled_mistral_without_a_mask_reads_the_4d_mask_on_the_host(name):
 
 
 @pytest.mark.parametrize("padding", ("left", "middle"))
-def test_compiled_sliding_window_with_a_2d_mask_matches_eager_or_refuses_on_the_device(name, padding):
+def test_compiled_sliding_window_with_a_2d_mask_matches_eager_or_refuses_on_the_device(name, fresh_compiler, padding):
     """A layer with a window and a 2D padding mask, compiled with fullgraph=True: left padding as eager (which
     unpads); padding between tokens, which eager refuses with a ValueError, is refused by an assertion in the graph."""
     module, q, k, v = attention_inputs(seed=7)
@@ -279,7 +293,53 @@ def test_compiled_sliding_window_with_a_2d_mask_matches_eager_or_refuses_on_the_
     assert_close(compiled(q, k, v), attend(q, k, v), RTOL, "outputs")
 
 
-def test_compiled_attention_never_reads_padding(name):
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_compiled_greedy_generation_is_one_graph_per_step_and_matches_sdpa(name, fresh_compiler, calls, cache):
+    """The model compiled with fullgraph=True generates sdpa's tokens from a left-padded batch. The prompt is N_q ==
+    N_k (tokens to the front, seq_lens); each decoding step (one query against the cache) moves the key tokens to
+    the front for flash_attention_with_kvcache. A static cache's offset, a tensor, is not read on the host: the
+    padding mask's length says where the queries are (Transformers' generate compiles such a step by itself on a
+    GPU, in CUDA graphs, where a host read could not even be captured)."""
+    ref, ours = twins(name, transformers.LlamaConfig(**SIZES))
+    ids, mask = batch("left")
+    options = {"attention_mask": mask, "max_new_tokens": 5, "min_new_tokens": 5, "do_sample": False,
+               "pad_token_id": 0, "cache_implementation": None if cache == "dynamic" else "static"}
+    expected = ref.generate(ids, **options)
+    ours.compile(fullgraph=True, backend="aot_eager")
+    assert torch.equal(ours.generate(ids, **options), expected)
+    prompt = [call for call in calls if call[1] > 1]
+    decoding = [call for call in calls if call[1] == 1]
+    assert prompt and {call[0] for call in prompt} == {"seq_lens"}
+    assert decoding and {call[0] for call in decoding} == {"kvcache"}
+
+
+@pytest.mark.parametrize("padding", ["left", "between tokens", "a padded query"])
+def test_compiled_decoding_steps_give_what_eager_unpadding_gives(name, fresh_compiler, padding):
+    """Two queries against six keys, compiled with fullgraph=True, as eager (which unpads): 0 at a padded query, and
+    NaN in the padding of q, k and v never read. A window (3) with left padding as eager; with other padding, which
+    eager refuses on the host, refused on the device."""
+    module, q, k, v = attention_inputs(n_q=2, n_k=6, seed=8)
+    rows = {"left": [[0, 0, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1]], "between tokens": [[0, 0, 1, 1, 1, 1], [1, 0, 0, 1, 1, 1]],
+            "a padded query": [[1, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 0]]}[padding]
+    mask = torch.tensor(rows, dtype=torch.bool, device=DEVICE)
+    k.transpose(1, 2)[~mask], v.transpose(1, 2)[~mask] = float("nan"), float("nan")
+    q.transpose(1, 2)[~mask[:, -2:]] = float("nan")
+
+    def attend(q, k, v, **options):
+        return hf.flashlib_attention_forward(module, q, k, v, mask, **options)[0]
+
+    compiled = torch.compile(attend, fullgraph=True, backend="aot_eager")
+    eager = attend(q, k, v)
+    assert not eager.isnan().any()
+    assert_close(compiled(q, k, v), eager, RTOL, "outputs")
+    if padding == "left":
+        assert_close(compiled(q, k, v, sliding_window=3), attend(q, k, v, sliding_window=3), RTOL, "windowed outputs")
+    else:
+        with pytest.raises(RuntimeError, match="sliding window needs left or right padding"):
+            compiled(q, k, v, sliding_window=3)
+
+
+def test_compiled_attention_never_reads_padding(name, fresh_compiler):
     """Compiled (tokens moved to the front, then ``seq_lens``) as eager (unpadded): NaN in the padding of q, k and v
     reaches no valid output and no gradient, and the outputs at padding are 0."""
     module, q, k, v = attention_inputs(n_q=6, n_k=6, seed=6)
@@ -572,7 +632,7 @@ def test_gpu_half_precision_no_worse_than_sdpa(name, calls, monkeypatch, dtype, 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("padding", ("left", "middle"))
-def test_gpu_compiled_llama_with_padding_no_worse_than_sdpa(name, calls, monkeypatch, padding):
+def test_gpu_compiled_llama_with_padding_no_worse_than_sdpa(name, fresh_compiler, calls, monkeypatch, padding):
     """Inductor with fullgraph=True in bfloat16 (tokens moved to the front, then seq_lens): logits and gradients
     no further from float32 sdpa than twice bfloat16 sdpa's own error (plus one ulp)."""
     pin_blocks(monkeypatch, [ops_module])
@@ -589,3 +649,16 @@ def test_gpu_compiled_llama_with_padding_no_worse_than_sdpa(name, calls, monkeyp
         assert_close(grad, exact_grads[key], 2 * relative_error(ref_grads[key], exact_grads[key]) + slack,
                      f"gradient of {key}")
     assert {call[0] for call in calls} == {"seq_lens"}
+
+
+@pytest.mark.gpu
+def test_gpu_generate_with_a_static_cache_compiles_its_steps_and_matches_sdpa(name, fresh_compiler, calls):
+    """On a GPU, Transformers' generate compiles a static cache's steps by itself (Inductor, CUDA graphs): each
+    step one graph with flashlib in it, and the left-padded batch gets sdpa's greedy tokens (float32)."""
+    ref, ours = twins(name, transformers.LlamaConfig(**SIZES))
+    ids, mask = batch("left")
+    options = {"attention_mask": mask, "max_new_tokens": 8, "min_new_tokens": 8, "do_sample": False,
+               "pad_token_id": 0, "cache_implementation": "static"}
+    expected = ref.generate(ids, **options)
+    assert torch.equal(ours.generate(ids, **options), expected)
+    assert {call[0] for call in calls if call[1] == 1} == {"kvcache"}
