@@ -319,7 +319,8 @@ def test_compiled_decoding_steps_give_what_eager_unpadding_gives(name, fresh_com
     NaN in the padding of q, k and v never read. A window (3) with left padding as eager; with other padding, which
     eager refuses on the host, refused on the device."""
     module, q, k, v = attention_inputs(n_q=2, n_k=6, seed=8)
-    rows = {"left": [[0, 0, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1]], "between tokens": [[0, 0, 1, 1, 1, 1], [1, 0, 0, 1, 1, 1]],
+    rows = {"left": [[0, 0, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1]],
+            "between tokens": [[0, 0, 1, 1, 1, 1], [1, 0, 0, 1, 1, 1]],
             "a padded query": [[1, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 0]]}[padding]
     mask = torch.tensor(rows, dtype=torch.bool, device=DEVICE)
     k.transpose(1, 2)[~mask], v.transpose(1, 2)[~mask] = float("nan"), float("nan")
