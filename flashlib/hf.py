@@ -243,13 +243,39 @@ def _attend_given_sequences(q, k, v, attention_mask, given, options):
     """Attention within each of the packed sequences that ``cu_seq_lens_q/k`` delimit in the one row of (1, N, H, D)
     q, k, v. A mask passed beside them must say the same (sdpa's block-diagonal mask of the same sequences)."""
     cu_q, cu_k, max_q, max_k = given
-    if attention_mask is not None:
+    if attention_mask is not None and not values_checked(attention_mask, cu_q, cu_k):
+        _assert_the_same_sequences(attention_mask, cu_q, cu_k, options, q.shape[1], k.shape[1])
+    elif attention_mask is not None:
         packed = _packed_sequences(attention_mask, options, 1, q.shape[1], k.shape[1])
         if packed is None or packed[0].numel() != q.shape[1] or not (
                 torch.equal(packed[1], cu_q) and torch.equal(packed[1], cu_k)):
-            raise ValueError("flashlib's Transformers attention got cu_seq_lens_q/k and an attention_mask that "
-                             "describe different sequences")
+            raise ValueError(DIFFERENT_SEQUENCES)
     return flash_attention_varlen(q[0], k[0], v[0], cu_q, cu_k, max_q, max_k, **options)[None]
+
+
+DIFFERENT_SEQUENCES = ("flashlib's Transformers attention got cu_seq_lens_q/k and an attention_mask that describe "
+                       "different sequences")
+
+
+def _assert_the_same_sequences(mask, cu_q, cu_k, options, n_q: int, n_k: int) -> None:
+    """While tracing (no host read): assert on the device that a 4D mask beside ``cu_seq_lens_q/k`` is sdpa's
+    block-diagonal causal mask (windowed as the layer is) of those sequences, which fill the row; a ValueError
+    for what the shapes alone rule out."""
+    if mask.dim() != 4 or not options["causal"] or n_q != n_k or tuple(mask.shape[2:]) != (n_q, n_k) \
+            or cu_q.shape != cu_k.shape:
+        raise ValueError(DIFFERENT_SEQUENCES)
+    positions = torch.arange(n_q, device=mask.device)
+    sequence = torch.searchsorted(cu_q.long(), positions, right=True)  # 1, 2, ...: the sequence of each token
+    expected = (sequence[:, None] == sequence[None, :]) & (positions[None, :] <= positions[:, None])
+    left = options["window"][0] if options["window"] is not None else -1
+    if left >= 0:
+        expected &= positions[:, None] - positions[None, :] <= left
+    if mask.dtype == torch.bool:
+        agrees = (mask == expected).all()
+    else:  # additive: 0 where allowed, a large negative number (or -inf) where not
+        agrees = ((mask == 0) == expected).all() & ((mask == 0) | (mask <= MASKED_BIAS)).all()
+    fills = (cu_q[0] == 0) & (cu_q[-1] == n_q) & (cu_q == cu_k).all()
+    torch._assert_async(agrees & fills, DIFFERENT_SEQUENCES)
 
 
 def _packed_sequences(mask, options, batch: int, n_q: int, n_k: int):

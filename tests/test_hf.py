@@ -340,6 +340,51 @@ def test_compiled_decoding_steps_give_what_eager_unpadding_gives(name, fresh_com
             compiled(q, k, v, sliding_window=3)
 
 
+def test_compiled_packed_sequences_from_the_collator_are_one_graph(name, fresh_compiler, calls):
+    """DataCollatorWithFlattening's cu_seq_lens_q/k, compiled with fullgraph=True (use_cache=False, as in training):
+    sdpa's logits and gradients. Beside them Transformers hands the layers its 4D mask of the sequences (it cannot
+    rule out packing while tracing), which is checked against them on the device, not read on the host."""
+    ref, ours = twins(name, transformers.LlamaConfig(**SIZES))
+    sequences = [torch.randint(1, 64, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (5, 3, 7)]
+    collated = transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True)(
+        [{"input_ids": s} for s in sequences])
+    inputs = {key: value.to(DEVICE) if isinstance(value, torch.Tensor) else value
+              for key, value in collated.items() if key != "labels"}
+    results = []
+    for model in (ref, torch.compile(ours, fullgraph=True, backend="aot_eager")):
+        model.zero_grad()
+        logits = model(**inputs, use_cache=False).logits
+        logits.square().mean().backward()
+        grads = {key.removeprefix("_orig_mod."): p.grad for key, p in model.named_parameters()}
+        results.append((logits.detach(), grads))
+    (ref_logits, ref_grads), (logits, grads) = results
+    assert_close(logits, ref_logits, RTOL, "logits")
+    for key, grad in grads.items():
+        assert_close(grad, ref_grads[key], RTOL, f"gradient of {key}")
+    assert calls and {call[0] for call in calls} == {"varlen"}
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.float32], ids=["bool", "additive"])
+def test_compiled_cu_seq_lens_that_disagree_with_the_mask_are_refused_on_the_device(name, fresh_compiler, dtype):
+    module, q, k, v = attention_inputs(n_q=6, n_k=6)
+    q, k, v = q[:1], k[:1], v[:1]
+    blocks = torch.zeros(6, 6, dtype=torch.bool, device=DEVICE)
+    blocks[:2, :2], blocks[2:, 2:] = True, True
+    allowed = (blocks & torch.ones(6, 6, dtype=torch.bool, device=DEVICE).tril())[None, None]
+    mask = allowed if dtype == torch.bool else torch.zeros(allowed.shape, device=DEVICE).masked_fill(~allowed, -1e9)
+
+    def attend(cu):
+        given = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": 4, "max_length_k": 4}
+        return hf.flashlib_attention_forward(module, q, k, v, mask, **given)[0]
+
+    compiled = torch.compile(attend, fullgraph=True, backend="aot_eager")
+    same = torch.tensor([0, 2, 6], dtype=torch.int32, device=DEVICE)
+    assert_close(compiled(same), attend(same), RTOL, "cu_seq_lens as the mask says")
+    for other in ([0, 3, 6], [0, 2, 5]):  # another split; sequences that leave the last token out
+        with pytest.raises(RuntimeError, match="describe different sequences"):
+            compiled(torch.tensor(other, dtype=torch.int32, device=DEVICE))
+
+
 def test_compiled_attention_never_reads_padding(name, fresh_compiler):
     """Compiled (tokens moved to the front, then ``seq_lens``) as eager (unpadded): NaN in the padding of q, k and v
     reaches no valid output and no gradient, and the outputs at padding are 0."""
