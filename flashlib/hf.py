@@ -129,12 +129,13 @@ def _rebuilt_by_the_layer(mask_function, masking_utils, attention_mask, kwargs) 
     :func:`_is_causal_pattern`, run as plain Python once (``torch.compiler.assume_constant_result``). Dynamo can hand
     over only closures whose cells hold no tensors, so it gets only what ``create_sliding_window_causal_mask`` builds
     with nothing added: an ``and_masks`` closure with ``local_size`` the config's sliding window, no custom mask
-    functions (``use_vmap``) and a padding mask (without one, Transformers may add packed sequences, a tensor). Any
-    other closure while tracing gets the 4D mask: read on the host, a graph break, never a wrong result."""
+    functions (``use_vmap``), and a padding mask or ``allow_is_causal_skip`` (Transformers adds packed sequences, a
+    tensor, only without a padding mask, and then turns that off). Any other closure while tracing gets the 4D mask:
+    read on the host, a graph break, never a wrong result."""
     if not torch.compiler.is_compiling() or mask_function is masking_utils.causal_mask_function:
         return _is_causal_pattern(mask_function, masking_utils)
     window = kwargs.get("local_size")
-    if (attention_mask is None or kwargs.get("use_vmap") or window is None
+    if ((attention_mask is None and not kwargs.get("allow_is_causal_skip")) or kwargs.get("use_vmap") or window is None
             or window != getattr(kwargs.get("config"), "sliding_window", None)
             or getattr(mask_function, "__code__", None) is not masking_utils.and_masks().__code__):
         return False

@@ -262,16 +262,21 @@ def test_while_tracing_only_the_sliding_causal_closure_is_left_to_the_layer(name
     assert torch.compile(mask, fullgraph=True, backend="eager")().dim() == (2 if pattern == "sliding causal" else 4)
 
 
-def test_compiled_mistral_without_a_mask_reads_the_4d_mask_on_the_host(name, fresh_compiler):
-    """Without a padding mask Transformers may add packed sequences (a tensor in the closure), so the sliding window
-    is not recognised while tracing: the layers get sdpa's 4D mask, read on the host, a graph break (fullgraph=True
+def test_compiled_mistral_without_a_mask_is_one_graph_but_with_use_cache_false_reads_the_4d_mask(name, fresh_compiler,
+                                                                                                  calls):
+    """Without a padding mask and with its default cache the sliding window is recognised while tracing too (one
+    graph, one plain call per layer). With use_cache=False as well, Transformers may add packed sequences (a tensor
+    in the closure), so it is not: the layers get sdpa's 4D mask, read on the host, a graph break (fullgraph=True
     fails; the README says so: update it if this compiles), and the right result."""
     config = transformers.MistralConfig(**SIZES, sliding_window=4)
     ref, ours = twins(name, config, transformers.MistralForCausalLM)
     ids, _ = batch("none")
+    assert_close(torch.compile(ours, fullgraph=True, backend="aot_eager")(ids).logits, ref(ids).logits, RTOL, "logits")
+    assert [call[0] for call in calls] == ["plain"] * SIZES["num_hidden_layers"]
     with pytest.raises(torch._dynamo.exc.UserError, match="data-dependent"):
-        torch.compile(ours, fullgraph=True, backend="aot_eager")(ids)
-    assert_close(torch.compile(ours, backend="aot_eager")(ids).logits, ref(ids).logits, RTOL, "logits")
+        torch.compile(ours, fullgraph=True, backend="aot_eager")(ids, use_cache=False)
+    assert_close(torch.compile(ours, backend="aot_eager")(ids, use_cache=False).logits, ref(ids).logits, RTOL,
+                 "logits")
 
 
 @pytest.mark.parametrize("padding", ("left", "middle"))
