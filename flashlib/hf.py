@@ -23,9 +23,10 @@ restart; those go through ``flash_attention_varlen``), and otherwise refuses wit
 naming it: flashlib never ignores a mask silently. Packed sequences also come as
 flash-attention's ``cu_seq_lens_q/k`` keywords (``DataCollatorWithFlattening``), taken as given.
 
-Under ``torch.compile`` (and while a CUDA graph is captured) a causal or sliding-window layer with a 2D padding
-mask reads nothing on the host (one graph), in training and in each decoding step of ``generate``; a 4D mask is
-read there, and the graph breaks (see the README).
+Under ``torch.compile`` (and while a CUDA graph is captured) nothing is read on the host (one graph): padding,
+decoding steps, bidirectional layers' 4D masks (checked on the device) and ``cu_seq_lens``. A causal layer's 4D
+mask is still read there, and the graph breaks: only the host can tell packed sequences from padding (see the
+README).
 
 The name is not "flashlib": Transformers >= 5 treats every implementation whose name contains
 "flash" as a flash-attn build and tries to load it as a kernel from the Hub (``from_pretrained``
@@ -341,6 +342,8 @@ def _attend_keys_padded(q, k, v, mask, options):
     (cross-attention, where N_q may differ from N_k)."""
     batch, n_q, n_k = q.shape[0], q.shape[1], k.shape[1]
     lengths = mask.sum(-1, dtype=torch.int32)
+    if not values_checked(mask):  # torch.compile or a CUDA graph's capture: no host read
+        return _varlen_in_place(q, k, v, None, mask, options)
     if bool((lengths == n_k).all()):  # one sync, as in _attend_padded
         return flash_attention(q, k, v, layout="bnhd", **options)
     k_index = mask.flatten().nonzero().squeeze(1)
@@ -349,13 +352,41 @@ def _attend_keys_padded(q, k, v, mask, options):
     return _varlen_of_tokens(q, k, v, None, k_index, cu_q, cu_k, n_q, int(lengths.max()), options)
 
 
+def _varlen_in_place(q, k, v, queries, keys, options):
+    """Attention of the tokens that the (B, N_q) ``queries`` (None: every query) and (B, N_k) ``keys`` bool masks
+    keep in (B, N, H, D) q, k, v, as :func:`_varlen_of_tokens` unpads them, without a host read: the kept rows of
+    all rows move, in order, to the front of the flat (B * N) rows and the rest, zeroed, to the end (whatever they
+    held, NaN included, reaches nothing: the kernels never read those rows nor write their gradients, which the
+    zeroing drops), and ``cu_seqlens`` count the kept rows on the device: one varlen call of static shapes. The
+    output comes back in (B, N_q, H, D), 0 at queries not kept."""
+    batch, n_q, n_k = q.shape[0], q.shape[1], k.shape[1]
+
+    def pack(t, kept):
+        order = torch.argsort((~kept).flatten().to(torch.uint8), stable=True)
+        return torch.where(kept[:, :, None, None], t, 0).reshape(-1, *t.shape[2:])[order], order
+
+    def offsets(kept):
+        return F.pad(kept.sum(-1, dtype=torch.int32).cumsum(0, dtype=torch.int32), (1, 0))
+
+    (k_rows, _), (v_rows, _) = pack(k, keys), pack(v, keys)
+    if queries is None:
+        q_rows = q.reshape(batch * n_q, *q.shape[2:])
+        cu_q = torch.arange(0, (batch + 1) * n_q, n_q, dtype=torch.int32, device=q.device)
+    else:
+        (q_rows, order), cu_q = pack(q, queries), offsets(queries)
+    out = flash_attention_varlen(q_rows, k_rows, v_rows, cu_q, offsets(keys), n_q, n_k, **options)
+    if queries is not None:  # rows past the kept queries were never written
+        out = out[torch.argsort(order)].masked_fill(~queries.reshape(-1, 1, 1), 0)
+    return out.view(batch, n_q, *out.shape[1:])
+
+
 def _attend_padded(q, k, v, mask, options):
     """Attention of (B, N, H, D) q, k, v with a (B, N_k') bool padding mask (N_k' <= N_k: a static cache's
     keys past the mask are empty slots and dropped)."""
     batch, n_q, n_k = q.shape[0], q.shape[1], mask.shape[1]
     k, v = k[:, :n_k], v[:, :n_k]
-    if not values_checked(mask) and (n_q == n_k or _inference(q, k, v, options)):  # torch.compile or a CUDA
-        return _attend_tokens_first(q, k, v, mask, options)  # graph's capture: no host read
+    if not values_checked(mask):  # torch.compile or a CUDA graph's capture: no host read
+        return _attend_tokens_first(q, k, v, mask, options)
     positions = torch.arange(n_k, device=mask.device)
     lengths = mask.sum(-1, dtype=torch.int32)
     right = bool((mask == (positions < lengths[:, None])).all())  # one sync, as flash-attention-2's unpadding
@@ -382,9 +413,10 @@ def _attend_tokens_first(q, k, v, mask, options):
     the end: with N_q == N_k the queries move alike and ``seq_lens`` masks the padding; in a decoding step (N_q <
     N_k, inference only) the query tokens move to the end of the queries instead, so that, bottom-right aligned to
     the ``cache_seqlens`` key tokens of :func:`flash_attention_with_kvcache`, query token r of n sees the key tokens
-    up to its own. The output moves back, 0 at padded queries. The tokens attend to each other exactly as unpadded
-    (a sliding window counts tokens); padding between tokens with a window, which the unpadding refuses, is refused
-    here by an assertion on the device. Costs a copy of q, k, v and O."""
+    up to its own (with gradients or dropout, which that function does not do, :func:`_varlen_in_place`). The output
+    moves back, 0 at padded queries. The tokens attend to each other exactly as unpadded (a sliding window counts
+    tokens); padding between tokens with a window, which the unpadding refuses, is refused here by an assertion on
+    the device. Costs a copy of q, k, v and O."""
     n_q, n_k = q.shape[1], mask.shape[1]
     lengths = mask.sum(-1, dtype=torch.int32)
     if options["window"] is not None:
@@ -392,12 +424,14 @@ def _attend_tokens_first(q, k, v, mask, options):
         right = (mask == (positions < lengths[:, None])).all(-1)
         left = (mask == (positions >= n_k - lengths[:, None])).all(-1)
         torch._assert_async((right | left).all(), WINDOW_NEEDS_EDGE_PADDING)
+    queries = mask[:, n_k - n_q:]
+    if n_q != n_k and not _inference(q, k, v, options):  # flash_attention_with_kvcache is forward only
+        return _varlen_in_place(q, k, v, queries, mask, options)
     tokens_first = torch.argsort((~mask).to(torch.uint8), dim=1, stable=True)[:, :, None, None]
     k, v = (t.take_along_dim(tokens_first, dim=1) for t in (k, v))
     if n_q == n_k:
         out = flash_attention(q.take_along_dim(tokens_first, dim=1), k, v, seq_lens=lengths, layout="bnhd", **options)
         return out.take_along_dim(torch.argsort(tokens_first, dim=1), dim=1)
-    queries = mask[:, n_k - n_q:]
     tokens_last = torch.argsort(queries.to(torch.uint8), dim=1, stable=True)[:, :, None, None]
     out = flash_attention_with_kvcache(q.take_along_dim(tokens_last, dim=1), k, v, cache_seqlens=lengths,
                                        causal=options["causal"], window=options["window"],
@@ -421,19 +455,28 @@ WINDOW_NEEDS_EDGE_PADDING = ("flashlib's Transformers attention with a sliding w
 MASKED_BIAS = -1e4
 
 
-def _allowed(mask: torch.Tensor, what: str) -> torch.Tensor:
+def _require(condition: torch.Tensor, message: str, on_device: bool = False) -> None:
+    """A check of a mask's values: read on the host, a ValueError with ``message``; ``on_device`` (while tracing,
+    where reading it would break the graph), an assertion on the device with the same message."""
+    if on_device:
+        torch._assert_async(condition.all(), message)
+    elif not bool(condition.all()):
+        raise ValueError(message)
+
+
+def _allowed(mask: torch.Tensor, what: str, on_device: bool = False) -> torch.Tensor:
     """The (B, N_q, N_k) bool of a 4D mask, boolean or additive (0 / -inf), the same for every head; else a
-    ValueError that says it is a bias or differs between heads (``what`` names the mask)."""
+    ValueError that says it is a bias or differs between heads (``what`` names the mask; see :func:`_require`)."""
     if mask.dtype == torch.bool:
         allowed = mask
     else:  # additive: 0 where allowed, a large negative number (or -inf) where not
         allowed = mask == 0
-        if not bool((allowed | (mask <= MASKED_BIAS)).all()):
-            raise ValueError(f"flashlib's Transformers attention got {what} that adds a bias to the scores "
-                             f"(values other than 0 and at most {MASKED_BIAS:g}, or -inf): flashlib takes masks, not "
-                             "biases; use sdpa or eager")
-    if not bool((allowed == allowed[:, :1]).all()):
-        raise ValueError(f"flashlib's Transformers attention got {what} that differs between heads")
+        _require(allowed | (mask <= MASKED_BIAS),
+                 f"flashlib's Transformers attention got {what} that adds a bias to the scores (values other than 0 "
+                 f"and at most {MASKED_BIAS:g}, or -inf): flashlib takes masks, not biases; use sdpa or eager",
+                 on_device)
+    _require(allowed == allowed[:, :1], f"flashlib's Transformers attention got {what} that differs between heads",
+             on_device)
     return allowed[:, 0]
 
 
@@ -456,7 +499,10 @@ def _padding_mask(mask, options, batch: int, n_q: int, n_k: int) -> torch.Tensor
     if mask.shape[0] not in (1, batch) or tuple(mask.shape[2:]) != (n_q, n_k) or (n_q > n_k and not keys_only):
         raise ValueError(f"flashlib's Transformers attention got {what}: a 4D mask must be (B or 1, H or 1, N_q, N_k) "
                          f"with B = {batch}" + ("" if keys_only else " and N_q <= N_k (queries are the last keys)"))
-    allowed = _allowed(mask, what)
+    # A bidirectional layer's 4D mask is padding or refused: while tracing, the device checks it. A causal layer's
+    # may be packed sequences instead (the ValueError leads there), which only the host can tell
+    on_device = keys_only and not values_checked(mask)
+    allowed = _allowed(mask, what, on_device)
     keys = allowed.any(dim=1)  # a key that no query sees is padding
     rows = torch.arange(n_q, device=mask.device)[:, None] + (n_k - n_q)
     cols = torch.arange(n_k, device=mask.device)[None, :]
@@ -472,11 +518,10 @@ def _padding_mask(mask, options, batch: int, n_q: int, n_k: int) -> torch.Tensor
     ignored = torch.zeros(allowed.shape[:2], dtype=torch.bool, device=mask.device)  # every query row is checked ...
     if not keys_only:  # ... but those of padded queries that see nothing (output 0) in a causal or windowed layer
         ignored = ~allowed.any(-1) & ~keys[:, n_k - n_q:]
-    if not bool(((allowed == expected) | ignored[..., None]).all()):
-        pattern = ("causal" if options["causal"] else "bidirectional") + (
-            f" with window {options['window']}" if options["window"] else "")
-        raise ValueError(f"flashlib's Transformers attention got {what} that is not padding plus the {pattern} "
-                         "pattern of this layer (queries = the last N_q keys): e.g. packed sequences, an image-token "
-                         "or chunked pattern, a static cache or a custom 4D mask. Use attn_implementation='sdpa' "
-                         "or 'eager' for it")
+    pattern = ("causal" if options["causal"] else "bidirectional") + (
+        f" with window {options['window']}" if options["window"] else "")
+    _require((allowed == expected) | ignored[..., None],
+             f"flashlib's Transformers attention got {what} that is not padding plus the {pattern} pattern of this "
+             "layer (queries = the last N_q keys): e.g. packed sequences, an image-token or chunked pattern, a static "
+             "cache or a custom 4D mask. Use attn_implementation='sdpa' or 'eager' for it", on_device)
     return keys.expand(batch, n_k)

@@ -318,11 +318,13 @@ def test_compiled_greedy_generation_is_one_graph_per_step_and_matches_sdpa(name,
     assert decoding and {call[0] for call in decoding} == {"kvcache"}
 
 
+@pytest.mark.parametrize("grad", [False, True], ids=["inference", "with gradients"])
 @pytest.mark.parametrize("padding", ["left", "between tokens", "a padded query"])
-def test_compiled_decoding_steps_give_what_eager_unpadding_gives(name, fresh_compiler, padding):
+def test_compiled_decoding_steps_give_what_eager_unpadding_gives(name, fresh_compiler, calls, padding, grad):
     """Two queries against six keys, compiled with fullgraph=True, as eager (which unpads): 0 at a padded query, and
-    NaN in the padding of q, k and v never read. A window (3) with left padding as eager; with other padding, which
-    eager refuses on the host, refused on the device."""
+    NaN in the padding of q, k and v never read, nor its gradients. A window (3) with left padding as eager; with
+    other padding, which eager refuses on the host, refused on the device. Inference goes through
+    flash_attention_with_kvcache; with gradients, through varlen."""
     module, q, k, v = attention_inputs(n_q=2, n_k=6, seed=8)
     rows = {"left": [[0, 0, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1]],
             "between tokens": [[0, 0, 1, 1, 1, 1], [1, 0, 0, 1, 1, 1]],
@@ -335,9 +337,20 @@ def test_compiled_decoding_steps_give_what_eager_unpadding_gives(name, fresh_com
         return hf.flashlib_attention_forward(module, q, k, v, mask, **options)[0]
 
     compiled = torch.compile(attend, fullgraph=True, backend="aot_eager")
-    eager = attend(q, k, v)
+    results = []
+    for run in (attend, compiled):
+        leaves = [t.clone().requires_grad_(grad) for t in (q, k, v)]
+        out = run(*leaves)
+        if grad:
+            out.square().sum().backward()
+        results.append((out.detach(), [t.grad for t in leaves]))
+    (eager, eager_grads), (out, grads) = results
+    assert [call[0] for call in calls] == ["varlen", "varlen" if grad else "kvcache"]
     assert not eager.isnan().any()
-    assert_close(compiled(q, k, v), eager, RTOL, "outputs")
+    assert_close(out, eager, RTOL, "outputs")
+    for a, b in zip(grads, eager_grads) if grad else ():
+        assert not a.isnan().any() and not b.isnan().any()
+        assert_close(a, b, RTOL, "gradients")
     if padding == "left":
         assert_close(compiled(q, k, v, sliding_window=3), attend(q, k, v, sliding_window=3), RTOL, "windowed outputs")
     else:
@@ -461,6 +474,35 @@ def test_bart_cross_attention_to_a_padded_encoder_matches_sdpa(name, calls, n_de
     assert [(call[0], call[1]) for call in calls] == [("varlen", 12), ("plain", n_dec), ("varlen", n_dec)]
 
 
+@pytest.mark.parametrize("n_dec", [12, 8], ids=["n_dec=n_enc", "shorter"])
+def test_compiled_bart_with_a_padded_encoder_is_one_graph_and_matches_sdpa(name, fresh_compiler, calls, n_dec):
+    """Compiled with fullgraph=True: the encoder's and the cross-attention's 4D masks are checked on the device, and
+    the valid keys of all rows are moved to the front of the flat keys for one varlen call of static shapes (every
+    query kept, as sdpa). Logits and every gradient as sdpa's, left padding."""
+    config = transformers.BartConfig(vocab_size=64, d_model=64, encoder_layers=1, decoder_layers=1,
+                                     encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+                                     decoder_ffn_dim=128, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
+                                     eos_token_id=2, decoder_start_token_id=2)
+    ref, ours = (model.eval() for model in twins(name, config, transformers.BartForConditionalGeneration))
+    ids, mask = batch("left")
+    decoder_ids = torch.randint(3, 64, (2, n_dec), generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    outputs = []
+    for model in (ref, torch.compile(ours, fullgraph=True, backend="aot_eager")):
+        model.zero_grad()
+        logits = model(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids, use_cache=False).logits
+        logits.square().mean().backward()
+        grads = {key.removeprefix("_orig_mod."): p.grad for key, p in model.named_parameters()}
+        outputs.append((logits.detach(), grads))
+    (ref_logits, ref_grads), (logits, grads) = outputs
+    assert_close(logits, ref_logits, RTOL, "decoder logits")
+    for key, grad in grads.items():
+        if key.endswith("k_proj.bias"):  # a key bias shifts every score of a row alike: its gradient is 0 + rounding
+            assert grad.abs().max() < 1e-6 and ref_grads[key].abs().max() < 1e-6, key
+        else:
+            assert_close(grad, ref_grads[key], RTOL, f"gradient of {key}")
+    assert [(call[0], call[1]) for call in calls] == [("varlen", 12), ("plain", n_dec), ("varlen", n_dec)]
+
+
 # ---------------------------------------------------------------- masks and errors, on the attention function
 def attention_inputs(n_q=6, n_k=6, seed=0):
     gen = torch.Generator().manual_seed(seed)
@@ -548,6 +590,47 @@ def test_packed_sequences_match_sdpa_and_never_attend_across(name, calls, model)
     alone = torch.cat([ref(torch.tensor([s], device=DEVICE), use_cache=False).logits[0] for s in sequences])
     assert_close(expected[0], alone, RTOL, "each sequence alone")
     assert {call[0] for call in calls} == {"varlen"} and all(call[1] == max(lengths) for call in calls)
+
+
+@pytest.mark.parametrize("n_q", [6, 4])
+def test_compiled_bidirectional_layers_check_4d_masks_on_the_device_and_never_read_padding(name, fresh_compiler, n_q):
+    """A bidirectional layer's 4D mask while tracing: key padding as eager (NaN in the padded keys reaches no output
+    and no gradient, every query row attends), and what eager refuses on the host (a mask that is not padding, a
+    bias, heads that differ) refused on the device."""
+    module, q, k, v = attention_inputs(n_q=n_q, n_k=6, seed=9)
+    module.is_causal = False
+    keys = torch.tensor([[1, 1, 1, 1, 0, 0], [0, 1, 1, 0, 1, 1]], dtype=torch.bool, device=DEVICE)
+    padding = keys[:, None, None, :].expand(2, 1, n_q, 6)
+    not_padding = padding.clone()
+    not_padding[0, 0, 1, 5] = True  # one query sees a key no other sees
+    bias = torch.zeros(padding.shape, device=DEVICE).masked_fill(~padding, float("-inf"))
+    bias[1, 0, 0, 1] = -3.0
+    heads = padding.expand(2, 2, n_q, 6).clone()
+    heads[0, 1, :, 0] = False
+    k.transpose(1, 2)[~keys], v.transpose(1, 2)[~keys] = float("nan"), float("nan")
+
+    def attend(q, k, v, mask):
+        return hf.flashlib_attention_forward(module, q, k, v, mask)[0]
+
+    compiled = torch.compile(attend, fullgraph=True, backend="aot_eager")
+    results = []
+    for run in (attend, compiled):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = run(*leaves, padding)
+        out.square().sum().backward()
+        results.append((out.detach(), [t.grad for t in leaves]))
+    (eager, eager_grads), (out, grads) = results
+    assert not out.isnan().any()
+    assert_close(out, eager, RTOL, "outputs")
+    for a, b in zip(grads, eager_grads):
+        assert not a.isnan().any()
+        assert_close(a, b, RTOL, "gradients")
+    for mask, words in ((not_padding, "not padding plus the bidirectional pattern"), (bias, "adds a bias"),
+                        (heads, "differs between heads")):
+        with pytest.raises(ValueError, match=words):
+            attend(q, k, v, mask)
+        with pytest.raises(RuntimeError, match=words):
+            compiled(q, k, v, mask)
 
 
 def test_nan_in_padding_never_reaches_a_valid_output_or_gradient(name):
