@@ -272,12 +272,9 @@ def _assert_the_same_sequences(mask, cu_q, cu_k, options, n_q: int, n_k: int) ->
     left = options["window"][0] if options["window"] is not None else -1
     if left >= 0:
         expected &= positions[:, None] - positions[None, :] <= left
-    if mask.dtype == torch.bool:
-        agrees = (mask == expected).all()
-    else:  # additive: 0 where allowed, a large negative number (or -inf) where not
-        agrees = ((mask == 0) == expected).all() & ((mask == 0) | (mask <= MASKED_BIAS)).all()
+    allowed = _allowed(mask, "an attention_mask beside cu_seq_lens_q/k", on_device=True)
     fills = (cu_q[0] == 0) & (cu_q[-1] == n_q) & (cu_q == cu_k).all()
-    torch._assert_async(agrees & fills, DIFFERENT_SEQUENCES)
+    _require((allowed == expected) & fills, DIFFERENT_SEQUENCES, on_device=True)
 
 
 def _packed_sequences(mask, options, batch: int, n_q: int, n_k: int):
