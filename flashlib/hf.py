@@ -88,12 +88,18 @@ def flashlib_attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offs
     That holds without a cache and with a dynamic one (``kv_offset + kv_length == q_offset + q_length``).
     A static cache holds empty slots past the last query: the 2D mask then stops at the last query, and
     the layer drops the keys past it (as flash-attention-2 does).
+
+    A decoding step (one query) with padding gets sdpa's 4D mask instead, whose one row is the keys that query
+    sees: with a static cache its shape stays the same from step to step (Transformers' ``generate`` makes it
+    before its compiled step, whose CUDA graph then serves every step; a 2D mask growing by a token a step would
+    compile anew at every step).
     """
     from transformers import masking_utils
 
     args = {"batch_size": batch_size, "q_length": q_length, "kv_length": kv_length, "q_offset": q_offset,
             "kv_offset": kv_offset, "attention_mask": attention_mask}
-    end = _query_end(q_offset, q_length, attention_mask)
+    # A decoding step with padding gets sdpa's mask below: its one row is the keys the query sees (see above)
+    end = None if q_length == 1 and attention_mask is not None else _query_end(q_offset, q_length, attention_mask)
     if end is not None and _rebuilt_by_the_layer(mask_function, masking_utils, attention_mask, kwargs):
         if kv_offset + kv_length == end:
             if attention_mask is not None and not values_checked(attention_mask):  # Transformers' own function
@@ -214,6 +220,10 @@ def flashlib_attention_forward(module, query, key, value, attention_mask, scalin
         out = _attend_given_sequences(q, k, v, attention_mask, given, options)
     elif attention_mask is None:
         out = flash_attention(q, k, v, layout="bnhd", **options)
+    elif isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4 and q.shape[1] == 1:
+        # One query: its row is the keys it sees, causal and window bounds included (a static cache's step)
+        keys = _keys_of_one_query(attention_mask, q.shape[0], k.shape[1])
+        out = _attend_keys_padded(q, k, v, keys, dict(options, causal=False, window=None))
     else:
         try:
             mask = _padding_mask(attention_mask, options, *q.shape[:2], k.shape[1])
@@ -327,6 +337,24 @@ def _varlen_of_tokens(q, k, v, q_index, k_index, cu_q, cu_k, max_q, max_k, optio
     return out.view(batch, n_q, *out.shape[1:])
 
 
+def _keys_of_one_query(mask, batch: int, n_k: int) -> torch.Tensor:
+    """The (B, N_k) bool of the keys that the one query row of a (B or 1, H or 1, 1, N_k) mask sees (checked on the
+    device while tracing: nothing here can be packed sequences, which need N_q == N_k > 1)."""
+    if mask.shape[0] not in (1, batch) or tuple(mask.shape[2:]) != (1, n_k):
+        raise ValueError(f"flashlib's Transformers attention got {_mask_name(mask, 1, n_k)}: a 4D mask must be "
+                         f"(B or 1, H or 1, N_q, N_k) with B = {batch}")
+    on_device = not values_checked(mask)
+    return _allowed(mask, _mask_name(mask, 1, n_k, on_device), on_device)[:, 0].expand(batch, n_k)
+
+
+def _mask_name(mask, n_q: int, n_k: int, on_device: bool = False) -> str:
+    """How an error names a mask: with its shape and the layer's, but in an assertion on the device, whose message
+    must be a constant while tracing, where shapes may be symbolic."""
+    if on_device:
+        return f"a 4D {mask.dtype} attention_mask"
+    return f"a {tuple(mask.shape)} {mask.dtype} attention_mask (N_q = {n_q}, N_k = {n_k})"
+
+
 def _keys_only(options) -> bool:
     """Whether the mask pads keys only: a bidirectional layer without a window (an encoder's self-attention, or
     cross-attention, whose queries are not key positions at all), where every query sees every valid key."""
@@ -340,6 +368,8 @@ def _attend_keys_padded(q, k, v, mask, options):
     batch, n_q, n_k = q.shape[0], q.shape[1], k.shape[1]
     lengths = mask.sum(-1, dtype=torch.int32)
     if not values_checked(mask):  # torch.compile or a CUDA graph's capture: no host read
+        if _inference(q, k, v, options):
+            return _cached_attention(q, k, v, mask, lengths, options)
         return _varlen_in_place(q, k, v, None, mask, options)
     if bool((lengths == n_k).all()):  # one sync, as in _attend_padded
         return flash_attention(q, k, v, layout="bnhd", **options)
@@ -424,16 +454,26 @@ def _attend_tokens_first(q, k, v, mask, options):
     queries = mask[:, n_k - n_q:]
     if n_q != n_k and not _inference(q, k, v, options):  # flash_attention_with_kvcache is forward only
         return _varlen_in_place(q, k, v, queries, mask, options)
-    tokens_first = torch.argsort((~mask).to(torch.uint8), dim=1, stable=True)[:, :, None, None]
-    k, v = (t.take_along_dim(tokens_first, dim=1) for t in (k, v))
     if n_q == n_k:
-        out = flash_attention(q.take_along_dim(tokens_first, dim=1), k, v, seq_lens=lengths, layout="bnhd", **options)
+        tokens_first = torch.argsort((~mask).to(torch.uint8), dim=1, stable=True)[:, :, None, None]
+        q, k, v = (t.take_along_dim(tokens_first, dim=1) for t in (q, k, v))
+        out = flash_attention(q, k, v, seq_lens=lengths, layout="bnhd", **options)
         return out.take_along_dim(torch.argsort(tokens_first, dim=1), dim=1)
     tokens_last = torch.argsort(queries.to(torch.uint8), dim=1, stable=True)[:, :, None, None]
-    out = flash_attention_with_kvcache(q.take_along_dim(tokens_last, dim=1), k, v, cache_seqlens=lengths,
-                                       causal=options["causal"], window=options["window"],
-                                       softmax_scale=options["softmax_scale"], softcap=options["softcap"])
+    out = _cached_attention(q.take_along_dim(tokens_last, dim=1), k, v, mask, lengths, options)
     return out.take_along_dim(torch.argsort(tokens_last, dim=1), dim=1).masked_fill(~queries[:, :, None, None], 0)
+
+
+def _cached_attention(q, k, v, keys, lengths, options):
+    """:func:`flash_attention_with_kvcache` (the split-KV kernel, for few queries over many keys) of (B, N_q, H, D) q
+    over the key tokens that the (B, N_k) bool ``keys`` keep, moved, in order, to the front of each row, where
+    ``cache_seqlens`` = ``lengths`` (their counts) bounds them; no host read. Causal: query i is aligned to the
+    bottom right of its row's key tokens. Inference only (no gradient, no dropout)."""
+    tokens_first = torch.argsort((~keys).to(torch.uint8), dim=1, stable=True)[:, :, None, None]
+    k, v = (t.take_along_dim(tokens_first, dim=1) for t in (k, v))
+    return flash_attention_with_kvcache(q, k, v, cache_seqlens=lengths, causal=options["causal"],
+                                        window=options["window"], softmax_scale=options["softmax_scale"],
+                                        softcap=options["softcap"])
 
 
 def _inference(q, k, v, options) -> bool:
@@ -483,7 +523,7 @@ def _padding_mask(mask, options, batch: int, n_q: int, n_k: int) -> torch.Tensor
     if not isinstance(mask, torch.Tensor) or mask.dim() not in (2, 4):
         what = f"shape {tuple(mask.shape)}" if isinstance(mask, torch.Tensor) else f"a {type(mask).__name__}"
         raise ValueError(f"flashlib's Transformers attention takes a 2D (B, N_k) padding mask or a 4D mask; got {what}")
-    what = f"a {tuple(mask.shape)} {mask.dtype} attention_mask (N_q = {n_q}, N_k = {n_k})"
+    what = _mask_name(mask, n_q, n_k)
     keys_only = _keys_only(options)
     if mask.dim() == 2:
         if keys_only and tuple(mask.shape) != (batch, n_k):
@@ -499,6 +539,7 @@ def _padding_mask(mask, options, batch: int, n_q: int, n_k: int) -> torch.Tensor
     # A bidirectional layer's 4D mask is padding or refused: while tracing, the device checks it. A causal layer's
     # may be packed sequences instead (the ValueError leads there), which only the host can tell
     on_device = keys_only and not values_checked(mask)
+    what = _mask_name(mask, n_q, n_k, on_device)
     allowed = _allowed(mask, what, on_device)
     keys = allowed.any(dim=1)  # a key that no query sees is padding
     rows = torch.arange(n_q, device=mask.device)[:, None] + (n_k - n_q)

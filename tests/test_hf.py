@@ -301,10 +301,10 @@ def test_compiled_sliding_window_with_a_2d_mask_matches_eager_or_refuses_on_the_
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 def test_compiled_greedy_generation_is_one_graph_per_step_and_matches_sdpa(name, fresh_compiler, calls, cache):
     """The model compiled with fullgraph=True generates sdpa's tokens from a left-padded batch. The prompt is N_q ==
-    N_k (tokens to the front, seq_lens); each decoding step (one query against the cache) moves the key tokens to
-    the front for flash_attention_with_kvcache. A static cache's offset, a tensor, is not read on the host: the
-    padding mask's length says where the queries are (Transformers' generate compiles such a step by itself on a
-    GPU, in CUDA graphs, where a host read could not even be captured)."""
+    N_k (tokens to the front, seq_lens); each decoding step (one query against the cache, sdpa's mask: its row is
+    the keys it sees) moves the key tokens to the front for flash_attention_with_kvcache. A static cache's offset,
+    a tensor, is not read on the host (Transformers' generate compiles a static cache's steps by itself on a GPU,
+    in CUDA graphs, where a host read could not even be captured)."""
     ref, ours = twins(name, transformers.LlamaConfig(**SIZES))
     ids, mask = batch("left")
     options = {"attention_mask": mask, "max_new_tokens": 5, "min_new_tokens": 5, "do_sample": False,
@@ -316,6 +316,23 @@ def test_compiled_greedy_generation_is_one_graph_per_step_and_matches_sdpa(name,
     decoding = [call for call in calls if call[1] == 1]
     assert prompt and {call[0] for call in prompt} == {"seq_lens"}
     assert decoding and {call[0] for call in decoding} == {"kvcache"}
+
+
+def test_compiled_static_cache_steps_are_one_graph(name, fresh_compiler):
+    """A static cache's decoding steps get sdpa's mask, whose shape stays put from step to step: one compiled graph
+    serves them all (a 2D mask growing by a token a step compiled anew at every step, and on a GPU would capture a
+    new CUDA graph at every step). No call log here: appending to one from the graph adds guards of its own."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    ref, ours = twins(name, transformers.LlamaConfig(**SIZES))
+    ids, mask = batch("left")
+    options = {"attention_mask": mask, "max_new_tokens": 5, "min_new_tokens": 5, "do_sample": False,
+               "pad_token_id": 0, "cache_implementation": "static"}
+    counter = CompileCounterWithBackend("aot_eager")
+    ours.compile(fullgraph=True, backend=counter)
+    with torch._dynamo.config.patch(automatic_dynamic_shapes=False):  # a shape that changes compiles anew
+        assert torch.equal(ours.generate(ids, **options), ref.generate(ids, **options))
+    assert counter.frame_count == 2, "one graph for the prompt, one for every decoding step"
 
 
 @pytest.mark.parametrize("grad", [False, True], ids=["inference", "with gradients"])
@@ -631,6 +648,33 @@ def test_compiled_bidirectional_layers_check_4d_masks_on_the_device_and_never_re
             attend(q, k, v, mask)
         with pytest.raises(RuntimeError, match=words):
             compiled(q, k, v, mask)
+
+
+def test_one_query_takes_its_4d_row_as_the_keys_it_sees(name, fresh_compiler):
+    """A decoding step's sdpa mask, (B, 1, 1, N_k): its one row is the keys the query sees (padding, a static
+    cache's empty slots past the query, a window's bound), and flashlib attends to exactly those, eager and
+    compiled with fullgraph=True, as sdpa does, whatever the layer's own window; a bias is refused."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    module, q, k, v = attention_inputs(n_q=1, n_k=8, seed=10)
+    rows = torch.tensor([[0, 0, 1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 1, 1, 0, 0]], dtype=torch.bool, device=DEVICE)
+    mask = rows[:, None, None, :]
+    k.transpose(1, 2)[~rows], v.transpose(1, 2)[~rows] = float("nan"), float("nan")  # never read
+    expected = sdpa_attention_forward(module, q, k.nan_to_num(), v.nan_to_num(), mask)[0]
+
+    def attend(q, k, v, mask, **options):
+        return hf.flashlib_attention_forward(module, q, k, v, mask, **options)[0]
+
+    compiled = torch.compile(attend, fullgraph=True, backend="aot_eager")
+    for run in (attend, compiled):
+        for options in ({}, {"sliding_window": 2}):
+            assert_close(run(q, k, v, mask, **options), expected, RTOL, f"{run.__name__} {options}")
+    bias = torch.zeros(mask.shape, device=DEVICE).masked_fill(~mask, float("-inf"))
+    bias[0, 0, 0, 3] = -2.0
+    with pytest.raises(ValueError, match="adds a bias"):
+        attend(q, k, v, bias)
+    with pytest.raises(RuntimeError, match="adds a bias"):
+        compiled(q, k, v, bias)
 
 
 def test_nan_in_padding_never_reaches_a_valid_output_or_gradient(name):
