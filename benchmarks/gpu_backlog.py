@@ -34,6 +34,10 @@ none failed; TUNING.md forty-second finding: Q_IN_REGISTERS_HEAD_DIMS = (64,)). 
 the grid's slow N = 1024 points at D = 128 again in a fresh process, the forward autotuner's picks there, and the
 rest of the GPU suite.
 
+Session 54 was lent no GPU. It made flashlib's Transformers attention compile to one graph with padding (decoding
+steps included) and added ``hf``: Transformers' ``generate`` on flashlib against sdpa, eager and with the static
+cache's CUDA-graph steps (benchmarks/hf_generate.py). The next session runs ``recheck``, then ``hf``.
+
 The grid measures the forward and backward with the settings the timings decide. A machine is given back 30 s
 after a call, too soon to edit those settings by hand between the two calls, so the timings call also copies its
 logs to ``build/backlog`` (ignored by git, so kept on the machine between calls) and the grid call first writes
@@ -183,6 +187,16 @@ STAGES["recheck"] = (
          "how far the forward autotuner's picks at D = 128, N = 1024 land from the best config, run to run: a fixed "
          "config or another benchmarker for short sequences if the picks scatter"),
     replace(STAGES["tests"][1], limit_s=250),
+)
+
+# Session 54 (no GPU lent) made flashlib's Transformers attention compile to one graph with padding, decoding steps
+# included, a static cache's steps with sdpa's mask of one shape. What that buys in generation, on the H100:
+STAGES["hf"] = (
+    Step("hf_generate", 420, ("benchmarks/hf_generate.py", "--out", "{out}/hf_generate.json"),
+         "whether flashlib's Transformers attention keeps up with sdpa's in generation: tokens/s of a Llama (8 layers, "
+         "head_dim 128, GQA 4, bf16, 8 left-padded prompts of 256-512 tokens, 128 new) with eager steps (dynamic "
+         "cache) and with the CUDA-graph steps that generate compiles for a static cache; a static cache far below "
+         "sdpa's would say the compiled step still breaks or recompiles"),
 )
 
 
