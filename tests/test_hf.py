@@ -461,12 +461,15 @@ def test_greedy_generation_matches_sdpa(name, calls, cache):
     assert len(decoding) == 4 * SIZES["num_hidden_layers"] and all(call[2] > 1 for call in decoding)
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("n_dec", [12, 8, 16], ids=["n_dec=n_enc", "shorter", "longer"])
 @pytest.mark.parametrize("padding", ("right", "left"))
-def test_bart_cross_attention_to_a_padded_encoder_matches_sdpa(name, calls, n_dec, padding):
+def test_bart_cross_attention_to_a_padded_encoder_matches_sdpa(name, fresh_compiler, calls, n_dec, padding, compiled):
     """Encoder-decoder: the encoder's padding masks the keys of cross-attention only, and every decoder query is
     valid. Decoder queries were once taken for the last N_q encoder positions, zeroing those that faced encoder
-    padding (logits off by 5e-3), and N_dec > N_enc was refused."""
+    padding (logits off by 5e-3), and N_dec > N_enc was refused. Compiled with fullgraph=True, the encoder's and the
+    cross-attention's 4D masks are checked on the device, and the valid keys of all rows are moved to the front of
+    the flat keys for one varlen call of fixed size (every query kept, as sdpa)."""
     config = transformers.BartConfig(vocab_size=64, d_model=64, encoder_layers=1, decoder_layers=1,
                                      encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
                                      decoder_ffn_dim=128, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
@@ -475,36 +478,7 @@ def test_bart_cross_attention_to_a_padded_encoder_matches_sdpa(name, calls, n_de
     ids, mask = batch(padding)
     decoder_ids = torch.randint(3, 64, (2, n_dec), generator=torch.Generator().manual_seed(2)).to(DEVICE)
     outputs = []
-    for model in (ref, ours):
-        model.zero_grad()
-        logits = model(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids, use_cache=False).logits
-        logits.square().mean().backward()
-        outputs.append((logits.detach(), {key: p.grad for key, p in model.named_parameters()}))
-    (ref_logits, ref_grads), (logits, grads) = outputs
-    assert_close(logits, ref_logits, RTOL, "decoder logits")
-    for key, grad in grads.items():
-        if key.endswith("k_proj.bias"):  # a key bias shifts every score of a row alike: its gradient is 0 + rounding
-            assert grad.abs().max() < 1e-6 and ref_grads[key].abs().max() < 1e-6, key
-        else:
-            assert_close(grad, ref_grads[key], RTOL, f"gradient of {key}")
-    # encoder self-attention and cross-attention go through varlen with every query kept, the decoder's plainly
-    assert [(call[0], call[1]) for call in calls] == [("varlen", 12), ("plain", n_dec), ("varlen", n_dec)]
-
-
-@pytest.mark.parametrize("n_dec", [12, 8], ids=["n_dec=n_enc", "shorter"])
-def test_compiled_bart_with_a_padded_encoder_is_one_graph_and_matches_sdpa(name, fresh_compiler, calls, n_dec):
-    """Compiled with fullgraph=True: the encoder's and the cross-attention's 4D masks are checked on the device, and
-    the valid keys of all rows are moved to the front of the flat keys for one varlen call of static shapes (every
-    query kept, as sdpa). Logits and every gradient as sdpa's, left padding."""
-    config = transformers.BartConfig(vocab_size=64, d_model=64, encoder_layers=1, decoder_layers=1,
-                                     encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
-                                     decoder_ffn_dim=128, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
-                                     eos_token_id=2, decoder_start_token_id=2)
-    ref, ours = (model.eval() for model in twins(name, config, transformers.BartForConditionalGeneration))
-    ids, mask = batch("left")
-    decoder_ids = torch.randint(3, 64, (2, n_dec), generator=torch.Generator().manual_seed(2)).to(DEVICE)
-    outputs = []
-    for model in (ref, torch.compile(ours, fullgraph=True, backend="aot_eager")):
+    for model in (ref, torch.compile(ours, fullgraph=True, backend="aot_eager") if compiled else ours):
         model.zero_grad()
         logits = model(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids, use_cache=False).logits
         logits.square().mean().backward()
@@ -517,6 +491,7 @@ def test_compiled_bart_with_a_padded_encoder_is_one_graph_and_matches_sdpa(name,
             assert grad.abs().max() < 1e-6 and ref_grads[key].abs().max() < 1e-6, key
         else:
             assert_close(grad, ref_grads[key], RTOL, f"gradient of {key}")
+    # encoder self-attention and cross-attention go through varlen with every query kept, the decoder's plainly
     assert [(call[0], call[1]) for call in calls] == [("varlen", 12), ("plain", n_dec), ("varlen", n_dec)]
 
 
