@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from .arguments import values_checked
 from .attention import flash_attention
 from .decode import flash_attention_with_kvcache
+from .variants import preferred_variant
 from .varlen import flash_attention_varlen
 
 #: The default implementation name: ``attn_implementation="triton_fa"`` after ``register()``.
@@ -367,9 +368,9 @@ def _attend_keys_padded(q, k, v, mask, options):
     (cross-attention, where N_q may differ from N_k)."""
     batch, n_q, n_k = q.shape[0], q.shape[1], k.shape[1]
     lengths = mask.sum(-1, dtype=torch.int32)
+    if _split_kv(q, k, v, options):  # a decoding step: no host read
+        return _cached_attention(q, k, v, mask, lengths, options)
     if not values_checked(mask):  # torch.compile or a CUDA graph's capture: no host read
-        if _inference(q, k, v, options):
-            return _cached_attention(q, k, v, mask, lengths, options)
         return _varlen_in_place(q, k, v, None, mask, options)
     if bool((lengths == n_k).all()):  # one sync, as in _attend_padded
         return flash_attention(q, k, v, layout="bnhd", **options)
@@ -440,7 +441,7 @@ def _attend_tokens_first(q, k, v, mask, options):
     the end: with N_q == N_k the queries move alike and ``seq_lens`` masks the padding; in a decoding step (N_q <
     N_k, inference only) the query tokens move to the end of the queries instead, so that, bottom-right aligned to
     the ``cache_seqlens`` key tokens of :func:`flash_attention_with_kvcache`, query token r of n sees the key tokens
-    up to its own (with gradients or dropout, which that function does not do, :func:`_varlen_in_place`). The output
+    up to its own (with many queries, gradients or dropout, :func:`_varlen_in_place`; see :func:`_split_kv`). The output
     moves back, 0 at padded queries. The tokens attend to each other exactly as unpadded (a sliding window counts
     tokens); padding between tokens with a window, which the unpadding refuses, is refused here by an assertion on
     the device. Costs a copy of q, k, v and O."""
@@ -452,7 +453,7 @@ def _attend_tokens_first(q, k, v, mask, options):
         left = (mask == (positions >= n_k - lengths[:, None])).all(-1)
         torch._assert_async((right | left).all(), WINDOW_NEEDS_EDGE_PADDING)
     queries = mask[:, n_k - n_q:]
-    if n_q != n_k and not _inference(q, k, v, options):  # flash_attention_with_kvcache is forward only
+    if n_q != n_k and not _split_kv(q, k, v, options):
         return _varlen_in_place(q, k, v, queries, mask, options)
     if n_q == n_k:
         tokens_first = torch.argsort((~mask).to(torch.uint8), dim=1, stable=True)[:, :, None, None]
@@ -476,10 +477,11 @@ def _cached_attention(q, k, v, keys, lengths, options):
                                         softcap=options["softcap"])
 
 
-def _inference(q, k, v, options) -> bool:
-    """Whether a call needs no gradient and no dropout: what :func:`flash_attention_with_kvcache` computes."""
+def _split_kv(q, k, v, options) -> bool:
+    """Whether :func:`flash_attention_with_kvcache`'s split-KV kernel serves this call: few queries per sequence
+    (:func:`flashlib.select_variant`'s rule), no gradient and no dropout, which it does not compute."""
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    return not needs_grad and not options["dropout_p"]
+    return preferred_variant(q.shape[1]) == "splitkv" and not needs_grad and not options["dropout_p"]
 
 
 WINDOW_NEEDS_EDGE_PADDING = ("flashlib's Transformers attention with a sliding window needs left or right padding: "
