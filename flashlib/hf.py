@@ -272,10 +272,16 @@ DIFFERENT_SEQUENCES = ("flashlib's Transformers attention got cu_seq_lens_q/k an
 
 def _assert_the_same_sequences(mask, cu_q, cu_k, options, n_q: int, n_k: int) -> None:
     """While tracing (no host read): assert on the device that a 4D mask beside ``cu_seq_lens_q/k`` is sdpa's
-    block-diagonal causal mask (windowed as the layer is) of those sequences, which fill the row; a ValueError
-    for what the shapes alone rule out."""
-    if mask.dim() != 4 or not options["causal"] or n_q != n_k or tuple(mask.shape[2:]) != (n_q, n_k) \
-            or cu_q.shape != cu_k.shape:
+    block-diagonal causal mask (windowed as the layer is) of those sequences, which fill the row, or that a 2D one
+    pads nothing (eager, Transformers drops an all-ones mask before the layer sees it); a ValueError for what the
+    shapes alone rule out."""
+    if cu_q.shape != cu_k.shape or n_q != n_k:
+        raise ValueError(DIFFERENT_SEQUENCES)
+    fills = (cu_q[0] == 0) & (cu_q[-1] == n_q) & (cu_q == cu_k).all()
+    if mask.dim() == 2 and tuple(mask.shape) == (1, n_k):
+        _require(mask.bool().all() & fills, DIFFERENT_SEQUENCES, on_device=True)
+        return
+    if mask.dim() != 4 or not options["causal"] or tuple(mask.shape[2:]) != (n_q, n_k):
         raise ValueError(DIFFERENT_SEQUENCES)
     positions = torch.arange(n_q, device=mask.device)
     sequence = torch.searchsorted(cu_q.long(), positions, right=True)  # 1, 2, ...: the sequence of each token
@@ -284,7 +290,6 @@ def _assert_the_same_sequences(mask, cu_q, cu_k, options, n_q: int, n_k: int) ->
     if left >= 0:
         expected &= positions[:, None] - positions[None, :] <= left
     allowed = _allowed(mask, "an attention_mask beside cu_seq_lens_q/k", on_device=True)
-    fills = (cu_q[0] == 0) & (cu_q[-1] == n_q) & (cu_q == cu_k).all()
     _require((allowed == expected) & fills, DIFFERENT_SEQUENCES, on_device=True)
 
 

@@ -318,6 +318,31 @@ def test_compiled_greedy_generation_is_one_graph_per_step_and_matches_sdpa(name,
     assert decoding and {call[0] for call in decoding} == {"kvcache"}
 
 
+@pytest.mark.parametrize("model", ["llama, batch of one unpadded", "mistral", "bart"])
+def test_compiled_generation_with_a_static_cache_gives_sdpas_tokens(name, fresh_compiler, model):
+    """Static caches whose steps once broke the graph: an unpadded batch (Transformers then drops the mask in the
+    last step's eager mask, and the compiled step saw a causal 4D mask that only the host could read), a
+    sliding-window model and an encoder-decoder."""
+    ids, mask = batch("left")
+    if model.startswith("llama"):
+        config, model_class, ids, mask = transformers.LlamaConfig(**SIZES), transformers.LlamaForCausalLM, ids[:1], \
+            torch.ones_like(ids[:1])
+    elif model == "mistral":
+        config, model_class = transformers.MistralConfig(**SIZES, sliding_window=4), transformers.MistralForCausalLM
+    else:
+        config = transformers.BartConfig(vocab_size=64, d_model=64, encoder_layers=1, decoder_layers=1,
+                                         encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+                                         decoder_ffn_dim=128, max_position_embeddings=64, pad_token_id=0,
+                                         bos_token_id=1, eos_token_id=2, decoder_start_token_id=2)
+        model_class = transformers.BartForConditionalGeneration
+    ref, ours = (m.eval() for m in twins(name, config, model_class))
+    options = {"attention_mask": mask, "max_new_tokens": 5, "min_new_tokens": 5, "do_sample": False,
+               "pad_token_id": 0, "cache_implementation": "static"}
+    expected = ref.generate(ids, **options)
+    ours.compile(fullgraph=True, backend="aot_eager")
+    assert torch.equal(ours.generate(ids, **options), expected)
+
+
 def test_compiled_static_cache_steps_are_one_graph(name, fresh_compiler):
     """A static cache's decoding steps get sdpa's mask, whose shape stays put from step to step: one compiled graph
     serves them all (a 2D mask growing by a token a step compiled anew at every step, and on a GPU would capture a
@@ -418,6 +443,31 @@ def test_compiled_cu_seq_lens_that_disagree_with_the_mask_are_refused_on_the_dev
     for other in ([0, 3, 6], [0, 2, 5]):  # another split; sequences that leave the last token out
         with pytest.raises(RuntimeError, match="describe different sequences"):
             compiled(torch.tensor(other, dtype=torch.int32, device=DEVICE))
+
+
+@pytest.mark.parametrize("pads", [False, True], ids=["all ones", "padding"])
+def test_a_2d_mask_beside_cu_seq_lens_must_pad_nothing(name, fresh_compiler, pads):
+    """The collator's cu_seq_lens with an all-ones 2D attention_mask: eager, Transformers drops the mask before the
+    layer sees it; compiled, it reaches the layer, which asserts on the device that it pads nothing. A mask that
+    pads is refused both ways (eager: it is not the packed sequences' mask)."""
+    module, q, k, v = attention_inputs(n_q=6, n_k=6)
+    q, k, v = q[:1], k[:1], v[:1]
+    mask = torch.ones(1, 6, dtype=torch.bool, device=DEVICE)
+    mask[0, 5] = not pads
+    cu = torch.tensor([0, 2, 6], dtype=torch.int32, device=DEVICE)
+    given = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": 4, "max_length_k": 4}
+
+    def attend(q, k, v, mask):
+        return hf.flashlib_attention_forward(module, q, k, v, mask, **given)[0]
+
+    compiled = torch.compile(attend, fullgraph=True, backend="aot_eager")
+    if pads:
+        with pytest.raises(ValueError, match="describe different sequences"):
+            attend(q, k, v, mask)
+        with pytest.raises(RuntimeError, match="describe different sequences"):
+            compiled(q, k, v, mask)
+    else:
+        assert_close(compiled(q, k, v, mask), attend(q, k, v, None), RTOL, "the sequences, the mask padding nothing")
 
 
 def test_compiled_attention_never_reads_padding(name, fresh_compiler):
