@@ -187,9 +187,11 @@ def flashlib_attention_forward(module, query, key, value, attention_mask, scalin
       = token): right padding with N_q == N_k is ``seq_lens`` (no copy), any other padding is unpadded
       into ``flash_attention_varlen`` and padded back; under torch.compile or a CUDA graph's capture, where the
       lengths cannot be read on the host, each row's tokens are moved to its front for ``seq_lens`` (N_q == N_k),
-      or for :func:`flash_attention_with_kvcache` (N_q < N_k, without gradients or dropout: a decoding step);
-      a 4D mask (B or 1, 1 or H, N_q, N_k), boolean or additive (0 / -inf), is reduced to the padding mask,
-      or refused with a ValueError if it says more than padding plus the causal and window bounds above.
+      or for :func:`flash_attention_with_kvcache` (a decoding step: few queries, no gradient, no dropout; else
+      one varlen call of fixed size); a 4D mask (B or 1, 1 or H, N_q, N_k), boolean or additive (0 / -inf), is
+      reduced to the padding mask, or refused with a ValueError if it says more than padding plus the causal and
+      window bounds above (a bidirectional layer's is checked on the device while tracing; a causal layer's is read
+      on the host, since it may be packed sequences); with one query, its row is the keys it sees.
 
     A layer that is not causal and has no window (an encoder, or cross-attention, whose N_q queries need not be
     key positions at all) takes the mask as key padding only: every query row attends to the valid keys, as in
