@@ -90,17 +90,18 @@ def flashlib_attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offs
     A static cache holds empty slots past the last query: the 2D mask then stops at the last query, and
     the layer drops the keys past it (as flash-attention-2 does).
 
-    A decoding step (one query) with padding gets sdpa's 4D mask instead, whose one row is the keys that query
-    sees: with a static cache its shape stays the same from step to step (Transformers' ``generate`` makes it
-    before its compiled step, whose CUDA graph then serves every step; a 2D mask growing by a token a step would
-    compile anew at every step).
+    A static cache's decoding step (one query; its offset is a tensor) with a padding mask gets sdpa's 4D mask
+    instead, whose one row is the keys that query sees and whose shape stays the same from step to step
+    (Transformers' ``generate`` makes it before its compiled step, whose CUDA graph then serves every step; a 2D
+    mask growing by a token a step would compile anew at every step, and the last step would switch to it).
     """
     from transformers import masking_utils
 
     args = {"batch_size": batch_size, "q_length": q_length, "kv_length": kv_length, "q_offset": q_offset,
             "kv_offset": kv_offset, "attention_mask": attention_mask}
-    # A decoding step with padding gets sdpa's mask below: its one row is the keys the query sees (see above)
-    end = None if q_length == 1 and attention_mask is not None else _query_end(q_offset, q_length, attention_mask)
+    # A static cache's decoding step gets sdpa's mask below: its one row is the keys the query sees (see above)
+    static_step = q_length == 1 and attention_mask is not None and isinstance(q_offset, torch.Tensor)
+    end = None if static_step else _query_end(q_offset, q_length, attention_mask)
     if end is not None and _rebuilt_by_the_layer(mask_function, masking_utils, attention_mask, kwargs):
         if kv_offset + kv_length == end:
             if attention_mask is not None and not values_checked(attention_mask):  # Transformers' own function
@@ -375,12 +376,13 @@ def _attend_keys_padded(q, k, v, mask, options):
     (cross-attention, where N_q may differ from N_k)."""
     batch, n_q, n_k = q.shape[0], q.shape[1], k.shape[1]
     lengths = mask.sum(-1, dtype=torch.int32)
-    if _split_kv(q, k, v, options):  # a decoding step: no host read
-        return _cached_attention(q, k, v, mask, lengths, options)
-    if not values_checked(mask):  # torch.compile or a CUDA graph's capture: no host read
-        return _varlen_in_place(q, k, v, None, mask, options)
-    if bool((lengths == n_k).all()):  # one sync, as in _attend_padded
+    readable = values_checked(mask)  # not under torch.compile or a CUDA graph's capture
+    if readable and bool((lengths == n_k).all()):  # one sync, as in _attend_padded: nothing to move
         return flash_attention(q, k, v, layout="bnhd", **options)
+    if _split_kv(q, k, v, options):  # a decoding step
+        return _cached_attention(q, k, v, mask, lengths, options)
+    if not readable:
+        return _varlen_in_place(q, k, v, None, mask, options)
     k_index = mask.flatten().nonzero().squeeze(1)
     cu_q = torch.arange(0, (batch + 1) * n_q, n_q, dtype=torch.int32, device=q.device)
     cu_k = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))

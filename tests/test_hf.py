@@ -499,8 +499,9 @@ def test_compiled_attention_never_reads_padding(name, fresh_compiler):
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 def test_greedy_generation_matches_sdpa(name, calls, cache):
     """Left-padded batch of 2, 5 new tokens with a KV cache: the decoding steps are N_q = 1 query against
-    the cached keys, with sdpa's 4D mask, whose one row is the keys the query sees (a static cache's empty
-    slots past the last token left out), through flash_attention_with_kvcache's split-KV kernel."""
+    the cached keys: with a dynamic cache the 2D mask, unpadded into varlen; with a static one sdpa's 4D mask,
+    whose one row is the keys the query sees (the empty slots past the last token left out), through
+    flash_attention_with_kvcache's split-KV kernel."""
     ref, ours = twins(name, transformers.LlamaConfig(**SIZES))
     ids, mask = batch("left")
     options = {"attention_mask": mask, "max_new_tokens": 5, "min_new_tokens": 5, "do_sample": False,
@@ -509,7 +510,7 @@ def test_greedy_generation_matches_sdpa(name, calls, cache):
     assert torch.equal(ours.generate(ids, **options), expected)
     decoding = [call for call in calls if call[1] == 1]
     assert len(decoding) == 4 * SIZES["num_hidden_layers"] and all(call[2] > 1 for call in decoding)
-    assert {call[0] for call in decoding} == {"kvcache"}
+    assert {call[0] for call in decoding} == {"varlen" if cache == "dynamic" else "kvcache"}
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
