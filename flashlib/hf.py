@@ -399,7 +399,7 @@ def _varlen_in_place(q, k, v, queries, keys, options):
     batch, n_q, n_k = q.shape[0], q.shape[1], k.shape[1]
 
     def pack(t, kept):
-        order = torch.argsort((~kept).flatten().to(torch.uint8), stable=True)
+        order = _kept_first(kept.flatten())
         return torch.where(kept[:, :, None, None], t, 0).reshape(-1, *t.shape[2:])[order], order
 
     def offsets(kept):
@@ -424,13 +424,13 @@ def _attend_padded(q, k, v, mask, options):
     k, v = k[:, :n_k], v[:, :n_k]
     if not values_checked(mask):  # torch.compile or a CUDA graph's capture: no host read
         return _attend_tokens_first(q, k, v, mask, options)
-    positions = torch.arange(n_k, device=mask.device)
     lengths = mask.sum(-1, dtype=torch.int32)
-    right = bool((mask == (positions < lengths[:, None])).all())  # one sync, as flash-attention-2's unpadding
+    right_rows, left_rows = _padded_at_an_edge(mask, lengths)
+    right = bool(right_rows.all())  # one sync, as flash-attention-2's unpadding
     if right and n_q == n_k:
         seq_lens = None if bool((lengths == n_k).all()) else lengths
         return flash_attention(q, k, v, seq_lens=seq_lens, layout="bnhd", **options)
-    if options["window"] is not None and not right and not bool((mask == (positions >= n_k - lengths[:, None])).all()):
+    if options["window"] is not None and not right and not bool(left_rows.all()):
         raise ValueError(WINDOW_NEEDS_EDGE_PADDING)
     # Unpad (as flash-attention-2's _upad_input): the queries are the last n_q key positions
     q_mask = mask[:, n_k - n_q:]
@@ -457,19 +457,17 @@ def _attend_tokens_first(q, k, v, mask, options):
     n_q, n_k = q.shape[1], mask.shape[1]
     lengths = mask.sum(-1, dtype=torch.int32)
     if options["window"] is not None:
-        positions = torch.arange(n_k, device=mask.device)
-        right = (mask == (positions < lengths[:, None])).all(-1)
-        left = (mask == (positions >= n_k - lengths[:, None])).all(-1)
+        right, left = _padded_at_an_edge(mask, lengths)
         torch._assert_async((right | left).all(), WINDOW_NEEDS_EDGE_PADDING)
     queries = mask[:, n_k - n_q:]
     if n_q != n_k and not _split_kv(q, k, v, options):
         return _varlen_in_place(q, k, v, queries, mask, options)
     if n_q == n_k:
-        tokens_first = torch.argsort((~mask).to(torch.uint8), dim=1, stable=True)[:, :, None, None]
+        tokens_first = _kept_first(mask)[:, :, None, None]
         q, k, v = (t.take_along_dim(tokens_first, dim=1) for t in (q, k, v))
         out = flash_attention(q, k, v, seq_lens=lengths, layout="bnhd", **options)
         return out.take_along_dim(torch.argsort(tokens_first, dim=1), dim=1)
-    tokens_last = torch.argsort(queries.to(torch.uint8), dim=1, stable=True)[:, :, None, None]
+    tokens_last = _kept_first(~queries)[:, :, None, None]
     out = _cached_attention(q.take_along_dim(tokens_last, dim=1), k, v, mask, lengths, options)
     return out.take_along_dim(torch.argsort(tokens_last, dim=1), dim=1).masked_fill(~queries[:, :, None, None], 0)
 
@@ -479,11 +477,24 @@ def _cached_attention(q, k, v, keys, lengths, options):
     over the key tokens that the (B, N_k) bool ``keys`` keep, moved, in order, to the front of each row, where
     ``cache_seqlens`` = ``lengths`` (their counts) bounds them; no host read. Causal: query i is aligned to the
     bottom right of its row's key tokens. Inference only (no gradient, no dropout)."""
-    tokens_first = torch.argsort((~keys).to(torch.uint8), dim=1, stable=True)[:, :, None, None]
+    tokens_first = _kept_first(keys)[:, :, None, None]
     k, v = (t.take_along_dim(tokens_first, dim=1) for t in (k, v))
     return flash_attention_with_kvcache(q, k, v, cache_seqlens=lengths, causal=options["causal"],
                                         window=options["window"], softmax_scale=options["softmax_scale"],
                                         softcap=options["softcap"])
+
+
+def _kept_first(kept: torch.Tensor) -> torch.Tensor:
+    """Indices that put the True entries of ``kept`` first along its last dim, each group in its own order (a
+    stable sort): a row's tokens moved to its front, its padding to its end."""
+    return torch.argsort((~kept).to(torch.uint8), dim=-1, stable=True)
+
+
+def _padded_at_an_edge(mask: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of a (B, N) padding mask with ``lengths`` tokens a row: (padded at the end only, at the start only)."""
+    positions = torch.arange(mask.shape[1], device=mask.device)
+    return ((mask == (positions < lengths[:, None])).all(-1),
+            (mask == (positions >= mask.shape[1] - lengths[:, None])).all(-1))
 
 
 def _split_kv(q, k, v, options) -> bool:

@@ -117,6 +117,11 @@ def logits_and_grads(model, ids, mask, pass_mask=True):
     return logits.detach()[kept], {key: p.grad for key, p in model.named_parameters()}
 
 
+def named_grads(model):
+    """Each parameter's gradient by its name (a compiled wrapper's ``_orig_mod.`` prefix dropped)."""
+    return {key.removeprefix("_orig_mod."): p.grad for key, p in model.named_parameters()}
+
+
 def assert_close(ours, ref, rtol, what):
     error = relative_error(ours, ref)
     assert error <= rtol, f"{what}: relative error {error:.2e} > {rtol:.0e}"
@@ -415,8 +420,7 @@ def test_compiled_packed_sequences_from_the_collator_are_one_graph(name, fresh_c
         model.zero_grad()
         logits = model(**inputs, use_cache=False).logits
         logits.square().mean().backward()
-        grads = {key.removeprefix("_orig_mod."): p.grad for key, p in model.named_parameters()}
-        results.append((logits.detach(), grads))
+        results.append((logits.detach(), named_grads(model)))
     (ref_logits, ref_grads), (logits, grads) = results
     assert_close(logits, ref_logits, RTOL, "logits")
     for key, grad in grads.items():
@@ -534,8 +538,7 @@ def test_bart_cross_attention_to_a_padded_encoder_matches_sdpa(name, fresh_compi
         model.zero_grad()
         logits = model(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids, use_cache=False).logits
         logits.square().mean().backward()
-        grads = {key.removeprefix("_orig_mod."): p.grad for key, p in model.named_parameters()}
-        outputs.append((logits.detach(), grads))
+        outputs.append((logits.detach(), named_grads(model)))
     (ref_logits, ref_grads), (logits, grads) = outputs
     assert_close(logits, ref_logits, RTOL, "decoder logits")
     for key, grad in grads.items():
