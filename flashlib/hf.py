@@ -37,6 +37,7 @@ Importing this module needs no Transformers; :func:`register` does (``pip instal
 """
 from __future__ import annotations
 
+import importlib
 import warnings
 
 import torch
@@ -74,9 +75,16 @@ def register(name: str = DEFAULT_NAME) -> str:
     existing = AttentionInterface().get(name)  # ours again (also from a reloaded flashlib.hf) is fine
     if name == "eager" or (existing is not None and getattr(existing, "__module__", None) != __name__):
         raise ValueError(f"attention implementation {name!r} already exists in Transformers; choose another name")
+    global _masking_utils
+    _masking_utils = importlib.import_module("transformers.masking_utils")
     AttentionInterface.register(name, flashlib_attention_forward)
     AttentionMaskInterface.register(name, flashlib_attention_mask)
     return name
+
+
+#: transformers.masking_utils, imported by :func:`register`, not by the mask function: Dynamo (torch 2.11) cannot
+#: trace ``from transformers import masking_utils``, since ``transformers`` is a lazy module ("Bad import result").
+_masking_utils = None
 
 
 # ---------------------------------------------------------------- the mask, built once per forward
@@ -95,8 +103,8 @@ def flashlib_attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offs
     (Transformers' ``generate`` makes it before its compiled step, whose CUDA graph then serves every step; a 2D
     mask growing by a token a step would compile anew at every step, and the last step would switch to it).
     """
-    from transformers import masking_utils
-
+    masking_utils = _masking_utils if _masking_utils is not None else importlib.import_module(
+        "transformers.masking_utils")  # called before register(), as a test may
     args = {"batch_size": batch_size, "q_length": q_length, "kv_length": kv_length, "q_offset": q_offset,
             "kv_offset": kv_offset, "attention_mask": attention_mask}
     # A static cache's decoding step gets sdpa's mask below: its one row is the keys the query sees (see above)
@@ -474,14 +482,45 @@ def _attend_tokens_first(q, k, v, mask, options):
 
 def _cached_attention(q, k, v, keys, lengths, options):
     """:func:`flash_attention_with_kvcache` (the split-KV kernel, for few queries over many keys) of (B, N_q, H, D) q
-    over the key tokens that the (B, N_k) bool ``keys`` keep, moved, in order, to the front of each row, where
+    over the key tokens that the (B, N_k) bool ``keys`` keep, taken in order as the first tokens of each row, where
     ``cache_seqlens`` = ``lengths`` (their counts) bounds them; no host read. Causal: query i is aligned to the
-    bottom right of its row's key tokens. Inference only (no gradient, no dropout)."""
-    tokens_first = _kept_first(keys)[:, :, None, None]
-    k, v = (t.take_along_dim(tokens_first, dim=1) for t in (k, v))
-    return flash_attention_with_kvcache(q, k, v, cache_seqlens=lengths, causal=options["causal"],
+    bottom right of its row's key tokens. Inference only (no gradient, no dropout).
+
+    The kernel reads the kept tokens where they lie, through a block table of one-token pages
+    (:func:`_token_pages`): moving them to the front instead would copy the whole cache, every layer, every step.
+    """
+    order = _kept_first(keys)
+    pages = _token_pages(k, v, order)
+    if pages is None:  # strides that one-token pages cannot express: move the tokens
+        tokens_first = order[:, :, None, None]
+        k, v = (t.take_along_dim(tokens_first, dim=1) for t in (k, v))
+        table = None
+    else:
+        k, v, table = pages
+    return flash_attention_with_kvcache(q, k, v, cache_seqlens=lengths, block_table=table, causal=options["causal"],
                                         window=options["window"], softmax_scale=options["softmax_scale"],
                                         softcap=options["softcap"])
+
+
+def _token_pages(k: torch.Tensor, v: torch.Tensor, order: torch.Tensor):
+    """(k_pages, v_pages, block_table): (B, N_k, H_kv, D) k, v seen, without a copy, as a paged cache of one-token
+    pages (num_pages, 1, H_kv, D) whose ``block_table`` (B, N_k) int32 lists row b's tokens in ``order``: page
+    ``b * (stride_b // stride_n) + n`` is token n of row b, so the pages step by a token's stride (their heads overlap
+    the next tokens' memory: a view that is only read). None where the strides do not allow it (k and v laid out
+    differently, a row's stride not a multiple of a token's) or the page indices would overflow int32."""
+    batch, n_k, heads_kv, head_dim = k.shape
+    stride_b, stride_n, stride_h, _ = k.stride()
+    if (k.stride() != v.stride() or k.stride(3) != 1 or stride_n <= 0 or stride_b % stride_n
+            or batch == 0 or n_k == 0):
+        return None
+    tokens_per_row = stride_b // stride_n if batch > 1 else n_k
+    num_pages = (batch - 1) * tokens_per_row + n_k
+    if num_pages > torch.iinfo(torch.int32).max:
+        return None
+    size, strides = (num_pages, 1, heads_kv, head_dim), (stride_n, stride_n, stride_h, 1)
+    rows = torch.arange(batch, device=order.device)[:, None] * tokens_per_row
+    table = (rows + order).to(torch.int32)
+    return k.as_strided(size, strides), v.as_strided(size, strides), table
 
 
 def _kept_first(kept: torch.Tensor) -> torch.Tensor:

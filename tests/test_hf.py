@@ -64,7 +64,8 @@ def calls(monkeypatch):
         return varlen(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs)
 
     def flash_attention_with_kvcache(q, k_cache, v_cache, **kwargs):
-        log.append(("kvcache", q.shape[1], k_cache.shape[1]))
+        table = kwargs.get("block_table")  # one-token pages: a row's keys are its table's entries
+        log.append(("kvcache", q.shape[1], k_cache.shape[1] if table is None else table.shape[1]))
         return kvcache(q, k_cache, v_cache, **kwargs)
 
     monkeypatch.setattr(hf, "flash_attention", flash_attention)
@@ -705,6 +706,32 @@ def test_one_query_takes_its_4d_row_as_the_keys_it_sees(name, fresh_compiler):
         attend(q, k, v, bias)
     with pytest.raises(RuntimeError, match="adds a bias"):
         compiled(q, k, v, bias)
+
+
+@pytest.mark.parametrize("layout", ["bhnd cache", "bnhd cache", "one row", "sliced"])
+def test_decoding_reads_the_cache_where_it_lies_through_one_token_pages(layout):
+    """A decoding step's keys are read in place, not copied to the front of each row: one-token pages over the
+    cache's own memory whose block table lists each row's kept tokens in order, for Transformers' (B, H, N, D) cache
+    seen as (B, N, H, D), a (B, N, H, D) cache, one row, and a static cache cut to its mask's length."""
+    gen = torch.Generator().manual_seed(11)
+    batch = 1 if layout == "one row" else 3
+    if layout in ("bhnd cache", "sliced"):
+        k, v = (torch.randn(batch, 2, 12, 8, generator=gen).transpose(1, 2) for _ in range(2))
+    else:
+        k, v = (torch.randn(batch, 12, 2, 8, generator=gen) for _ in range(2))
+    if layout == "sliced":
+        k, v = k[:, :9], v[:, :9]
+    keys = torch.rand(batch, k.shape[1], generator=gen) < 0.6
+    keys[:, 0] = True
+    order = hf._kept_first(keys)
+    k_pages, v_pages, table = hf._token_pages(k, v, order)
+    assert table.dtype == torch.int32 and table.shape == keys.shape
+    assert k_pages.shape[1:] == (1, 2, 8) and int(table.max()) < k_pages.shape[0]
+    for pages, t in ((k_pages, k), (v_pages, v)):
+        assert pages.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()  # a view: nothing copied
+        assert torch.equal(pages[table.long(), 0], t.take_along_dim(order[:, :, None, None], dim=1))
+    other = v.transpose(1, 2).contiguous().transpose(1, 2) if v.is_contiguous() else v.contiguous()
+    assert hf._token_pages(k, other, order) is None  # k and v laid out differently: the tokens are moved
 
 
 def test_nan_in_padding_never_reaches_a_valid_output_or_gradient(name):
