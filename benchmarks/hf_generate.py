@@ -63,8 +63,13 @@ def timed(model, ids, mask, new: int, cache: str) -> tuple[float, torch.Tensor]:
 
 
 def measure(model, ids, mask, new: int, cache: str) -> dict:
-    """Tokens/s of a whole call and of the decoding steps alone (after a warm-up call that compiles), and the tokens."""
-    timed(model, ids, mask, max(2, new // 4), cache)  # compile, autotune, capture
+    """Tokens/s of a whole call and of the decoding steps alone (after warm-up calls that compile), and the tokens.
+
+    Each length is warmed up: a static cache holds prompt + new tokens, a length that its compiled step is
+    specialized to (session 55, on an H100: warming up the short call alone left the long call's compiling in the
+    time, and a static cache's decoding ran at a quarter of a dynamic one's)."""
+    for n in (new, new // 4):
+        timed(model, ids, mask, n, cache)  # compile, autotune, capture
     whole, tokens = timed(model, ids, mask, new, cache)
     short, _ = timed(model, ids, mask, new // 4, cache)
     batch = ids.shape[0]

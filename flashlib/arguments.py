@@ -60,7 +60,11 @@ def autocast_inputs(q, k, v) -> tuple:
     if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
         return q, k, v
     device = q.device.type
-    if not (torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)):  # none on "meta"
+    if torch.compiler.is_compiling():  # Dynamo of torch 2.11 cannot trace is_autocast_available; a traced
+        enabled = torch.is_autocast_enabled(device)  # tensor is on a device that has autocast (cuda, cpu)
+    else:
+        enabled = torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)  # none on "meta"
+    if not enabled:
         return q, k, v
     dtype = torch.get_autocast_dtype(device)
     return tuple(t.to(dtype) if t.dtype in AUTOCAST_DTYPES and t.dtype != dtype else t for t in (q, k, v))

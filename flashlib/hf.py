@@ -430,7 +430,10 @@ def _attend_padded(q, k, v, mask, options):
     keys past the mask are empty slots and dropped)."""
     batch, n_q, n_k = q.shape[0], q.shape[1], mask.shape[1]
     k, v = k[:, :n_k], v[:, :n_k]
-    if not values_checked(mask):  # torch.compile or a CUDA graph's capture: no host read
+    # torch.compile or a CUDA graph's capture: no host read. A decoding step, eager too: the unpadding below syncs
+    # with the host a few times a layer, which made eager generation with padding run at half sdpa's speed (session
+    # 55, on an H100: 617 tokens/s against 1257), where the split-KV kernel needs no host read at all.
+    if not values_checked(mask) or (n_q < n_k and _split_kv(q, k, v, options)):
         return _attend_tokens_first(q, k, v, mask, options)
     lengths = mask.sum(-1, dtype=torch.int32)
     right_rows, left_rows = _padded_at_an_edge(mask, lengths)
@@ -451,22 +454,24 @@ def _attend_padded(q, k, v, mask, options):
 
 def _attend_tokens_first(q, k, v, mask, options):
     """Attention of (B, N_q, H, D) q to (B, N_k, H_kv, D) k, v with a (B, N_k) bool padding mask, the queries being
-    the last N_q key positions, without reading a value on the host (the unpadding below reads the lengths: a graph
-    break under torch.compile, a sync that a CUDA graph's capture forbids).
+    the last N_q key positions, without reading a value on the host (:func:`_attend_padded`'s unpadding reads the
+    lengths: a graph break under torch.compile, a sync that a CUDA graph's capture forbids, a few syncs a layer in an
+    eager decoding step).
 
-    Each row's key tokens are moved, in order, to its front (a stable sort of the mask), which leaves the padding at
-    the end: with N_q == N_k the queries move alike and ``seq_lens`` masks the padding; in a decoding step (N_q <
-    N_k, inference only) the query tokens move to the end of the queries instead, so that, bottom-right aligned to
-    the ``cache_seqlens`` key tokens of :func:`flash_attention_with_kvcache`, query token r of n sees the key tokens
-    up to its own (with many queries, gradients or dropout, :func:`_varlen_in_place`; see :func:`_split_kv`). The output
-    moves back, 0 at padded queries. The tokens attend to each other exactly as unpadded (a sliding window counts
-    tokens); padding between tokens with a window, which the unpadding refuses, is refused here by an assertion on
-    the device. Costs a copy of q, k, v and O."""
+    With N_q == N_k each row's tokens are moved, in order, to its front (a stable sort of the mask), which leaves the
+    padding at the end, ``seq_lens`` masks it, and the output moves back (a copy of q, k, v and O). In a decoding step
+    (N_q < N_k, inference only) the split-KV kernel of :func:`flash_attention_with_kvcache` reads each row's key tokens
+    in place (:func:`_cached_attention`) and the query tokens move to the end of the queries, so that, bottom-right
+    aligned to the ``cache_seqlens`` key tokens, query token r of n sees the key tokens up to its own (with many
+    queries, gradients or dropout, :func:`_varlen_in_place`; see :func:`_split_kv`). Padded queries give 0. The
+    tokens attend to each other exactly as unpadded (a sliding window counts tokens); padding between tokens with a
+    window, which the unpadding refuses, is refused here too (a ValueError, or an assertion on the device while
+    tracing)."""
     n_q, n_k = q.shape[1], mask.shape[1]
     lengths = mask.sum(-1, dtype=torch.int32)
     if options["window"] is not None:
         right, left = _padded_at_an_edge(mask, lengths)
-        torch._assert_async((right | left).all(), WINDOW_NEEDS_EDGE_PADDING)
+        _require(right | left, WINDOW_NEEDS_EDGE_PADDING, on_device=not values_checked(mask))
     queries = mask[:, n_k - n_q:]
     if n_q != n_k and not _split_kv(q, k, v, options):
         return _varlen_in_place(q, k, v, queries, mask, options)
@@ -497,9 +502,11 @@ def _cached_attention(q, k, v, keys, lengths, options):
         table = None
     else:
         k, v, table = pages
+    # check_values=False: the lengths count the mask's tokens and the table indexes the pages built above, so the
+    # checks' host read (a sync a layer) has nothing to find
     return flash_attention_with_kvcache(q, k, v, cache_seqlens=lengths, block_table=table, causal=options["causal"],
                                         window=options["window"], softmax_scale=options["softmax_scale"],
-                                        softcap=options["softcap"])
+                                        softcap=options["softcap"], check_values=False)
 
 
 def _token_pages(k: torch.Tensor, v: torch.Tensor, order: torch.Tensor):

@@ -27,6 +27,7 @@ from support.attention import pin_blocks
 
 from flashlib import hf, runtime
 from flashlib import ops as ops_module
+from flashlib.reference import naive_attention
 from flashlib.validation import relative_error
 
 DEVICE = runtime.DEVICE
@@ -368,16 +369,35 @@ def test_compiled_static_cache_steps_are_one_graph(name, fresh_compiler):
 
 @pytest.mark.parametrize("grad", [False, True], ids=["inference", "with gradients"])
 @pytest.mark.parametrize("padding", ["left", "between tokens", "a padded query"])
-def test_compiled_decoding_steps_give_what_eager_unpadding_gives(name, fresh_compiler, calls, padding, grad):
-    """Two queries against six keys, compiled with fullgraph=True, as eager (which unpads): 0 at a padded query, and
-    NaN in the padding of q, k and v never read, nor its gradients. A window (3) with left padding as eager; with
-    other padding, which eager refuses on the host, refused on the device. Inference goes through
-    flash_attention_with_kvcache; with gradients, through varlen."""
+def unpadded_reference(q, k, v, mask, window=None) -> torch.Tensor:
+    """float64 ground truth of (B, H, N_q, D) q, causal, over (B, H_kv, N_k, D) k, v with a (B, N_k) bool padding
+    mask, the queries being the last N_q positions: each row's kept tokens alone, as if they had never been padded
+    (a window counts tokens), returned (B, N_q, H, D) as Transformers' attention returns it, 0 at padded queries."""
+    n_q = q.shape[2]
+    out = torch.zeros(q.shape[0], n_q, q.shape[1], q.shape[3], dtype=torch.float64, device=q.device)
+    for b, kept in enumerate(mask):
+        queries = kept[-n_q:]
+        rows = naive_attention(q[b:b + 1, :, queries].double(), k[b:b + 1, :, kept].double(),
+                               v[b:b + 1, :, kept].double(), causal=True,
+                               window=None if window is None else (window - 1, 0))
+        out[b, queries] = rows[0].transpose(0, 1)
+    return out
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
+@pytest.mark.parametrize("padding", ["left", "between tokens", "a padded query"])
+def test_decoding_steps_eager_and_compiled_match_the_unpadded_reference(name, fresh_compiler, calls, padding, grad):
+    """Two queries against six keys, eager and compiled with fullgraph=True, against float64 attention of each row's
+    tokens alone: 0 at a padded query, and NaN in the padding of q, k and v never read, nor its gradients (compiled
+    against eager, which unpads). A window (3) with left padding matches the reference; with other padding it is
+    refused, eagerly on the host, compiled on the device. Inference goes through flash_attention_with_kvcache with
+    no host read, eager too; with gradients, eager unpads into varlen, compiled packs into varlen."""
     module, q, k, v = attention_inputs(n_q=2, n_k=6, seed=8)
     rows = {"left": [[0, 0, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1]],
             "between tokens": [[0, 0, 1, 1, 1, 1], [1, 0, 0, 1, 1, 1]],
             "a padded query": [[1, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 0]]}[padding]
     mask = torch.tensor(rows, dtype=torch.bool, device=DEVICE)
+    expected = unpadded_reference(q, k, v, mask)
     k.transpose(1, 2)[~mask], v.transpose(1, 2)[~mask] = float("nan"), float("nan")
     q.transpose(1, 2)[~mask[:, -2:]] = float("nan")
 
@@ -393,15 +413,19 @@ def test_compiled_decoding_steps_give_what_eager_unpadding_gives(name, fresh_com
             out.square().sum().backward()
         results.append((out.detach(), [t.grad for t in leaves]))
     (eager, eager_grads), (out, grads) = results
-    assert [call[0] for call in calls] == ["varlen", "varlen" if grad else "kvcache"]
-    assert not eager.isnan().any()
-    assert_close(out, eager, RTOL, "outputs")
+    assert [call[0] for call in calls] == ["varlen", "varlen"] if grad else ["kvcache", "kvcache"]
+    assert_close(eager, expected, RTOL, "eager outputs")
+    assert_close(out, expected, RTOL, "compiled outputs")
     for a, b in zip(grads, eager_grads) if grad else ():
         assert not a.isnan().any() and not b.isnan().any()
         assert_close(a, b, RTOL, "gradients")
     if padding == "left":
-        assert_close(compiled(q, k, v, sliding_window=3), attend(q, k, v, sliding_window=3), RTOL, "windowed outputs")
+        windowed = unpadded_reference(q.nan_to_num(), k.nan_to_num(), v.nan_to_num(), mask, window=3)
+        assert_close(attend(q, k, v, sliding_window=3), windowed, RTOL, "eager windowed outputs")
+        assert_close(compiled(q, k, v, sliding_window=3), windowed, RTOL, "compiled windowed outputs")
     else:
+        with pytest.raises(ValueError, match="sliding window needs left or right padding"):
+            attend(q, k, v, sliding_window=3)
         with pytest.raises(RuntimeError, match="sliding window needs left or right padding"):
             compiled(q, k, v, sliding_window=3)
 
@@ -504,9 +528,9 @@ def test_compiled_attention_never_reads_padding(name, fresh_compiler):
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 def test_greedy_generation_matches_sdpa(name, calls, cache):
     """Left-padded batch of 2, 5 new tokens with a KV cache: the decoding steps are N_q = 1 query against
-    the cached keys: with a dynamic cache the 2D mask, unpadded into varlen; with a static one sdpa's 4D mask,
-    whose one row is the keys the query sees (the empty slots past the last token left out), through
-    flash_attention_with_kvcache's split-KV kernel."""
+    the cached keys, through flash_attention_with_kvcache's split-KV kernel: with a dynamic cache the 2D mask's
+    tokens; with a static one sdpa's 4D mask, whose one row is the keys the query sees (the empty slots past the
+    last token left out)."""
     ref, ours = twins(name, transformers.LlamaConfig(**SIZES))
     ids, mask = batch("left")
     options = {"attention_mask": mask, "max_new_tokens": 5, "min_new_tokens": 5, "do_sample": False,
@@ -515,7 +539,7 @@ def test_greedy_generation_matches_sdpa(name, calls, cache):
     assert torch.equal(ours.generate(ids, **options), expected)
     decoding = [call for call in calls if call[1] == 1]
     assert len(decoding) == 4 * SIZES["num_hidden_layers"] and all(call[2] > 1 for call in decoding)
-    assert {call[0] for call in decoding} == {"varlen" if cache == "dynamic" else "kvcache"}
+    assert {call[0] for call in decoding} == {"kvcache"}
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
