@@ -480,6 +480,8 @@ def _attend_tokens_first(q, k, v, mask, options):
         q, k, v = (t.take_along_dim(tokens_first, dim=1) for t in (q, k, v))
         out = flash_attention(q, k, v, seq_lens=lengths, layout="bnhd", **options)
         return out.take_along_dim(torch.argsort(tokens_first, dim=1), dim=1)
+    if n_q == 1:  # one query is its row's last already (a step of generation: nothing to move)
+        return _cached_attention(q, k, v, mask, lengths, options).masked_fill(~queries[:, :, None, None], 0)
     tokens_last = _kept_first(~queries)[:, :, None, None]
     out = _cached_attention(q.take_along_dim(tokens_last, dim=1), k, v, mask, lengths, options)
     return out.take_along_dim(torch.argsort(tokens_last, dim=1), dim=1).masked_fill(~queries[:, :, None, None], 0)
