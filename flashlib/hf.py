@@ -193,11 +193,12 @@ def flashlib_attention_forward(module, query, key, value, attention_mask, scalin
       ``(w - 1, 0)`` when causal: the query and the w - 1 keys before it, as sdpa's mask);
     * ``scaling``, ``dropout``, ``softcap``: flashlib's ``softmax_scale``, ``dropout_p``, ``softcap``;
     * ``attention_mask``: None (nothing padded): one plain call; a 2D (B, N_k) padding mask (True or 1
-      = token): right padding with N_q == N_k is ``seq_lens`` (no copy), any other padding is unpadded
-      into ``flash_attention_varlen`` and padded back; under torch.compile or a CUDA graph's capture, where the
-      lengths cannot be read on the host, each row's tokens are moved to its front for ``seq_lens`` (N_q == N_k),
-      or for :func:`flash_attention_with_kvcache` (a decoding step: few queries, no gradient, no dropout; else
-      one varlen call of fixed size); a 4D mask (B or 1, 1 or H, N_q, N_k), boolean or additive (0 / -inf), is
+      = token): a decoding step (few queries, no gradient, no dropout) is :func:`flash_attention_with_kvcache`
+      over each row's key tokens where they lie (no host read, eager or compiled); otherwise right padding with
+      N_q == N_k is ``seq_lens`` (no copy), any other padding is unpadded into ``flash_attention_varlen`` and
+      padded back; under torch.compile or a CUDA graph's capture, where the lengths cannot be read on the host,
+      each row's tokens are moved to its front for ``seq_lens`` (N_q == N_k), else one varlen call of fixed
+      size; a 4D mask (B or 1, 1 or H, N_q, N_k), boolean or additive (0 / -inf), is
       reduced to the padding mask, or refused with a ValueError if it says more than padding plus the causal and
       window bounds above (a bidirectional layer's is checked on the device while tracing; a causal layer's is read
       on the host, since it may be packed sequences); with one query, its row is the keys it sees.
