@@ -38,6 +38,12 @@ Session 54 was lent no GPU. It made flashlib's Transformers attention compile to
 steps included) and added ``hf``: Transformers' ``generate`` on flashlib against sdpa, eager and with the static
 cache's CUDA-graph steps (benchmarks/hf_generate.py). The next session runs ``recheck``, then ``hf``.
 
+Session 55 (an H100) ran ``recheck`` (TUNING.md forty-third finding: session 53's slow N = 1024 points did not come
+back; two Transformers GPU tests failed on torch 2.11's Dynamo, fixed, and the suite's rest passed) and ``hf``
+(forty-fourth finding: a static cache's CUDA-graph steps 1.06x sdpa's tokens/s; eager steps with a dynamic cache
+0.49x, which the session then changed, unmeasured, to take the split-KV kernel with no host read). The next session
+runs ``hf`` again.
+
 The grid measures the forward and backward with the settings the timings decide. A machine is given back 30 s
 after a call, too soon to edit those settings by hand between the two calls, so the timings call also copies its
 logs to ``build/backlog`` (ignored by git, so kept on the machine between calls) and the grid call first writes
