@@ -520,7 +520,7 @@ def _token_pages(k: torch.Tensor, v: torch.Tensor, order: torch.Tensor):
     differently, a row's stride not a multiple of a token's) or the page indices would overflow int32."""
     batch, n_k, heads_kv, head_dim = k.shape
     stride_b, stride_n, stride_h, _ = k.stride()
-    if (k.stride() != v.stride() or k.stride(3) != 1 or stride_n <= 0 or stride_b % stride_n
+    if (k.stride() != v.stride() or k.stride(3) != 1 or stride_n <= 0 or (batch > 1 and stride_b % stride_n)
             or batch == 0 or n_k == 0):
         return None
     tokens_per_row = stride_b // stride_n if batch > 1 else n_k

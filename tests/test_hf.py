@@ -924,3 +924,23 @@ def test_gpu_generate_with_a_static_cache_compiles_its_steps_and_matches_sdpa(na
     expected = ref.generate(ids, **options)
     assert torch.equal(ours.generate(ids, **options), expected)
     assert {call[0] for call in calls if call[1] == 1} == {"kvcache"}
+
+
+@pytest.mark.gpu
+def test_gpu_eager_decoding_step_reads_nothing_on_the_host(name):
+    """An eager decoding step with padding (a dynamic cache's step of generate) makes no host sync: CUDA's sync
+    debug mode set to "error" raises at any, as the unpadding's nonzero and lengths would; the output matches the
+    float64 reference of each row's tokens alone."""
+    module, q, k, v = attention_inputs(n_q=1, n_k=64, seed=12)
+    mask = torch.ones(2, 64, dtype=torch.bool, device=DEVICE)
+    mask[0, :9] = False  # left padding
+    mask[1, 20:23] = False  # between tokens
+    expected = unpadded_reference(q, k, v, mask)
+    hf.flashlib_attention_forward(module, q, k, v, mask)  # compiles the kernels
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = hf.flashlib_attention_forward(module, q, k, v, mask)[0]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert_close(out, expected, RTOL, "outputs")
