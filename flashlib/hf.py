@@ -43,6 +43,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from . import runtime
 from .arguments import values_checked
 from .attention import flash_attention
 from .decode import flash_attention_with_kvcache
@@ -194,7 +195,8 @@ def flashlib_attention_forward(module, query, key, value, attention_mask, scalin
     * ``scaling``, ``dropout``, ``softcap``: flashlib's ``softmax_scale``, ``dropout_p``, ``softcap``;
     * ``attention_mask``: None (nothing padded): one plain call; a 2D (B, N_k) padding mask (True or 1
       = token): a decoding step (few queries, no gradient, no dropout) is :func:`flash_attention_with_kvcache`
-      over each row's key tokens where they lie (no host read, eager or compiled); otherwise right padding with
+      over each row's key tokens where they lie (no host read, eager or compiled, but an eager sliding-window
+      layer's check that its padding is at an edge: one sync); otherwise right padding with
       N_q == N_k is ``seq_lens`` (no copy), any other padding is unpadded into ``flash_attention_varlen`` and
       padded back; under torch.compile or a CUDA graph's capture, where the lengths cannot be read on the host,
       each row's tokens are moved to its front for ``seq_lens`` (N_q == N_k), else one varlen call of fixed
@@ -385,11 +387,11 @@ def _attend_keys_padded(q, k, v, mask, options):
     (cross-attention, where N_q may differ from N_k)."""
     batch, n_q, n_k = q.shape[0], q.shape[1], k.shape[1]
     lengths = mask.sum(-1, dtype=torch.int32)
+    if _split_kv(q, k, v, options):  # a decoding step: no host read, the keys read in place
+        return _cached_attention(q, k, v, mask, lengths, options)
     readable = values_checked(mask)  # not under torch.compile or a CUDA graph's capture
     if readable and bool((lengths == n_k).all()):  # one sync, as in _attend_padded: nothing to move
         return flash_attention(q, k, v, layout="bnhd", **options)
-    if _split_kv(q, k, v, options):  # a decoding step
-        return _cached_attention(q, k, v, mask, lengths, options)
     if not readable:
         return _varlen_in_place(q, k, v, None, mask, options)
     k_index = mask.flatten().nonzero().squeeze(1)
@@ -433,7 +435,8 @@ def _attend_padded(q, k, v, mask, options):
     k, v = k[:, :n_k], v[:, :n_k]
     # torch.compile or a CUDA graph's capture: no host read. A decoding step, eager too: the unpadding below syncs
     # with the host a few times a layer, which made eager generation with padding run at half sdpa's speed (session
-    # 55, on an H100: 617 tokens/s against 1257), where the split-KV kernel needs no host read at all.
+    # 55, on an H100: 617 tokens/s against 1257), where the split-KV kernel needs no host read (a sliding-window
+    # layer still reads, once, whether its padding is at an edge: see _attend_tokens_first).
     if not values_checked(mask) or (n_q < n_k and _split_kv(q, k, v, options)):
         return _attend_tokens_first(q, k, v, mask, options)
     lengths = mask.sum(-1, dtype=torch.int32)
@@ -516,12 +519,14 @@ def _token_pages(k: torch.Tensor, v: torch.Tensor, order: torch.Tensor):
     """(k_pages, v_pages, block_table): (B, N_k, H_kv, D) k, v seen, without a copy, as a paged cache of one-token
     pages (num_pages, 1, H_kv, D) whose ``block_table`` (B, N_k) int32 lists row b's tokens in ``order``: page
     ``b * (stride_b // stride_n) + n`` is token n of row b, so the pages step by a token's stride (their heads overlap
-    the next tokens' memory: a view that is only read). None where the strides do not allow it (k and v laid out
-    differently, a row's stride not a multiple of a token's) or the page indices would overflow int32."""
+    the next tokens' memory: a view that is only read). None (the caller copies the tokens instead) where the strides
+    do not allow it (k and v laid out differently, head_dim not contiguous, a row's stride not a multiple of a
+    token's), for empty tensors, where the page indices would overflow int32, and where the interpreter would upcast
+    the view (bfloat16 on a CPU: a copy of every overlapping page, H_kv times the cache)."""
     batch, n_k, heads_kv, head_dim = k.shape
     stride_b, stride_n, stride_h, _ = k.stride()
     if (k.stride() != v.stride() or k.stride(3) != 1 or stride_n <= 0 or (batch > 1 and stride_b % stride_n)
-            or batch == 0 or n_k == 0):
+            or batch == 0 or n_k == 0 or (runtime.INTERPRET and runtime.dot_safe_dtype(k.dtype) != k.dtype)):
         return None
     tokens_per_row = stride_b // stride_n if batch > 1 else n_k
     num_pages = (batch - 1) * tokens_per_row + n_k
@@ -530,6 +535,8 @@ def _token_pages(k: torch.Tensor, v: torch.Tensor, order: torch.Tensor):
     size, strides = (num_pages, 1, heads_kv, head_dim), (stride_n, stride_n, stride_h, 1)
     rows = torch.arange(batch, device=order.device)[:, None] * tokens_per_row
     table = (rows + order).to(torch.int32)
+    # as_strided keeps each view's own storage offset, also under Inductor (tests/test_hf.py checks a view's); asking
+    # for it (storage_offset()) would break the graph
     return k.as_strided(size, strides), v.as_strided(size, strides), table
 
 

@@ -367,8 +367,6 @@ def test_compiled_static_cache_steps_are_one_graph(name, fresh_compiler):
     assert counter.frame_count == 2, "one graph for the prompt, one for every decoding step"
 
 
-@pytest.mark.parametrize("grad", [False, True], ids=["inference", "with gradients"])
-@pytest.mark.parametrize("padding", ["left", "between tokens", "a padded query"])
 def unpadded_reference(q, k, v, mask, window=None) -> torch.Tensor:
     """float64 ground truth of (B, H, N_q, D) q, causal, over (B, H_kv, N_k, D) k, v with a (B, N_k) bool padding
     mask, the queries being the last N_q positions: each row's kept tokens alone, as if they had never been padded
@@ -413,7 +411,7 @@ def test_decoding_steps_eager_and_compiled_match_the_unpadded_reference(name, fr
             out.square().sum().backward()
         results.append((out.detach(), [t.grad for t in leaves]))
     (eager, eager_grads), (out, grads) = results
-    assert [call[0] for call in calls] == ["varlen", "varlen"] if grad else ["kvcache", "kvcache"]
+    assert [call[0] for call in calls] == (["varlen", "varlen"] if grad else ["kvcache", "kvcache"])
     assert_close(eager, expected, RTOL, "eager outputs")
     assert_close(out, expected, RTOL, "compiled outputs")
     if not grad:  # one query, a step of generation, is its row's last: it moves nowhere (0 where it is padding)
@@ -735,15 +733,19 @@ def test_one_query_takes_its_4d_row_as_the_keys_it_sees(name, fresh_compiler):
         compiled(q, k, v, bias)
 
 
-@pytest.mark.parametrize("layout", ["bhnd cache", "bnhd cache", "one row", "sliced"])
+@pytest.mark.parametrize("layout", ["bhnd cache", "bnhd cache", "one row", "sliced", "offset"])
 def test_decoding_reads_the_cache_where_it_lies_through_one_token_pages(layout):
     """A decoding step's keys are read in place, not copied to the front of each row: one-token pages over the
     cache's own memory whose block table lists each row's kept tokens in order, for Transformers' (B, H, N, D) cache
-    seen as (B, N, H, D), a (B, N, H, D) cache, one row, and a static cache cut to its mask's length."""
+    seen as (B, N, H, D), a (B, N, H, D) cache, one row, a static cache cut to its mask's length, and a view that
+    starts inside its storage."""
     gen = torch.Generator().manual_seed(11)
     batch = 1 if layout == "one row" else 3
     if layout in ("bhnd cache", "sliced"):
         k, v = (torch.randn(batch, 2, 12, 8, generator=gen).transpose(1, 2) for _ in range(2))
+    elif layout == "offset":
+        k, v = (torch.randn(batch + 1, 2, 15, 8, generator=gen)[1:, :, 3:].transpose(1, 2) for _ in range(2))
+        assert k.storage_offset() > 0
     else:
         k, v = (torch.randn(batch, 12, 2, 8, generator=gen) for _ in range(2))
     if layout == "sliced":
@@ -759,6 +761,15 @@ def test_decoding_reads_the_cache_where_it_lies_through_one_token_pages(layout):
         assert torch.equal(pages[table.long(), 0], t.take_along_dim(order[:, :, None, None], dim=1))
     other = v.transpose(1, 2).contiguous().transpose(1, 2) if v.is_contiguous() else v.contiguous()
     assert hf._token_pages(k, other, order) is None  # k and v laid out differently: the tokens are moved
+    if layout == "offset":  # Inductor keeps the view's offset in its as_strided, as eager does
+        def gathered(k, v, order):
+            pages, _, table = hf._token_pages(k, v, order)
+            return pages[table.long(), 0] * 1.0
+
+        compiled = torch.compile(gathered, fullgraph=True, backend="inductor")
+        assert torch.equal(compiled(k, v, order), gathered(k, v, order))
+    # bfloat16 in the interpreter is upcast, which would copy every overlapping page: the tokens are moved instead
+    assert (hf._token_pages(k.bfloat16(), v.bfloat16(), order) is None) == runtime.INTERPRET
 
 
 def test_nan_in_padding_never_reaches_a_valid_output_or_gradient(name):
