@@ -42,7 +42,7 @@ Session 55 (an H100) ran ``recheck`` (TUNING.md forty-third finding: session 53'
 back; two Transformers GPU tests failed on torch 2.11's Dynamo, fixed, and the suite's rest passed) and ``hf``
 (forty-fourth finding: a static cache's CUDA-graph steps 1.06x sdpa's tokens/s; eager steps with a dynamic cache
 0.49x, which the session then changed, unmeasured, to take the split-KV kernel with no host read). The next session
-runs ``hf`` again.
+runs ``hf`` again (now with the Transformers GPU tests as its second step).
 
 The grid measures the forward and backward with the settings the timings decide. A machine is given back 30 s
 after a call, too soon to edit those settings by hand between the two calls, so the timings call also copies its
@@ -203,6 +203,12 @@ STAGES["hf"] = (
          "head_dim 128, GQA 4, bf16, 8 left-padded prompts of 256-512 tokens, 128 new) with eager steps (dynamic "
          "cache) and with the CUDA-graph steps that generate compiles for a static cache; a static cache far below "
          "sdpa's would say the compiled step still breaks or recompiles"),
+    # Session 55 (an H100): eager steps ran at 0.49x sdpa's tokens/s; then every decoding step took the split-KV
+    # kernel with no host read, unmeasured, and a GPU test of that (CUDA's sync debug mode) has not run yet
+    Step("hf_gpu_tests", 150,
+         ("-m", "pytest", "-v", "-m", "gpu", "-p", "no:cacheprovider", "-rs", "tests/test_hf.py"),
+         "whether Transformers models on flashlib pass on the GPU's torch (2.11 there, 2.13 on the CPU: Dynamo "
+         "differs), the new test_gpu_eager_decoding_step_reads_nothing_on_the_host among them"),
 )
 
 
