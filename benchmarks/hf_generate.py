@@ -73,8 +73,15 @@ def measure(model, ids, mask, new: int, cache: str) -> dict:
     whole, tokens = timed(model, ids, mask, new, cache)
     short, _ = timed(model, ids, mask, new // 4, cache)
     batch = ids.shape[0]
-    return {"tokens_per_s": batch * new / whole, "decode_tokens_per_s": batch * (new - new // 4) / (whole - short),
-            "tokens": tokens}
+    # None where the longer call was not the slower one: steps too short to tell apart from the timer's noise (on a
+    # CPU at tiny sizes), not a rate
+    decode = batch * (new - new // 4) / (whole - short) if whole > short else None
+    return {"tokens_per_s": batch * new / whole, "decode_tokens_per_s": decode, "tokens": tokens}
+
+
+def rate(tokens_per_s) -> str:
+    """A rate as printed: whole tokens/s, or "n/a" where none was measured."""
+    return "n/a" if tokens_per_s is None else f"{tokens_per_s:.0f}"
 
 
 def run(args, command_args) -> dict:
@@ -104,10 +111,11 @@ def run(args, command_args) -> dict:
         for impl, result in results.items():
             rows.append({"cache": cache, "impl": "flashlib" if impl == name else impl,
                          "tokens_per_s": round(result["tokens_per_s"], 1),
-                         "decode_tokens_per_s": round(result["decode_tokens_per_s"], 1),
+                         "decode_tokens_per_s": None if result["decode_tokens_per_s"] is None
+                         else round(result["decode_tokens_per_s"], 1),
                          "tokens_equal_to_sdpa": round(same, 4)})
-        print(f"{cache:>8}: " + ", ".join(f"{row['impl']} {row['decode_tokens_per_s']:.0f} tok/s decoding "
-                                          f"({row['tokens_per_s']:.0f} whole)" for row in rows[-2:])
+        print(f"{cache:>8}: " + ", ".join(f"{row['impl']} {rate(row['decode_tokens_per_s'])} tok/s decoding "
+                                          f"({rate(row['tokens_per_s'])} whole)" for row in rows[-2:])
               + f"; flashlib's tokens equal sdpa's: {same:.1%}", flush=True)
     gpu = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     return {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__,
