@@ -433,10 +433,9 @@ def _attend_padded(q, k, v, mask, options):
     keys past the mask are empty slots and dropped)."""
     batch, n_q, n_k = q.shape[0], q.shape[1], mask.shape[1]
     k, v = k[:, :n_k], v[:, :n_k]
-    # torch.compile or a CUDA graph's capture: no host read. A decoding step, eager too: the unpadding below syncs
-    # with the host a few times a layer, which made eager generation with padding run at half sdpa's speed (session
-    # 55, on an H100: 617 tokens/s against 1257), where the split-KV kernel needs no host read (a sliding-window
-    # layer still reads, once, whether its padding is at an edge: see _attend_tokens_first).
+    # torch.compile or a CUDA graph's capture: no host read. A decoding step, eager too: the unpadding below syncs a
+    # few times a layer (eager generation at half sdpa's speed: TUNING.md, forty-fourth finding), the split-KV kernel
+    # not at all (but a sliding-window layer's check of its padding: see _attend_tokens_first).
     if not values_checked(mask) or (n_q < n_k and _split_kv(q, k, v, options)):
         return _attend_tokens_first(q, k, v, mask, options)
     lengths = mask.sum(-1, dtype=torch.int32)
@@ -526,7 +525,7 @@ def _token_pages(k: torch.Tensor, v: torch.Tensor, order: torch.Tensor):
     batch, n_k, heads_kv, head_dim = k.shape
     stride_b, stride_n, stride_h, _ = k.stride()
     if (k.stride() != v.stride() or k.stride(3) != 1 or stride_n <= 0 or (batch > 1 and stride_b % stride_n)
-            or batch == 0 or n_k == 0 or (runtime.INTERPRET and runtime.dot_safe_dtype(k.dtype) != k.dtype)):
+            or batch == 0 or n_k == 0 or runtime.dot_safe_dtype(k.dtype) != k.dtype):  # see upcast_for_interpreter
         return None
     tokens_per_row = stride_b // stride_n if batch > 1 else n_k
     num_pages = (batch - 1) * tokens_per_row + n_k
