@@ -198,7 +198,7 @@ STAGES["recheck"] = (
 # Session 54 (no GPU lent) made flashlib's Transformers attention compile to one graph with padding, decoding steps
 # included, a static cache's steps with sdpa's mask of one shape. What that buys in generation, on the H100:
 STAGES["hf"] = (
-    Step("hf_generate", 420, ("benchmarks/hf_generate.py", "--out", "{out}/hf_generate.json"),
+    Step("hf_generate", 420, ("benchmarks/hf_generate.py", "--plan-per-layer", "--out", "{out}/hf_generate.json"),
          "whether flashlib's Transformers attention keeps up with sdpa's in generation: tokens/s of a Llama (8 layers, "
          "head_dim 128, GQA 4, bf16, 8 left-padded prompts of 256-512 tokens, 128 new) with eager steps (dynamic "
          "cache) and with the CUDA-graph steps that generate compiles for a static cache; a static cache far below "

@@ -6,7 +6,9 @@ A Llama-style model built from a config with random weights (no download), in ``
 decoding of ``--new`` tokens after a batch of left-padded prompts (lengths spread from half of
 ``--prompt`` to all of it), with each of Transformers' caches:
 
-* ``dynamic``: eager steps; flashlib's reads the lengths on the host (one sync a layer);
+* ``dynamic``: eager steps, which flashlib takes through the split-KV kernel over the cache in place, with no host
+  read; ``--plan-per-layer`` also times them with each layer deriving the lengths, the tokens' order and the block
+  table from the mask itself, instead of once a forward;
 * ``static``: the steps that ``generate`` compiles by itself on a GPU (Inductor, CUDA graphs), where
   flashlib's steps read nothing on the host and get sdpa's mask, of one shape, so that one graph
   serves every step.
@@ -101,22 +103,31 @@ def run(args, command_args) -> dict:
     ids, mask = prompts(args.batch, args.prompt, args.vocab, device)
     rows = []
     for cache in args.caches.split(","):
+        # (row name, attn_implementation, whether flashlib's layers share one padding plan a forward)
+        variants = [("sdpa", "sdpa", True), ("flashlib", name, True)]
+        if cache == "dynamic" and args.plan_per_layer:  # static steps are compiled: each layer makes its own anyway
+            variants.append(("flashlib_plan_per_layer", name, False))
         results = {}
-        for impl in ("sdpa", name):
+        for row_name, impl, shared in variants:
             model = build(impl, config, state, device, DTYPES[args.dtype])
-            results[impl] = measure(model, ids, mask, args.new, cache)
+            flashlib.hf.SHARE_PADDING_PLAN = shared
+            try:
+                results[row_name] = measure(model, ids, mask, args.new, cache)
+            finally:
+                flashlib.hf.SHARE_PADDING_PLAN = True
             del model
             torch._dynamo.reset()
-        same = (results[name]["tokens"] == results["sdpa"]["tokens"]).float().mean().item()
-        for impl, result in results.items():
-            rows.append({"cache": cache, "impl": "flashlib" if impl == name else impl,
+        for row_name, result in results.items():
+            same = (result["tokens"] == results["sdpa"]["tokens"]).float().mean().item()
+            rows.append({"cache": cache, "impl": row_name,
                          "tokens_per_s": round(result["tokens_per_s"], 1),
                          "decode_tokens_per_s": None if result["decode_tokens_per_s"] is None
                          else round(result["decode_tokens_per_s"], 1),
                          "tokens_equal_to_sdpa": round(same, 4)})
         print(f"{cache:>8}: " + ", ".join(f"{row['impl']} {rate(row['decode_tokens_per_s'])} tok/s decoding "
-                                          f"({rate(row['tokens_per_s'])} whole)" for row in rows[-2:])
-              + f"; flashlib's tokens equal sdpa's: {same:.1%}", flush=True)
+                                          f"({rate(row['tokens_per_s'])} whole)" for row in rows[-len(results):])
+              + f"; flashlib's tokens equal sdpa's: {rows[-len(results) + 1]['tokens_equal_to_sdpa']:.1%}",
+              flush=True)
     gpu = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     return {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__,
             "transformers": transformers.__version__,
@@ -140,6 +151,9 @@ def main(argv=None):
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--plan-per-layer", action="store_true",
+                        help="also time the dynamic cache's eager steps with flashlib.hf.SHARE_PADDING_PLAN = False "
+                             "(each layer derives the lengths, order and block table from the mask itself)")
     args = parser.parse_args(argv)
     if args.new < 8:
         parser.error(f"--new must be at least 8 (the decoding rate is the difference of --new and --new // 4 "

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import importlib
 import warnings
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -115,11 +116,12 @@ def flashlib_attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offs
         if kv_offset + kv_length == end:
             if attention_mask is not None and not values_checked(attention_mask):  # Transformers' own function
                 return attention_mask[:, -kv_length:].bool()  # asks the host whether all are tokens: a graph break
-            return masking_utils.flash_attention_mask(mask_function=mask_function, **args, **kwargs)
+            mask = masking_utils.flash_attention_mask(mask_function=mask_function, **args, **kwargs)
+            return None if mask is None else _with_a_shared_plan(mask.bool())
         if kv_offset == 0 and kv_length > end:
             if attention_mask is None:
                 return torch.ones(batch_size, end, dtype=torch.bool, device=kwargs.get("device"))
-            return attention_mask[:, :end]
+            return _with_a_shared_plan(attention_mask[:, :end].bool())
     kwargs["allow_is_causal_skip"] = False  # sdpa's None means "top-left causal", which the layer would misread
     return masking_utils.sdpa_mask(mask_function=mask_function, **args, **kwargs)
 
@@ -386,9 +388,9 @@ def _attend_keys_padded(q, k, v, mask, options):
     row is valid (as in sdpa), whether the queries are the keys' own positions (an encoder) or another sequence
     (cross-attention, where N_q may differ from N_k)."""
     batch, n_q, n_k = q.shape[0], q.shape[1], k.shape[1]
-    lengths = mask.sum(-1, dtype=torch.int32)
     if _split_kv(q, k, v, options):  # a decoding step: no host read, the keys read in place
-        return _cached_attention(q, k, v, mask, lengths, options)
+        return _cached_attention(q, k, v, _padding_plan(mask), options)
+    lengths = mask.sum(-1, dtype=torch.int32)
     readable = values_checked(mask)  # not under torch.compile or a CUDA graph's capture
     if readable and bool((lengths == n_k).all()):  # one sync, as in _attend_padded: nothing to move
         return flash_attention(q, k, v, layout="bnhd", **options)
@@ -471,52 +473,51 @@ def _attend_tokens_first(q, k, v, mask, options):
     window, which the unpadding refuses, is refused here too (a ValueError, or an assertion on the device while
     tracing)."""
     n_q, n_k = q.shape[1], mask.shape[1]
-    lengths = mask.sum(-1, dtype=torch.int32)
+    plan = _padding_plan(mask)
     if options["window"] is not None:
-        right, left = _padded_at_an_edge(mask, lengths)
-        _require(right | left, WINDOW_NEEDS_EDGE_PADDING, on_device=not values_checked(mask))
+        _require(plan.padded_at_an_edge, WINDOW_NEEDS_EDGE_PADDING, on_device=not values_checked(mask))
     queries = mask[:, n_k - n_q:]
     if n_q != n_k and not _split_kv(q, k, v, options):
         return _varlen_in_place(q, k, v, queries, mask, options)
     if n_q == n_k:
-        tokens_first = _kept_first(mask)[:, :, None, None]
+        tokens_first = plan.order[:, :, None, None]
         q, k, v = (t.take_along_dim(tokens_first, dim=1) for t in (q, k, v))
-        out = flash_attention(q, k, v, seq_lens=lengths, layout="bnhd", **options)
+        out = flash_attention(q, k, v, seq_lens=plan.lengths, layout="bnhd", **options)
         return out.take_along_dim(torch.argsort(tokens_first, dim=1), dim=1)
     if n_q == 1:  # one query is its row's last already (a step of generation: nothing to move)
-        return _cached_attention(q, k, v, mask, lengths, options).masked_fill(~queries[:, :, None, None], 0)
+        return _cached_attention(q, k, v, plan, options).masked_fill(plan.padded_queries(n_q), 0)
     tokens_last = _kept_first(~queries)[:, :, None, None]
-    out = _cached_attention(q.take_along_dim(tokens_last, dim=1), k, v, mask, lengths, options)
-    return out.take_along_dim(torch.argsort(tokens_last, dim=1), dim=1).masked_fill(~queries[:, :, None, None], 0)
+    out = _cached_attention(q.take_along_dim(tokens_last, dim=1), k, v, plan, options)
+    return out.take_along_dim(torch.argsort(tokens_last, dim=1), dim=1).masked_fill(plan.padded_queries(n_q), 0)
 
 
-def _cached_attention(q, k, v, keys, lengths, options):
+def _cached_attention(q, k, v, plan, options):
     """:func:`flash_attention_with_kvcache` (the split-KV kernel, for few queries over many keys) of (B, N_q, H, D) q
-    over the key tokens that the (B, N_k) bool ``keys`` keep, taken in order as the first tokens of each row, where
-    ``cache_seqlens`` = ``lengths`` (their counts) bounds them; no host read. Causal: query i is aligned to the
-    bottom right of its row's key tokens. Inference only (no gradient, no dropout).
+    over the key tokens that ``plan``'s padding mask keeps (a :class:`_PaddingPlan`), taken in order as the first
+    tokens of each row, where ``cache_seqlens`` = their counts bounds them; no host read. Causal: query i is aligned
+    to the bottom right of its row's key tokens. Inference only (no gradient, no dropout).
 
     The kernel reads the kept tokens where they lie, through a block table of one-token pages
     (:func:`_token_pages`): moving them to the front instead would copy the whole cache, every layer, every step.
     """
-    order = _kept_first(keys)
-    pages = _token_pages(k, v, order)
+    pages = _token_pages(k, v, plan)
     if pages is None:  # strides that one-token pages cannot express: move the tokens
-        tokens_first = order[:, :, None, None]
+        tokens_first = plan.order[:, :, None, None]
         k, v = (t.take_along_dim(tokens_first, dim=1) for t in (k, v))
         table = None
     else:
         k, v, table = pages
     # check_values=False: the lengths count the mask's tokens and the table indexes the pages built above, so the
     # checks' host read (a sync a layer) has nothing to find
-    return flash_attention_with_kvcache(q, k, v, cache_seqlens=lengths, block_table=table, causal=options["causal"],
-                                        window=options["window"], softmax_scale=options["softmax_scale"],
-                                        softcap=options["softcap"], check_values=False)
+    return flash_attention_with_kvcache(q, k, v, cache_seqlens=plan.lengths, block_table=table,
+                                        causal=options["causal"], window=options["window"],
+                                        softmax_scale=options["softmax_scale"], softcap=options["softcap"],
+                                        check_values=False)
 
 
-def _token_pages(k: torch.Tensor, v: torch.Tensor, order: torch.Tensor):
+def _token_pages(k: torch.Tensor, v: torch.Tensor, plan: "_PaddingPlan"):
     """(k_pages, v_pages, block_table): (B, N_k, H_kv, D) k, v seen, without a copy, as a paged cache of one-token
-    pages (num_pages, 1, H_kv, D) whose ``block_table`` (B, N_k) int32 lists row b's tokens in ``order``: page
+    pages (num_pages, 1, H_kv, D) whose ``block_table`` (B, N_k) int32 lists row b's tokens in ``plan.order``: page
     ``b * (stride_b // stride_n) + n`` is token n of row b, so the pages step by a token's stride (their heads overlap
     the next tokens' memory: a view that is only read). None (the caller copies the tokens instead) where the strides
     do not allow it (k and v laid out differently, head_dim not contiguous, a row's stride not a multiple of a
@@ -532,11 +533,80 @@ def _token_pages(k: torch.Tensor, v: torch.Tensor, order: torch.Tensor):
     if num_pages > torch.iinfo(torch.int32).max:
         return None
     size, strides = (num_pages, 1, heads_kv, head_dim), (stride_n, stride_n, stride_h, 1)
-    rows = torch.arange(batch, device=order.device)[:, None] * tokens_per_row
-    table = (rows + order).to(torch.int32)
     # as_strided keeps each view's own storage offset, also under Inductor (tests/test_hf.py checks a view's); asking
     # for it (storage_offset()) would break the graph
-    return k.as_strided(size, strides), v.as_strided(size, strides), table
+    return k.as_strided(size, strides), v.as_strided(size, strides), plan.block_table(tokens_per_row)
+
+
+class _PaddingPlan:
+    """What the attention derives from a (B, N_k) bool padding mask, made once and shared by every layer of an eager
+    forward (:func:`_padding_plan`): each row's token count, its tokens' order, the block table of one-token pages
+    and the padded queries' mask. An eager decoding step's attention kernel is short; remade in every layer, these
+    small launches (a sum, a stable sort, the table's arithmetic) would add host time to each layer's one kernel,
+    where sdpa builds its 4D mask once a forward and each layer makes one call."""
+
+    def __init__(self, mask: torch.Tensor):
+        # weakly: the plan hangs on the mask (see _padding_plan), and the mask must not keep itself alive
+        self._mask = weakref.ref(mask)
+        self.lengths = mask.sum(-1, dtype=torch.int32)
+        self._order = self._edges = None
+        self._tables, self._padded = {}, {}
+
+    @property
+    def mask(self) -> torch.Tensor:
+        return self._mask()
+
+    @property
+    def order(self) -> torch.Tensor:
+        """(B, N_k) indices that move each row's tokens, in order, to its front (:func:`_kept_first`)."""
+        if self._order is None:
+            self._order = _kept_first(self.mask)
+        return self._order
+
+    @property
+    def padded_at_an_edge(self) -> torch.Tensor:
+        """(B,) bool: each row padded at its end only or at its start only (:func:`_padded_at_an_edge`)."""
+        if self._edges is None:
+            right, left = _padded_at_an_edge(self.mask, self.lengths)
+            self._edges = right | left
+        return self._edges
+
+    def block_table(self, tokens_per_row: int) -> torch.Tensor:
+        """(B, N_k) int32: row b's tokens in order as the pages ``b * tokens_per_row + n`` (:func:`_token_pages`)."""
+        if tokens_per_row not in self._tables:
+            rows = torch.arange(self.mask.shape[0], device=self.mask.device)[:, None] * tokens_per_row
+            self._tables[tokens_per_row] = (rows + self.order).to(torch.int32)
+        return self._tables[tokens_per_row]
+
+    def padded_queries(self, n_q: int) -> torch.Tensor:
+        """(B, N_q, 1, 1) bool: which of the last ``n_q`` positions are padding (their outputs are 0)."""
+        if n_q not in self._padded:
+            self._padded[n_q] = ~self.mask[:, self.mask.shape[1] - n_q:, None, None]
+        return self._padded[n_q]
+
+
+#: Whether the layers of one eager forward share one :class:`_PaddingPlan` of the padding mask that the model builds
+#: for them all; ``benchmarks/hf_generate.py --plans`` times both settings.
+SHARE_PADDING_PLAN = True
+
+
+def _with_a_shared_plan(mask: torch.Tensor) -> torch.Tensor:
+    """``mask``, a (B, N_k) bool padding mask that :func:`flashlib_attention_mask` has just made for one forward, with
+    a :class:`_PaddingPlan` hung on it (an attribute: it goes when the mask goes) for every layer to share. Only
+    eagerly: while torch.compile traces or a CUDA graph is captured each layer makes its own (Inductor merges what it
+    can), since a plan made outside a graph must not be read inside it. Only on a mask made here for one forward and
+    given to no one else, whose values nothing changes between the layers (an inference tensor, as in ``generate``,
+    has no version counter that could tell)."""
+    if SHARE_PADDING_PLAN and values_checked(mask):
+        mask._flashlib_padding_plan = _PaddingPlan(mask)
+    return mask
+
+
+def _padding_plan(mask: torch.Tensor) -> _PaddingPlan:
+    """The :class:`_PaddingPlan` of a (B, N_k) bool padding mask: the one the mask carries, made for the whole forward
+    (:func:`_with_a_shared_plan`), or else a new one for this layer."""
+    plan = getattr(mask, "_flashlib_padding_plan", None) if values_checked(mask) else None
+    return _PaddingPlan(mask) if plan is None else plan
 
 
 def _kept_first(kept: torch.Tensor) -> torch.Tensor:

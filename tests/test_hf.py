@@ -733,6 +733,42 @@ def test_one_query_takes_its_4d_row_as_the_keys_it_sees(name, fresh_compiler):
         compiled(q, k, v, bias)
 
 
+def test_an_eager_forward_makes_one_padding_plan_for_all_its_layers(name, calls, monkeypatch):
+    """Eager decoding steps of a left-padded batch (``generate`` with Transformers' dynamic cache): the mask's lengths,
+    order and block table are made once a forward and shared by both layers; each layer making its
+    own (SHARE_PADDING_PLAN = False) gives the same logits, bit for bit. A mask that did not come from the model's
+    mask function (a direct call) gets a plan of its own at every call."""
+    made = []
+    plan_class = hf._PaddingPlan
+
+    class CountedPlan(plan_class):
+        def __init__(self, mask):
+            made.append(tuple(mask.shape))
+            super().__init__(mask)
+
+    monkeypatch.setattr(hf, "_PaddingPlan", CountedPlan)
+    _, ours = twins(name, transformers.LlamaConfig(**SIZES))
+    ids, mask = batch("left")
+    results = {}
+    for shared in (True, False):
+        monkeypatch.setattr(hf, "SHARE_PADDING_PLAN", shared)
+        made.clear(), calls.clear()
+        out = ours.generate(ids, attention_mask=mask, max_new_tokens=3, min_new_tokens=3, do_sample=False,
+                            pad_token_id=0, output_scores=True, return_dict_in_generate=True)
+        assert [call[0] for call in calls] == ["varlen"] * 2 + ["kvcache"] * 4  # the prompt; two steps of two layers
+        # the model's mask function makes a plan for every eager forward's mask (the prompt's goes unused)
+        assert made == ([(2, 12), (2, 13), (2, 14)] if shared else [(2, 13), (2, 13), (2, 14), (2, 14)])
+        results[shared] = out.scores
+    assert all(torch.equal(a, b) for a, b in zip(results[True], results[False]))
+    module, q, k, v = attention_inputs(n_q=1, n_k=6, seed=3)
+    keys = torch.tensor([[0, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]], dtype=torch.bool, device=DEVICE)
+    made.clear()
+    with torch.no_grad():
+        for _ in range(2):
+            hf.flashlib_attention_forward(module, q, k, v, keys)
+    assert len(made) == 2
+
+
 @pytest.mark.parametrize("layout", ["bhnd cache", "bnhd cache", "one row", "sliced", "offset"])
 def test_decoding_reads_the_cache_where_it_lies_through_one_token_pages(layout):
     """A decoding step's keys are read in place, not copied to the front of each row: one-token pages over the
@@ -752,24 +788,25 @@ def test_decoding_reads_the_cache_where_it_lies_through_one_token_pages(layout):
         k, v = k[:, :9], v[:, :9]
     keys = torch.rand(batch, k.shape[1], generator=gen) < 0.6
     keys[:, 0] = True
-    order = hf._kept_first(keys)
-    k_pages, v_pages, table = hf._token_pages(k, v, order)
+    plan = hf._PaddingPlan(keys)
+    order = plan.order
+    k_pages, v_pages, table = hf._token_pages(k, v, plan)
     assert table.dtype == torch.int32 and table.shape == keys.shape
     assert k_pages.shape[1:] == (1, 2, 8) and int(table.max()) < k_pages.shape[0]
     for pages, t in ((k_pages, k), (v_pages, v)):
         assert pages.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()  # a view: nothing copied
         assert torch.equal(pages[table.long(), 0], t.take_along_dim(order[:, :, None, None], dim=1))
     other = v.transpose(1, 2).contiguous().transpose(1, 2) if v.is_contiguous() else v.contiguous()
-    assert hf._token_pages(k, other, order) is None  # k and v laid out differently: the tokens are moved
+    assert hf._token_pages(k, other, plan) is None  # k and v laid out differently: the tokens are moved
     if layout == "offset":  # Inductor keeps the view's offset in its as_strided, as eager does
-        def gathered(k, v, order):
-            pages, _, table = hf._token_pages(k, v, order)
+        def gathered(k, v, keys):
+            pages, _, table = hf._token_pages(k, v, hf._PaddingPlan(keys))
             return pages[table.long(), 0] * 1.0
 
         compiled = torch.compile(gathered, fullgraph=True, backend="inductor")
-        assert torch.equal(compiled(k, v, order), gathered(k, v, order))
+        assert torch.equal(compiled(k, v, keys), gathered(k, v, keys))
     # bfloat16 in the interpreter is upcast, which would copy every overlapping page: the tokens are moved instead
-    assert (hf._token_pages(k.bfloat16(), v.bfloat16(), order) is None) == runtime.INTERPRET
+    assert (hf._token_pages(k.bfloat16(), v.bfloat16(), plan) is None) == runtime.INTERPRET
 
 
 def test_nan_in_padding_never_reaches_a_valid_output_or_gradient(name):

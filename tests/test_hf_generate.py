@@ -1,4 +1,5 @@
-"""benchmarks/hf_generate.py on the CPU, at tiny sizes: it runs both caches on both attentions, and in float32
+"""benchmarks/hf_generate.py on the CPU, at tiny sizes: it runs both caches on both attentions (and the eager steps
+with a padding plan made in each layer), and in float32
 flashlib's greedy tokens are sdpa's (the check the GPU run reports as a share, since 16 bits may flip a tie)."""
 import json
 import sys
@@ -17,13 +18,15 @@ import hf_generate  # noqa: E402
 def test_the_generation_benchmark_runs_both_caches_and_agrees_with_sdpa(tmp_path):
     out = tmp_path / "hf_generate.json"
     hf_generate.main(["--device", "cpu", "--dtype", "fp32", "--batch", "2", "--prompt", "12", "--new", "8",
-                      "--layers", "1", "--hidden", "64", "--head-dim", "16", "--vocab", "64", "--out", str(out)])
+                      "--layers", "2", "--hidden", "64", "--head-dim", "16", "--vocab", "64", "--plan-per-layer",
+                      "--out", str(out)])
     result = json.loads(out.read_text())
     assert {key for key in result} >= {"gpu", "torch", "triton", "transformers", "date", "command", "rows"}
     assert result["command"].endswith("--out " + str(out))
     rows = result["rows"]
-    assert [(row["cache"], row["impl"]) for row in rows] == [("dynamic", "sdpa"), ("dynamic", "flashlib"),
-                                                            ("static", "sdpa"), ("static", "flashlib")]
+    assert [(row["cache"], row["impl"]) for row in rows] == [
+        ("dynamic", "sdpa"), ("dynamic", "flashlib"), ("dynamic", "flashlib_plan_per_layer"),
+        ("static", "sdpa"), ("static", "flashlib")]
     assert all(row["tokens_per_s"] > 0 for row in rows)
     # the decoding rate is a difference of two timings: at these sizes on a CPU it may be lost in the noise (None,
     # session 55's CI saw it), but never a rate of zero or less
