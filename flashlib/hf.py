@@ -548,13 +548,19 @@ class _PaddingPlan:
     def __init__(self, mask: torch.Tensor):
         # weakly: the plan hangs on the mask (see _padding_plan), and the mask must not keep itself alive
         self._mask = weakref.ref(mask)
-        self.lengths = mask.sum(-1, dtype=torch.int32)
-        self._order = self._edges = None
+        self._lengths = self._order = self._edges = None  # each made when first asked for
         self._tables, self._padded = {}, {}
 
     @property
     def mask(self) -> torch.Tensor:
         return self._mask()
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """(B,) int32: each row's token count."""
+        if self._lengths is None:
+            self._lengths = self.mask.sum(-1, dtype=torch.int32)
+        return self._lengths
 
     @property
     def order(self) -> torch.Tensor:
