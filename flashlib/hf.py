@@ -198,7 +198,7 @@ def flashlib_attention_forward(module, query, key, value, attention_mask, scalin
     * ``attention_mask``: None (nothing padded): one plain call; a 2D (B, N_k) padding mask (True or 1
       = token): a decoding step (few queries, no gradient, no dropout) is :func:`flash_attention_with_kvcache`
       over each row's key tokens where they lie (no host read, eager or compiled, but an eager sliding-window
-      layer's check that its padding is at an edge: one sync); otherwise right padding with
+      forward's check that its padding is at an edge: one sync); otherwise right padding with
       N_q == N_k is ``seq_lens`` (no copy), any other padding is unpadded into ``flash_attention_varlen`` and
       padded back; under torch.compile or a CUDA graph's capture, where the lengths cannot be read on the host,
       each row's tokens are moved to its front for ``seq_lens`` (N_q == N_k), else one varlen call of fixed
@@ -437,7 +437,7 @@ def _attend_padded(q, k, v, mask, options):
     k, v = k[:, :n_k], v[:, :n_k]
     # torch.compile or a CUDA graph's capture: no host read. A decoding step, eager too: the unpadding below syncs a
     # few times a layer (eager generation at half sdpa's speed: TUNING.md, forty-fourth finding), the split-KV kernel
-    # not at all (but a sliding-window layer's check of its padding: see _attend_tokens_first).
+    # not at all (but a sliding window's check of the padding, once a forward: see _attend_tokens_first).
     if not values_checked(mask) or (n_q < n_k and _split_kv(q, k, v, options)):
         return _attend_tokens_first(q, k, v, mask, options)
     lengths = mask.sum(-1, dtype=torch.int32)
@@ -475,7 +475,7 @@ def _attend_tokens_first(q, k, v, mask, options):
     n_q, n_k = q.shape[1], mask.shape[1]
     plan = _padding_plan(mask)
     if options["window"] is not None:
-        _require(plan.padded_at_an_edge, WINDOW_NEEDS_EDGE_PADDING, on_device=not values_checked(mask))
+        plan.require_padding_at_an_edge()
     queries = mask[:, n_k - n_q:]
     if n_q != n_k and not _split_kv(q, k, v, options):
         return _varlen_in_place(q, k, v, queries, mask, options)
@@ -548,7 +548,8 @@ class _PaddingPlan:
     def __init__(self, mask: torch.Tensor):
         # weakly: the plan hangs on the mask (see _padding_plan), and the mask must not keep itself alive
         self._mask = weakref.ref(mask)
-        self._lengths = self._order = self._edges = None  # each made when first asked for
+        self._lengths = self._order = None  # each made when first asked for
+        self._edges_checked = False
         self._tables, self._padded = {}, {}
 
     @property
@@ -569,13 +570,13 @@ class _PaddingPlan:
             self._order = _kept_first(self.mask)
         return self._order
 
-    @property
-    def padded_at_an_edge(self) -> torch.Tensor:
-        """(B,) bool: each row padded at its end only or at its start only (:func:`_padded_at_an_edge`)."""
-        if self._edges is None:
+    def require_padding_at_an_edge(self) -> None:
+        """A sliding window's check that every row is padded at its end only or at its start only (else a ValueError;
+        while tracing, an assertion on the device): on the host, once for all the layers that share the plan."""
+        if not self._edges_checked:
             right, left = _padded_at_an_edge(self.mask, self.lengths)
-            self._edges = right | left
-        return self._edges
+            _require(right | left, WINDOW_NEEDS_EDGE_PADDING, on_device=not values_checked(self.mask))
+            self._edges_checked = True
 
     def block_table(self, tokens_per_row: int) -> torch.Tensor:
         """(B, N_k) int32: row b's tokens in order as the pages ``b * tokens_per_row + n`` (:func:`_token_pages`)."""

@@ -733,21 +733,31 @@ def test_one_query_takes_its_4d_row_as_the_keys_it_sees(name, fresh_compiler):
         compiled(q, k, v, bias)
 
 
-def test_an_eager_forward_makes_one_padding_plan_for_all_its_layers(name, calls, monkeypatch):
+@pytest.mark.parametrize("model", ["llama", "mistral-window-10"])
+def test_an_eager_forward_makes_one_padding_plan_for_all_its_layers(name, calls, monkeypatch, model):
     """Eager decoding steps of a left-padded batch (``generate`` with Transformers' dynamic cache): the mask's lengths,
-    order and block table are made once a forward and shared by both layers; each layer making its
-    own (SHARE_PADDING_PLAN = False) gives the same logits, bit for bit. A mask that did not come from the model's
-    mask function (a direct call) gets a plan of its own at every call."""
-    made = []
-    plan_class = hf._PaddingPlan
+    order and block table are made once a forward and shared by both layers, and a sliding window's check of the
+    padding (a host read) runs once a forward too; each layer making its own (SHARE_PADDING_PLAN = False) gives the
+    same scores, bit for bit. A mask that did not come from the model's mask function (a direct call) gets a plan of
+    its own at every call."""
+    made, edge_checks = [], []
+    plan_class, padded_at_an_edge = hf._PaddingPlan, hf._padded_at_an_edge
 
     class CountedPlan(plan_class):
         def __init__(self, mask):
             made.append(tuple(mask.shape))
             super().__init__(mask)
 
+    def counted_padded_at_an_edge(mask, lengths):
+        edge_checks.append(tuple(mask.shape))
+        return padded_at_an_edge(mask, lengths)
+
     monkeypatch.setattr(hf, "_PaddingPlan", CountedPlan)
-    _, ours = twins(name, transformers.LlamaConfig(**SIZES))
+    monkeypatch.setattr(hf, "_padded_at_an_edge", counted_padded_at_an_edge)
+    windowed = model == "mistral-window-10"  # the cache keeps the window's last keys, which here hold padding
+    _, ours = twins(name, transformers.MistralConfig(**SIZES, sliding_window=10) if windowed
+                    else transformers.LlamaConfig(**SIZES), transformers.MistralForCausalLM if windowed
+                    else transformers.LlamaForCausalLM)
     ids, mask = batch("left")
     results = {}
     for shared in (True, False):
@@ -756,8 +766,14 @@ def test_an_eager_forward_makes_one_padding_plan_for_all_its_layers(name, calls,
         out = ours.generate(ids, attention_mask=mask, max_new_tokens=3, min_new_tokens=3, do_sample=False,
                             pad_token_id=0, output_scores=True, return_dict_in_generate=True)
         assert [call[0] for call in calls] == ["varlen"] * 2 + ["kvcache"] * 4  # the prompt; two steps of two layers
-        # the model's mask function makes a plan for every eager forward's mask (the prompt's goes unused)
-        assert made == ([(2, 12), (2, 13), (2, 14)] if shared else [(2, 13), (2, 13), (2, 14), (2, 14)])
+        # the model's mask function makes a plan for every eager forward's mask (the prompt's goes unused); a window's
+        # cache holds its last 10 keys
+        steps = [(2, 10), (2, 10)] if windowed else [(2, 13), (2, 14)]
+        steps = steps if shared else [shape for shape in steps for layer in range(2)]
+        assert made == ([(2, 12)] + steps if shared else steps)
+        # the prompt's unpadding asks each layer where its padding is (one host read, as flash-attention-2's)
+        assert edge_checks == [(2, 12), (2, 12)] + (steps if windowed else [])
+        edge_checks.clear()
         results[shared] = out.scores
     assert all(torch.equal(a, b) for a, b in zip(results[True], results[False]))
     module, q, k, v = attention_inputs(n_q=1, n_k=6, seed=3)
