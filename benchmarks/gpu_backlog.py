@@ -44,6 +44,10 @@ back; two Transformers GPU tests failed on torch 2.11's Dynamo, fixed, and the s
 0.49x, which the session then changed, unmeasured, to take the split-KV kernel with no host read). The next session
 runs ``hf`` again (now with the Transformers GPU tests as its second step).
 
+Session 56 made the layers of an eager forward share what they derive from the padding mask (``flashlib.hf``'s
+padding plan: the lengths, the tokens' order, the block table, a sliding window's padding check); ``hf`` now also
+times the eager steps with a plan made in every layer (``hf_generate.py --plan-per-layer``).
+
 The grid measures the forward and backward with the settings the timings decide. A machine is given back 30 s
 after a call, too soon to edit those settings by hand between the two calls, so the timings call also copies its
 logs to ``build/backlog`` (ignored by git, so kept on the machine between calls) and the grid call first writes
