@@ -540,21 +540,22 @@ def _token_pages(k: torch.Tensor, v: torch.Tensor, plan: "_PaddingPlan"):
 
 class _PaddingPlan:
     """What the attention derives from a (B, N_k) bool padding mask, made once and shared by every layer of an eager
-    forward (:func:`_padding_plan`): each row's token count, its tokens' order, the block table of one-token pages
+    forward (:func:`_with_a_shared_plan`): each row's token count, its tokens' order, the block table of one-token pages
     and the padded queries' mask. An eager decoding step's attention kernel is short; remade in every layer, these
     small launches (a sum, a stable sort, the table's arithmetic) would add host time to each layer's one kernel,
     where sdpa builds its 4D mask once a forward and each layer makes one call."""
 
-    def __init__(self, mask: torch.Tensor):
-        # weakly: the plan hangs on the mask (see _padding_plan), and the mask must not keep itself alive
-        self._mask = weakref.ref(mask)
+    def __init__(self, mask: torch.Tensor, shared: bool = False):
+        # A shared plan hangs on its mask (:func:`_with_a_shared_plan`) and holds it weakly, so that the mask does not
+        # keep itself alive; a layer's own plan holds it plainly (it may be traced, and Dynamo need not follow weakref)
+        self._held, self._weak = (None, weakref.ref(mask)) if shared else (mask, None)
         self._lengths = self._order = None  # each made when first asked for
         self._edges_checked = False
         self._tables, self._padded = {}, {}
 
     @property
     def mask(self) -> torch.Tensor:
-        return self._mask()
+        return self._held if self._weak is None else self._weak()
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -593,7 +594,7 @@ class _PaddingPlan:
 
 
 #: Whether the layers of one eager forward share one :class:`_PaddingPlan` of the padding mask that the model builds
-#: for them all; ``benchmarks/hf_generate.py --plans`` times both settings.
+#: for them all; ``benchmarks/hf_generate.py --plan-per-layer`` times both settings.
 SHARE_PADDING_PLAN = True
 
 
@@ -605,7 +606,7 @@ def _with_a_shared_plan(mask: torch.Tensor) -> torch.Tensor:
     given to no one else, whose values nothing changes between the layers (an inference tensor, as in ``generate``,
     has no version counter that could tell)."""
     if SHARE_PADDING_PLAN and values_checked(mask):
-        mask._flashlib_padding_plan = _PaddingPlan(mask)
+        mask._flashlib_padding_plan = _PaddingPlan(mask, shared=True)
     return mask
 
 

@@ -744,9 +744,9 @@ def test_an_eager_forward_makes_one_padding_plan_for_all_its_layers(name, calls,
     plan_class, padded_at_an_edge = hf._PaddingPlan, hf._padded_at_an_edge
 
     class CountedPlan(plan_class):
-        def __init__(self, mask):
+        def __init__(self, mask, shared=False):
             made.append(tuple(mask.shape))
-            super().__init__(mask)
+            super().__init__(mask, shared)
 
     def counted_padded_at_an_edge(mask, lengths):
         edge_checks.append(tuple(mask.shape))
