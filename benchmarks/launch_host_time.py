@@ -2,12 +2,17 @@
 
     PYTHONPATH=.:benchmarks python benchmarks/launch_host_time.py ["raw fwd launcher" ...]
     PYTHONPATH=.:benchmarks python benchmarks/launch_host_time.py --direct-ab [--rounds 5]
+    PYTHONPATH=.:benchmarks python benchmarks/launch_host_time.py --hf ["hf flashlib layer" ...]
 
 One head, N = 128, fp16: the GPU work is tiny and queued asynchronously, so a loop of calls
 is bound by the host and the time per call is the host's (``front_door.host_us``, best of 3
 loops of 1000 calls). The names given on the command line are then profiled with cProfile
 (1000 calls each). benchmarks/TUNING.md, sixth finding, quotes the results
 (benchmarks/results/launch_host_time_nvidia_h100_80gb_hbm3.txt).
+
+``--hf`` adds the routes of one decoding step's attention in a Transformers layer (flashlib.hf against sdpa's), at
+``benchmarks/hf_generate.py``'s shapes (8 left-padded rows of 600 keys, 16 query heads on 4 K/V heads, D = 128,
+bf16), and the parts of flashlib's: where an eager decoding step's host time goes (TUNING.md, forty-fifth finding).
 
 ``--direct-ab`` compares, in one process and interleaved round by round (the GPU machine's
 host varies from one call to the next), every route with remembered binaries launched through
@@ -74,6 +79,44 @@ def routes() -> dict:
     }
 
 
+def hf_routes() -> dict:
+    """One decoding step's attention in a Transformers layer, flashlib's and sdpa's, and the parts of flashlib's."""
+    import types
+
+    import transformers  # noqa: F401  (flashlib[hf])
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from flashlib import hf
+    from flashlib.decode import splitkv_attention
+    from flashlib.kernels.decode import launch_splitkv_attention
+
+    torch.manual_seed(0)
+    batch, heads, heads_kv, n_k, head_dim = 8, 16, 4, 600, 128
+    query = torch.randn(batch, heads, 1, head_dim, device="cuda", dtype=torch.bfloat16)
+    key, value = (torch.randn(batch, heads_kv, n_k, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    padding = torch.arange(n_k, device="cuda")[None, :] >= torch.arange(0, 8 * 37, 37, device="cuda")[:, None]
+    module = types.SimpleNamespace(is_causal=True, num_key_value_groups=heads // heads_kv)
+    shared = hf._with_a_shared_plan(padding.clone())  # as the model's mask function hands it to every layer
+    plan = hf._padding_plan(shared)
+    sdpa_mask = padding[:, None, None, :]  # sdpa's mask of a decoding step: (B, 1, 1, N_k)
+    q = query.transpose(1, 2)
+    k_pages, v_pages, table = hf._token_pages(key.transpose(1, 2), value.transpose(1, 2), plan)
+    spec = AttentionSpec(causal=True)
+    o, lse = torch.empty_like(q), torch.empty(batch, heads, 1, device="cuda")
+    return {
+        "hf sdpa layer": lambda: sdpa_attention_forward(module, query, key, value, sdpa_mask),
+        "hf flashlib layer": lambda: hf.flashlib_attention_forward(module, query, key, value, shared),
+        "hf flashlib layer own plan": lambda: hf.flashlib_attention_forward(module, query, key, value, padding),
+        "kvcache token pages": lambda: flash_attention_with_kvcache(q, k_pages, v_pages, cache_seqlens=plan.lengths,
+                                                                    block_table=table, check_values=False),
+        "splitkv_attention": lambda: splitkv_attention(q, k_pages, v_pages, "bnhd", spec, k_lens=plan.lengths,
+                                                       block_table=table),
+        "raw splitkv launcher": lambda: launch_splitkv_attention(q, k_pages, v_pages, o, lse, scale=0.088,
+                                                                 causal=True, k_lens=plan.lengths, block_table=table),
+        "masked_fill": lambda: q.masked_fill(plan.padded_queries(1), 0),
+    }
+
+
 def direct_ab(fns: dict, rounds: int) -> None:
     """Each route's host time with Triton's launcher and with the direct one, interleaved; medians."""
     times = {(name, direct): [] for name in fns for direct in (False, True)}
@@ -94,25 +137,30 @@ def main():
     parser.add_argument("profile", nargs="*", help="routes to profile with cProfile after timing them all")
     parser.add_argument("--direct-ab", action="store_true", help="Triton's launcher against the direct one")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--hf", action="store_true", help="add a Transformers decoding step's attention routes")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1; got {args.rounds}")
     fns = routes()
+    if args.hf:  # only those, with a no-op launch for scale, in inference mode as generate runs them
+        with torch.inference_mode():
+            fns = {"noop triton kernel": fns["noop triton kernel"], **hf_routes()}
     if args.direct_ab:
         direct_ab(fns, args.rounds)
         return
-    for name, fn in fns.items():
-        print(f"{name:30s} {host_us(fn, calls=1000):8.1f} us", flush=True)
-    for name in args.profile:
-        profile = cProfile.Profile()
-        profile.enable()
-        for _ in range(1000):
-            fns[name]()
-        profile.disable()
-        out = io.StringIO()
-        pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(22)
-        print("=====", name)
-        print(out.getvalue()[-6000:])
+    with torch.inference_mode(args.hf):
+        for name, fn in fns.items():
+            print(f"{name:30s} {host_us(fn, calls=1000):8.1f} us", flush=True)
+        for name in args.profile:
+            profile = cProfile.Profile()
+            profile.enable()
+            for _ in range(1000):
+                fns[name]()
+            profile.disable()
+            out = io.StringIO()
+            pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(22)
+            print("=====", name)
+            print(out.getvalue()[-6000:])
 
 
 if __name__ == "__main__":
