@@ -105,16 +105,17 @@ def run(args, command_args) -> dict:
     for cache in args.caches.split(","):
         # (row name, attn_implementation, whether flashlib's layers share one padding plan a forward)
         variants = [("sdpa", "sdpa", True), ("flashlib", name, True)]
-        if cache == "dynamic" and args.plan_per_layer:  # static steps are compiled: each layer makes its own anyway
+        # a static cache's steps get sdpa's 4D mask, which each layer reduces to a padding mask of its own: no plan
+        if cache == "dynamic" and args.plan_per_layer:
             variants.append(("flashlib_plan_per_layer", name, False))
         results = {}
         for row_name, impl, shared in variants:
             model = build(impl, config, state, device, DTYPES[args.dtype])
-            flashlib.hf.SHARE_PADDING_PLAN = shared
+            setting, flashlib.hf.SHARE_PADDING_PLAN = flashlib.hf.SHARE_PADDING_PLAN, shared
             try:
                 results[row_name] = measure(model, ids, mask, args.new, cache)
             finally:
-                flashlib.hf.SHARE_PADDING_PLAN = True
+                flashlib.hf.SHARE_PADDING_PLAN = setting
             del model
             torch._dynamo.reset()
         for row_name, result in results.items():

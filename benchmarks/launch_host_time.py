@@ -10,7 +10,7 @@ loops of 1000 calls). The names given on the command line are then profiled with
 (1000 calls each). benchmarks/TUNING.md, sixth finding, quotes the results
 (benchmarks/results/launch_host_time_nvidia_h100_80gb_hbm3.txt).
 
-``--hf`` adds the routes of one decoding step's attention in a Transformers layer (flashlib.hf against sdpa's), at
+``--hf`` times instead the routes of one decoding step's attention in a Transformers layer (flashlib.hf against sdpa's), at
 ``benchmarks/hf_generate.py``'s shapes (8 left-padded rows of 600 keys, 16 query heads on 4 K/V heads, D = 128,
 bf16), and the parts of flashlib's: where an eager decoding step's host time goes (TUNING.md, forty-fifth finding).
 
@@ -94,11 +94,12 @@ def hf_routes() -> dict:
     batch, heads, heads_kv, n_k, head_dim = 8, 16, 4, 600, 128
     query = torch.randn(batch, heads, 1, head_dim, device="cuda", dtype=torch.bfloat16)
     key, value = (torch.randn(batch, heads_kv, n_k, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    padding = torch.arange(n_k, device="cuda")[None, :] >= torch.arange(0, 8 * 37, 37, device="cuda")[:, None]
+    # left padding of 0, 37, 74, ... keys: True where a token is
+    tokens = torch.arange(n_k, device="cuda")[None, :] >= torch.arange(0, batch * 37, 37, device="cuda")[:, None]
     module = types.SimpleNamespace(is_causal=True, num_key_value_groups=heads // heads_kv)
-    shared = hf._with_a_shared_plan(padding.clone())  # as the model's mask function hands it to every layer
+    shared = hf._with_a_shared_plan(tokens.clone())  # as the model's mask function hands it to every layer
     plan = hf._padding_plan(shared)
-    sdpa_mask = padding[:, None, None, :]  # sdpa's mask of a decoding step: (B, 1, 1, N_k)
+    sdpa_mask = tokens[:, None, None, :]  # sdpa's mask of a decoding step: (B, 1, 1, N_k)
     q = query.transpose(1, 2)
     k_pages, v_pages, table = hf._token_pages(key.transpose(1, 2), value.transpose(1, 2), plan)
     spec = AttentionSpec(causal=True)
@@ -106,7 +107,7 @@ def hf_routes() -> dict:
     return {
         "hf sdpa layer": lambda: sdpa_attention_forward(module, query, key, value, sdpa_mask),
         "hf flashlib layer": lambda: hf.flashlib_attention_forward(module, query, key, value, shared),
-        "hf flashlib layer own plan": lambda: hf.flashlib_attention_forward(module, query, key, value, padding),
+        "hf flashlib layer own plan": lambda: hf.flashlib_attention_forward(module, query, key, value, tokens),
         "kvcache token pages": lambda: flash_attention_with_kvcache(q, k_pages, v_pages, cache_seqlens=plan.lengths,
                                                                     block_table=table, check_values=False),
         "splitkv_attention": lambda: splitkv_attention(q, k_pages, v_pages, "bnhd", spec, k_lens=plan.lengths,
@@ -137,18 +138,18 @@ def main():
     parser.add_argument("profile", nargs="*", help="routes to profile with cProfile after timing them all")
     parser.add_argument("--direct-ab", action="store_true", help="Triton's launcher against the direct one")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--hf", action="store_true", help="add a Transformers decoding step's attention routes")
+    parser.add_argument("--hf", action="store_true", help="time a Transformers decoding step's attention routes "
+                        "instead (and the no-op launch)")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1; got {args.rounds}")
     fns = routes()
-    if args.hf:  # only those, with a no-op launch for scale, in inference mode as generate runs them
-        with torch.inference_mode():
-            fns = {"noop triton kernel": fns["noop triton kernel"], **hf_routes()}
-    if args.direct_ab:
-        direct_ab(fns, args.rounds)
-        return
-    with torch.inference_mode(args.hf):
+    if args.hf:  # only those, with a no-op launch for scale
+        fns = {"noop triton kernel": fns["noop triton kernel"], **hf_routes()}
+    with torch.set_grad_enabled(not args.hf):  # generate runs under no_grad
+        if args.direct_ab:
+            direct_ab(fns, args.rounds)
+            return
         for name, fn in fns.items():
             print(f"{name:30s} {host_us(fn, calls=1000):8.1f} us", flush=True)
         for name in args.profile:

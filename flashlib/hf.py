@@ -43,6 +43,7 @@ import weakref
 
 import torch
 import torch.nn.functional as F
+from torch.utils.weak import WeakIdKeyDictionary
 
 from . import runtime
 from .arguments import values_checked
@@ -539,16 +540,22 @@ def _token_pages(k: torch.Tensor, v: torch.Tensor, plan: "_PaddingPlan"):
 
 
 class _PaddingPlan:
-    """What the attention derives from a (B, N_k) bool padding mask, made once and shared by every layer of an eager
-    forward (:func:`_with_a_shared_plan`): each row's token count, its tokens' order, the block table of one-token pages
-    and the padded queries' mask. An eager decoding step's attention kernel is short; remade in every layer, these
-    small launches (a sum, a stable sort, the table's arithmetic) would add host time to each layer's one kernel,
-    where sdpa builds its 4D mask once a forward and each layer makes one call."""
+    """What the attention derives from a (B, N_k) bool padding mask: each row's token count, its tokens' order, the
+    block table of one-token pages, the padded queries' mask, a sliding window's check of the padding.
+
+    A *shared* plan serves every layer of one eager forward (:func:`_with_a_shared_plan`) and keeps what it makes: an
+    eager decoding step's attention kernel is short, and remade in every layer these small launches (a sum, a stable
+    sort, the table's arithmetic) and the check's host read would add host time to each layer's one kernel, where sdpa
+    builds its 4D mask once a forward and each layer makes one call. A layer's own plan (while tracing or capturing,
+    or for a mask that did not come from the model's mask function) keeps only what it is asked twice in the layer
+    (the lengths, the order): caching by size would add guards on those sizes under torch.compile."""
 
     def __init__(self, mask: torch.Tensor, shared: bool = False):
-        # A shared plan hangs on its mask (:func:`_with_a_shared_plan`) and holds it weakly, so that the mask does not
-        # keep itself alive; a layer's own plan holds it plainly (it may be traced, and Dynamo need not follow weakref)
+        # A shared plan is kept beside its mask (in _SHARED_PLANS, weakly keyed) and holds the mask weakly too, so
+        # that neither keeps the other alive; a layer's own plan holds it plainly (it may be traced, and Dynamo need
+        # not follow a weak reference)
         self._held, self._weak = (None, weakref.ref(mask)) if shared else (mask, None)
+        self.version = _version(mask) if shared else None  # the values it was made from (see _padding_plan)
         self._lengths = self._order = None  # each made when first asked for
         self._edges_checked = False
         self._tables, self._padded = {}, {}
@@ -573,48 +580,66 @@ class _PaddingPlan:
 
     def require_padding_at_an_edge(self) -> None:
         """A sliding window's check that every row is padded at its end only or at its start only (else a ValueError;
-        while tracing, an assertion on the device): on the host, once for all the layers that share the plan."""
+        while tracing, an assertion on the device): on the host once for all the layers that share the plan."""
         if not self._edges_checked:
             right, left = _padded_at_an_edge(self.mask, self.lengths)
             _require(right | left, WINDOW_NEEDS_EDGE_PADDING, on_device=not values_checked(self.mask))
-            self._edges_checked = True
+            self._edges_checked = self._weak is not None
 
     def block_table(self, tokens_per_row: int) -> torch.Tensor:
         """(B, N_k) int32: row b's tokens in order as the pages ``b * tokens_per_row + n`` (:func:`_token_pages`)."""
-        if tokens_per_row not in self._tables:
+        table = self._tables.get(tokens_per_row) if self._weak is not None else None
+        if table is None:
             rows = torch.arange(self.mask.shape[0], device=self.mask.device)[:, None] * tokens_per_row
-            self._tables[tokens_per_row] = (rows + self.order).to(torch.int32)
-        return self._tables[tokens_per_row]
+            table = (rows + self.order).to(torch.int32)
+            if self._weak is not None:
+                self._tables[tokens_per_row] = table
+        return table
 
     def padded_queries(self, n_q: int) -> torch.Tensor:
         """(B, N_q, 1, 1) bool: which of the last ``n_q`` positions are padding (their outputs are 0)."""
-        if n_q not in self._padded:
-            self._padded[n_q] = ~self.mask[:, self.mask.shape[1] - n_q:, None, None]
-        return self._padded[n_q]
+        padded = self._padded.get(n_q) if self._weak is not None else None
+        if padded is None:
+            padded = ~self.mask[:, self.mask.shape[1] - n_q:, None, None]
+            if self._weak is not None:
+                self._padded[n_q] = padded
+        return padded
 
 
 #: Whether the layers of one eager forward share one :class:`_PaddingPlan` of the padding mask that the model builds
 #: for them all; ``benchmarks/hf_generate.py --plan-per-layer`` times both settings.
 SHARE_PADDING_PLAN = True
 
+#: The shared plans, by their masks (weakly: an entry goes when its mask goes). Beside the mask, not an attribute on
+#: it, so that saving or copying the mask (a hook's torch.save, a deepcopy) sees a plain tensor.
+_SHARED_PLANS = WeakIdKeyDictionary()
+
+
+def _version(mask: torch.Tensor) -> int | None:
+    """The mask's version counter, which counts in-place writes (a view's included); None for an inference tensor,
+    which has none (nothing can write to it outside inference mode)."""
+    return None if mask.is_inference() else mask._version
+
 
 def _with_a_shared_plan(mask: torch.Tensor) -> torch.Tensor:
-    """``mask``, a (B, N_k) bool padding mask that :func:`flashlib_attention_mask` has just made for one forward, with
-    a :class:`_PaddingPlan` hung on it (an attribute: it goes when the mask goes) for every layer to share. Only
-    eagerly: while torch.compile traces or a CUDA graph is captured each layer makes its own (Inductor merges what it
-    can), since a plan made outside a graph must not be read inside it. Only on a mask made here for one forward and
-    given to no one else, whose values nothing changes between the layers (an inference tensor, as in ``generate``,
-    has no version counter that could tell)."""
+    """``mask``, a (B, N_k) bool padding mask that :func:`flashlib_attention_mask` has just made for one forward, given
+    a :class:`_PaddingPlan` for every layer to share (``SHARE_PADDING_PLAN``). Only eagerly: while torch.compile traces,
+    a CUDA graph is captured or a torch.func transform runs, the mask's values cannot be read, and each layer makes its
+    own plan (the graph holds what it computes; Inductor merges what it can)."""
     if SHARE_PADDING_PLAN and values_checked(mask):
-        mask._flashlib_padding_plan = _PaddingPlan(mask, shared=True)
+        _SHARED_PLANS[mask] = _PaddingPlan(mask, shared=True)
     return mask
 
 
 def _padding_plan(mask: torch.Tensor) -> _PaddingPlan:
-    """The :class:`_PaddingPlan` of a (B, N_k) bool padding mask: the one the mask carries, made for the whole forward
-    (:func:`_with_a_shared_plan`), or else a new one for this layer."""
-    plan = getattr(mask, "_flashlib_padding_plan", None) if values_checked(mask) else None
-    return _PaddingPlan(mask) if plan is None else plan
+    """The :class:`_PaddingPlan` of a (B, N_k) bool padding mask: the one shared by the forward's layers
+    (:func:`_with_a_shared_plan`) while the mask's values are those it was made from, else a new one for this layer.
+    Never a shared one while tracing or capturing: a plan made outside a graph must not be read inside it."""
+    if values_checked(mask):
+        plan = _SHARED_PLANS.get(mask)
+        if plan is not None and plan.version == _version(mask):
+            return plan
+    return _PaddingPlan(mask)
 
 
 def _kept_first(kept: torch.Tensor) -> torch.Tensor:

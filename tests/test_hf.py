@@ -13,6 +13,7 @@ entry point ran, so a model that silently used another implementation fails. 4D 
 errors are tested on the attention function directly.
 """
 import copy
+import io
 import subprocess
 import sys
 import types
@@ -783,6 +784,15 @@ def test_an_eager_forward_makes_one_padding_plan_for_all_its_layers(name, calls,
         for _ in range(2):
             hf.flashlib_attention_forward(module, q, k, v, keys)
     assert len(made) == 2
+    # A shared plan follows its mask's values: written in place (here through a view), the mask gets a new plan. And
+    # the mask stays a plain tensor, which a hook may save or copy
+    monkeypatch.setattr(hf, "SHARE_PADDING_PLAN", True)
+    shared = hf._with_a_shared_plan(keys.clone())
+    plan = hf._padding_plan(shared)
+    assert hf._padding_plan(shared) is plan and plan.lengths.tolist() == [5, 4]
+    torch.save(copy.deepcopy(shared), io.BytesIO())
+    shared[1:, 1:2].fill_(True)
+    assert hf._padding_plan(shared) is not plan and hf._padding_plan(shared).lengths.tolist() == [5, 5]
 
 
 @pytest.mark.parametrize("layout", ["bhnd cache", "bnhd cache", "one row", "sliced", "offset"])

@@ -1,6 +1,6 @@
 """benchmarks/hf_generate.py on the CPU, at tiny sizes: it runs both caches on both attentions (and the eager steps
-with a padding plan made in each layer), and in float32
-flashlib's greedy tokens are sdpa's (the check the GPU run reports as a share, since 16 bits may flip a tie)."""
+with a padding plan made in each layer), and in float32 flashlib's greedy tokens are sdpa's (the check the GPU run
+reports as a share, since 16 bits may flip a tie)."""
 import json
 import sys
 from pathlib import Path
