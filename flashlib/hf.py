@@ -485,18 +485,19 @@ def _attend_tokens_first(q, k, v, mask, options):
         q, k, v = (t.take_along_dim(tokens_first, dim=1) for t in (q, k, v))
         out = flash_attention(q, k, v, seq_lens=plan.lengths, layout="bnhd", **options)
         return out.take_along_dim(torch.argsort(tokens_first, dim=1), dim=1)
-    if n_q == 1:  # one query is its row's last already (a step of generation: nothing to move)
-        return _cached_attention(q, k, v, plan, options).masked_fill(plan.padded_queries(n_q), 0)
+    if n_q == 1:  # one query is its row's last already (a step of generation: nothing to move); where it is padding
+        return _cached_attention(q, k, v, plan, options, plan.last_query_lengths())  # it sees no key: its output is 0
     tokens_last = _kept_first(~queries)[:, :, None, None]
     out = _cached_attention(q.take_along_dim(tokens_last, dim=1), k, v, plan, options)
     return out.take_along_dim(torch.argsort(tokens_last, dim=1), dim=1).masked_fill(plan.padded_queries(n_q), 0)
 
 
-def _cached_attention(q, k, v, plan, options):
+def _cached_attention(q, k, v, plan, options, lengths=None):
     """:func:`flash_attention_with_kvcache` (the split-KV kernel, for few queries over many keys) of (B, N_q, H, D) q
     over the key tokens that ``plan``'s padding mask keeps (a :class:`_PaddingPlan`), taken in order as the first
-    tokens of each row, where ``cache_seqlens`` = their counts bounds them; no host read. Causal: query i is aligned
-    to the bottom right of its row's key tokens. Inference only (no gradient, no dropout).
+    tokens of each row, where ``cache_seqlens`` = their counts (``plan.lengths``, or ``lengths``) bounds them; no host
+    read. Causal: query i is aligned to the bottom right of its row's key tokens. Inference only (no gradient, no
+    dropout).
 
     The kernel reads the kept tokens where they lie, through a block table of one-token pages
     (:func:`_token_pages`): moving them to the front instead would copy the whole cache, every layer, every step.
@@ -510,8 +511,8 @@ def _cached_attention(q, k, v, plan, options):
         k, v, table = pages
     # check_values=False: the lengths count the mask's tokens and the table indexes the pages built above, so the
     # checks' host read (a sync a layer) has nothing to find
-    return flash_attention_with_kvcache(q, k, v, cache_seqlens=plan.lengths, block_table=table,
-                                        causal=options["causal"], window=options["window"],
+    return flash_attention_with_kvcache(q, k, v, cache_seqlens=plan.lengths if lengths is None else lengths,
+                                        block_table=table, causal=options["causal"], window=options["window"],
                                         softmax_scale=options["softmax_scale"], softcap=options["softcap"],
                                         check_values=False)
 
@@ -541,7 +542,7 @@ def _token_pages(k: torch.Tensor, v: torch.Tensor, plan: "_PaddingPlan"):
 
 class _PaddingPlan:
     """What the attention derives from a (B, N_k) bool padding mask: each row's token count, its tokens' order, the
-    block table of one-token pages, the padded queries' mask, a sliding window's check of the padding.
+    block table of one-token pages, the padded queries, a sliding window's check of the padding.
 
     A *shared* plan serves every layer of one eager forward (:func:`_with_a_shared_plan`) and keeps what it makes: an
     eager decoding step's attention kernel is short, and remade in every layer these small launches (a sum, a stable
@@ -556,7 +557,7 @@ class _PaddingPlan:
         # not follow a weak reference)
         self._held, self._weak = (None, weakref.ref(mask)) if shared else (mask, None)
         self.version = _version(mask) if shared else None  # the values it was made from (see _padding_plan)
-        self._lengths = self._order = None  # each made when first asked for
+        self._lengths = self._order = self._last_query_lengths = None  # each made when first asked for
         self._edges_checked = False
         self._tables, self._padded = {}, {}
 
@@ -595,6 +596,16 @@ class _PaddingPlan:
             if self._weak is not None:
                 self._tables[tokens_per_row] = table
         return table
+
+    def last_query_lengths(self) -> torch.Tensor:
+        """(B,) int32: each row's token count, 0 where its last position (a one-query step's query) is padding: a
+        row with no key gets output 0 from the kernel, without a ``masked_fill`` (a launch) in every layer."""
+        lengths = self._last_query_lengths
+        if lengths is None:
+            lengths = torch.where(self.mask[:, -1], self.lengths, 0)
+            if self._weak is not None:
+                self._last_query_lengths = lengths
+        return lengths
 
     def padded_queries(self, n_q: int) -> torch.Tensor:
         """(B, N_q, 1, 1) bool: which of the last ``n_q`` positions are padding (their outputs are 0)."""
