@@ -12,7 +12,9 @@ loops of 1000 calls). The names given on the command line are then profiled with
 
 ``--hf`` times instead the routes of one decoding step's attention in a Transformers layer (flashlib.hf against sdpa's), at
 ``benchmarks/hf_generate.py``'s shapes (8 left-padded rows of 600 keys, 16 query heads on 4 K/V heads, D = 128,
-bf16), and the parts of flashlib's: where an eager decoding step's host time goes (TUNING.md, forty-fifth finding).
+bf16), and the parts of flashlib's: where an eager decoding step's host time goes (TUNING.md, forty-fifth finding);
+then the GPU time of the split-KV call with the kernel's own split count and with one split (no merge kernel), and
+of sdpa's layer.
 
 ``--direct-ab`` compares, in one process and interleaved round by round (the GPU machine's
 host varies from one call to the next), every route with remembered binaries launched through
@@ -27,6 +29,7 @@ import statistics
 
 import torch
 import triton
+import triton.testing
 
 from flashlib import flash_attention, flash_attention_with_kvcache
 from flashlib.kernels import launch as launch_module
@@ -110,6 +113,8 @@ def hf_routes() -> dict:
         "hf flashlib layer own plan": lambda: hf.flashlib_attention_forward(module, query, key, value, tokens),
         "kvcache token pages": lambda: flash_attention_with_kvcache(q, k_pages, v_pages, cache_seqlens=plan.lengths,
                                                                     block_table=table, check_values=False),
+        "kvcache token pages one split": lambda: flash_attention_with_kvcache(
+            q, k_pages, v_pages, cache_seqlens=plan.lengths, block_table=table, check_values=False, num_splits=1),
         "splitkv_attention": lambda: splitkv_attention(q, k_pages, v_pages, "bnhd", spec, k_lens=plan.lengths,
                                                        block_table=table),
         "raw splitkv launcher": lambda: launch_splitkv_attention(q, k_pages, v_pages, o, lse, scale=0.088,
@@ -152,6 +157,10 @@ def main():
             return
         for name, fn in fns.items():
             print(f"{name:30s} {host_us(fn, calls=1000):8.1f} us", flush=True)
+        if args.hf:  # what fewer launches would cost the GPU: its own time, from CUDA-graph replays
+            for name in ("kvcache token pages", "kvcache token pages one split", "hf sdpa layer"):
+                gpu_us = triton.testing.do_bench_cudagraph(fns[name], rep=200) * 1e3
+                print(f"{name:30s} {gpu_us:8.1f} us of GPU time (do_bench_cudagraph)", flush=True)
         for name in args.profile:
             profile = cProfile.Profile()
             profile.enable()
