@@ -46,7 +46,8 @@ runs ``hf`` again (now with the Transformers GPU tests as its second step).
 
 Session 56 made the layers of an eager forward share what they derive from the padding mask (``flashlib.hf``'s
 padding plan: the lengths, the tokens' order, the block table, a sliding window's padding check); ``hf`` now also
-times the eager steps with a plan made in every layer (``hf_generate.py --plan-per-layer``).
+times the eager steps with a plan made in every layer (``hf_generate.py --plan-per-layer``). Measured (TUNING.md
+forty-fifth finding): 0.81x sdpa's eager tokens/s on an H200, 0.76x on an H100; the next session runs ``hf_host``.
 
 The grid measures the forward and backward with the settings the timings decide. A machine is given back 30 s
 after a call, too soon to edit those settings by hand between the two calls, so the timings call also copies its
@@ -213,6 +214,19 @@ STAGES["hf"] = (
          ("-m", "pytest", "-v", "-m", "gpu", "-p", "no:cacheprovider", "-rs", "tests/test_hf.py"),
          "whether Transformers models on flashlib pass on the GPU's torch (2.11 there, 2.13 on the CPU: Dynamo "
          "differs), the new test_gpu_eager_decoding_step_reads_nothing_on_the_host among them"),
+)
+
+# Session 56 (an H200, then an H100): eager steps 0.76-0.81x sdpa's tokens/s with one padding plan a forward; a layer
+# costs 198 us of host time against sdpa's 74, 70 of them the split-KV launcher's two launches. Then the one-query
+# step's masked_fill went into the lengths, unmeasured; what one split (no merge launch) would cost the GPU is next
+STAGES["hf_host"] = (
+    Step("launch_host_time_hf", 150, ("benchmarks/launch_host_time.py", "--hf"),
+         "where an eager decoding layer's host time goes now (flashlib's layer against sdpa's, and its parts), and the "
+         "GPU time of the split-KV call with one split against the kernel's own split count: whether an eager step "
+         "that the host bounds should take one split"),
+    Step("hf_generate_dynamic", 150, ("benchmarks/hf_generate.py", "--caches", "dynamic", "--out",
+                                      "{out}/hf_generate_dynamic.json"),
+         "eager generate's tokens/s against sdpa's after the masked_fill went into the lengths (0.76x on the H100)"),
 )
 
 
