@@ -47,7 +47,8 @@ runs ``hf`` again (now with the Transformers GPU tests as its second step).
 Session 56 made the layers of an eager forward share what they derive from the padding mask (``flashlib.hf``'s
 padding plan: the lengths, the tokens' order, the block table, a sliding window's padding check); ``hf`` now also
 times the eager steps with a plan made in every layer (``hf_generate.py --plan-per-layer``). Measured (TUNING.md
-forty-fifth finding): 0.81x sdpa's eager tokens/s on an H200, 0.76x on an H100; the next session runs ``hf_host``.
+forty-fifth finding): 0.81x sdpa's eager tokens/s on an H200, 0.76x on an H100; ``hf_host`` then timed a layer's
+parts and one split's GPU cost (1.16x sdpa on a slower host: the eager ratio is the host's). Nothing is left queued.
 
 The grid measures the forward and backward with the settings the timings decide. A machine is given back 30 s
 after a call, too soon to edit those settings by hand between the two calls, so the timings call also copies its
@@ -218,7 +219,7 @@ STAGES["hf"] = (
 
 # Session 56 (an H200, then an H100): eager steps 0.76-0.81x sdpa's tokens/s with one padding plan a forward; a layer
 # costs 198 us of host time against sdpa's 74, 70 of them the split-KV launcher's two launches. Then the one-query
-# step's masked_fill went into the lengths, unmeasured; what one split (no merge launch) would cost the GPU is next
+# step's masked_fill went into the lengths; what one split (no merge launch) would cost the GPU. Ran in session 56
 STAGES["hf_host"] = (
     Step("launch_host_time_hf", 150, ("benchmarks/launch_host_time.py", "--hf"),
          "where an eager decoding layer's host time goes now (flashlib's layer against sdpa's, and its parts), and the "
