@@ -714,19 +714,21 @@ def _padding_mask(mask, options, batch: int, n_q: int, n_k: int) -> torch.Tensor
     if not isinstance(mask, torch.Tensor) or mask.dim() not in (2, 4):
         what = f"shape {tuple(mask.shape)}" if isinstance(mask, torch.Tensor) else f"a {type(mask).__name__}"
         raise ValueError(f"flashlib's Transformers attention takes a 2D (B, N_k) padding mask or a 4D mask; got {what}")
-    what = _mask_name(mask, n_q, n_k)
+    # The mask's name (its shape in text) only where an error is raised: made on every call, it would make
+    # torch.compile(dynamic=True) specialize each step to its sizes
     keys_only = _keys_only(options)
     if mask.dim() == 2:
         if keys_only and tuple(mask.shape) != (batch, n_k):
-            raise ValueError(f"flashlib's Transformers attention got {what}: a bidirectional layer's 2D mask must be "
-                             f"(B, N_k) with B = {batch}")
+            raise ValueError(f"flashlib's Transformers attention got {_mask_name(mask, n_q, n_k)}: a bidirectional "
+                             f"layer's 2D mask must be (B, N_k) with B = {batch}")
         if not keys_only and (mask.shape[0] != batch or not n_q <= mask.shape[1] <= n_k):
-            raise ValueError(f"flashlib's Transformers attention got {what}: a 2D mask must be (B, L) with B = {batch} "
-                             "and N_q <= L <= N_k")
+            raise ValueError(f"flashlib's Transformers attention got {_mask_name(mask, n_q, n_k)}: a 2D mask must be "
+                             f"(B, L) with B = {batch} and N_q <= L <= N_k")
         return mask.bool()
     if mask.shape[0] not in (1, batch) or tuple(mask.shape[2:]) != (n_q, n_k) or (n_q > n_k and not keys_only):
-        raise ValueError(f"flashlib's Transformers attention got {what}: a 4D mask must be (B or 1, H or 1, N_q, N_k) "
-                         f"with B = {batch}" + ("" if keys_only else " and N_q <= N_k (queries are the last keys)"))
+        raise ValueError(f"flashlib's Transformers attention got {_mask_name(mask, n_q, n_k)}: a 4D mask must be "
+                         f"(B or 1, H or 1, N_q, N_k) with B = {batch}"
+                         + ("" if keys_only else " and N_q <= N_k (queries are the last keys)"))
     # A bidirectional layer's 4D mask is padding or refused: while tracing, the device checks it. A causal layer's
     # may be packed sequences instead (the ValueError leads there), which only the host can tell
     on_device = keys_only and not values_checked(mask)

@@ -734,6 +734,27 @@ def test_one_query_takes_its_4d_row_as_the_keys_it_sees(name, fresh_compiler):
         compiled(q, k, v, bias)
 
 
+def test_compiled_decoding_steps_with_dynamic_shapes_are_one_graph(name, fresh_compiler):
+    """torch.compile(dynamic=True) of a decoding step's attention over a cache that grows a token a step (a dynamic
+    cache): one graph serves every length (nothing in the layer specializes to the sizes), and each step matches
+    eager."""
+    module, q, _, _ = attention_inputs(n_q=1, n_k=6, seed=5)
+
+    def attend(q, k, v, mask):
+        return hf.flashlib_attention_forward(module, q, k, v, mask)[0]
+
+    compiled = torch.compile(attend, dynamic=True, backend="aot_eager")
+    torch._dynamo.utils.counters.clear()
+    gen = torch.Generator().manual_seed(6)
+    with torch.no_grad():
+        for n_k in range(6, 10):
+            k, v = (torch.randn(2, 2, n_k, 16, generator=gen).to(DEVICE) for _ in range(2))
+            mask = torch.ones(2, n_k, dtype=torch.bool, device=DEVICE)
+            mask[1, :2] = False
+            assert_close(compiled(q, k, v, mask), attend(q, k, v, mask), RTOL, f"N_k = {n_k}")
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
 @pytest.mark.parametrize("model", ["llama", "mistral-window-10"])
 def test_an_eager_forward_makes_one_padding_plan_for_all_its_layers(name, calls, monkeypatch, model):
     """Eager decoding steps of a left-padded batch (``generate`` with Transformers' dynamic cache): the mask's lengths,
