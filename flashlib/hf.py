@@ -557,9 +557,17 @@ class _PaddingPlan:
         # not follow a weak reference)
         self._held, self._weak = (None, weakref.ref(mask)) if shared else (mask, None)
         self.version = _version(mask) if shared else None  # the values it was made from (see _padding_plan)
-        self._lengths = self._order = self._last_query_lengths = None  # each made when first asked for
+        self._lengths = self._order = None  # each made when first asked for
         self._edges_checked = False
-        self._tables, self._padded = {}, {}
+        self._kept = {}  # a shared plan's other tensors, by what they are (see _once)
+
+    def _once(self, key, make):
+        """``make()``, kept under ``key`` by a shared plan and made anew each time by a layer's own."""
+        if self._weak is None:
+            return make()
+        if key not in self._kept:
+            self._kept[key] = make()
+        return self._kept[key]
 
     @property
     def mask(self) -> torch.Tensor:
@@ -589,32 +597,20 @@ class _PaddingPlan:
 
     def block_table(self, tokens_per_row: int) -> torch.Tensor:
         """(B, N_k) int32: row b's tokens in order as the pages ``b * tokens_per_row + n`` (:func:`_token_pages`)."""
-        table = self._tables.get(tokens_per_row) if self._weak is not None else None
-        if table is None:
+        def make():
             rows = torch.arange(self.mask.shape[0], device=self.mask.device)[:, None] * tokens_per_row
-            table = (rows + self.order).to(torch.int32)
-            if self._weak is not None:
-                self._tables[tokens_per_row] = table
-        return table
+            return (rows + self.order).to(torch.int32)
+
+        return self._once(("block table", tokens_per_row), make)
 
     def last_query_lengths(self) -> torch.Tensor:
         """(B,) int32: each row's token count, 0 where its last position (a one-query step's query) is padding: a
         row with no key gets output 0 from the kernel, without a ``masked_fill`` (a launch) in every layer."""
-        lengths = self._last_query_lengths
-        if lengths is None:
-            lengths = torch.where(self.mask[:, -1], self.lengths, 0)
-            if self._weak is not None:
-                self._last_query_lengths = lengths
-        return lengths
+        return self._once("last query lengths", lambda: torch.where(self.mask[:, -1], self.lengths, 0))
 
     def padded_queries(self, n_q: int) -> torch.Tensor:
         """(B, N_q, 1, 1) bool: which of the last ``n_q`` positions are padding (their outputs are 0)."""
-        padded = self._padded.get(n_q) if self._weak is not None else None
-        if padded is None:
-            padded = ~self.mask[:, self.mask.shape[1] - n_q:, None, None]
-            if self._weak is not None:
-                self._padded[n_q] = padded
-        return padded
+        return self._once(("padded queries", n_q), lambda: ~self.mask[:, self.mask.shape[1] - n_q:, None, None])
 
 
 #: Whether the layers of one eager forward share one :class:`_PaddingPlan` of the padding mask that the model builds
