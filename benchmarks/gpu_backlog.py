@@ -112,6 +112,9 @@ class Step:
     limit_s: int
     argv: tuple
     decides: str
+    #: The step's PYTHONPATH: the tree's own flashlib unless a step times another copy (``.old``: the commit before a
+    #: change, in a folder the command unpacks and git ignores).
+    pythonpath: str = ".:benchmarks:tests"
 
 
 STAGES = {
@@ -230,6 +233,28 @@ STAGES["hf_host"] = (
          "eager generate's tokens/s against sdpa's after the masked_fill went into the lengths (0.76x on the H100)"),
 )
 
+# Session 57 (no GPU yet): dropout's draws compared four to a word, and the weights P V and dV take zeroed as they are
+# packed to 16 bits (a byte permute and an AND a pair) instead of a select the compiler moved past the packing; the
+# dK/dV kernel keeps 8 words a block across its products instead of 32 flags. Compiled (Triton 3.6, sm_90a), the
+# unmasked block loop at head_dim 128 with dropout: forward 962 -> 805 instructions (503 without dropout), dK/dV
+# 653 -> 579 (366). Correct, and what it buys, against the tree before it (``.old``: ``git archive`` of that commit's
+# flashlib/, unpacked by the call's command):
+DROPOUT_AB = ("benchmarks/gluon_dropout_ab.py", "--dtype", "fp16", "--d", "128", "--N", FA2_N, "--parts", "fwd,bwd",
+              "--routes", "plain,gluon")
+STAGES["dropout_words"] = (
+    Step("dropout_gpu_tests", 200,
+         ("-m", "pytest", "-v", "-m", "gpu", "-n", "8", "-p", "no:cacheprovider", "-rs", "-k", "dropout",
+          "tests/kernels/test_attention_fwd_hopper.py", "tests/kernels/test_attention_bwd_hopper.py",
+          "tests/kernels/test_score_modifiers.py"),
+         "whether the Gluon kernels' new dropout path drops exactly the Triton kernels' weights (forward against "
+         "float64 with dropout_mask's mask and against the Triton forward; gradients against float64)"),
+    Step("gluon_dropout_words", 170, DROPOUT_AB,
+         "issue 13's dropout cost with the word compare and the packed zeroing: fwd_gluon/plain and bwd_gluon/plain "
+         "(1.18-1.24x the plain backward at D = 128 before, session 53; target <= 1.15x)"),
+    Step("gluon_dropout_before", 170, DROPOUT_AB,
+         "the same ratios from the commit before the change, in the same call", pythonpath=".old:benchmarks:tests"),
+)
+
 
 def command(step: Step, out: Path) -> list:
     """The step's command line, ``{out}`` filled in."""
@@ -243,7 +268,7 @@ def header(step: Step, cmd: list) -> str:
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return (f"# {step.name}: {gpu}, torch {torch.__version__}, triton {triton.__version__}, {date}\n"
-            f"# command: PYTHONPATH=.:benchmarks:tests {shlex.join(['python3'] + cmd[1:])}\n"
+            f"# command: PYTHONPATH={step.pythonpath} {shlex.join(['python3'] + cmd[1:])}\n"
             f"# decides: {step.decides}\n")
 
 
@@ -256,7 +281,8 @@ def run_step(step: Step, out: Path) -> int:
         f.write(header(step, cmd))
         f.flush()
         # Its own process group, so that a stop also ends what it started (pytest-xdist's workers hold the GPU).
-        child = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        child = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+                                 env={**os.environ, "PYTHONPATH": step.pythonpath})
         try:
             rc = child.wait(timeout=step.limit_s)
         except subprocess.TimeoutExpired:

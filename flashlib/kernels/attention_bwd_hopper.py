@@ -51,7 +51,8 @@ if HAVE_GLUON:
                                                                    warpgroup_mma, warpgroup_mma_wait)
 
     from .attention_fwd_hopper import operands_flag, register_operand, tma_load, tma_store
-    from .dropout_hopper import dropout_keep, keep_threshold, stream_key
+    from .dropout_hopper import (dropout_keep, keep_from_words, keep_threshold, kept_weights_operand, kept_words,
+                                 stream_key)
 
 #: (BLOCK_M query rows a step, BLOCK_N keys of each consumer, STAGES Q/dO slots) per head_dim. At 128, 64 rows a
 #: step leave ptxas a few loop scalars to keep on the stack, none of them a tile, and beat 32 rows by 7-12% on the
@@ -163,8 +164,8 @@ if HAVE_GLUON:
         mbarrier.wait(do_ready.index(slot), phase)
         do_tile = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
         if DROPOUT:  # dV sums the weights the forward kept (its 1 / (1 - p) comes at the end)
-            keep_t = dropout_keep(drop[0], m, drop[3], drop[1], BLOCK_N, BLOCK_M, True, st_layout)
-            p_op = gl.convert_layout(gl.where(keep_t, p_t, 0.0).to(q_tile.dtype), op_layout)
+            kept = kept_words(drop[0], m, drop[3], drop[1], BLOCK_N, BLOCK_M, True)
+            p_op = gl.convert_layout(kept_weights_operand(p_t, kept, q_tile.dtype, BLOCK_N, BLOCK_M, True), op_layout)
         else:
             p_op = gl.convert_layout(p_t.to(q_tile.dtype), op_layout)
         dv = warpgroup_mma(p_op, do_tile, dv, is_async=True)
@@ -177,7 +178,7 @@ if HAVE_GLUON:
         dv, dp_t, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dp_t, p_op))
         mbarrier.arrive(do_empty.index(slot), count=1)
         if DROPOUT:  # dP of the kept weights only, against D scaled by 1 - p
-            dp_t = gl.where(keep_t, dp_t, 0.0)
+            dp_t = gl.where(keep_from_words(kept, BLOCK_N, BLOCK_M, True, st_layout), dp_t, 0.0)
             delta = delta * drop[2]
         ds_op = gl.convert_layout((p_t * (dp_t - delta[None, :])).to(q_tile.dtype), op_layout)
         dk = warpgroup_mma(ds_op, q_tile, dk, is_async=True)

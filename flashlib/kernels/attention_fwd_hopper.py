@@ -61,7 +61,7 @@ try:  # Gluon ships with Triton 3.5 and later; its Hopper API is what this kerne
     # The copy engine's load and store were renamed after Triton 3.6 (the H100 machine's version).
     tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
-    from .dropout_hopper import dropout_keep, keep_threshold, stream_key
+    from .dropout_hopper import keep_threshold, kept_weights_operand, kept_words, stream_key
     HAVE_GLUON = True
 except ImportError:  # pragma: no cover - older Triton
     HAVE_GLUON = False
@@ -143,27 +143,26 @@ if HAVE_GLUON:
         return p, m_new, l_i, alpha
 
     @gluon.jit
-    def _dropped(p, drop, start_n, DROPOUT: gl.constexpr, s_layout: gl.constexpr):
-        """``p`` (a block of weights from key ``start_n`` on) with the weights dropout drops set to 0, under
-        ``DROPOUT``; ``drop``: (stream key, keep threshold, first query row) of :mod:`.dropout_hopper`."""
-        if DROPOUT:
-            keep = dropout_keep(drop[0], drop[2], start_n, drop[1], p.type.shape[0], p.type.shape[1], False,
-                                s_layout)
-            p = gl.where(keep, p, 0.0)
-        return p
-
-    @gluon.jit
-    def _weights_operand(p_f32, p_slot, dtype: gl.constexpr, p_layout: gl.constexpr):
+    def _weights_operand(p_f32, p_slot, dtype: gl.constexpr, p_layout: gl.constexpr, drop, start_n,
+                         DROPOUT: gl.constexpr):
         """The weights in ``dtype`` as P V's first operand: in registers (``p_layout``), or, where the kernel gave
         this consumer a (BLOCK_M, BLOCK_N) shared-memory slot ``p_slot`` (FP8 with ``P_SHARED``), stored there and
-        read from there by the product; the caller has waited for the last product that read the slot.
+        read from there by the product; the caller has waited for the last product that read the slot. Under
+        ``DROPOUT`` (16-bit types only), the weights that dropout drops are zeroed as they are converted
+        (:func:`.dropout_hopper.kept_weights_operand`); ``drop``: (stream key, keep threshold, first query row) of
+        :mod:`.dropout_hopper`, ``start_n`` the block's first key.
 
         Why a slot for FP8: the accumulator holds two neighbouring keys of a row per thread, an FP8 operand in
         registers four, so converting P to the operand's layout moves bytes between threads and packs them one by
         one (Triton 3.6: 230 instructions of a 682-instruction block at head_dim 128). Stored as the accumulator
         holds it, P costs 32 two-byte stores a thread, a fence and the warpgroup's barrier (benchmarks/TUNING.md,
         thirty-eighth finding)."""
-        if len(p_slot.type.shape) == 2:
+        if DROPOUT:
+            rows: gl.constexpr = p_f32.type.shape[0]
+            cols: gl.constexpr = p_f32.type.shape[1]
+            kept = kept_words(drop[0], drop[2], start_n, drop[1], rows, cols, False)
+            return gl.convert_layout(kept_weights_operand(p_f32, kept, dtype, rows, cols, False), p_layout)
+        elif len(p_slot.type.shape) == 2:
             p_slot.store(p_f32.to(dtype))
             fence_async_shared()
             return p_slot
@@ -319,8 +318,7 @@ if HAVE_GLUON:
         else:
             o, p = warpgroup_mma_wait(num_outstanding=0, deps=(o, p))
         mbarrier.arrive(v_empty.index((ring + j - 1) % STAGES), count=1)
-        p_f32 = _dropped(p_f32, drop, j * BLOCK_N, DROPOUT, s_layout)
-        p = _weights_operand(p_f32, p_slot, q_tile.dtype, p_layout)
+        p = _weights_operand(p_f32, p_slot, q_tile.dtype, p_layout, drop, j * BLOCK_N, DROPOUT)
         return o, p, alpha, m_i, l_i
 
     @gluon.jit
@@ -392,9 +390,8 @@ if HAVE_GLUON:
             mbarrier.arrive(k_empty.index(ring % STAGES), count=1)
             p_f32, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, 0, rows_s, offset, N_K, qk_scale,
                                                    True, causal, BLOCK_N, s_layout)
-            p_f32 = _dropped(p_f32, drop, 0, DROPOUT, s_layout)
             p_slot = smem[4].index(HALF)
-            p = _weights_operand(p_f32, p_slot, q_tile.dtype, p_layout)
+            p = _weights_operand(p_f32, p_slot, q_tile.dtype, p_layout, drop, 0, DROPOUT)
             # Blocks every row of the program sees whole, then the ones cut by the diagonal or N_K.
             split = gl.maximum(n_full, 1)
             o, p, alpha, m_i, l_i = _overlapped_blocks(q_tile, k_smem, v_smem, bars, o, p, p_slot, alpha, m_i, l_i,

@@ -67,6 +67,20 @@ def lowbias32(x):
 mix32 = triton.jit(lowbias32)
 
 
+def kept_bytes(x, threshold):
+    """Bit 7 of each byte of the 32-bit word ``x`` set where that byte is at least ``threshold`` (0 to 255), the
+    other bits meaningless: the four compares of a square's draws in three word operations (a kernel then tests one
+    bit a weight). With t = threshold and d = (x | 0x80808080) - 0x01010101 (t & 0x7F), no byte of the
+    subtraction borrows from the next (each byte of the first operand is at least 128, of the second at most 127),
+    so bit 7 of d's byte says whether x's low seven bits reach t & 0x7F. x's byte then reaches t where x's bit 7 or
+    d's is set if t < 128, where both are if t >= 128: the bitwise majority of x, d and c, with c = 0x80808080 if
+    t < 128, else 0. Plain operators only, as :func:`lowbias32`: the Gluon kernels compile it
+    (:mod:`.dropout_hopper`), and tests run it on integer tensors."""
+    d = (x | 0x80808080) - (threshold & 0x7F) * 0x01010101
+    c = ((threshold >> 7) ^ 1) * 0x80808080
+    return (x & d) | (x & c) | (d & c)
+
+
 @triton.jit
 def dropout_stream_key(seed, stream):
     """uint32 key of (seed, stream): both 32-bit halves of the seed and the stream, hashed in turn.

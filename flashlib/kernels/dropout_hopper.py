@@ -18,7 +18,7 @@ shows it). Each word is hashed once, by the one thread that uses its four bytes.
 """
 from __future__ import annotations
 
-from .dropout import KEY_MULTIPLIER, QUERY_MULTIPLIER, STREAM_OFFSET, lowbias32
+from .dropout import KEY_MULTIPLIER, QUERY_MULTIPLIER, STREAM_OFFSET, kept_bytes, lowbias32
 
 try:  # Gluon ships with Triton 3.5 and later (see .attention_fwd_hopper)
     from triton.experimental import gluon
@@ -29,6 +29,7 @@ except ImportError:  # pragma: no cover - older Triton
 
 if HAVE_GLUON:
     mix32 = gluon.jit(lowbias32)
+    mark_kept = gluon.jit(kept_bytes)
 
     @gluon.jit
     def stream_key(seed, stream):
@@ -45,12 +46,9 @@ if HAVE_GLUON:
         return (dropout_p * 256.0).to(gl.uint32)
 
     @gluon.jit
-    def dropout_keep(key, q_start, k_start, threshold, ROWS: gl.constexpr, COLS: gl.constexpr,
-                     KEYS_ALONG_ROWS: gl.constexpr, layout: gl.constexpr):
-        """(ROWS, COLS) bool in ``layout`` (a four-warp version 3 accumulator of that shape): whether weight
-        (q_start + i, k_start + j) is kept, or with ``KEYS_ALONG_ROWS`` weight (q_start + j, k_start + i), the
-        dK/dV kernel's orientation. ``key``: :func:`stream_key`; starts are multiples of 16; ``threshold``:
-        :func:`keep_threshold`."""
+    def _square_words(key, q_start, k_start, ROWS: gl.constexpr, COLS: gl.constexpr, KEYS_ALONG_ROWS: gl.constexpr):
+        """(ROWS / 2, COLS / 2) uint32: the word of each square of the tile, in the blocked layout whose words land
+        in the accumulator's threads (the module's docstring)."""
         words: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 2], threads_per_warp=[8, 4],
                                                warps_per_cta=[4, 1], order=[1, 0])
         along_rows = gl.arange(0, ROWS // 2, layout=gl.SliceLayout(1, words))[:, None]
@@ -61,17 +59,85 @@ if HAVE_GLUON:
         else:
             qg = q_start // 2 + along_rows
             kg = k_start // 2 + along_cols
-        x = mix32((qg.to(gl.uint32) * QUERY_MULTIPLIER + key) ^ (kg.to(gl.uint32) * KEY_MULTIPLIER))
-        b0 = x & 0xFF
-        b3 = x >> 24
-        if KEYS_ALONG_ROWS:  # rows are keys: byte 2 * [column + 8] + [row + 8]
-            b01 = (x >> 16) & 0xFF
-            b10 = (x >> 8) & 0xFF
-        else:  # byte 2 * [row + 8] + [column + 8]
-            b01 = (x >> 8) & 0xFF
-            b10 = (x >> 16) & 0xFF
-        # b_xy goes to row 16 (u // 8) + 8x + u % 8, column 16 (w // 8) + 8y + w % 8 of word (u, w)
-        t = gl.join(gl.join(b0, b01), gl.join(b10, b3))  # (u, w, y, x)
+        return mix32((qg.to(gl.uint32) * QUERY_MULTIPLIER + key) ^ (kg.to(gl.uint32) * KEY_MULTIPLIER))
+
+    @gluon.jit
+    def kept_words(key, q_start, k_start, threshold, ROWS: gl.constexpr, COLS: gl.constexpr,
+                   KEYS_ALONG_ROWS: gl.constexpr):
+        """(ROWS / 2, COLS / 2) uint32, the word of each square of the tile (see :func:`dropout_keep`) with bit 7
+        of byte b set where that byte's weight is kept (:func:`.dropout.kept_bytes`: four compares in three word
+        operations). Eight words a thread hold the draws of its 32 weights of a 64 x 64 tile, so a kernel can keep
+        them across its products instead of 32 flags (:func:`keep_from_words`, :func:`kept_weights_operand`)."""
+        return mark_kept(_square_words(key, q_start, k_start, ROWS, COLS, KEYS_ALONG_ROWS), threshold)
+
+    @gluon.jit
+    def _spread(b00, b01, b10, b11, ROWS: gl.constexpr, COLS: gl.constexpr, layout: gl.constexpr):
+        """(ROWS, COLS) tile in ``layout`` from four (ROWS / 2, COLS / 2) tensors of word (u, w): ``b_xy`` goes to
+        row 16 (u // 8) + 8x + u % 8, column 16 (w // 8) + 8y + w % 8 (:func:`.dropout._squares`); each lands in
+        the thread that holds it in ``layout``, so the conversion moves no data."""
+        t = gl.join(gl.join(b00, b01), gl.join(b10, b11))  # (u, w, y, x)
         t = gl.reshape(t, [ROWS // 16, 8, COLS // 16, 8, 2, 2])  # (s, r, G, c, y, x)
         t = gl.reshape(gl.permute(t, [0, 5, 1, 2, 4, 3]), [ROWS, COLS])  # (s, x, r, G, y, c)
-        return gl.convert_layout(t >= threshold, layout)
+        return gl.convert_layout(t, layout)
+
+    @gluon.jit
+    def keep_from_words(y, ROWS: gl.constexpr, COLS: gl.constexpr, KEYS_ALONG_ROWS: gl.constexpr,
+                        layout: gl.constexpr):
+        """(ROWS, COLS) bool in ``layout`` from :func:`kept_words`'s words: each weight's test is one bit of its
+        word."""
+        if KEYS_ALONG_ROWS:  # rows are keys: byte 2 * [column + 8] + [row + 8]
+            t = _spread(y & 0x80, y & 0x800000, y & 0x8000, y & 0x80000000, ROWS, COLS, layout)
+        else:  # byte 2 * [row + 8] + [column + 8]
+            t = _spread(y & 0x80, y & 0x8000, y & 0x800000, y & 0x80000000, ROWS, COLS, layout)
+        return t != 0
+
+    @gluon.jit
+    def _sign_selector(byte: gl.constexpr):
+        """``prmt``'s selector that fills the low half of its result with the sign of byte ``byte`` of its first
+        operand and the high half with that of its second."""
+        return (8 + byte) * 0x11 + (12 + byte) * 0x1100
+
+    @gluon.jit
+    def kept_weights_operand(p, y, dtype: gl.constexpr, ROWS: gl.constexpr, COLS: gl.constexpr,
+                             KEYS_ALONG_ROWS: gl.constexpr):
+        """``p`` (float32, (ROWS, COLS), an accumulator's layout) in ``dtype`` (float16 or bfloat16) with the dropped
+        weights zeroed, from :func:`kept_words`'s words ``y``. Two neighbours along a row are packed into one
+        register by the conversion, and their kept bits sit in the same byte of two words: one ``prmt`` spreads
+        both bits over a 32-bit mask, one ``and`` applies it, two instructions a pair. Written as a select, the
+        compiler moved the select past the conversion and selected each half-word apart (a byte permute and a
+        select a weight, and the flags kept across the products in packed bits)."""
+        layout: gl.constexpr = p.type.layout
+        words_layout: gl.constexpr = y.type.layout
+        shape: gl.constexpr = [ROWS // 2, COLS // 2]
+        if KEYS_ALONG_ROWS:
+            bytes_xy = (0, 2, 1, 3)
+        else:
+            bytes_xy = (0, 1, 2, 3)
+        selector = _spread(gl.full(shape, _sign_selector(bytes_xy[0]), gl.uint32, words_layout),
+                           gl.full(shape, _sign_selector(bytes_xy[1]), gl.uint32, words_layout),
+                           gl.full(shape, _sign_selector(bytes_xy[2]), gl.uint32, words_layout),
+                           gl.full(shape, _sign_selector(bytes_xy[3]), gl.uint32, words_layout), ROWS, COLS, layout)
+        words = _spread(y, y, y, y, ROWS, COLS, layout)
+        if dtype == gl.bfloat16:
+            return gl.inline_asm_elementwise(
+                "{ .reg .b32 h, m; cvt.rn.bf16x2.f32 h, $2, $1; prmt.b32 m, $3, $4, $5; and.b32 $0, h, m; }",
+                "=r,r,r,r,r,r,r", [p, words, selector], dtype=dtype.value, is_pure=True, pack=2)
+        return gl.inline_asm_elementwise(
+            "{ .reg .b32 h, m; cvt.rn.f16x2.f32 h, $2, $1; prmt.b32 m, $3, $4, $5; and.b32 $0, h, m; }",
+            "=r,r,r,r,r,r,r", [p, words, selector], dtype=dtype.value, is_pure=True, pack=2)
+
+    @gluon.jit
+    def dropout_keep(key, q_start, k_start, threshold, ROWS: gl.constexpr, COLS: gl.constexpr,
+                     KEYS_ALONG_ROWS: gl.constexpr, layout: gl.constexpr):
+        """(ROWS, COLS) bool in ``layout`` (a four-warp version 3 accumulator of that shape): whether weight
+        (q_start + i, k_start + j) is kept, or with ``KEYS_ALONG_ROWS`` weight (q_start + j, k_start + i), the
+        dK/dV kernel's orientation. ``key``: :func:`stream_key`; starts are multiples of 16; ``threshold``:
+        :func:`keep_threshold`. Each byte is extracted and compared: where the flags are used once, as a select
+        of float32 values, this takes fewer instructions than :func:`kept_words`' compare (Triton 3.6, sm_90a: 426
+        against 445 a key block of the dQ kernel at head_dim 128)."""
+        x = _square_words(key, q_start, k_start, ROWS, COLS, KEYS_ALONG_ROWS)
+        if KEYS_ALONG_ROWS:  # rows are keys: byte 2 * [column + 8] + [row + 8]
+            t = _spread(x & 0xFF, (x >> 16) & 0xFF, (x >> 8) & 0xFF, x >> 24, ROWS, COLS, layout)
+        else:  # byte 2 * [row + 8] + [column + 8]
+            t = _spread(x & 0xFF, (x >> 8) & 0xFF, (x >> 16) & 0xFF, x >> 24, ROWS, COLS, layout)
+        return t >= threshold

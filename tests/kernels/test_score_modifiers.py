@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from flashlib import flash_attention, flash_attention_varlen, ops
-from flashlib.kernels.dropout import dropout_mask, effective_dropout_p
+from flashlib.kernels.dropout import dropout_mask, effective_dropout_p, kept_bytes
 from flashlib.reference import dropout_keep_reference, naive_attention
 from flashlib.validation import relative_error, tolerance
 from support.attention import DEVICE, MASK_CASES, alibi_slopes, as_bhnd, make_inputs, pin_blocks
@@ -154,6 +154,21 @@ def test_the_kernels_keep_exactly_the_reference_draw(seed):
         assert torch.equal(mask[stream // 3, stream % 3], expected), f"stream {stream}"
     assert not torch.equal(dropout_mask(seed ^ (1 << 40), 0.3, 1, 1, 40, 72, torch.device(DEVICE)).cpu()[0, 0],
                            mask[0, 0]), "the seed's high half must change the mask"
+
+
+def test_kept_bytes_marks_exactly_the_bytes_that_reach_the_threshold():
+    """The Gluon kernels compare a square's four draws with the keep threshold in three word operations
+    (:func:`flashlib.kernels.dropout.kept_bytes`, the source they compile): bit 7 of each byte of the result is that
+    byte's compare, for every threshold, every byte value in every position, and random words; a majority that
+    forgot thresholds of 128 and more, or a subtraction that borrows across bytes, fails it."""
+    values = torch.arange(256, dtype=torch.int64)
+    every_byte = values | (values.roll(85) << 8) | (values.roll(170) << 16) | (values.flip(0) << 24)
+    words = torch.cat([every_byte, torch.randint(0, 2 ** 32, (4096,), generator=torch.Generator().manual_seed(3))])
+    for threshold in range(256):
+        marked = kept_bytes(words, threshold)
+        for byte in range(4):
+            expected = ((words >> (8 * byte)) & 0xFF) >= threshold
+            assert torch.equal(((marked >> (8 * byte + 7)) & 1).bool(), expected), (threshold, byte)
 
 
 def test_the_draw_is_fair_and_has_no_correlation_a_square_could_leave():
