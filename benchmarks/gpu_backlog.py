@@ -255,6 +255,22 @@ STAGES["dropout_words"] = (
          "the same ratios from the commit before the change, in the same call", pythonpath=".old:benchmarks:tests"),
 )
 
+# Ran (H100, session 57): the dropout GPU tests pass (26), and the Gluon forward with dropout takes 1.16-1.19x the plain
+# one without a mask (was 1.24-1.28), the backward 1.15-1.19x (was 1.18-1.25). Where the routes should go now: the
+# causal forward with dropout (Triton's kernel, DROPOUT_CAUSAL), head_dim 64 (Triton's kernels, DROPOUT_HEAD_DIMS):
+STAGES["dropout_routes"] = (
+    Step("gluon_dropout_routes", 330,
+         ("benchmarks/gluon_dropout_ab.py", "--dtype", "fp16", "--d", "128,64", "--N", FA2_N, "--parts", "fwd,bwd",
+          "--routes", "plain,gluon,triton"),
+         "attention_fwd_hopper.DROPOUT_CAUSAL (the causal forward with dropout through Gluon where fwd_gluon beats "
+         "fwd_triton at every N) and attention_bwd_hopper.DROPOUT_HEAD_DIMS (64 joins where bwd_gluon beats "
+         "bwd_triton at every point)"),
+    Step("gluon_dropout_bf16", 150,
+         ("benchmarks/gluon_dropout_ab.py", "--dtype", "bf16", "--d", "128", "--N", FA2_N, "--parts", "fwd,bwd",
+          "--routes", "plain,gluon"),
+         "issue 13's dropout cost in bfloat16 at head_dim 128"),
+)
+
 
 def command(step: Step, out: Path) -> list:
     """The step's command line, ``{out}`` filled in."""
