@@ -271,6 +271,23 @@ STAGES["dropout_routes"] = (
          "issue 13's dropout cost in bfloat16 at head_dim 128"),
 )
 
+# Ran (H100, session 57): at head_dim 128 the causal forward with dropout stays Triton's (Gluon 0.288 / 0.713 / 2.607 ms
+# against 0.245 / 0.736 / 2.520 at N = 1k / 4k / 16k); head_dim 64 reached N = 1024 only (Gluon faster: forward 0.442
+# against 0.488 ms, backward 1.450 against 1.480). The rest of head_dim 64, and the causal forward in 64-key blocks
+# (the thirty-fifth finding's config for it, before the word compare):
+STAGES["dropout_routes_rest"] = (
+    Step("gluon_dropout_d64", 230,
+         ("benchmarks/gluon_dropout_ab.py", "--dtype", "fp16", "--d", "64", "--N", "4096,16384", "--parts", "fwd,bwd",
+          "--routes", "plain,gluon,triton"),
+         "attention_bwd_hopper.DROPOUT_HEAD_DIMS: 64 joins where bwd_gluon beats bwd_triton at every N (with N = 1024 "
+         "from gluon_dropout_routes); the forward with dropout at 64 likewise"),
+    Step("gluon_dropout_causal_bn64", 170,
+         ("benchmarks/gluon_dropout_ab.py", "--dtype", "fp16", "--d", "128", "--N", FA2_N, "--parts", "fwd",
+          "--routes", "plain,gluon,triton", "--fwd-configs", "bn64s3=128:64,64,3;bn64s2=128:64,64,2"),
+         "attention_fwd_hopper.DROPOUT_CAUSAL with a dropout config of 64-key blocks: where fwd_gluon_bn64* beats "
+         "fwd_triton under the causal mask at every N"),
+)
+
 
 def command(step: Step, out: Path) -> list:
     """The step's command line, ``{out}`` filled in."""
