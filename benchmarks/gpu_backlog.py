@@ -288,6 +288,21 @@ STAGES["dropout_routes_rest"] = (
          "fwd_triton under the causal mask at every N"),
 )
 
+# Ran (H100, session 57): the Gluon kernels with dropout beat the Triton ones at head_dim 64 at every point measured
+# (forward 0.86-0.91x their time, backward 0.95-0.98x) and, in 64-key blocks, the causal forward at 128 (0.91-0.98x);
+# routed. The routes' GPU tests, and the one point left unmeasured (head_dim 64, causal, N = 1024):
+STAGES["dropout_routed"] = (
+    replace(STAGES["dropout_words"][0], name="dropout_routed_gpu_tests", limit_s=220,
+            argv=STAGES["dropout_words"][0].argv + ("tests/test_ops.py",),
+            decides="whether the Gluon dropout routes (head_dim 64, the causal forward's 64-key blocks at 128) are "
+                    "correct on the GPU"),
+    Step("gluon_dropout_d64_n1024", 150,
+         ("benchmarks/gluon_dropout_ab.py", "--dtype", "fp16", "--d", "64", "--N", "1024", "--parts", "fwd,bwd",
+          "--routes", "plain,gluon,triton"),
+         "whether head_dim 64's causal calls with dropout at N = 1024 keep the Gluon route (fwd_gluon and bwd_gluon "
+         "at most fwd_triton and bwd_triton)"),
+)
+
 
 def command(step: Step, out: Path) -> list:
     """The step's command line, ``{out}`` filled in."""

@@ -72,10 +72,13 @@ MIN_SCORES = 2 ** 27
 #: head_dim and :data:`MIN_SCORES` scores (thirty-fourth finding, H200): at 128 it ran 1.09-1.32x the Triton dQ
 #: kernel from 1024 rows (the smallest length measured); at 64 0.99-1.00x at 1024 rows, 1.02-1.12x from 4096.
 DQ_MIN_ROWS = {128: 1024, 64: 4096}
-#: Head dims where the backward with dropout was measured faster through these kernels than through the Triton ones
-#: (H200, fp16, N 1k-16k, causal or not: 1.17-1.27x the plain backward's time against 1.34-1.50x; session 45,
-#: benchmarks/TUNING.md thirty-fifth finding). Elsewhere a call with dropout keeps the Triton kernels.
-DROPOUT_HEAD_DIMS = (128,)
+#: Head dims where the backward with dropout takes both kernels, from :data:`DROPOUT_MIN_ROWS` query and key rows (the
+#: smallest length measured with dropout): measured faster than the Triton kernels with the same dropout at every
+#: point (H100, fp16, p = 0.1, FlashAttention-2 shapes, N 1k-16k, causal or not, session 57, benchmarks/TUNING.md
+#: forty-sixth finding: 0.84-0.92x their time at 128, 0.95-0.98x at 64, where without dropout the Triton dK/dV kernel
+#: stays). Elsewhere a call with dropout keeps the Triton kernels.
+DROPOUT_HEAD_DIMS = (64, 128)
+DROPOUT_MIN_ROWS = 1024
 #: Head dims at which each kernel reads its loop-invariant first operands from registers rather than shared memory
 #: (:func:`_first_operands`): K and V for the dK/dV kernel (``S^T = K Q^T``, ``dP^T = V dO^T``), Q and dO for the
 #: dQ kernel (``S = Q K^T``, ``dP = dO V^T``). Why: a warpgroup product of N = 64 columns with both operands in
@@ -545,18 +548,26 @@ if HAVE_GLUON:
                                 (_dq_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
+def _dropout_preferred(head_dim: int, n_q: int, n_k: int, scores: float) -> bool:
+    """Whether both kernels take a call with dropout: :data:`DROPOUT_HEAD_DIMS`, :data:`DROPOUT_MIN_ROWS` and
+    :data:`MIN_SCORES` ``scores``."""
+    return head_dim in DROPOUT_HEAD_DIMS and min(n_q, n_k) >= DROPOUT_MIN_ROWS and scores >= MIN_SCORES
+
+
 def preferred(head_dim: int, n_q: int, n_k: int, scores: float, dropout: bool = False) -> bool:
     """Whether this kernel is the faster dK/dV kernel for these sizes: :data:`ROUTED_HEAD_DIMS`, :data:`MIN_ROWS` and
-    :data:`MIN_SCORES` ``scores`` (those a mask leaves); with ``dropout``, also :data:`DROPOUT_HEAD_DIMS`."""
-    return (head_dim in ROUTED_HEAD_DIMS and min(n_q, n_k) >= MIN_ROWS and scores >= MIN_SCORES
-            and (not dropout or head_dim in DROPOUT_HEAD_DIMS))
+    :data:`MIN_SCORES` ``scores`` (those a mask leaves); with ``dropout``, :func:`_dropout_preferred`."""
+    if dropout:
+        return _dropout_preferred(head_dim, n_q, n_k, scores)
+    return head_dim in ROUTED_HEAD_DIMS and min(n_q, n_k) >= MIN_ROWS and scores >= MIN_SCORES
 
 
 def dq_preferred(head_dim: int, n_q: int, n_k: int, scores: float, dropout: bool = False) -> bool:
     """Whether the dQ kernel is the faster one for these sizes: :data:`DQ_MIN_ROWS` at this head_dim, and
-    :data:`MIN_SCORES` ``scores`` (those a mask leaves); with ``dropout``, also :data:`DROPOUT_HEAD_DIMS`."""
-    return (head_dim in DQ_MIN_ROWS and min(n_q, n_k) >= DQ_MIN_ROWS[head_dim] and scores >= MIN_SCORES
-            and (not dropout or head_dim in DROPOUT_HEAD_DIMS))
+    :data:`MIN_SCORES` ``scores`` (those a mask leaves); with ``dropout``, :func:`_dropout_preferred`."""
+    if dropout:
+        return _dropout_preferred(head_dim, n_q, n_k, scores)
+    return head_dim in DQ_MIN_ROWS and min(n_q, n_k) >= DQ_MIN_ROWS[head_dim] and scores >= MIN_SCORES
 
 
 def launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, *, scale: float, causal: bool, dropout_p: float = 0.0,

@@ -565,11 +565,17 @@ ROUTED_HEAD_DIMS = (128,)
 MIN_ROWS = 1024
 MIN_ROWS_CAUSAL = 2048
 MIN_SCORES = 2 ** 27
-#: Whether a causal call with dropout is routed here too. Measured (H200, fp16, D = 128, N 1k-16k, session 45,
-#: benchmarks/TUNING.md thirty-fifth finding): with dropout this kernel took 1.23-1.26x its time without a mask,
-#: where the Triton forward took 1.34-1.38x, but 1.49-1.66x under the causal mask against the Triton forward's
-#: 1.15-1.37x (0.73-0.88x its speed there).
-DROPOUT_CAUSAL = False
+#: The head dims at which a call with dropout, causal or not, takes this kernel from :data:`MIN_ROWS` rows: where it
+#: was measured faster than the Triton forward with the same dropout at every point (H100, fp16, p = 0.1,
+#: FlashAttention-2 shapes, N 1k-16k, session 57, benchmarks/TUNING.md forty-sixth finding, after the draws were
+#: compared a word at a time and the dropped weights zeroed as P is packed): at 128 0.84-0.85x its time without a
+#: mask, 0.91-0.98x causal with :data:`DROPOUT_CAUSAL_CONFIGS`; at 64 0.86-0.91x.
+DROPOUT_HEAD_DIMS = (64, 128)
+#: (BLOCK_M, BLOCK_N, STAGES) of a causal call with dropout, per head_dim, where it differs from :data:`CONFIGS`: at 128,
+#: 64-key blocks (0.238 / 0.669 / 2.476 ms at N = 1k / 4k / 16k, against 0.290 / 0.716 / 2.597 in 128-key blocks and
+#: the Triton forward's 0.246 / 0.736 / 2.521; without a mask 128-key blocks stay faster, 0.319 / 1.125 / 4.365
+#: against 0.341 / 1.262 / 4.907).
+DROPOUT_CAUSAL_CONFIGS = {128: (64, 64, 3)}
 #: The head dims at which an FP8 call is routed here by default. Written and compiled without a GPU (session 46,
 #: benchmarks/TUNING.md thirty-sixth finding), then checked and timed on an H100 (session 52, forty-first finding):
 #: at 128 it runs 1.05-1.16x the Triton FP8 forward (1.37-1.42x flashlib's fp16 forward, N >= 4k); at 64, where
@@ -580,11 +586,14 @@ FP8_HEAD_DIMS: tuple[int, ...] = (128,)
 def preferred(head_dim: int, n_q: int, n_k: int, scores: float, causal: bool, dropout: bool = False,
               fp8: bool = False) -> bool:
     """Whether this kernel is the faster forward for these sizes: :data:`ROUTED_HEAD_DIMS`, :data:`MIN_ROWS`
-    (:data:`MIN_ROWS_CAUSAL` under a ``causal`` mask) and :data:`MIN_SCORES` ``scores``; with ``dropout``, only
-    without a mask (:data:`DROPOUT_CAUSAL`); with ``fp8`` inputs, only at :data:`FP8_HEAD_DIMS`."""
+    (:data:`MIN_ROWS_CAUSAL` under a ``causal`` mask) and :data:`MIN_SCORES` ``scores``; with ``dropout``,
+    :data:`DROPOUT_HEAD_DIMS` from :data:`MIN_ROWS`, causal or not; with ``fp8`` inputs, only at
+    :data:`FP8_HEAD_DIMS`."""
+    if dropout:
+        return head_dim in DROPOUT_HEAD_DIMS and min(n_q, n_k) >= MIN_ROWS and scores >= MIN_SCORES
     rows = MIN_ROWS_CAUSAL if causal else MIN_ROWS
     return (head_dim in ROUTED_HEAD_DIMS and min(n_q, n_k) >= rows and scores >= MIN_SCORES
-            and not (dropout and causal and not DROPOUT_CAUSAL) and (not fp8 or head_dim in FP8_HEAD_DIMS))
+            and (not fp8 or head_dim in FP8_HEAD_DIMS))
 
 
 def covers(spec, use_tma: bool | None, *unsupported) -> bool:
@@ -654,6 +663,8 @@ def launch_attention_forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.T
     if q_in_registers is None:
         q_in_registers = FP8_Q_IN_REGISTERS if fp8 else head_dim in Q_IN_REGISTERS_HEAD_DIMS and not dropout_p > 0
     block_m, block_n, stages = (FP8_CONFIGS if fp8 else CONFIGS)[head_dim]
+    if dropout_p > 0 and causal:
+        block_m, block_n, stages = DROPOUT_CAUSAL_CONFIGS.get(head_dim, (block_m, block_n, stages))
     v_tiles = tile_descriptor(v.transpose(2, 3), head_dim, block_n) if fp8 else tile_descriptor(v, block_n)
     n_tiles = triton.cdiv(n_q, 2 * block_m)
     items_per_head = (n_tiles + 1) // 2 if causal else n_tiles

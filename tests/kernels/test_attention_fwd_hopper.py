@@ -79,10 +79,34 @@ def test_the_default_routes_only_preferred_sizes_and_counts_the_scores_a_mask_le
                      (128, 64, 64, 2 * 64 * 64 * 1.0, False, True, False)]
 
 
-def test_dropout_is_preferred_without_a_mask_only_as_measured():
-    assert hopper.preferred(128, 4096, 4096, 2 ** 30, False, dropout=True)
-    assert hopper.preferred(128, 4096, 4096, 2 ** 30, True) and not hopper.preferred(128, 4096, 4096, 2 ** 30, True,
-                                                                                     dropout=True)
+def test_dropout_is_preferred_at_the_head_dims_measured_with_it_causal_or_not():
+    """With dropout the Gluon forward beat the Triton one at head_dim 64 and 128 from 1024 rows, causal too (session
+    57, H100), where without dropout it takes 128 only, and causal calls from 2048 rows."""
+    for head_dim in (64, 128):
+        for causal in (False, True):
+            assert hopper.preferred(head_dim, 1024, 1024, 2 ** 30, causal, dropout=True)
+            assert not hopper.preferred(head_dim, 512, 4096, 2 ** 30, causal, dropout=True)
+            assert not hopper.preferred(head_dim, 4096, 4096, 2 ** 26, causal, dropout=True)  # below MIN_SCORES
+    assert not hopper.preferred(64, 4096, 4096, 2 ** 30, False) and not hopper.preferred(128, 1024, 1024, 2 ** 30, True)
+
+
+def test_a_causal_call_with_dropout_takes_its_own_config(monkeypatch):
+    """At head_dim 128 a causal call with dropout runs 64-key blocks (DROPOUT_CAUSAL_CONFIGS, measured faster there),
+    every other call the head_dim's CONFIGS."""
+    launched = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launched.append((kwargs["BLOCK_M"], kwargs["BLOCK_N"], kwargs["STAGES"]))
+    monkeypatch.setattr(hopper, "attention_fwd_hopper_kernel", Recorder())
+    monkeypatch.setattr(hopper, "tile_descriptor", lambda t, *shape: t)
+    q = torch.zeros(1, 2, 256, 128)
+    seed = torch.zeros(1, dtype=torch.int64)
+    for causal, p in ((True, 0.1), (False, 0.1), (True, 0.0)):
+        hopper.launch_attention_forward_hopper(q, q, q, q, q[..., 0], scale=1.0, causal=causal, dropout_p=p,
+                                               dropout_seed=seed if p else None, persistent=False)
+    assert launched == [hopper.DROPOUT_CAUSAL_CONFIGS[128], hopper.CONFIGS[128], hopper.CONFIGS[128]]
+    assert hopper.DROPOUT_CAUSAL_CONFIGS[128] != hopper.CONFIGS[128]
 
 
 def test_fp8_is_preferred_only_where_it_was_measured_faster():
