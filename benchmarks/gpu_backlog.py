@@ -48,7 +48,12 @@ Session 56 made the layers of an eager forward share what they derive from the p
 padding plan: the lengths, the tokens' order, the block table, a sliding window's padding check); ``hf`` now also
 times the eager steps with a plan made in every layer (``hf_generate.py --plan-per-layer``). Measured (TUNING.md
 forty-fifth finding): 0.81x sdpa's eager tokens/s on an H200, 0.76x on an H100; ``hf_host`` then timed a layer's
-parts and one split's GPU cost (1.16x sdpa on a slower host: the eager ratio is the host's). Nothing is left queued.
+parts and one split's GPU cost (1.16x sdpa on a slower host: the eager ratio is the host's).
+
+Session 57 (an H100) changed how the Gluon kernels draw and apply dropout and ran ``dropout_words`` (correct; the
+tree before against after in one call), ``dropout_routes``, ``dropout_routes_rest`` and ``dropout_routed`` (the
+Gluon routes with dropout widened to head_dim 64 and to the causal forward; TUNING.md forty-sixth finding). Nothing
+is left queued.
 
 The grid measures the forward and backward with the settings the timings decide. A machine is given back 30 s
 after a call, too soon to edit those settings by hand between the two calls, so the timings call also copies its
@@ -290,7 +295,8 @@ STAGES["dropout_routes_rest"] = (
 
 # Ran (H100, session 57): the Gluon kernels with dropout beat the Triton ones at head_dim 64 at every point measured
 # (forward 0.86-0.91x their time, backward 0.95-0.98x) and, in 64-key blocks, the causal forward at 128 (0.91-0.98x);
-# routed. The routes' GPU tests, and the one point left unmeasured (head_dim 64, causal, N = 1024):
+# routed. The routes' GPU tests, and the one point left unmeasured (head_dim 64, causal, N = 1024; ran: the Gluon
+# kernels lost there, so head_dim 64 takes them from 4096 rows, DROPOUT_MIN_ROWS):
 STAGES["dropout_routed"] = (
     replace(STAGES["dropout_words"][0], name="dropout_routed_gpu_tests", limit_s=220,
             argv=STAGES["dropout_words"][0].argv + ("tests/test_ops.py",),

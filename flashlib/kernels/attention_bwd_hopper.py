@@ -72,13 +72,13 @@ MIN_SCORES = 2 ** 27
 #: head_dim and :data:`MIN_SCORES` scores (thirty-fourth finding, H200): at 128 it ran 1.09-1.32x the Triton dQ
 #: kernel from 1024 rows (the smallest length measured); at 64 0.99-1.00x at 1024 rows, 1.02-1.12x from 4096.
 DQ_MIN_ROWS = {128: 1024, 64: 4096}
-#: Head dims where the backward with dropout takes both kernels, from :data:`DROPOUT_MIN_ROWS` query and key rows (the
-#: smallest length measured with dropout): measured faster than the Triton kernels with the same dropout at every
-#: point (H100, fp16, p = 0.1, FlashAttention-2 shapes, N 1k-16k, causal or not, session 57, benchmarks/TUNING.md
-#: forty-sixth finding: 0.84-0.92x their time at 128, 0.95-0.98x at 64, where without dropout the Triton dK/dV kernel
-#: stays). Elsewhere a call with dropout keeps the Triton kernels.
-DROPOUT_HEAD_DIMS = (64, 128)
-DROPOUT_MIN_ROWS = 1024
+#: The query and key rows from which the backward with dropout takes both kernels, per head_dim. Measured against the
+#: Triton kernels with the same dropout (H100, fp16, p = 0.1, FlashAttention-2 shapes, N 1k-16k, causal or not,
+#: session 57, benchmarks/TUNING.md forty-sixth finding): at 128 0.84-0.92x their time from 1024 rows (the smallest
+#: length measured); at 64 0.95-0.98x from 4096 rows, but 0.98-1.01x without a mask and 1.08x causal at 1024 (2048
+#: unmeasured), where the Triton dK/dV kernel stays without dropout too. Elsewhere a call with dropout keeps the Triton
+#: kernels.
+DROPOUT_MIN_ROWS = {128: 1024, 64: 4096}
 #: Head dims at which each kernel reads its loop-invariant first operands from registers rather than shared memory
 #: (:func:`_first_operands`): K and V for the dK/dV kernel (``S^T = K Q^T``, ``dP^T = V dO^T``), Q and dO for the
 #: dQ kernel (``S = Q K^T``, ``dP = dO V^T``). Why: a warpgroup product of N = 64 columns with both operands in
@@ -549,9 +549,10 @@ if HAVE_GLUON:
 
 
 def _dropout_preferred(head_dim: int, n_q: int, n_k: int, scores: float) -> bool:
-    """Whether both kernels take a call with dropout: :data:`DROPOUT_HEAD_DIMS`, :data:`DROPOUT_MIN_ROWS` and
+    """Whether both kernels take a call with dropout: the head dims and rows of :data:`DROPOUT_MIN_ROWS`, and
     :data:`MIN_SCORES` ``scores``."""
-    return head_dim in DROPOUT_HEAD_DIMS and min(n_q, n_k) >= DROPOUT_MIN_ROWS and scores >= MIN_SCORES
+    return (head_dim in DROPOUT_MIN_ROWS and min(n_q, n_k) >= DROPOUT_MIN_ROWS[head_dim]
+            and scores >= MIN_SCORES)
 
 
 def preferred(head_dim: int, n_q: int, n_k: int, scores: float, dropout: bool = False) -> bool:

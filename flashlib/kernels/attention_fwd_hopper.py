@@ -565,12 +565,13 @@ ROUTED_HEAD_DIMS = (128,)
 MIN_ROWS = 1024
 MIN_ROWS_CAUSAL = 2048
 MIN_SCORES = 2 ** 27
-#: The head dims at which a call with dropout, causal or not, takes this kernel from :data:`MIN_ROWS` rows: where it
-#: was measured faster than the Triton forward with the same dropout at every point (H100, fp16, p = 0.1,
-#: FlashAttention-2 shapes, N 1k-16k, session 57, benchmarks/TUNING.md forty-sixth finding, after the draws were
-#: compared a word at a time and the dropped weights zeroed as P is packed): at 128 0.84-0.85x its time without a
-#: mask, 0.91-0.98x causal with :data:`DROPOUT_CAUSAL_CONFIGS`; at 64 0.86-0.91x.
-DROPOUT_HEAD_DIMS = (64, 128)
+#: The query and key rows from which a call with dropout takes this kernel, per head_dim: (without a mask, under the
+#: causal mask). Measured against the Triton forward with the same dropout (H100, fp16, p = 0.1, FlashAttention-2
+#: shapes, N 1k-16k, session 57, benchmarks/TUNING.md forty-sixth finding, after the draws were compared a word at a
+#: time and the dropped weights zeroed as P is packed): at 128 it takes 0.84-0.85x the Triton forward's time without
+#: a mask and 0.91-0.98x causal (with :data:`DROPOUT_CAUSAL_CONFIGS`) from 1024 rows; at 64 0.86-0.91x from 1024 rows
+#: without a mask, and causal 0.88-0.89x from 4096 rows but 1.34x at 1024 (2048 unmeasured).
+DROPOUT_MIN_ROWS = {128: (1024, 1024), 64: (1024, 4096)}
 #: (BLOCK_M, BLOCK_N, STAGES) of a causal call with dropout, per head_dim, where it differs from :data:`CONFIGS`: at 128,
 #: 64-key blocks (0.238 / 0.669 / 2.476 ms at N = 1k / 4k / 16k, against 0.290 / 0.716 / 2.597 in 128-key blocks and
 #: the Triton forward's 0.246 / 0.736 / 2.521; without a mask 128-key blocks stay faster, 0.319 / 1.125 / 4.365
@@ -586,11 +587,11 @@ FP8_HEAD_DIMS: tuple[int, ...] = (128,)
 def preferred(head_dim: int, n_q: int, n_k: int, scores: float, causal: bool, dropout: bool = False,
               fp8: bool = False) -> bool:
     """Whether this kernel is the faster forward for these sizes: :data:`ROUTED_HEAD_DIMS`, :data:`MIN_ROWS`
-    (:data:`MIN_ROWS_CAUSAL` under a ``causal`` mask) and :data:`MIN_SCORES` ``scores``; with ``dropout``,
-    :data:`DROPOUT_HEAD_DIMS` from :data:`MIN_ROWS`, causal or not; with ``fp8`` inputs, only at
-    :data:`FP8_HEAD_DIMS`."""
+    (:data:`MIN_ROWS_CAUSAL` under a ``causal`` mask) and :data:`MIN_SCORES` ``scores``; with ``dropout``, the head
+    dims and rows of :data:`DROPOUT_MIN_ROWS`; with ``fp8`` inputs, only at :data:`FP8_HEAD_DIMS`."""
     if dropout:
-        return head_dim in DROPOUT_HEAD_DIMS and min(n_q, n_k) >= MIN_ROWS and scores >= MIN_SCORES
+        return (head_dim in DROPOUT_MIN_ROWS and min(n_q, n_k) >= DROPOUT_MIN_ROWS[head_dim][int(causal)]
+                and scores >= MIN_SCORES)
     rows = MIN_ROWS_CAUSAL if causal else MIN_ROWS
     return (head_dim in ROUTED_HEAD_DIMS and min(n_q, n_k) >= rows and scores >= MIN_SCORES
             and (not fp8 or head_dim in FP8_HEAD_DIMS))

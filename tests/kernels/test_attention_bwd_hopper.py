@@ -38,13 +38,13 @@ def test_dq_preferred_where_it_was_measured_faster(head_dim, n_q, n_k, scores, e
 
 @pytest.mark.parametrize("rule", ["preferred", "dq_preferred"])
 def test_dropout_is_preferred_only_at_the_head_dims_and_lengths_measured_with_it(rule):
-    """With dropout both Gluon kernels run at head_dim 64 and 128 from 1024 rows (session 57, H100: faster than the
-    Triton kernels with dropout at every point measured), while without dropout the dK/dV kernel stays Triton's at
-    64 and the dQ kernel takes 64 only from 4096 rows."""
+    """With dropout both Gluon kernels run at head_dim 128 from 1024 rows and at 64 from 4096 (session 57, H100:
+    faster than the Triton kernels with dropout there, not at 64 and 1024 rows), while without dropout the dK/dV
+    kernel stays Triton's at 64 and the dQ kernel takes 64 only from 4096 rows."""
     preferred = getattr(bwd_hopper, rule)
-    for head_dim in (64, 128):
-        assert preferred(head_dim, 1024, 1024, 2 ** 30, dropout=True)
-        assert not preferred(head_dim, 512, 4096, 2 ** 30, dropout=True)  # shorter than measured with dropout
+    for head_dim, rows in ((128, 1024), (64, 4096)):
+        assert preferred(head_dim, rows, rows, 2 ** 30, dropout=True)
+        assert not preferred(head_dim, rows // 2, 4 * rows, 2 ** 30, dropout=True)  # shorter than measured winning
         assert not preferred(head_dim, 4096, 4096, 2 ** 26, dropout=True)  # below MIN_SCORES
     assert not preferred(32, 4096, 4096, 2 ** 30, dropout=True) and not preferred(256, 4096, 4096, 2 ** 30,
                                                                                    dropout=True)

@@ -80,13 +80,14 @@ def test_the_default_routes_only_preferred_sizes_and_counts_the_scores_a_mask_le
 
 
 def test_dropout_is_preferred_at_the_head_dims_measured_with_it_causal_or_not():
-    """With dropout the Gluon forward beat the Triton one at head_dim 64 and 128 from 1024 rows, causal too (session
-    57, H100), where without dropout it takes 128 only, and causal calls from 2048 rows."""
-    for head_dim in (64, 128):
-        for causal in (False, True):
-            assert hopper.preferred(head_dim, 1024, 1024, 2 ** 30, causal, dropout=True)
-            assert not hopper.preferred(head_dim, 512, 4096, 2 ** 30, causal, dropout=True)
-            assert not hopper.preferred(head_dim, 4096, 4096, 2 ** 26, causal, dropout=True)  # below MIN_SCORES
+    """With dropout the Gluon forward beat the Triton one at head_dim 128 from 1024 rows, causal too, and at 64 from
+    1024 rows without a mask and 4096 causal (session 57, H100), where without dropout it takes 128 only, and
+    causal calls from 2048 rows."""
+    for head_dim, causal, rows in ((128, False, 1024), (128, True, 1024), (64, False, 1024), (64, True, 4096)):
+        assert hopper.preferred(head_dim, rows, rows, 2 ** 30, causal, dropout=True)
+        assert not hopper.preferred(head_dim, rows // 2, 4 * rows, 2 ** 30, causal, dropout=True)
+        assert not hopper.preferred(head_dim, 4096, 4096, 2 ** 26, causal, dropout=True)  # below MIN_SCORES
+    assert not hopper.preferred(32, 4096, 4096, 2 ** 30, False, dropout=True)
     assert not hopper.preferred(64, 4096, 4096, 2 ** 30, False) and not hopper.preferred(128, 1024, 1024, 2 ** 30, True)
 
 
