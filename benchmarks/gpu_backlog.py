@@ -309,6 +309,19 @@ STAGES["dropout_routed"] = (
          "at most fwd_triton and bwd_triton)"),
 )
 
+# Issue 14's last forward miss: the causal forward at D = 128, N = 1024 runs 0.81x cuDNN (forty-third finding), in the
+# Triton kernel (the Gluon one takes causal calls from 2048 rows: at 1024 it ran 0.96-0.98x the Triton one in 128-key
+# blocks). With dropout the causal Gluon forward went from 1.30-1.36x to 1.10-1.30x its plain time in 64-key blocks
+# (forty-sixth finding): a shorter diagonal block may help the plain causal forward at short N too.
+STAGES["causal_short"] = (
+    Step("gluon_fwd_causal_short", 200,
+         ("benchmarks/gluon_fwd_ab.py", "--dtype", "fp16,bf16", "--d", "128", "--N", "1024,2048", "--no-checks",
+          "--variants", "bn64s3=128:64,64,3;bn64s2=128:64,64,2"),
+         "whether the causal Gluon forward in 64-key blocks beats the Triton forward (and how near cuDNN) at D = 128, "
+         "N = 1024 and 2048: a causal config of its own and MIN_ROWS_CAUSAL 1024 where bn64*_tflops beats "
+         "triton_tflops at both dtypes, its output within rounding of the Triton forward's (o_bn64*_vs_triton)"),
+)
+
 
 def command(step: Step, out: Path) -> list:
     """The step's command line, ``{out}`` filled in."""
