@@ -52,8 +52,9 @@ parts and one split's GPU cost (1.16x sdpa on a slower host: the eager ratio is 
 
 Session 57 (an H100) changed how the Gluon kernels draw and apply dropout and ran ``dropout_words`` (correct; the
 tree before against after in one call), ``dropout_routes``, ``dropout_routes_rest`` and ``dropout_routed`` (the
-Gluon routes with dropout widened to head_dim 64 and to the causal forward; TUNING.md forty-sixth finding). Nothing
-is left queued.
+Gluon routes with dropout widened to head_dim 64 and to the causal forward; TUNING.md forty-sixth finding), then
+``causal_short`` (64-key blocks do not help the plain causal forward at N = 1024; forty-seventh). Nothing is left
+queued.
 
 The grid measures the forward and backward with the settings the timings decide. A machine is given back 30 s
 after a call, too soon to edit those settings by hand between the two calls, so the timings call also copies its
