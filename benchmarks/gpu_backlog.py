@@ -118,9 +118,21 @@ class Step:
     limit_s: int
     argv: tuple
     decides: str
-    #: The step's PYTHONPATH: the tree's own flashlib unless a step times another copy (``.old``: the commit before a
-    #: change, in a folder the command unpacks and git ignores).
+    #: The step's PYTHONPATH: the tree's own flashlib unless a step times another copy, a folder of the tree holding
+    #: ``flashlib/`` of an earlier commit (``.old``, ignored by git: ``mkdir -p .old && git archive COMMIT flashlib |
+    #: tar -x -C .old`` here, and ``carry`` it to the device). :func:`run_step` refuses to run without it, since the
+    #: tree's own flashlib would then be timed under the other's name.
     pythonpath: str = ".:benchmarks:tests"
+
+
+#: The PYTHONPATH entries that are the tree itself; any other must hold a copy of flashlib (:attr:`Step.pythonpath`).
+TREE_PATHS = (".", "benchmarks", "tests")
+
+
+def missing_copies(step: Step) -> list:
+    """The entries of the step's PYTHONPATH that should hold another commit's flashlib and do not."""
+    return [entry for entry in step.pythonpath.split(":")
+            if entry not in TREE_PATHS and not (ROOT / entry / "flashlib" / "__init__.py").exists()]
 
 
 STAGES = {
@@ -243,8 +255,8 @@ STAGES["hf_host"] = (
 # packed to 16 bits (a byte permute and an AND a pair) instead of a select the compiler moved past the packing; the
 # dK/dV kernel keeps 8 words a block across its products instead of 32 flags. Compiled (Triton 3.6, sm_90a), the
 # unmasked block loop at head_dim 128 with dropout: forward 962 -> 805 instructions (503 without dropout), dK/dV
-# 653 -> 579 (366). Correct, and what it buys, against the tree before it (``.old``: ``git archive`` of that commit's
-# flashlib/, unpacked by the call's command):
+# 653 -> 579 (366). Correct, and what it buys, against the tree before it (``.old``: ``mkdir -p .old && git archive
+# 25ba015 flashlib | tar -x -C .old`` here, then the call carries ``.old``):
 DROPOUT_AB = ("benchmarks/gluon_dropout_ab.py", "--dtype", "fp16", "--d", "128", "--N", FA2_N, "--parts", "fwd,bwd",
               "--routes", "plain,gluon")
 STAGES["dropout_words"] = (
@@ -347,6 +359,11 @@ def run_step(step: Step, out: Path) -> int:
     start = time.monotonic()
     with open(log, "w") as f:
         f.write(header(step, cmd))
+        missing = missing_copies(step)
+        if missing:
+            f.write(f"# not run: no flashlib/ in {', '.join(missing)} (see Step.pythonpath)\n")
+            print(f"{step.name}: not run, no flashlib/ in {', '.join(missing)} -> {log}", flush=True)
+            return 2
         f.flush()
         # Its own process group, so that a stop also ends what it started (pytest-xdist's workers hold the GPU).
         child = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,

@@ -91,6 +91,31 @@ def test_a_step_that_overruns_its_limit_is_stopped_with_what_it_started_and_logg
     assert not _running(pid)
 
 
+def test_a_step_runs_on_its_own_pythonpath_and_says_so(tmp_path):
+    """A step that times another commit's flashlib (``Step.pythonpath``) gets that path in its environment and its
+    log's command line."""
+    (tmp_path / "copy" / "flashlib").mkdir(parents=True)
+    (tmp_path / "copy" / "flashlib" / "__init__.py").write_text("")
+    entry = str(tmp_path / "copy")
+    step = gpu_backlog.Step("paths", 30, ("-c", "import os; print('path', os.environ['PYTHONPATH'])"), "nothing",
+                            pythonpath=f"{entry}:benchmarks")
+    assert gpu_backlog.run_step(step, tmp_path) == 0
+    log = (tmp_path / "paths.log").read_text()
+    assert f"# command: PYTHONPATH={entry}:benchmarks python3 -c" in log and f"\npath {entry}:benchmarks\n" in log
+
+
+def test_a_step_whose_flashlib_copy_is_missing_is_not_run(tmp_path):
+    """Without the copy, Python would import the tree's own flashlib and time it under the other's name: the step
+    stops before its command, and says why."""
+    marker = tmp_path / "ran"
+    step = gpu_backlog.Step("before", 30, ("-c", f"open({str(marker)!r}, 'w')"), "nothing",
+                            pythonpath=f"{tmp_path / 'absent'}:benchmarks:tests")
+    assert gpu_backlog.missing_copies(step) == [str(tmp_path / "absent")]
+    assert gpu_backlog.run_step(step, tmp_path) == 2
+    assert not marker.exists() and "# not run: no flashlib/ in" in (tmp_path / "before.log").read_text()
+    assert gpu_backlog.missing_copies(gpu_backlog.Step("tree", 1, ("-c", ""), "nothing")) == []
+
+
 def _running(pid: int) -> bool:
     """Whether process ``pid`` exists and is not a zombie (a killed orphan stays one in a container whose first
     process reaps nothing)."""

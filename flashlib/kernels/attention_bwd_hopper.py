@@ -77,7 +77,8 @@ DQ_MIN_ROWS = {128: 1024, 64: 4096}
 #: session 57, benchmarks/TUNING.md forty-sixth finding): at 128 0.84-0.92x their time from 1024 rows (the smallest
 #: length measured); at 64 0.95-0.98x from 4096 rows, but 0.98-1.01x without a mask and 1.08x causal at 1024 (2048
 #: unmeasured), where the Triton dK/dV kernel stays without dropout too. Elsewhere a call with dropout keeps the Triton
-#: kernels.
+#: kernels: at 128 from 512 to 1023 rows too, where the dK/dV kernel takes the plain call (unmeasured with dropout).
+#: bf16 takes the same routes; its dropout was timed against its plain calls only (the same ratios as fp16's).
 DROPOUT_MIN_ROWS = {128: 1024, 64: 4096}
 #: Head dims at which each kernel reads its loop-invariant first operands from registers rather than shared memory
 #: (:func:`_first_operands`): K and V for the dK/dV kernel (``S^T = K Q^T``, ``dP^T = V dO^T``), Q and dO for the

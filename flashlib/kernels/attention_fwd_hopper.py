@@ -568,13 +568,14 @@ MIN_SCORES = 2 ** 27
 #: The query and key rows from which a call with dropout takes this kernel, per head_dim: (without a mask, under the
 #: causal mask). Measured against the Triton forward with the same dropout (H100, fp16, p = 0.1, FlashAttention-2
 #: shapes, N 1k-16k, session 57, benchmarks/TUNING.md forty-sixth finding, after the draws were compared a word at a
-#: time and the dropped weights zeroed as P is packed): at 128 it takes 0.84-0.85x the Triton forward's time without
-#: a mask and 0.91-0.98x causal (with :data:`DROPOUT_CAUSAL_CONFIGS`) from 1024 rows; at 64 0.86-0.91x from 1024 rows
-#: without a mask, and causal 0.88-0.89x from 4096 rows but 1.34x at 1024 (2048 unmeasured).
+#: time and the dropped weights zeroed as P is packed): at 128 it takes 0.82-0.85x the Triton forward's time
+#: without a mask and 0.91-0.98x causal (with :data:`DROPOUT_CAUSAL_CONFIGS`) from 1024 rows; at 64 0.86-0.91x from
+#: 1024 rows without a mask, and causal 0.88-0.89x from 4096 rows but 1.34x at 1024 (2048 unmeasured). bf16 takes
+#: the same routes; its dropout was timed against its plain calls only (the same ratios as fp16's).
 DROPOUT_MIN_ROWS = {128: (1024, 1024), 64: (1024, 4096)}
-#: (BLOCK_M, BLOCK_N, STAGES) of a causal call with dropout, per head_dim, where it differs from :data:`CONFIGS`: at 128,
-#: 64-key blocks (0.238 / 0.669 / 2.476 ms at N = 1k / 4k / 16k, against 0.290 / 0.716 / 2.597 in 128-key blocks and
-#: the Triton forward's 0.246 / 0.736 / 2.521; without a mask 128-key blocks stay faster, 0.319 / 1.125 / 4.365
+#: (BLOCK_M, BLOCK_N, STAGES) of a causal call with dropout, per head_dim, where it differs from :data:`CONFIGS`: at
+#: 128, 64-key blocks (0.238 / 0.669 / 2.476 ms at N = 1k / 4k / 16k, against 0.290 / 0.716 / 2.597 in 128-key blocks
+#: and the Triton forward's 0.246 / 0.736 / 2.521; without a mask 128-key blocks stay faster, 0.319 / 1.125 / 4.365
 #: against 0.341 / 1.262 / 4.907).
 DROPOUT_CAUSAL_CONFIGS = {128: (64, 64, 3)}
 #: The head dims at which an FP8 call is routed here by default. Written and compiled without a GPU (session 46,
@@ -589,9 +590,9 @@ def preferred(head_dim: int, n_q: int, n_k: int, scores: float, causal: bool, dr
     """Whether this kernel is the faster forward for these sizes: :data:`ROUTED_HEAD_DIMS`, :data:`MIN_ROWS`
     (:data:`MIN_ROWS_CAUSAL` under a ``causal`` mask) and :data:`MIN_SCORES` ``scores``; with ``dropout``, the head
     dims and rows of :data:`DROPOUT_MIN_ROWS`; with ``fp8`` inputs, only at :data:`FP8_HEAD_DIMS`."""
-    if dropout:
-        return (head_dim in DROPOUT_MIN_ROWS and min(n_q, n_k) >= DROPOUT_MIN_ROWS[head_dim][int(causal)]
-                and scores >= MIN_SCORES)
+    if dropout:  # 16-bit only: FP8 is for inference (flashlib.fp8 refuses dropout)
+        return (not fp8 and head_dim in DROPOUT_MIN_ROWS
+                and min(n_q, n_k) >= DROPOUT_MIN_ROWS[head_dim][int(causal)] and scores >= MIN_SCORES)
     rows = MIN_ROWS_CAUSAL if causal else MIN_ROWS
     return (head_dim in ROUTED_HEAD_DIMS and min(n_q, n_k) >= rows and scores >= MIN_SCORES
             and (not fp8 or head_dim in FP8_HEAD_DIMS))

@@ -10,7 +10,7 @@ along rows) gives warp w rows 16w to 16w + 15, and lane l rows ``16w + l // 4`` 
 columns ``8k + 2 (l % 4)`` and that + 1 for every k. A square's word (query group a, key group b)
 covers rows ``16 (a // 8) + a % 8`` (+ 8) and columns ``16 (b // 8) + b % 8`` (+ 8): those are
 one thread's when warp = a // 8, lane = 4 (a % 8) + (b % 8) // 2, and b % 2 and b // 8 are
-registers. That is a blocked layout (``words`` in :func:`dropout_keep`) over the (ROWS / 2, COLS / 2) words. Its
+registers. That is a blocked layout (``words`` in :func:`_square_words`) over the (ROWS / 2, COLS / 2) words. Its
 bytes, joined and permuted into the tile as :func:`.dropout._squares` does, land in registers of
 the thread that holds those weights in the accumulator, so the final ``convert_layout`` moves no
 data (the compiled kernel has no extra shared-memory round trip; ``benchmarks/sass_counts.py``
@@ -106,6 +106,7 @@ if HAVE_GLUON:
         both bits over a 32-bit mask, one ``and`` applies it, two instructions a pair. Written as a select, the
         compiler moved the select past the conversion and selected each half-word apart (a byte permute and a
         select a weight, and the flags kept across the products in packed bits)."""
+        gl.static_assert((dtype == gl.float16) or (dtype == gl.bfloat16), "P V takes 16-bit weights here")
         layout: gl.constexpr = p.type.layout
         words_layout: gl.constexpr = y.type.layout
         shape: gl.constexpr = [ROWS // 2, COLS // 2]

@@ -88,6 +88,7 @@ def test_dropout_is_preferred_at_the_head_dims_measured_with_it_causal_or_not():
         assert not hopper.preferred(head_dim, rows // 2, 4 * rows, 2 ** 30, causal, dropout=True)
         assert not hopper.preferred(head_dim, 4096, 4096, 2 ** 26, causal, dropout=True)  # below MIN_SCORES
     assert not hopper.preferred(32, 4096, 4096, 2 ** 30, False, dropout=True)
+    assert not hopper.preferred(128, 4096, 4096, 2 ** 30, False, dropout=True, fp8=True)  # dropout is 16-bit only
     assert not hopper.preferred(64, 4096, 4096, 2 ** 30, False) and not hopper.preferred(128, 1024, 1024, 2 ** 30, True)
 
 
