@@ -53,8 +53,9 @@ parts and one split's GPU cost (1.16x sdpa on a slower host: the eager ratio is 
 Session 57 (an H100) changed how the Gluon kernels draw and apply dropout and ran ``dropout_words`` (correct; the
 tree before against after in one call), ``dropout_routes``, ``dropout_routes_rest`` and ``dropout_routed`` (the
 Gluon routes with dropout widened to head_dim 64 and to the causal forward; TUNING.md forty-sixth finding), then
-``causal_short`` (64-key blocks do not help the plain causal forward at N = 1024; forty-seventh). Nothing is left
-queued.
+``causal_short`` (64-key blocks do not help the plain causal forward at N = 1024; forty-seventh). Then an eager
+decoding layer went straight to the split-KV entry (forty-eighth, measured on the CPU only): the next session runs
+``hf_fast``.
 
 The grid measures the forward and backward with the settings the timings decide. A machine is given back 30 s
 after a call, too soon to edit those settings by hand between the two calls, so the timings call also copies its
@@ -333,6 +334,17 @@ STAGES["causal_short"] = (
          "whether the causal Gluon forward in 64-key blocks beats the Triton forward (and how near cuDNN) at D = 128, "
          "N = 1024 and 2048: a causal config of its own and MIN_ROWS_CAUSAL 1024 where bn64*_tflops beats "
          "triton_tflops at both dtypes, its output within rounding of the Triton forward's (o_bn64*_vs_triton)"),
+)
+
+# Session 57, after its device time was spent: an eager decoding layer calls the split-KV entry straight, skipping
+# flash_attention_with_kvcache's checks (a fifth less Python a layer on the CPU; TUNING.md forty-eighth finding).
+STAGES["hf_fast"] = (
+    replace(STAGES["hf_host"][0], limit_s=150,
+            decides="the host time of an eager decoding layer's attention on the GPU after the direct split-KV call "
+                    "(198 us against sdpa's 74 before it, forty-fifth finding)"),
+    replace(STAGES["hf_host"][1], limit_s=200,
+            decides="eager generate's tokens/s against sdpa's after the direct split-KV call (0.76x on an H100, "
+                    "0.81x on an H200 before it)"),
 )
 
 

@@ -46,9 +46,9 @@ import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
 
 from . import runtime
-from .arguments import values_checked
+from .arguments import make_spec, values_checked
 from .attention import flash_attention
-from .decode import flash_attention_with_kvcache
+from .decode import splitkv_attention
 from .variants import preferred_variant
 from .varlen import flash_attention_varlen
 
@@ -493,7 +493,8 @@ def _attend_tokens_first(q, k, v, mask, options):
 
 
 def _cached_attention(q, k, v, plan, options, lengths=None):
-    """:func:`flash_attention_with_kvcache` (the split-KV kernel, for few queries over many keys) of (B, N_q, H, D) q
+    """The split-KV kernel of :func:`flashlib.decode.flash_attention_with_kvcache` (for few queries over many keys),
+    through its entry :func:`flashlib.decode.splitkv_attention`, of (B, N_q, H, D) q
     over the key tokens that ``plan``'s padding mask keeps (a :class:`_PaddingPlan`), taken in order as the first
     tokens of each row, where ``cache_seqlens`` = their counts (``plan.lengths``, or ``lengths``) bounds them; no host
     read. Causal: query i is aligned to the bottom right of its row's key tokens. Inference only (no gradient, no
@@ -509,12 +510,13 @@ def _cached_attention(q, k, v, plan, options, lengths=None):
         table = None
     else:
         k, v, table = pages
-    # check_values=False: the lengths count the mask's tokens and the table indexes the pages built above, so the
-    # checks' host read (a sync a layer) has nothing to find
-    return flash_attention_with_kvcache(q, k, v, cache_seqlens=plan.lengths if lengths is None else lengths,
-                                        block_table=table, causal=options["causal"], window=options["window"],
-                                        softmax_scale=options["softmax_scale"], softcap=options["softcap"],
-                                        check_values=False)
+    # Straight to the split-KV entry that flash_attention_with_kvcache ends in: its checks of shapes, dtypes, lengths
+    # and table (and their host read) have nothing to find in what the model and the plan built above, and in an eager
+    # decoding step, where the host bounds the layer, they were a quarter of its Python (benchmarks/TUNING.md,
+    # forty-eighth finding). The spec is checked as there.
+    spec = make_spec(options["causal"], options["window"], options["softmax_scale"], options["softcap"], None, 0.0)
+    return splitkv_attention(q, k, v, "bnhd", spec, k_lens=plan.lengths if lengths is None else lengths,
+                             block_table=table)[0]
 
 
 def _token_pages(k: torch.Tensor, v: torch.Tensor, plan: "_PaddingPlan"):

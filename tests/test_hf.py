@@ -55,7 +55,7 @@ def name():
 @pytest.fixture
 def calls(monkeypatch):
     """Every flashlib call the attention function makes: (entry point, N_q, N_k)."""
-    log, plain, varlen, kvcache = [], hf.flash_attention, hf.flash_attention_varlen, hf.flash_attention_with_kvcache
+    log, plain, varlen, kvcache = [], hf.flash_attention, hf.flash_attention_varlen, hf.splitkv_attention
 
     def flash_attention(q, k, v, **kwargs):
         log.append(("plain" if kwargs.get("seq_lens") is None else "seq_lens", q.shape[1], k.shape[1]))
@@ -65,14 +65,14 @@ def calls(monkeypatch):
         log.append(("varlen", max_q, max_k))
         return varlen(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs)
 
-    def flash_attention_with_kvcache(q, k_cache, v_cache, **kwargs):
+    def splitkv_attention(q, k_cache, v_cache, layout, spec, **kwargs):  # flash_attention_with_kvcache's kernel
         table = kwargs.get("block_table")  # one-token pages: a row's keys are its table's entries
         log.append(("kvcache", q.shape[1], k_cache.shape[1] if table is None else table.shape[1]))
-        return kvcache(q, k_cache, v_cache, **kwargs)
+        return kvcache(q, k_cache, v_cache, layout, spec, **kwargs)
 
     monkeypatch.setattr(hf, "flash_attention", flash_attention)
     monkeypatch.setattr(hf, "flash_attention_varlen", flash_attention_varlen)
-    monkeypatch.setattr(hf, "flash_attention_with_kvcache", flash_attention_with_kvcache)
+    monkeypatch.setattr(hf, "splitkv_attention", splitkv_attention)
     return log
 
 
