@@ -81,14 +81,20 @@ if HAVE_GLUON:
         return gl.convert_layout(t, layout)
 
     @gluon.jit
+    def _square_byte(place: gl.constexpr, KEYS_ALONG_ROWS: gl.constexpr):
+        """Which byte of a square's word :func:`_spread`'s ``place``-th tensor (0 to 3: b00, b01, b10, b11) takes:
+        byte 2 * [row + 8] + [column + 8], or with keys along rows 2 * [column + 8] + [row + 8] (the middle two
+        swap)."""
+        return (3 - place) if (KEYS_ALONG_ROWS and place % 3 != 0) else place
+
+    @gluon.jit
     def keep_from_words(y, ROWS: gl.constexpr, COLS: gl.constexpr, KEYS_ALONG_ROWS: gl.constexpr,
                         layout: gl.constexpr):
         """(ROWS, COLS) bool in ``layout`` from :func:`kept_words`'s words: each weight's test is one bit of its
         word."""
-        if KEYS_ALONG_ROWS:  # rows are keys: byte 2 * [column + 8] + [row + 8]
-            t = _spread(y & 0x80, y & 0x800000, y & 0x8000, y & 0x80000000, ROWS, COLS, layout)
-        else:  # byte 2 * [row + 8] + [column + 8]
-            t = _spread(y & 0x80, y & 0x8000, y & 0x800000, y & 0x80000000, ROWS, COLS, layout)
+        R: gl.constexpr = KEYS_ALONG_ROWS
+        t = _spread(y & (0x80 << 8 * _square_byte(0, R)), y & (0x80 << 8 * _square_byte(1, R)),
+                    y & (0x80 << 8 * _square_byte(2, R)), y & (0x80 << 8 * _square_byte(3, R)), ROWS, COLS, layout)
         return t != 0
 
     @gluon.jit
@@ -110,14 +116,12 @@ if HAVE_GLUON:
         layout: gl.constexpr = p.type.layout
         words_layout: gl.constexpr = y.type.layout
         shape: gl.constexpr = [ROWS // 2, COLS // 2]
-        if KEYS_ALONG_ROWS:
-            bytes_xy = (0, 2, 1, 3)
-        else:
-            bytes_xy = (0, 1, 2, 3)
-        selector = _spread(gl.full(shape, _sign_selector(bytes_xy[0]), gl.uint32, words_layout),
-                           gl.full(shape, _sign_selector(bytes_xy[1]), gl.uint32, words_layout),
-                           gl.full(shape, _sign_selector(bytes_xy[2]), gl.uint32, words_layout),
-                           gl.full(shape, _sign_selector(bytes_xy[3]), gl.uint32, words_layout), ROWS, COLS, layout)
+        R: gl.constexpr = KEYS_ALONG_ROWS
+        selector = _spread(gl.full(shape, _sign_selector(_square_byte(0, R)), gl.uint32, words_layout),
+                           gl.full(shape, _sign_selector(_square_byte(1, R)), gl.uint32, words_layout),
+                           gl.full(shape, _sign_selector(_square_byte(2, R)), gl.uint32, words_layout),
+                           gl.full(shape, _sign_selector(_square_byte(3, R)), gl.uint32, words_layout), ROWS, COLS,
+                           layout)
         words = _spread(y, y, y, y, ROWS, COLS, layout)
         if dtype == gl.bfloat16:
             return gl.inline_asm_elementwise(
@@ -137,8 +141,7 @@ if HAVE_GLUON:
         of float32 values, this takes fewer instructions than :func:`kept_words`' compare (Triton 3.6, sm_90a: 426
         against 445 a key block of the dQ kernel at head_dim 128)."""
         x = _square_words(key, q_start, k_start, ROWS, COLS, KEYS_ALONG_ROWS)
-        if KEYS_ALONG_ROWS:  # rows are keys: byte 2 * [column + 8] + [row + 8]
-            t = _spread(x & 0xFF, (x >> 16) & 0xFF, (x >> 8) & 0xFF, x >> 24, ROWS, COLS, layout)
-        else:  # byte 2 * [row + 8] + [column + 8]
-            t = _spread(x & 0xFF, (x >> 8) & 0xFF, (x >> 16) & 0xFF, x >> 24, ROWS, COLS, layout)
+        R: gl.constexpr = KEYS_ALONG_ROWS
+        t = _spread((x >> 8 * _square_byte(0, R)) & 0xFF, (x >> 8 * _square_byte(1, R)) & 0xFF,
+                    (x >> 8 * _square_byte(2, R)) & 0xFF, (x >> 8 * _square_byte(3, R)) & 0xFF, ROWS, COLS, layout)
         return t >= threshold
