@@ -37,6 +37,7 @@ forward's. D = rowsum(dO * O) stays with the Triton preprocess kernel.
 """
 from __future__ import annotations
 
+import torch
 import triton
 
 from ._common import LOG2E
@@ -89,6 +90,10 @@ DROPOUT_MIN_ROWS = {128: 1024, 64: 4096}
 #: kernel at 128 spills 55 registers a block. Off (empty) until a GPU has timed them (``benchmarks/gluon_dq_ab.py``
 #: and ``gluon_bwd_ab.py`` check and time both ways).
 DKDV_REGISTER_OPERANDS: tuple[int, ...] = ()
+#: Head dims at which the dK/dV kernel can also add dQ by atomics (``dq_acc`` of
+#: :func:`launch_attention_dkdv_hopper`): each consumer takes half of dQ's columns, a whole swizzled 128-byte span
+#: of K's shared tile at 128 (at 64 the half would cut one).
+ATOMIC_DQ_HEAD_DIMS = (128,)
 DQ_REGISTER_OPERANDS: tuple[int, ...] = ()
 
 if HAVE_GLUON:
@@ -105,11 +110,12 @@ if HAVE_GLUON:
             return a_tile, b_tile
 
     @gluon.jit
-    def _bwd_load_partition(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands):
+    def _bwd_load_partition(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands,
+                            DQ_ACC):
         """One warp: K and V of both consumers, then Q and dO of every query block of every query head of this
         kv head into the ring, each slot refilled once both consumers released it."""
         q_desc, k_desc, v_desc, do_desc = descs[0], descs[1], descs[2], descs[3]
-        q_smem, k_smem, v_smem, do_smem = smem
+        q_smem, k_smem, v_smem, do_smem = smem[0], smem[1], smem[2], smem[3]
         kv_bar, q_ready, do_ready, q_empty, do_empty = bars[0], bars[1], bars[2], bars[3], bars[4]
         off_b, off_kvh, n0, KV_GROUP = coords[0], coords[1], coords[2], coords[3]
         lo, hi = counts[0], counts[3]
@@ -136,13 +142,14 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _dkdv_step(k_tile, v_tile, q_smem, do_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr, keys, offset, N_Q,
-                   score_scale, causal, drop, MASKED: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
-                   DROPOUT: gl.constexpr, st_layout: gl.constexpr, acc_layout: gl.constexpr,
-                   op_layout: gl.constexpr):
+                   score_scale, causal, drop, dq_out, MASKED: gl.constexpr, BLOCK_M: gl.constexpr,
+                   HEAD_DIM: gl.constexpr, DROPOUT: gl.constexpr, st_layout: gl.constexpr, acc_layout: gl.constexpr,
+                   op_layout: gl.constexpr, ATOMIC_DQ: gl.constexpr, HALF: gl.constexpr):
         """The terms of query block ``m`` (ring position ``t``) added to dK and dV (keys along rows). With
         ``DROPOUT``, ``drop`` is (stream key, keep threshold, 1 - p, first key) of the forward's draws: the kept
         weights enter dV and dS unscaled, dS = P (dP - (1 - p) D) for kept weights, and the caller divides dK and
-        dV by 1 - p once, at the end (one multiply a row of D here instead of two a weight)."""
+        dV by 1 - p once, at the end (one multiply a row of D here instead of two a weight). With ``ATOMIC_DQ``,
+        the block's dQ terms too (:func:`_add_dq_terms`; ``dq_out`` says where)."""
         kv_bar, q_ready, do_ready, q_empty, do_empty = bars[0], bars[1], bars[2], bars[3], bars[4]
         STAGES: gl.constexpr = q_smem.type.shape[0]
         BLOCK_N: gl.constexpr = k_tile.type.shape[0]
@@ -184,21 +191,62 @@ if HAVE_GLUON:
         if DROPOUT:  # dP of the kept weights only, against D scaled by 1 - p
             dp_t = gl.where(keep_from_words(kept, BLOCK_N, BLOCK_M, True, st_layout), dp_t, 0.0)
             delta = delta * drop[2]
-        ds_op = gl.convert_layout((p_t * (dp_t - delta[None, :])).to(q_tile.dtype), op_layout)
+        ds_t = (p_t * (dp_t - delta[None, :])).to(q_tile.dtype)
+        ds_op = gl.convert_layout(ds_t, op_layout)
         dk = warpgroup_mma(ds_op, q_tile, dk, is_async=True)
+        if ATOMIC_DQ:
+            _add_dq_terms(ds_t, dq_out, bars, t, m, N_Q, MASKED, BLOCK_M, HEAD_DIM, HALF)
         dk, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ds_op))
         mbarrier.arrive(q_empty.index(slot), count=1)
         return dk, dv
 
     @gluon.jit
-    def _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands,
-                      HALF: gl.constexpr, DROPOUT: gl.constexpr):
+    def _add_dq_terms(ds_t, dq_out, bars, t, m, N_Q, MASKED: gl.constexpr, BLOCK_M: gl.constexpr,
+                      HEAD_DIM: gl.constexpr, HALF: gl.constexpr):
+        """Add query block ``m``'s dQ terms over the program's 2 x BLOCK_N keys to the float32 dQ in global memory,
+        dQ += dS K, this consumer the ``HALF``-th half of the columns. dS is the one dK sums, so dQ wants dK's
+        factor too (the softmax scale, over 1 - p with dropout); the caller applies it once, to the sum.
+
+        Each consumer holds dS^T of its own keys only; both write theirs to shared memory (``dq_out[0]``, two
+        buffers by ring position, so a consumer one step ahead never overwrites what the other still reads), meet
+        at ``bars[5]``, and each multiplies the whole of dS by its half of K's columns: a (BLOCK_M, D / 2) block a
+        consumer, so each dQ element receives one atomic add a program and query block, as many as
+        FlashAttention-2's 128-key programs send."""
+        ds_smem, k_smem, dq_ptr = dq_out[0], dq_out[1], dq_out[2]
+        ds_ready = bars[5]
+        BLOCK_N: gl.constexpr = ds_smem.type.shape[1]
+        HALF_D: gl.constexpr = HEAD_DIM // 2
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, HALF_D, 16])
+        buf = t % 2
+        ds_smem.index(2 * buf + HALF).store(ds_t)
+        fence_async_shared()
+        mbarrier.arrive(ds_ready.index(buf), count=1)
+        mbarrier.wait(ds_ready.index(buf), (t // 2) & 1)
+        dq = gl.zeros([BLOCK_M, HALF_D], gl.float32, dq_layout)
+        for h in gl.static_range(2):
+            ds_h = ds_smem.index(2 * buf + h).permute((1, 0))  # (BLOCK_M queries, BLOCK_N keys)
+            k_h = k_smem.index(h).reshape([BLOCK_N, HEAD_DIM]).slice(HALF * HALF_D, HALF_D, dim=1)
+            dq = warpgroup_mma(ds_h, k_h, dq, use_acc=h > 0, is_async=True)
+        dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
+        rows = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+        cols = HALF * HALF_D + gl.arange(0, HALF_D, layout=gl.SliceLayout(0, dq_layout))
+        ptrs = dq_ptr + rows[:, None] * HEAD_DIM + cols[None, :]
+        if MASKED:
+            gl.atomic_add(ptrs, dq, mask=(rows < N_Q)[:, None], sem="relaxed")
+        else:
+            gl.atomic_add(ptrs, dq, sem="relaxed")
+
+    @gluon.jit
+    def _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, DQ_ACC,
+                      HALF: gl.constexpr, DROPOUT: gl.constexpr, ATOMIC_DQ: gl.constexpr):
         """One warpgroup: dK and dV of the program's ``HALF``-th BLOCK_N keys, summed over the kv head's query
-        heads. Block sizes come from the shared memory's shapes (partitions take no constexpr arguments).
-        ``dropout``: (the seed's pointer, p), read with ``DROPOUT`` only; ``operands``
+        heads, and with ``ATOMIC_DQ`` half the columns of every query block's dQ terms, added to the float32
+        ``DQ_ACC`` (B, H, N_q, D). Block sizes come from the shared memory's shapes (partitions take no constexpr
+        arguments). ``dropout``: (the seed's pointer, p), read with ``DROPOUT`` only; ``operands``
         (:func:`.attention_fwd_hopper.operands_flag`): whether K and V are read from registers."""
         dk_desc, dv_desc = descs[4], descs[5]
-        q_smem, k_smem, v_smem, do_smem = smem
+        q_smem, k_smem, v_smem, do_smem, ds_smem = smem
         kv_bar = bars[0]
         off_b, off_kvh, n0, KV_GROUP, H, N_Q = coords[0], coords[1], coords[2], coords[3], coords[4], coords[5]
         lo, full_lo, full_hi, hi = counts
@@ -232,27 +280,31 @@ if HAVE_GLUON:
             drop = (0, 0, 1.0, key0)  # (stream key, keep threshold, 1 - p, first key)
             if DROPOUT:
                 drop = (stream_key(seed, off_b * H + off_h), keep_threshold(dropout[1]), 1.0 - dropout[1], key0)
+            dq_out = (ds_smem, k_smem, DQ_ACC + row_base * HEAD_DIM)
             # the diagonal's query blocks, then the ones that see every key whole, then the N_Q tail
             for m in range(lo, full_lo, BLOCK_M):
                 dk, dv = _dkdv_step(k_op, v_op, q_smem, do_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr, keys,
-                                    offset, N_Q, score_scale, causal, drop, True, BLOCK_M, HEAD_DIM, DROPOUT,
-                                    st_layout, acc_layout, op_layout)
+                                    offset, N_Q, score_scale, causal, drop, dq_out, True, BLOCK_M, HEAD_DIM,
+                                    DROPOUT, st_layout, acc_layout, op_layout, ATOMIC_DQ, HALF)
                 t += 1
             for m in range(full_lo, full_hi, BLOCK_M):
                 dk, dv = _dkdv_step(k_op, v_op, q_smem, do_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr, keys,
-                                    offset, N_Q, score_scale, causal, drop, False, BLOCK_M, HEAD_DIM, DROPOUT,
-                                    st_layout, acc_layout, op_layout)
+                                    offset, N_Q, score_scale, causal, drop, dq_out, False, BLOCK_M, HEAD_DIM,
+                                    DROPOUT, st_layout, acc_layout, op_layout, ATOMIC_DQ, HALF)
                 t += 1
             for m in range(full_hi, hi, BLOCK_M):
                 dk, dv = _dkdv_step(k_op, v_op, q_smem, do_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr, keys,
-                                    offset, N_Q, score_scale, causal, drop, True, BLOCK_M, HEAD_DIM, DROPOUT,
-                                    st_layout, acc_layout, op_layout)
+                                    offset, N_Q, score_scale, causal, drop, dq_out, True, BLOCK_M, HEAD_DIM,
+                                    DROPOUT, st_layout, acc_layout, op_layout, ATOMIC_DQ, HALF)
                 t += 1
         # dK and dV leave through this half's K and V slots (read by no product now); rows past N_K are dropped.
         dk_scale = sm_scale
         if DROPOUT:  # the kept weights' 1 / (1 - p), left out of every term
             dk_scale = sm_scale / (1.0 - dropout[1])
             dv = dv * (1.0 / (1.0 - dropout[1]))
+        if ATOMIC_DQ:  # the other consumer's dQ products read this half's K until its last step
+            mbarrier.arrive(bars[6], count=1)
+            mbarrier.wait(bars[6], 0)
         k_tile.store((dk * dk_scale).to(dk_desc.dtype))
         v_tile.store(dv.to(dv_desc.dtype))
         fence_async_shared()
@@ -262,36 +314,66 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _dkdv_consume_first_half(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
-                                 operands):
-        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, 0, False)
+                                 operands, DQ_ACC):
+        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, DQ_ACC, 0,
+                      False, False)
 
     @gluon.jit
     def _dkdv_consume_second_half(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
-                                  operands):
-        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, 1, False)
+                                  operands, DQ_ACC):
+        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, DQ_ACC, 1,
+                      False, False)
 
     @gluon.jit
     def _dkdv_consume_first_half_dropout(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
-                                         operands):
-        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, 0, True)
+                                         operands, DQ_ACC):
+        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, DQ_ACC, 0,
+                      True, False)
 
     @gluon.jit
     def _dkdv_consume_second_half_dropout(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
-                                          operands):
-        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, 1, True)
+                                          operands, DQ_ACC):
+        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, DQ_ACC, 1,
+                      True, False)
+
+    @gluon.jit
+    def _dkdv_dq_consume_first_half(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
+                                    operands, DQ_ACC):
+        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, DQ_ACC, 0,
+                      False, True)
+
+    @gluon.jit
+    def _dkdv_dq_consume_second_half(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
+                                     operands, DQ_ACC):
+        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, DQ_ACC, 1,
+                      False, True)
+
+    @gluon.jit
+    def _dkdv_dq_consume_first_half_dropout(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal,
+                                            dropout, operands, DQ_ACC):
+        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, DQ_ACC, 0,
+                      True, True)
+
+    @gluon.jit
+    def _dkdv_dq_consume_second_half_dropout(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal,
+                                             dropout, operands, DQ_ACC):
+        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, DQ_ACC, 1,
+                      True, True)
 
     @gluon.jit
     def attention_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, DELTA, sm_scale,
-                                         H, KV_GROUP, N_Q, N_K, DROPOUT_SEED, dropout_p, CAUSAL: gl.constexpr,
-                                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                                         STAGES: gl.constexpr, DROPOUT: gl.constexpr, REGISTER_OPERANDS: gl.constexpr,
+                                         H, KV_GROUP, N_Q, N_K, DROPOUT_SEED, dropout_p, DQ_ACC,
+                                         CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                                         HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, DROPOUT: gl.constexpr,
+                                         REGISTER_OPERANDS: gl.constexpr, ATOMIC_DQ: gl.constexpr,
                                          CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
                                          num_warps: gl.constexpr):
         """dK, dV of keys ``2 * BLOCK_N * program_id(0)`` on of (sample, kv head) ``program_id(1)``. Descriptors:
         (B, H, N_q, D) q/do with (1, 1, BLOCK_M, D) tiles, (B, H_kv, N_k, D) k/v/dk/dv with (1, 1, BLOCK_N, D)
         tiles; LSE, DELTA (B, H, N_q) float32 contiguous. ``DROPOUT``: the forward's dropout of probability
         ``dropout_p`` from the int64 seed at ``DROPOUT_SEED``. ``REGISTER_OPERANDS``: K and V read from registers
-        (:data:`DKDV_REGISTER_OPERANDS`)."""
+        (:data:`DKDV_REGISTER_OPERANDS`). ``ATOMIC_DQ``: also add each query block's dQ terms to the float32
+        (B, H, N_q, D) contiguous ``DQ_ACC``, zeroed by the caller (:func:`_add_dq_terms`)."""
         gl.static_assert(num_warps == 4)
         off_hkv = gl.program_id(1)
         kv_heads = H // KV_GROUP
@@ -313,12 +395,21 @@ if HAVE_GLUON:
         do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, 1, 1, BLOCK_M, HEAD_DIM], do_desc.layout)
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [2, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
         v_smem = gl.allocate_shared_memory(v_desc.dtype, [2, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
+        # dS^T of both consumers, two ring positions (with ATOMIC_DQ; a token tile otherwise)
+        DS_TILES: gl.constexpr = 4 if ATOMIC_DQ else 1
+        ds_smem = gl.allocate_shared_memory(q_desc.dtype, [DS_TILES, BLOCK_N, BLOCK_M],
+                                            gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], q_desc.dtype))
         kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         do_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        dq_done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         mbarrier.init(kv_bar, count=1)
+        for i in gl.static_range(2):
+            mbarrier.init(ds_ready.index(i), count=2)  # both consumers' dS written
+        mbarrier.init(dq_done, count=2)  # both consumers' last dQ products done
         for i in gl.static_range(STAGES):
             mbarrier.init(q_ready.index(i), count=1)
             mbarrier.init(do_ready.index(i), count=1)
@@ -326,11 +417,19 @@ if HAVE_GLUON:
             mbarrier.init(do_empty.index(i), count=2)
 
         causal = gl.to_tensor(CAUSAL)
-        args = ((q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc), (q_smem, k_smem, v_smem, do_smem),
-                (kv_bar, q_ready, do_ready, q_empty, do_empty), (off_b, off_kvh, n0, KV_GROUP, H, N_Q, offset),
-                (lo, full_lo, full_hi, hi), LSE, DELTA, sm_scale, causal, (DROPOUT_SEED, dropout_p),
-                operands_flag(REGISTER_OPERANDS))
-        if DROPOUT:
+        args = ((q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc), (q_smem, k_smem, v_smem, do_smem, ds_smem),
+                (kv_bar, q_ready, do_ready, q_empty, do_empty, ds_ready, dq_done),
+                (off_b, off_kvh, n0, KV_GROUP, H, N_Q, offset), (lo, full_lo, full_hi, hi), LSE, DELTA, sm_scale,
+                causal, (DROPOUT_SEED, dropout_p), operands_flag(REGISTER_OPERANDS), DQ_ACC)
+        if ATOMIC_DQ:
+            if DROPOUT:
+                gl.warp_specialize([(_dkdv_dq_consume_first_half_dropout, args),
+                                    (_dkdv_dq_consume_second_half_dropout, args), (_bwd_load_partition, args)],
+                                   [4, 1], [CONSUMER_REGS, LOADER_REGS])
+            else:
+                gl.warp_specialize([(_dkdv_dq_consume_first_half, args), (_dkdv_dq_consume_second_half, args),
+                                    (_bwd_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+        elif DROPOUT:
             gl.warp_specialize([(_dkdv_consume_first_half_dropout, args), (_dkdv_consume_second_half_dropout, args),
                                 (_bwd_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
         else:
@@ -572,26 +671,39 @@ def dq_preferred(head_dim: int, n_q: int, n_k: int, scores: float, dropout: bool
     return head_dim in DQ_MIN_ROWS and min(n_q, n_k) >= DQ_MIN_ROWS[head_dim] and scores >= MIN_SCORES
 
 
+def dq_factor(scale: float, dropout_p: float = 0.0) -> float:
+    """What the sum that ``dq_acc`` receives is multiplied by to give dQ: dK's factor, the softmax ``scale`` over
+    1 - ``dropout_p`` (the effective p the kernel drew with)."""
+    return scale / (1.0 - dropout_p)
+
+
 def launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, *, scale: float, causal: bool, dropout_p: float = 0.0,
-                                 dropout_seed=None, register_operands: bool | None = None) -> None:
+                                 dropout_seed=None, register_operands: bool | None = None,
+                                 dq_acc: torch.Tensor | None = None) -> None:
     """Fill dk, dv (B, H_kv, N_k, D) from q, do (B, H, N_q, D), k, v, lse and delta (B, H, N_q) float32
     contiguous, for a call :func:`.attention_fwd_hopper.can_run` accepts (all six tensors, and head_dim in this
     module's :data:`CONFIGS`): no mask, or a causal one with ``causal``. ``dropout_p`` and ``dropout_seed``: the
     forward's (:func:`.attention_fwd_hopper.launch_attention_forward_hopper`). ``register_operands``: K and V read
-    from registers (None: where :data:`DKDV_REGISTER_OPERANDS` says)."""
+    from registers (None: where :data:`DKDV_REGISTER_OPERANDS` says). ``dq_acc``: a zeroed float32 (B, H, N_q, D)
+    contiguous tensor to which the kernel adds dS K as well, by atomics: dQ over dK's factor (:func:`dq_factor`).
+    Head_dim in :data:`ATOMIC_DQ_HEAD_DIMS`; the order of the adds varies from run to run, so dQ's last bits do
+    too."""
     batch, heads, n_q, head_dim = q.shape
     kv_heads, n_k = k.shape[1], k.shape[2]
     if register_operands is None:
         register_operands = head_dim in DKDV_REGISTER_OPERANDS
+    if dq_acc is not None and head_dim not in ATOMIC_DQ_HEAD_DIMS:
+        raise ValueError(f"dq_acc: the dK/dV kernel adds dQ at head_dim {ATOMIC_DQ_HEAD_DIMS}; got {head_dim}")
     block_m, block_n, stages = CONFIGS[head_dim]
     grid = (triton.cdiv(n_k, 2 * block_n), batch * kv_heads)
     attention_bwd_dkdv_hopper_kernel[grid](
         tile_descriptor(q, block_m), tile_descriptor(k, block_n), tile_descriptor(v, block_n),
         tile_descriptor(do, block_m), tile_descriptor(dk, block_n), tile_descriptor(dv, block_n), lse, delta, scale,
         heads, heads // kv_heads, n_q, n_k, lse if dropout_seed is None else dropout_seed, float(dropout_p),
+        lse if dq_acc is None else dq_acc,
         CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, STAGES=stages, DROPOUT=dropout_p > 0,
-        REGISTER_OPERANDS=bool(register_operands), CONSUMER_REGS=CONSUMER_REGISTERS, LOADER_REGS=LOADER_REGISTERS,
-        num_warps=4, maxnreg=KERNEL_REGISTERS)
+        REGISTER_OPERANDS=bool(register_operands), ATOMIC_DQ=dq_acc is not None, CONSUMER_REGS=CONSUMER_REGISTERS,
+        LOADER_REGS=LOADER_REGISTERS, num_warps=4, maxnreg=KERNEL_REGISTERS)
 
 
 def launch_attention_dq_hopper(q, k, v, do, lse, delta, dq, *, scale: float, causal: bool, dropout_p: float = 0.0,
