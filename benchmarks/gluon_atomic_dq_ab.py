@@ -110,7 +110,7 @@ def cudnn_backward_ms(q, k, v, do, causal) -> tuple[float, str]:
         return time_ms(call), f"do_bench ({type(error).__name__})"
 
 
-def timings(dtypes, dims, lengths, dropout_p: float) -> list[dict]:
+def timings(dtypes, dims, lengths, dropout_p: float, modes=(1, )) -> list[dict]:
     rows = []
     for name, d, n, causal, batch, heads in fa2_points(dtypes, dims, lengths):
         q, k, v, do = make_inputs(batch, heads, heads, n, n, d, DTYPES[name], grad_out=True)
@@ -122,12 +122,22 @@ def timings(dtypes, dims, lengths, dropout_p: float) -> list[dict]:
             launch_attention_forward(q, k, v, o, lse, spec, dropout_seed=seed)
             dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
             row = dict(dtype=name, d=d, N=n, causal=causal, dropout_p=p)
-            for impl, deterministic in (("deterministic", True), ("atomic", False)):
-                ms = graph_time_ms(lambda: launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec,
-                                                                     dropout_seed=seed,
-                                                                     deterministic=deterministic), rep=100)
+            ms = graph_time_ms(lambda: launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec,
+                                                                 dropout_seed=seed), rep=100)
+            row["deterministic_tflops"] = flops / ms * 1e-9
+            dq_fixed = dq.clone()
+            for mode in modes if p == 0 else (1, ):
+                impl = "atomic" if mode == 1 else f"atomic_mode{mode}"
+                bwd_hopper.ATOMIC_DQ_MODE = mode
+                try:
+                    ms = graph_time_ms(lambda: launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec,
+                                                                         dropout_seed=seed, deterministic=False),
+                                       rep=100)
+                finally:
+                    bwd_hopper.ATOMIC_DQ_MODE = 1
                 row[f"{impl}_tflops"] = flops / ms * 1e-9
-            row["atomic/deterministic"] = row["atomic_tflops"] / row["deterministic_tflops"]
+                row[f"{impl}/deterministic"] = row[f"{impl}_tflops"] / row["deterministic_tflops"]
+                row[f"{impl}_dq_vs_deterministic"] = relative_error(dq, dq_fixed)
             if p == 0:
                 ms, method = cudnn_backward_ms(q, k, v, do, causal)
                 row["cudnn_tflops"], row["cudnn_method"] = flops / ms * 1e-9, method
@@ -143,6 +153,7 @@ def main(argv=None) -> int:
     add_grid_options(parser)
     parser.set_defaults(d=[128])
     parser.add_argument("--dropout", type=float, default=0.1, help="also check and time with this dropout (0: not)")
+    parser.add_argument("--modes", default="1", help="atomic_dq kernel experiments to time (ATOMIC_DQ_MODE)")
     parser.add_argument("--no-checks", action="store_true")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -156,7 +167,7 @@ def main(argv=None) -> int:
                         tensors = make_inputs(*shape, d, DTYPES[name], bnhd=bnhd, grad_out=True)
                         check_rows.append(check(f"{name} d={d} causal={causal} {case}", *tensors, causal))
                         print_row(check_rows[-1])
-    time_rows = timings(args.dtype, args.d, args.N, args.dropout)
+    time_rows = timings(args.dtype, args.d, args.N, args.dropout, [int(m) for m in args.modes.split(",")])
     return write_checks_and_timings(args.out, check_rows, time_rows)
 
 

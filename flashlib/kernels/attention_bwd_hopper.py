@@ -94,6 +94,9 @@ DKDV_REGISTER_OPERANDS: tuple[int, ...] = ()
 #: :func:`launch_attention_dkdv_hopper`): each consumer takes half of dQ's columns, a whole swizzled 128-byte span
 #: of K's shared tile at 128 (at 64 the half would cut one).
 ATOMIC_DQ_HEAD_DIMS = (128,)
+#: EXPERIMENT (session 58): 1 the design above; 2 its adds issued but none enabled; 3 no meeting of the consumers
+#: (2 and 3 give wrong dQ: timing only); 4 each consumer its own keys and all of dQ's columns.
+ATOMIC_DQ_MODE = 1
 DQ_REGISTER_OPERANDS: tuple[int, ...] = ()
 
 if HAVE_GLUON:
@@ -110,6 +113,18 @@ if HAVE_GLUON:
             return a_tile, b_tile
 
     @gluon.jit
+    def _rotated(m, full_lo, full_hi, shift):
+        """Query block ``m``, moved ``shift`` rows on, around [full_lo, full_hi), if in it."""
+        r = m + shift
+        if r >= full_hi:
+            r -= full_hi - full_lo
+        if m < full_lo:
+            r = m
+        if m >= full_hi:
+            r = m
+        return r
+
+    @gluon.jit
     def _bwd_load_partition(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands,
                             DQ_ACC):
         """One warp: K and V of both consumers, then Q and dO of every query block of every query head of this
@@ -118,7 +133,7 @@ if HAVE_GLUON:
         q_smem, k_smem, v_smem, do_smem = smem[0], smem[1], smem[2], smem[3]
         kv_bar, q_ready, do_ready, q_empty, do_empty = bars[0], bars[1], bars[2], bars[3], bars[4]
         off_b, off_kvh, n0, KV_GROUP = coords[0], coords[1], coords[2], coords[3]
-        lo, hi = counts[0], counts[3]
+        lo, full_lo, full_hi, hi, shift = counts[0], counts[1], counts[2], counts[3], counts[4]
         BLOCK_M: gl.constexpr = q_smem.type.shape[3]
         BLOCK_N: gl.constexpr = k_smem.type.shape[3]
         STAGES: gl.constexpr = q_smem.type.shape[0]
@@ -129,7 +144,8 @@ if HAVE_GLUON:
         t = 0
         for g in range(KV_GROUP):
             off_h = off_kvh * KV_GROUP + g
-            for m in range(lo, hi, BLOCK_M):
+            for i in range(lo, hi, BLOCK_M):
+                m = _rotated(i, full_lo, full_hi, shift)
                 slot = t % STAGES
                 phase = (t // STAGES) & 1
                 mbarrier.wait(q_empty.index(slot), phase ^ 1)
@@ -195,14 +211,14 @@ if HAVE_GLUON:
         ds_op = gl.convert_layout(ds_t, op_layout)
         dk = warpgroup_mma(ds_op, q_tile, dk, is_async=True)
         if ATOMIC_DQ:
-            _add_dq_terms(ds_t, dq_out, bars, t, m, N_Q, MASKED, BLOCK_M, HEAD_DIM, HALF)
+            _add_dq_terms(ds_t, dq_out, bars, t, m, N_Q, MASKED, BLOCK_M, HEAD_DIM, HALF, ATOMIC_DQ)
         dk, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ds_op))
         mbarrier.arrive(q_empty.index(slot), count=1)
         return dk, dv
 
     @gluon.jit
     def _add_dq_terms(ds_t, dq_out, bars, t, m, N_Q, MASKED: gl.constexpr, BLOCK_M: gl.constexpr,
-                      HEAD_DIM: gl.constexpr, HALF: gl.constexpr):
+                      HEAD_DIM: gl.constexpr, HALF: gl.constexpr, MODE: gl.constexpr):
         """Add query block ``m``'s dQ terms over the program's 2 x BLOCK_N keys to the float32 dQ in global memory,
         dQ += dS K, this consumer the ``HALF``-th half of the columns. dS is the one dK sums, so dQ wants dK's
         factor too (the softmax scale, over 1 - p with dropout); the caller applies it once, to the sum.
@@ -215,24 +231,36 @@ if HAVE_GLUON:
         ds_smem, k_smem, dq_ptr = dq_out[0], dq_out[1], dq_out[2]
         ds_ready = bars[5]
         BLOCK_N: gl.constexpr = ds_smem.type.shape[1]
-        HALF_D: gl.constexpr = HEAD_DIM // 2
+        # experiment 4: each consumer its own keys, every column (no meeting, twice the atomics)
+        DQ_COLS: gl.constexpr = HEAD_DIM if MODE == 4 else HEAD_DIM // 2
         dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                            instr_shape=[16, HALF_D, 16])
-        buf = t % 2
-        ds_smem.index(2 * buf + HALF).store(ds_t)
-        fence_async_shared()
-        mbarrier.arrive(ds_ready.index(buf), count=1)
-        mbarrier.wait(ds_ready.index(buf), (t // 2) & 1)
-        dq = gl.zeros([BLOCK_M, HALF_D], gl.float32, dq_layout)
-        for h in gl.static_range(2):
-            ds_h = ds_smem.index(2 * buf + h).permute((1, 0))  # (BLOCK_M queries, BLOCK_N keys)
-            k_h = k_smem.index(h).reshape([BLOCK_N, HEAD_DIM]).slice(HALF * HALF_D, HALF_D, dim=1)
-            dq = warpgroup_mma(ds_h, k_h, dq, use_acc=h > 0, is_async=True)
+                                                            instr_shape=[16, DQ_COLS, 16])
+        dq = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, dq_layout)
+        if MODE == 4:
+            ds_smem.index(HALF).store(ds_t)
+            fence_async_shared()
+            dq = warpgroup_mma(ds_smem.index(HALF).permute((1, 0)), k_smem.index(HALF).reshape([BLOCK_N, HEAD_DIM]),
+                               dq, use_acc=False, is_async=True)
+            col0 = 0
+        else:
+            buf = t % 2
+            ds_smem.index(2 * buf + HALF).store(ds_t)
+            fence_async_shared()
+            if MODE != 3:  # experiment 3: no meeting (the other half's dS read unfinished: timing only)
+                mbarrier.arrive(ds_ready.index(buf), count=1)
+                mbarrier.wait(ds_ready.index(buf), (t // 2) & 1)
+            for h in gl.static_range(2):
+                ds_h = ds_smem.index(2 * buf + h).permute((1, 0))  # (BLOCK_M queries, BLOCK_N keys)
+                k_h = k_smem.index(h).reshape([BLOCK_N, HEAD_DIM]).slice(HALF * DQ_COLS, DQ_COLS, dim=1)
+                dq = warpgroup_mma(ds_h, k_h, dq, use_acc=h > 0, is_async=True)
+            col0 = HALF * DQ_COLS
         dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
         rows = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
-        cols = HALF * HALF_D + gl.arange(0, HALF_D, layout=gl.SliceLayout(0, dq_layout))
+        cols = col0 + gl.arange(0, DQ_COLS, layout=gl.SliceLayout(0, dq_layout))
         ptrs = dq_ptr + rows[:, None] * HEAD_DIM + cols[None, :]
-        if MASKED:
+        if MODE == 2:  # experiment 2: every add issued, none enabled (timing only)
+            gl.atomic_add(ptrs, dq, mask=(rows < -N_Q)[:, None], sem="relaxed")
+        elif MASKED:
             gl.atomic_add(ptrs, dq, mask=(rows < N_Q)[:, None], sem="relaxed")
         else:
             gl.atomic_add(ptrs, dq, sem="relaxed")
@@ -249,7 +277,7 @@ if HAVE_GLUON:
         q_smem, k_smem, v_smem, do_smem, ds_smem = smem
         kv_bar = bars[0]
         off_b, off_kvh, n0, KV_GROUP, H, N_Q = coords[0], coords[1], coords[2], coords[3], coords[4], coords[5]
-        lo, full_lo, full_hi, hi = counts
+        lo, full_lo, full_hi, hi, shift = counts[0], counts[1], counts[2], counts[3], counts[4]
         BLOCK_M: gl.constexpr = q_smem.type.shape[3]
         HEAD_DIM: gl.constexpr = q_smem.type.shape[4]
         BLOCK_N: gl.constexpr = k_smem.type.shape[3]
@@ -287,7 +315,10 @@ if HAVE_GLUON:
                                     offset, N_Q, score_scale, causal, drop, dq_out, True, BLOCK_M, HEAD_DIM,
                                     DROPOUT, st_layout, acc_layout, op_layout, ATOMIC_DQ, HALF)
                 t += 1
-            for m in range(full_lo, full_hi, BLOCK_M):
+            for i in range(full_lo, full_hi, BLOCK_M):
+                m = i
+                if ATOMIC_DQ == 5:
+                    m = _rotated(i, full_lo, full_hi, shift)
                 dk, dv = _dkdv_step(k_op, v_op, q_smem, do_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr, keys,
                                     offset, N_Q, score_scale, causal, drop, dq_out, False, BLOCK_M, HEAD_DIM,
                                     DROPOUT, st_layout, acc_layout, op_layout, ATOMIC_DQ, HALF)
@@ -340,25 +371,73 @@ if HAVE_GLUON:
     def _dkdv_dq_consume_first_half(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
                                     operands, DQ_ACC):
         _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, DQ_ACC, 0,
-                      False, True)
+                      False, 1)
 
     @gluon.jit
     def _dkdv_dq_consume_second_half(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
-                                     operands, DQ_ACC):
+                                    operands, DQ_ACC):
         _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, DQ_ACC, 1,
-                      False, True)
+                      False, 1)
+
+    @gluon.jit
+    def _dkdv_dq_consume_first_half_mode2(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
+                                    operands, DQ_ACC):
+        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, DQ_ACC, 0,
+                      False, 2)
+
+    @gluon.jit
+    def _dkdv_dq_consume_second_half_mode2(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
+                                    operands, DQ_ACC):
+        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, DQ_ACC, 1,
+                      False, 2)
+
+    @gluon.jit
+    def _dkdv_dq_consume_first_half_mode3(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
+                                    operands, DQ_ACC):
+        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, DQ_ACC, 0,
+                      False, 3)
+
+    @gluon.jit
+    def _dkdv_dq_consume_second_half_mode3(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
+                                    operands, DQ_ACC):
+        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, DQ_ACC, 1,
+                      False, 3)
+
+    @gluon.jit
+    def _dkdv_dq_consume_first_half_mode4(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
+                                    operands, DQ_ACC):
+        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, DQ_ACC, 0,
+                      False, 4)
+
+    @gluon.jit
+    def _dkdv_dq_consume_second_half_mode4(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
+                                    operands, DQ_ACC):
+        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, DQ_ACC, 1,
+                      False, 4)
+
+    @gluon.jit
+    def _dkdv_dq_consume_first_half_mode5(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
+                                          operands, DQ_ACC):
+        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, DQ_ACC, 0,
+                      False, 5)
+
+    @gluon.jit
+    def _dkdv_dq_consume_second_half_mode5(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
+                                           operands, DQ_ACC):
+        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, DQ_ACC, 1,
+                      False, 5)
 
     @gluon.jit
     def _dkdv_dq_consume_first_half_dropout(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal,
                                             dropout, operands, DQ_ACC):
         _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, DQ_ACC, 0,
-                      True, True)
+                      True, 1)
 
     @gluon.jit
     def _dkdv_dq_consume_second_half_dropout(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal,
-                                             dropout, operands, DQ_ACC):
+                                            dropout, operands, DQ_ACC):
         _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, DQ_ACC, 1,
-                      True, True)
+                      True, 1)
 
     @gluon.jit
     def attention_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, DELTA, sm_scale,
@@ -390,6 +469,9 @@ if HAVE_GLUON:
         hi = gl.maximum(N_Q, lo)  # lo >= N_Q: no row sees these keys, and their dK, dV are stored as 0
         full_lo = gl.minimum(gl.maximum(full_lo, lo), hi)
         full_hi = gl.minimum(gl.maximum(N_Q // BLOCK_M * BLOCK_M, full_lo), hi)
+        shift = 0  # experiment 5: each program starts its unmasked query blocks elsewhere
+        if ATOMIC_DQ == 5:
+            shift = (gl.program_id(0) % gl.maximum((full_hi - full_lo) // BLOCK_M, 1)) * BLOCK_M
 
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
         do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, 1, 1, BLOCK_M, HEAD_DIM], do_desc.layout)
@@ -419,9 +501,9 @@ if HAVE_GLUON:
         causal = gl.to_tensor(CAUSAL)
         args = ((q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc), (q_smem, k_smem, v_smem, do_smem, ds_smem),
                 (kv_bar, q_ready, do_ready, q_empty, do_empty, ds_ready, dq_done),
-                (off_b, off_kvh, n0, KV_GROUP, H, N_Q, offset), (lo, full_lo, full_hi, hi), LSE, DELTA, sm_scale,
+                (off_b, off_kvh, n0, KV_GROUP, H, N_Q, offset), (lo, full_lo, full_hi, hi, shift), LSE, DELTA, sm_scale,
                 causal, (DROPOUT_SEED, dropout_p), operands_flag(REGISTER_OPERANDS), DQ_ACC)
-        if ATOMIC_DQ:
+        if ATOMIC_DQ == 1:
             if DROPOUT:
                 gl.warp_specialize([(_dkdv_dq_consume_first_half_dropout, args),
                                     (_dkdv_dq_consume_second_half_dropout, args), (_bwd_load_partition, args)],
@@ -429,6 +511,18 @@ if HAVE_GLUON:
             else:
                 gl.warp_specialize([(_dkdv_dq_consume_first_half, args), (_dkdv_dq_consume_second_half, args),
                                     (_bwd_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+        elif ATOMIC_DQ == 2:
+            gl.warp_specialize([(_dkdv_dq_consume_first_half_mode2, args), (_dkdv_dq_consume_second_half_mode2, args),
+                                (_bwd_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+        elif ATOMIC_DQ == 3:
+            gl.warp_specialize([(_dkdv_dq_consume_first_half_mode3, args), (_dkdv_dq_consume_second_half_mode3, args),
+                                (_bwd_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+        elif ATOMIC_DQ == 5:
+            gl.warp_specialize([(_dkdv_dq_consume_first_half_mode5, args), (_dkdv_dq_consume_second_half_mode5, args),
+                                (_bwd_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+        elif ATOMIC_DQ == 4:
+            gl.warp_specialize([(_dkdv_dq_consume_first_half_mode4, args), (_dkdv_dq_consume_second_half_mode4, args),
+                                (_bwd_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
         elif DROPOUT:
             gl.warp_specialize([(_dkdv_consume_first_half_dropout, args), (_dkdv_consume_second_half_dropout, args),
                                 (_bwd_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
@@ -702,7 +796,7 @@ def launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, *, scale: floa
         heads, heads // kv_heads, n_q, n_k, lse if dropout_seed is None else dropout_seed, float(dropout_p),
         lse if dq_acc is None else dq_acc,
         CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, STAGES=stages, DROPOUT=dropout_p > 0,
-        REGISTER_OPERANDS=bool(register_operands), ATOMIC_DQ=dq_acc is not None, CONSUMER_REGS=CONSUMER_REGISTERS,
+        REGISTER_OPERANDS=bool(register_operands), ATOMIC_DQ=0 if dq_acc is None else ATOMIC_DQ_MODE, CONSUMER_REGS=CONSUMER_REGISTERS,
         LOADER_REGS=LOADER_REGISTERS, num_warps=4, maxnreg=KERNEL_REGISTERS)
 
 
