@@ -347,25 +347,6 @@ STAGES["hf_fast"] = (
                     "0.81x on an H200 before it)"),
 )
 
-# Session 58: the dK/dV kernel adds dQ by atomics (deterministic=False): five products a block instead of seven.
-STAGES["atomic_dq"] = (
-    Step("atomic_dq_smoke", 150,
-         ("benchmarks/gluon_atomic_dq_ab.py", "--dtype", "fp16", "--N", "1024", "--dropout", "0",
-          "--no-checks", "--out", "{out}/atomic_dq_smoke.json"),
-         "whether the atomic-dQ kernel runs to its end at all (no barrier left waiting) before the checks"),
-    Step("atomic_dq_modes", 300,
-         ("benchmarks/gluon_atomic_dq_ab.py", "--dtype", "fp16", "--N", FA2_N, "--dropout", "0", "--modes", "1,2,3,4",
-          "--no-checks", "--out", "{out}/atomic_dq_modes.json"),
-         "where the atomic-dQ kernel's time goes (0.68-0.78x the deterministic backward at N = 1024 in its first "
-         "run): mode 2 its adds disabled, 3 no meeting of the consumers, 4 each consumer all of dQ's columns of its "
-         "own keys (twice the adds, no meeting)"),
-    Step("atomic_dq_ab", 330,
-         ("benchmarks/gluon_atomic_dq_ab.py", "--dtype", "fp16,bf16", "--N", FA2_N, "--dropout", "0.1",
-          "--out", "{out}/atomic_dq_ab.json"),
-         "issue 14's backward against cuDNN (0.88x median before): atomic/cudnn and atomic/deterministic at D = 128, "
-         "after checks that dQ matches float64 and dK, dV are bitwise the deterministic ones"),
-)
-
 
 def command(step: Step, out: Path) -> list:
     """The step's command line, ``{out}`` filled in."""

@@ -615,7 +615,7 @@ def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec: AttentionSp
                               cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None,
                               max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
                               use_tma: bool | None = None, dropout_seed: torch.Tensor | None = None,
-                              use_gluon: bool | None = None, deterministic: bool = True):
+                              use_gluon: bool | None = None):
     """Fill dq (if not None) and dk, dv (if not None) for checked (B, H, N, D) tensors, any strides.
 
     q, o, do, dq: (B, H, N_q, D); k, v, dk, dv: (B, H_kv, N_k, D); lse: (B, H, N_q) contiguous
@@ -640,11 +640,6 @@ def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec: AttentionSp
     :func:`.attention_bwd_hopper.dq_preferred`) by default; ``True`` wherever they can run, ``False`` never
     (``use_tma=False`` also keeps the Triton kernels). D always comes from the Triton preprocess kernel. Either way
     no atomics: gradients repeat bitwise.
-
-    ``deterministic=False`` lets the Gluon dK/dV kernel also add dQ, by atomics into a float32 buffer, where it takes
-    dK and dV and dQ is asked for (head_dim in :data:`.attention_bwd_hopper.ATOMIC_DQ_HEAD_DIMS`): five products a
-    block instead of the two kernels' seven, but dQ's last bits then vary from run to run (flash-attn's
-    ``deterministic`` switch). dK and dV are bitwise the deterministic ones.
     """
     varlen = cu_seqlens_q is not None
     left, right = spec.bounds()
@@ -686,16 +681,9 @@ def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec: AttentionSp
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
     if (plain and dk is not None and bwd_hopper.can_run(q, k, v, do, dk, dv, scale=spec.scale(head_dim))
             and (use_gluon or _gluon_preferred(bwd_hopper.preferred, q, k, right == 0, spec.dropout_p > 0))):
-        dropout = gluon_dropout_args(spec, dropout_seed, lse)
-        dq_acc = None
-        if not deterministic and dq is not None and head_dim in bwd_hopper.ATOMIC_DQ_HEAD_DIMS:
-            dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         bwd_hopper.launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, scale=spec.scale(head_dim),
-                                                causal=right == 0, dq_acc=dq_acc, **dropout)
+                                                causal=right == 0, **gluon_dropout_args(spec, dropout_seed, lse))
         dk = None  # done
-        if dq_acc is not None:
-            dq.copy_(dq_acc.mul_(bwd_hopper.dq_factor(spec.scale(head_dim), dropout.get("dropout_p", 0.0))))
-            dq = None  # done
     if (plain and dq is not None and bwd_hopper.can_run(q, k, v, do, dq, scale=spec.scale(head_dim))
             and (use_gluon or _gluon_preferred(bwd_hopper.dq_preferred, q, k, right == 0, spec.dropout_p > 0))):
         bwd_hopper.launch_attention_dq_hopper(q, k, v, do, lse, delta, dq, scale=spec.scale(head_dim),

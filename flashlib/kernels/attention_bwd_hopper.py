@@ -37,7 +37,6 @@ forward's. D = rowsum(dO * O) stays with the Triton preprocess kernel.
 """
 from __future__ import annotations
 
-import torch
 import triton
 
 from ._common import LOG2E
@@ -90,13 +89,6 @@ DROPOUT_MIN_ROWS = {128: 1024, 64: 4096}
 #: kernel at 128 spills 55 registers a block. Off (empty) until a GPU has timed them (``benchmarks/gluon_dq_ab.py``
 #: and ``gluon_bwd_ab.py`` check and time both ways).
 DKDV_REGISTER_OPERANDS: tuple[int, ...] = ()
-#: Head dims at which the dK/dV kernel can also add dQ by atomics (``dq_acc`` of
-#: :func:`launch_attention_dkdv_hopper`): each consumer takes half of dQ's columns, a whole swizzled 128-byte span
-#: of K's shared tile at 128 (at 64 the half would cut one).
-ATOMIC_DQ_HEAD_DIMS = (128,)
-#: EXPERIMENT (session 58): 1 the design above; 2 its adds issued but none enabled; 3 no meeting of the consumers
-#: (2 and 3 give wrong dQ: timing only); 4 each consumer its own keys and all of dQ's columns.
-ATOMIC_DQ_MODE = 1
 DQ_REGISTER_OPERANDS: tuple[int, ...] = ()
 
 if HAVE_GLUON:
@@ -113,27 +105,14 @@ if HAVE_GLUON:
             return a_tile, b_tile
 
     @gluon.jit
-    def _rotated(m, full_lo, full_hi, shift):
-        """Query block ``m``, moved ``shift`` rows on, around [full_lo, full_hi), if in it."""
-        r = m + shift
-        if r >= full_hi:
-            r -= full_hi - full_lo
-        if m < full_lo:
-            r = m
-        if m >= full_hi:
-            r = m
-        return r
-
-    @gluon.jit
-    def _bwd_load_partition(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands,
-                            DQ_ACC):
+    def _bwd_load_partition(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands):
         """One warp: K and V of both consumers, then Q and dO of every query block of every query head of this
         kv head into the ring, each slot refilled once both consumers released it."""
         q_desc, k_desc, v_desc, do_desc = descs[0], descs[1], descs[2], descs[3]
-        q_smem, k_smem, v_smem, do_smem = smem[0], smem[1], smem[2], smem[3]
+        q_smem, k_smem, v_smem, do_smem = smem
         kv_bar, q_ready, do_ready, q_empty, do_empty = bars[0], bars[1], bars[2], bars[3], bars[4]
         off_b, off_kvh, n0, KV_GROUP = coords[0], coords[1], coords[2], coords[3]
-        lo, full_lo, full_hi, hi, shift = counts[0], counts[1], counts[2], counts[3], counts[4]
+        lo, hi = counts[0], counts[3]
         BLOCK_M: gl.constexpr = q_smem.type.shape[3]
         BLOCK_N: gl.constexpr = k_smem.type.shape[3]
         STAGES: gl.constexpr = q_smem.type.shape[0]
@@ -144,8 +123,7 @@ if HAVE_GLUON:
         t = 0
         for g in range(KV_GROUP):
             off_h = off_kvh * KV_GROUP + g
-            for i in range(lo, hi, BLOCK_M):
-                m = _rotated(i, full_lo, full_hi, shift)
+            for m in range(lo, hi, BLOCK_M):
                 slot = t % STAGES
                 phase = (t // STAGES) & 1
                 mbarrier.wait(q_empty.index(slot), phase ^ 1)
@@ -158,14 +136,13 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _dkdv_step(k_tile, v_tile, q_smem, do_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr, keys, offset, N_Q,
-                   score_scale, causal, drop, dq_out, MASKED: gl.constexpr, BLOCK_M: gl.constexpr,
-                   HEAD_DIM: gl.constexpr, DROPOUT: gl.constexpr, st_layout: gl.constexpr, acc_layout: gl.constexpr,
-                   op_layout: gl.constexpr, ATOMIC_DQ: gl.constexpr, HALF: gl.constexpr):
+                   score_scale, causal, drop, MASKED: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
+                   DROPOUT: gl.constexpr, st_layout: gl.constexpr, acc_layout: gl.constexpr,
+                   op_layout: gl.constexpr):
         """The terms of query block ``m`` (ring position ``t``) added to dK and dV (keys along rows). With
         ``DROPOUT``, ``drop`` is (stream key, keep threshold, 1 - p, first key) of the forward's draws: the kept
         weights enter dV and dS unscaled, dS = P (dP - (1 - p) D) for kept weights, and the caller divides dK and
-        dV by 1 - p once, at the end (one multiply a row of D here instead of two a weight). With ``ATOMIC_DQ``,
-        the block's dQ terms too (:func:`_add_dq_terms`; ``dq_out`` says where)."""
+        dV by 1 - p once, at the end (one multiply a row of D here instead of two a weight)."""
         kv_bar, q_ready, do_ready, q_empty, do_empty = bars[0], bars[1], bars[2], bars[3], bars[4]
         STAGES: gl.constexpr = q_smem.type.shape[0]
         BLOCK_N: gl.constexpr = k_tile.type.shape[0]
@@ -207,77 +184,24 @@ if HAVE_GLUON:
         if DROPOUT:  # dP of the kept weights only, against D scaled by 1 - p
             dp_t = gl.where(keep_from_words(kept, BLOCK_N, BLOCK_M, True, st_layout), dp_t, 0.0)
             delta = delta * drop[2]
-        ds_t = (p_t * (dp_t - delta[None, :])).to(q_tile.dtype)
-        ds_op = gl.convert_layout(ds_t, op_layout)
+        ds_op = gl.convert_layout((p_t * (dp_t - delta[None, :])).to(q_tile.dtype), op_layout)
         dk = warpgroup_mma(ds_op, q_tile, dk, is_async=True)
-        if ATOMIC_DQ:
-            _add_dq_terms(ds_t, dq_out, bars, t, m, N_Q, MASKED, BLOCK_M, HEAD_DIM, HALF, ATOMIC_DQ)
         dk, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ds_op))
         mbarrier.arrive(q_empty.index(slot), count=1)
         return dk, dv
 
     @gluon.jit
-    def _add_dq_terms(ds_t, dq_out, bars, t, m, N_Q, MASKED: gl.constexpr, BLOCK_M: gl.constexpr,
-                      HEAD_DIM: gl.constexpr, HALF: gl.constexpr, MODE: gl.constexpr):
-        """Add query block ``m``'s dQ terms over the program's 2 x BLOCK_N keys to the float32 dQ in global memory,
-        dQ += dS K, this consumer the ``HALF``-th half of the columns. dS is the one dK sums, so dQ wants dK's
-        factor too (the softmax scale, over 1 - p with dropout); the caller applies it once, to the sum.
-
-        Each consumer holds dS^T of its own keys only; both write theirs to shared memory (``dq_out[0]``, two
-        buffers by ring position, so a consumer one step ahead never overwrites what the other still reads), meet
-        at ``bars[5]``, and each multiplies the whole of dS by its half of K's columns: a (BLOCK_M, D / 2) block a
-        consumer, so each dQ element receives one atomic add a program and query block, as many as
-        FlashAttention-2's 128-key programs send."""
-        ds_smem, k_smem, dq_ptr = dq_out[0], dq_out[1], dq_out[2]
-        ds_ready = bars[5]
-        BLOCK_N: gl.constexpr = ds_smem.type.shape[1]
-        # experiment 4: each consumer its own keys, every column (no meeting, twice the atomics)
-        DQ_COLS: gl.constexpr = HEAD_DIM if MODE == 4 else HEAD_DIM // 2
-        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                            instr_shape=[16, DQ_COLS, 16])
-        dq = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, dq_layout)
-        if MODE == 4:
-            ds_smem.index(HALF).store(ds_t)
-            fence_async_shared()
-            dq = warpgroup_mma(ds_smem.index(HALF).permute((1, 0)), k_smem.index(HALF).reshape([BLOCK_N, HEAD_DIM]),
-                               dq, use_acc=False, is_async=True)
-            col0 = 0
-        else:
-            buf = t % 2
-            ds_smem.index(2 * buf + HALF).store(ds_t)
-            fence_async_shared()
-            if MODE != 3:  # experiment 3: no meeting (the other half's dS read unfinished: timing only)
-                mbarrier.arrive(ds_ready.index(buf), count=1)
-                mbarrier.wait(ds_ready.index(buf), (t // 2) & 1)
-            for h in gl.static_range(2):
-                ds_h = ds_smem.index(2 * buf + h).permute((1, 0))  # (BLOCK_M queries, BLOCK_N keys)
-                k_h = k_smem.index(h).reshape([BLOCK_N, HEAD_DIM]).slice(HALF * DQ_COLS, DQ_COLS, dim=1)
-                dq = warpgroup_mma(ds_h, k_h, dq, use_acc=h > 0, is_async=True)
-            col0 = HALF * DQ_COLS
-        dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
-        rows = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
-        cols = col0 + gl.arange(0, DQ_COLS, layout=gl.SliceLayout(0, dq_layout))
-        ptrs = dq_ptr + rows[:, None] * HEAD_DIM + cols[None, :]
-        if MODE == 2:  # experiment 2: every add issued, none enabled (timing only)
-            gl.atomic_add(ptrs, dq, mask=(rows < -N_Q)[:, None], sem="relaxed")
-        elif MASKED:
-            gl.atomic_add(ptrs, dq, mask=(rows < N_Q)[:, None], sem="relaxed")
-        else:
-            gl.atomic_add(ptrs, dq, sem="relaxed")
-
-    @gluon.jit
-    def _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, DQ_ACC,
-                      HALF: gl.constexpr, DROPOUT: gl.constexpr, ATOMIC_DQ: gl.constexpr):
+    def _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands,
+                      HALF: gl.constexpr, DROPOUT: gl.constexpr):
         """One warpgroup: dK and dV of the program's ``HALF``-th BLOCK_N keys, summed over the kv head's query
-        heads, and with ``ATOMIC_DQ`` half the columns of every query block's dQ terms, added to the float32
-        ``DQ_ACC`` (B, H, N_q, D). Block sizes come from the shared memory's shapes (partitions take no constexpr
-        arguments). ``dropout``: (the seed's pointer, p), read with ``DROPOUT`` only; ``operands``
+        heads. Block sizes come from the shared memory's shapes (partitions take no constexpr arguments).
+        ``dropout``: (the seed's pointer, p), read with ``DROPOUT`` only; ``operands``
         (:func:`.attention_fwd_hopper.operands_flag`): whether K and V are read from registers."""
         dk_desc, dv_desc = descs[4], descs[5]
-        q_smem, k_smem, v_smem, do_smem, ds_smem = smem
+        q_smem, k_smem, v_smem, do_smem = smem
         kv_bar = bars[0]
         off_b, off_kvh, n0, KV_GROUP, H, N_Q = coords[0], coords[1], coords[2], coords[3], coords[4], coords[5]
-        lo, full_lo, full_hi, hi, shift = counts[0], counts[1], counts[2], counts[3], counts[4]
+        lo, full_lo, full_hi, hi = counts
         BLOCK_M: gl.constexpr = q_smem.type.shape[3]
         HEAD_DIM: gl.constexpr = q_smem.type.shape[4]
         BLOCK_N: gl.constexpr = k_smem.type.shape[3]
@@ -308,34 +232,27 @@ if HAVE_GLUON:
             drop = (0, 0, 1.0, key0)  # (stream key, keep threshold, 1 - p, first key)
             if DROPOUT:
                 drop = (stream_key(seed, off_b * H + off_h), keep_threshold(dropout[1]), 1.0 - dropout[1], key0)
-            dq_out = (ds_smem, k_smem, DQ_ACC + row_base * HEAD_DIM)
             # the diagonal's query blocks, then the ones that see every key whole, then the N_Q tail
             for m in range(lo, full_lo, BLOCK_M):
                 dk, dv = _dkdv_step(k_op, v_op, q_smem, do_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr, keys,
-                                    offset, N_Q, score_scale, causal, drop, dq_out, True, BLOCK_M, HEAD_DIM,
-                                    DROPOUT, st_layout, acc_layout, op_layout, ATOMIC_DQ, HALF)
+                                    offset, N_Q, score_scale, causal, drop, True, BLOCK_M, HEAD_DIM, DROPOUT,
+                                    st_layout, acc_layout, op_layout)
                 t += 1
-            for i in range(full_lo, full_hi, BLOCK_M):
-                m = i
-                if ATOMIC_DQ == 5:
-                    m = _rotated(i, full_lo, full_hi, shift)
+            for m in range(full_lo, full_hi, BLOCK_M):
                 dk, dv = _dkdv_step(k_op, v_op, q_smem, do_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr, keys,
-                                    offset, N_Q, score_scale, causal, drop, dq_out, False, BLOCK_M, HEAD_DIM,
-                                    DROPOUT, st_layout, acc_layout, op_layout, ATOMIC_DQ, HALF)
+                                    offset, N_Q, score_scale, causal, drop, False, BLOCK_M, HEAD_DIM, DROPOUT,
+                                    st_layout, acc_layout, op_layout)
                 t += 1
             for m in range(full_hi, hi, BLOCK_M):
                 dk, dv = _dkdv_step(k_op, v_op, q_smem, do_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr, keys,
-                                    offset, N_Q, score_scale, causal, drop, dq_out, True, BLOCK_M, HEAD_DIM,
-                                    DROPOUT, st_layout, acc_layout, op_layout, ATOMIC_DQ, HALF)
+                                    offset, N_Q, score_scale, causal, drop, True, BLOCK_M, HEAD_DIM, DROPOUT,
+                                    st_layout, acc_layout, op_layout)
                 t += 1
         # dK and dV leave through this half's K and V slots (read by no product now); rows past N_K are dropped.
         dk_scale = sm_scale
         if DROPOUT:  # the kept weights' 1 / (1 - p), left out of every term
             dk_scale = sm_scale / (1.0 - dropout[1])
             dv = dv * (1.0 / (1.0 - dropout[1]))
-        if ATOMIC_DQ:  # the other consumer's dQ products read this half's K until its last step
-            mbarrier.arrive(bars[6], count=1)
-            mbarrier.wait(bars[6], 0)
         k_tile.store((dk * dk_scale).to(dk_desc.dtype))
         v_tile.store(dv.to(dv_desc.dtype))
         fence_async_shared()
@@ -345,114 +262,36 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _dkdv_consume_first_half(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
-                                 operands, DQ_ACC):
-        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, DQ_ACC, 0,
-                      False, False)
+                                 operands):
+        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, 0, False)
 
     @gluon.jit
     def _dkdv_consume_second_half(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
-                                  operands, DQ_ACC):
-        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, DQ_ACC, 1,
-                      False, False)
+                                  operands):
+        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, 1, False)
 
     @gluon.jit
     def _dkdv_consume_first_half_dropout(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
-                                         operands, DQ_ACC):
-        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, DQ_ACC, 0,
-                      True, False)
+                                         operands):
+        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, 0, True)
 
     @gluon.jit
     def _dkdv_consume_second_half_dropout(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
-                                          operands, DQ_ACC):
-        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, DQ_ACC, 1,
-                      True, False)
-
-    @gluon.jit
-    def _dkdv_dq_consume_first_half(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
-                                    operands, DQ_ACC):
-        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, DQ_ACC, 0,
-                      False, 1)
-
-    @gluon.jit
-    def _dkdv_dq_consume_second_half(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
-                                    operands, DQ_ACC):
-        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, DQ_ACC, 1,
-                      False, 1)
-
-    @gluon.jit
-    def _dkdv_dq_consume_first_half_mode2(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
-                                    operands, DQ_ACC):
-        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, DQ_ACC, 0,
-                      False, 2)
-
-    @gluon.jit
-    def _dkdv_dq_consume_second_half_mode2(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
-                                    operands, DQ_ACC):
-        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, DQ_ACC, 1,
-                      False, 2)
-
-    @gluon.jit
-    def _dkdv_dq_consume_first_half_mode3(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
-                                    operands, DQ_ACC):
-        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, DQ_ACC, 0,
-                      False, 3)
-
-    @gluon.jit
-    def _dkdv_dq_consume_second_half_mode3(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
-                                    operands, DQ_ACC):
-        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, DQ_ACC, 1,
-                      False, 3)
-
-    @gluon.jit
-    def _dkdv_dq_consume_first_half_mode4(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
-                                    operands, DQ_ACC):
-        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, DQ_ACC, 0,
-                      False, 4)
-
-    @gluon.jit
-    def _dkdv_dq_consume_second_half_mode4(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
-                                    operands, DQ_ACC):
-        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, DQ_ACC, 1,
-                      False, 4)
-
-    @gluon.jit
-    def _dkdv_dq_consume_first_half_mode5(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
-                                          operands, DQ_ACC):
-        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, DQ_ACC, 0,
-                      False, 5)
-
-    @gluon.jit
-    def _dkdv_dq_consume_second_half_mode5(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
-                                           operands, DQ_ACC):
-        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, DQ_ACC, 1,
-                      False, 5)
-
-    @gluon.jit
-    def _dkdv_dq_consume_first_half_dropout(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal,
-                                            dropout, operands, DQ_ACC):
-        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, DQ_ACC, 0,
-                      True, 1)
-
-    @gluon.jit
-    def _dkdv_dq_consume_second_half_dropout(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal,
-                                            dropout, operands, DQ_ACC):
-        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, DQ_ACC, 1,
-                      True, 1)
+                                          operands):
+        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, 1, True)
 
     @gluon.jit
     def attention_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, DELTA, sm_scale,
-                                         H, KV_GROUP, N_Q, N_K, DROPOUT_SEED, dropout_p, DQ_ACC,
-                                         CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                                         HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, DROPOUT: gl.constexpr,
-                                         REGISTER_OPERANDS: gl.constexpr, ATOMIC_DQ: gl.constexpr,
+                                         H, KV_GROUP, N_Q, N_K, DROPOUT_SEED, dropout_p, CAUSAL: gl.constexpr,
+                                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                                         STAGES: gl.constexpr, DROPOUT: gl.constexpr, REGISTER_OPERANDS: gl.constexpr,
                                          CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
                                          num_warps: gl.constexpr):
         """dK, dV of keys ``2 * BLOCK_N * program_id(0)`` on of (sample, kv head) ``program_id(1)``. Descriptors:
         (B, H, N_q, D) q/do with (1, 1, BLOCK_M, D) tiles, (B, H_kv, N_k, D) k/v/dk/dv with (1, 1, BLOCK_N, D)
         tiles; LSE, DELTA (B, H, N_q) float32 contiguous. ``DROPOUT``: the forward's dropout of probability
         ``dropout_p`` from the int64 seed at ``DROPOUT_SEED``. ``REGISTER_OPERANDS``: K and V read from registers
-        (:data:`DKDV_REGISTER_OPERANDS`). ``ATOMIC_DQ``: also add each query block's dQ terms to the float32
-        (B, H, N_q, D) contiguous ``DQ_ACC``, zeroed by the caller (:func:`_add_dq_terms`)."""
+        (:data:`DKDV_REGISTER_OPERANDS`)."""
         gl.static_assert(num_warps == 4)
         off_hkv = gl.program_id(1)
         kv_heads = H // KV_GROUP
@@ -469,29 +308,17 @@ if HAVE_GLUON:
         hi = gl.maximum(N_Q, lo)  # lo >= N_Q: no row sees these keys, and their dK, dV are stored as 0
         full_lo = gl.minimum(gl.maximum(full_lo, lo), hi)
         full_hi = gl.minimum(gl.maximum(N_Q // BLOCK_M * BLOCK_M, full_lo), hi)
-        shift = 0  # experiment 5: each program starts its unmasked query blocks elsewhere
-        if ATOMIC_DQ == 5:
-            shift = (gl.program_id(0) % gl.maximum((full_hi - full_lo) // BLOCK_M, 1)) * BLOCK_M
 
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
         do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, 1, 1, BLOCK_M, HEAD_DIM], do_desc.layout)
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [2, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
         v_smem = gl.allocate_shared_memory(v_desc.dtype, [2, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
-        # dS^T of both consumers, two ring positions (with ATOMIC_DQ; a token tile otherwise)
-        DS_TILES: gl.constexpr = 4 if ATOMIC_DQ else 1
-        ds_smem = gl.allocate_shared_memory(q_desc.dtype, [DS_TILES, BLOCK_N, BLOCK_M],
-                                            gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], q_desc.dtype))
         kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         do_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        dq_done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         mbarrier.init(kv_bar, count=1)
-        for i in gl.static_range(2):
-            mbarrier.init(ds_ready.index(i), count=2)  # both consumers' dS written
-        mbarrier.init(dq_done, count=2)  # both consumers' last dQ products done
         for i in gl.static_range(STAGES):
             mbarrier.init(q_ready.index(i), count=1)
             mbarrier.init(do_ready.index(i), count=1)
@@ -499,31 +326,11 @@ if HAVE_GLUON:
             mbarrier.init(do_empty.index(i), count=2)
 
         causal = gl.to_tensor(CAUSAL)
-        args = ((q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc), (q_smem, k_smem, v_smem, do_smem, ds_smem),
-                (kv_bar, q_ready, do_ready, q_empty, do_empty, ds_ready, dq_done),
-                (off_b, off_kvh, n0, KV_GROUP, H, N_Q, offset), (lo, full_lo, full_hi, hi, shift), LSE, DELTA, sm_scale,
-                causal, (DROPOUT_SEED, dropout_p), operands_flag(REGISTER_OPERANDS), DQ_ACC)
-        if ATOMIC_DQ == 1:
-            if DROPOUT:
-                gl.warp_specialize([(_dkdv_dq_consume_first_half_dropout, args),
-                                    (_dkdv_dq_consume_second_half_dropout, args), (_bwd_load_partition, args)],
-                                   [4, 1], [CONSUMER_REGS, LOADER_REGS])
-            else:
-                gl.warp_specialize([(_dkdv_dq_consume_first_half, args), (_dkdv_dq_consume_second_half, args),
-                                    (_bwd_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
-        elif ATOMIC_DQ == 2:
-            gl.warp_specialize([(_dkdv_dq_consume_first_half_mode2, args), (_dkdv_dq_consume_second_half_mode2, args),
-                                (_bwd_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
-        elif ATOMIC_DQ == 3:
-            gl.warp_specialize([(_dkdv_dq_consume_first_half_mode3, args), (_dkdv_dq_consume_second_half_mode3, args),
-                                (_bwd_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
-        elif ATOMIC_DQ == 5:
-            gl.warp_specialize([(_dkdv_dq_consume_first_half_mode5, args), (_dkdv_dq_consume_second_half_mode5, args),
-                                (_bwd_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
-        elif ATOMIC_DQ == 4:
-            gl.warp_specialize([(_dkdv_dq_consume_first_half_mode4, args), (_dkdv_dq_consume_second_half_mode4, args),
-                                (_bwd_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
-        elif DROPOUT:
+        args = ((q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc), (q_smem, k_smem, v_smem, do_smem),
+                (kv_bar, q_ready, do_ready, q_empty, do_empty), (off_b, off_kvh, n0, KV_GROUP, H, N_Q, offset),
+                (lo, full_lo, full_hi, hi), LSE, DELTA, sm_scale, causal, (DROPOUT_SEED, dropout_p),
+                operands_flag(REGISTER_OPERANDS))
+        if DROPOUT:
             gl.warp_specialize([(_dkdv_consume_first_half_dropout, args), (_dkdv_consume_second_half_dropout, args),
                                 (_bwd_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
         else:
@@ -765,39 +572,26 @@ def dq_preferred(head_dim: int, n_q: int, n_k: int, scores: float, dropout: bool
     return head_dim in DQ_MIN_ROWS and min(n_q, n_k) >= DQ_MIN_ROWS[head_dim] and scores >= MIN_SCORES
 
 
-def dq_factor(scale: float, dropout_p: float = 0.0) -> float:
-    """What the sum that ``dq_acc`` receives is multiplied by to give dQ: dK's factor, the softmax ``scale`` over
-    1 - ``dropout_p`` (the effective p the kernel drew with)."""
-    return scale / (1.0 - dropout_p)
-
-
 def launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, *, scale: float, causal: bool, dropout_p: float = 0.0,
-                                 dropout_seed=None, register_operands: bool | None = None,
-                                 dq_acc: torch.Tensor | None = None) -> None:
+                                 dropout_seed=None, register_operands: bool | None = None) -> None:
     """Fill dk, dv (B, H_kv, N_k, D) from q, do (B, H, N_q, D), k, v, lse and delta (B, H, N_q) float32
     contiguous, for a call :func:`.attention_fwd_hopper.can_run` accepts (all six tensors, and head_dim in this
     module's :data:`CONFIGS`): no mask, or a causal one with ``causal``. ``dropout_p`` and ``dropout_seed``: the
     forward's (:func:`.attention_fwd_hopper.launch_attention_forward_hopper`). ``register_operands``: K and V read
-    from registers (None: where :data:`DKDV_REGISTER_OPERANDS` says). ``dq_acc``: a zeroed float32 (B, H, N_q, D)
-    contiguous tensor to which the kernel adds dS K as well, by atomics: dQ over dK's factor (:func:`dq_factor`).
-    Head_dim in :data:`ATOMIC_DQ_HEAD_DIMS`; the order of the adds varies from run to run, so dQ's last bits do
-    too."""
+    from registers (None: where :data:`DKDV_REGISTER_OPERANDS` says)."""
     batch, heads, n_q, head_dim = q.shape
     kv_heads, n_k = k.shape[1], k.shape[2]
     if register_operands is None:
         register_operands = head_dim in DKDV_REGISTER_OPERANDS
-    if dq_acc is not None and head_dim not in ATOMIC_DQ_HEAD_DIMS:
-        raise ValueError(f"dq_acc: the dK/dV kernel adds dQ at head_dim {ATOMIC_DQ_HEAD_DIMS}; got {head_dim}")
     block_m, block_n, stages = CONFIGS[head_dim]
     grid = (triton.cdiv(n_k, 2 * block_n), batch * kv_heads)
     attention_bwd_dkdv_hopper_kernel[grid](
         tile_descriptor(q, block_m), tile_descriptor(k, block_n), tile_descriptor(v, block_n),
         tile_descriptor(do, block_m), tile_descriptor(dk, block_n), tile_descriptor(dv, block_n), lse, delta, scale,
         heads, heads // kv_heads, n_q, n_k, lse if dropout_seed is None else dropout_seed, float(dropout_p),
-        lse if dq_acc is None else dq_acc,
         CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, STAGES=stages, DROPOUT=dropout_p > 0,
-        REGISTER_OPERANDS=bool(register_operands), ATOMIC_DQ=0 if dq_acc is None else ATOMIC_DQ_MODE, CONSUMER_REGS=CONSUMER_REGISTERS,
-        LOADER_REGS=LOADER_REGISTERS, num_warps=4, maxnreg=KERNEL_REGISTERS)
+        REGISTER_OPERANDS=bool(register_operands), CONSUMER_REGS=CONSUMER_REGISTERS, LOADER_REGS=LOADER_REGISTERS,
+        num_warps=4, maxnreg=KERNEL_REGISTERS)
 
 
 def launch_attention_dq_hopper(q, k, v, do, lse, delta, dq, *, scale: float, causal: bool, dropout_p: float = 0.0,
