@@ -348,6 +348,16 @@ STAGES["hf_fast"] = (
 )
 
 
+# Session 58, after the atomic-dQ backward lost (TUNING.md forty-ninth finding): which of the two backward kernels is
+# further from the tensor cores' rate on its own products.
+STAGES["bwd_split"] = (
+    Step("bwd_kernel_split", 150,
+         ("benchmarks/bwd_kernel_split.py", "--dtype", "fp16,bf16", "--N", FA2_N, "--out", "{out}/bwd_kernel_split.json"),
+         "where issue 14's backward (0.88x cuDNN) should go next: each kernel's share of the backward and the rate it "
+         "reaches on its own products (dkdv_product_tflops against dq_product_tflops)"),
+)
+
+
 def command(step: Step, out: Path) -> list:
     """The step's command line, ``{out}`` filled in."""
     return [sys.executable] + [arg.replace("{out}", str(out)) for arg in step.argv]

@@ -1,0 +1,79 @@
+"""Where the backward's GPU time goes: the preprocess, the Gluon dK/dV kernel and the Gluon dQ kernel timed apart,
+each replayed from a CUDA graph, beside the whole backward (benchmarks/TUNING.md, fiftieth finding, issue 14).
+
+Each kernel is also given the tensor-core rate it reaches on its own products: the dK/dV kernel multiplies four
+products of 2 N_q N_k D a (sample, head) (S^T, dV, dP^T, dK), the dQ kernel three (S, dP, dQ), halved when causal;
+the rate a kernel reaches on its products says how far it runs from the dense matmul's (about 800 TFLOP/s in fp16 on
+the H100, issue 14). The kernel further from it is where a backward faster than cuDNN's has most to gain.
+
+    PYTHONPATH=.:benchmarks python3 benchmarks/bwd_kernel_split.py [--dtype fp16] [--d 128] [--N 1024,4096,16384]
+        --out FILE
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+import flashlib  # noqa: F401  (before triton: chooses the interpreter where there is no GPU)
+from flashlib.bench_results import DTYPES, results_meta
+from flashlib.io_model import attention_flops
+from flashlib.kernels import attention_bwd_hopper as bwd_hopper
+from flashlib.kernels.attention_bwd import launch_attention_backward
+from flashlib.kernels.attention_fwd import launch_attention_forward
+from flashlib.spec import AttentionSpec
+from flashlib.timing import graph_time_ms
+from gluon_fwd_ab import add_grid_options, fa2_points, make_inputs, print_row
+
+#: Products of 2 N_q N_k D FLOPs each kernel multiplies (before a causal mask halves them).
+PRODUCTS = {"dkdv": 4, "dq": 3}
+
+
+def split_row(name: str, d: int, n: int, causal: bool, batch: int, heads: int) -> dict:
+    q, k, v, do = make_inputs(batch, heads, heads, n, n, d, DTYPES[name], grad_out=True)
+    spec = AttentionSpec(causal=causal)
+    o, lse = torch.empty_like(q), torch.empty(q.shape[:3], device="cuda")
+    launch_attention_forward(q, k, v, o, lse, spec)
+    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+    delta = launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec)
+    scale = spec.scale(d)
+    calls = {
+        "backward": lambda: launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec),
+        "dkdv": lambda: bwd_hopper.launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, scale=scale,
+                                                                causal=causal),
+        "dq": lambda: bwd_hopper.launch_attention_dq_hopper(q, k, v, do, lse, delta, dq, scale=scale, causal=causal),
+    }
+    row = dict(dtype=name, d=d, N=n, causal=causal)
+    for part, call in calls.items():
+        row[f"{part}_ms"] = graph_time_ms(call, rep=100)
+    row["backward_tflops"] = attention_flops(batch, heads, n, d, causal, mode="bwd") / row["backward_ms"] * 1e-9
+    product = 2.0 * batch * heads * n * n * d * (0.5 if causal else 1.0)
+    for part, count in PRODUCTS.items():
+        row[f"{part}_share"] = row[f"{part}_ms"] / row["backward_ms"]
+        row[f"{part}_product_tflops"] = count * product / row[f"{part}_ms"] * 1e-9
+    row["rest_share"] = 1.0 - row["dkdv_share"] - row["dq_share"]  # the preprocess and the launches' gaps
+    return row
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_grid_options(parser)
+    parser.set_defaults(dtype=["fp16"], d=[128])
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    rows = []
+    for point in fa2_points(args.dtype, args.d, args.N):
+        rows.append(split_row(*point))
+        print_row(rows[-1])
+    if args.out:
+        with open(args.out, "w") as f:
+            meta = results_meta(method="each call replayed from a CUDA graph (graph_time_ms, rep=100 ms)",
+                                command=" ".join(sys.argv))
+            json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
