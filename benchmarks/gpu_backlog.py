@@ -357,15 +357,6 @@ STAGES["bwd_split"] = (
          "reaches on its own products (dkdv_product_tflops against dq_product_tflops)"),
 )
 
-# Then: the dK/dV kernel, 60% of the backward, reaches 478-598 TFLOP/s on its products against the dQ kernel's 561-707
-# (bwd_split); the dQ kernel issues S and dP together, the dK/dV kernel S^T alone.
-STAGES["dkdv_order"] = (
-    Step("gluon_bwd_dp_with_s", 330,
-         ("benchmarks/gluon_bwd_ab.py", "--dtype", "fp16,bf16", "--d", "128", "--N", FA2_N),
-         "whether the dK/dV kernel should issue dP^T with S^T (DKDV_DP_WITH_S): dps/gluon above 1 at every point, "
-         "its gradients bitwise the default order's (dp_with_s_equal)"),
-)
-
 
 def command(step: Step, out: Path) -> list:
     """The step's command line, ``{out}`` filled in."""

@@ -90,8 +90,6 @@ DROPOUT_MIN_ROWS = {128: 1024, 64: 4096}
 #: and ``gluon_bwd_ab.py`` check and time both ways).
 DKDV_REGISTER_OPERANDS: tuple[int, ...] = ()
 DQ_REGISTER_OPERANDS: tuple[int, ...] = ()
-#: EXPERIMENT (session 58): the dK/dV kernel issues dP^T with S^T (:func:`_dkdv_step_dp_with_s`).
-DKDV_DP_WITH_S = False
 
 if HAVE_GLUON:
 
@@ -193,60 +191,6 @@ if HAVE_GLUON:
         return dk, dv
 
     @gluon.jit
-    def _dkdv_step_dp_with_s(k_tile, v_tile, q_smem, do_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr, keys, offset,
-                             N_Q, score_scale, causal, drop, MASKED: gl.constexpr, BLOCK_M: gl.constexpr,
-                             HEAD_DIM: gl.constexpr, DROPOUT: gl.constexpr, st_layout: gl.constexpr,
-                             acc_layout: gl.constexpr, op_layout: gl.constexpr):
-        """:func:`_dkdv_step` with ``dP^T = V dO^T`` issued right after ``S^T = K Q^T``, as the dQ kernel issues S
-        and dP: P^T is computed while dP^T is on the tensor cores, and dS^T while dV's product is (EXPERIMENT,
-        session 58: :data:`DKDV_DP_WITH_S`)."""
-        kv_bar, q_ready, do_ready, q_empty, do_empty = bars[0], bars[1], bars[2], bars[3], bars[4]
-        STAGES: gl.constexpr = q_smem.type.shape[0]
-        BLOCK_N: gl.constexpr = k_tile.type.shape[0]
-        slot = t % STAGES
-        phase = (t // STAGES) & 1
-        mbarrier.wait(q_ready.index(slot), phase)
-        q_tile = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
-        s_t = warpgroup_mma(k_tile, q_tile.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout),
-                            use_acc=False, is_async=True)
-        mbarrier.wait(do_ready.index(slot), phase)
-        do_tile = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
-        dp_t = warpgroup_mma(v_tile, do_tile.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout),
-                             use_acc=False, is_async=True)
-        rows = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))  # queries, along columns
-        if MASKED:
-            lse = gl.load(lse_ptr + rows, mask=rows < N_Q, other=float("inf"))
-        else:
-            lse = gl.load(lse_ptr + rows)
-        lse2 = gl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
-        s_t = warpgroup_mma_wait(num_outstanding=1, deps=(s_t, ))
-        s_t = s_t * score_scale
-        if MASKED:
-            visible = (rows[None, :] + offset >= keys[:, None]) | (causal == 0)
-            s_t = gl.where(visible, s_t, float("-inf"))
-        p_t = gl.exp2(s_t - lse2[None, :])
-        if DROPOUT:
-            kept = kept_words(drop[0], m, drop[3], drop[1], BLOCK_N, BLOCK_M, True)
-            p_op = gl.convert_layout(kept_weights_operand(p_t, kept, q_tile.dtype, BLOCK_N, BLOCK_M, True), op_layout)
-        else:
-            p_op = gl.convert_layout(p_t.to(q_tile.dtype), op_layout)
-        dv = warpgroup_mma(p_op, do_tile, dv, is_async=True)
-        if MASKED:
-            delta = gl.load(delta_ptr + rows, mask=rows < N_Q, other=0.0)
-        else:
-            delta = gl.load(delta_ptr + rows)
-        dp_t = warpgroup_mma_wait(num_outstanding=1, deps=(dp_t, ))  # issued before dV's product
-        if DROPOUT:
-            dp_t = gl.where(keep_from_words(kept, BLOCK_N, BLOCK_M, True, st_layout), dp_t, 0.0)
-            delta = delta * drop[2]
-        ds_op = gl.convert_layout((p_t * (dp_t - delta[None, :])).to(q_tile.dtype), op_layout)
-        dk = warpgroup_mma(ds_op, q_tile, dk, is_async=True)
-        dv, dk, p_op, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, p_op, ds_op))
-        mbarrier.arrive(do_empty.index(slot), count=1)
-        mbarrier.arrive(q_empty.index(slot), count=1)
-        return dk, dv
-
-    @gluon.jit
     def _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands,
                       HALF: gl.constexpr, DROPOUT: gl.constexpr):
         """One warpgroup: dK and dV of the program's ``HALF``-th BLOCK_N keys, summed over the kv head's query
@@ -275,7 +219,7 @@ if HAVE_GLUON:
         mbarrier.wait(kv_bar, 0)
         k_tile = k_smem.index(HALF).reshape([BLOCK_N, HEAD_DIM])
         v_tile = v_smem.index(HALF).reshape([BLOCK_N, HEAD_DIM])
-        k_op, v_op = _first_operands(k_tile, v_tile, operands[0], st_layout)
+        k_op, v_op = _first_operands(k_tile, v_tile, operands, st_layout)
         seed = 0
         if DROPOUT:
             seed = gl.load(dropout[0])
@@ -290,34 +234,19 @@ if HAVE_GLUON:
                 drop = (stream_key(seed, off_b * H + off_h), keep_threshold(dropout[1]), 1.0 - dropout[1], key0)
             # the diagonal's query blocks, then the ones that see every key whole, then the N_Q tail
             for m in range(lo, full_lo, BLOCK_M):
-                if operands[1].dtype == gl.int8:
-                    dk, dv = _dkdv_step_dp_with_s(k_op, v_op, q_smem, do_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr,
-                                                  keys, offset, N_Q, score_scale, causal, drop, True, BLOCK_M,
-                                                  HEAD_DIM, DROPOUT, st_layout, acc_layout, op_layout)
-                else:
-                    dk, dv = _dkdv_step(k_op, v_op, q_smem, do_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr, keys,
-                                        offset, N_Q, score_scale, causal, drop, True, BLOCK_M, HEAD_DIM, DROPOUT,
-                                        st_layout, acc_layout, op_layout)
+                dk, dv = _dkdv_step(k_op, v_op, q_smem, do_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr, keys,
+                                    offset, N_Q, score_scale, causal, drop, True, BLOCK_M, HEAD_DIM, DROPOUT,
+                                    st_layout, acc_layout, op_layout)
                 t += 1
             for m in range(full_lo, full_hi, BLOCK_M):
-                if operands[1].dtype == gl.int8:
-                    dk, dv = _dkdv_step_dp_with_s(k_op, v_op, q_smem, do_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr,
-                                                  keys, offset, N_Q, score_scale, causal, drop, False, BLOCK_M,
-                                                  HEAD_DIM, DROPOUT, st_layout, acc_layout, op_layout)
-                else:
-                    dk, dv = _dkdv_step(k_op, v_op, q_smem, do_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr, keys,
-                                        offset, N_Q, score_scale, causal, drop, False, BLOCK_M, HEAD_DIM, DROPOUT,
-                                        st_layout, acc_layout, op_layout)
+                dk, dv = _dkdv_step(k_op, v_op, q_smem, do_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr, keys,
+                                    offset, N_Q, score_scale, causal, drop, False, BLOCK_M, HEAD_DIM, DROPOUT,
+                                    st_layout, acc_layout, op_layout)
                 t += 1
             for m in range(full_hi, hi, BLOCK_M):
-                if operands[1].dtype == gl.int8:
-                    dk, dv = _dkdv_step_dp_with_s(k_op, v_op, q_smem, do_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr,
-                                                  keys, offset, N_Q, score_scale, causal, drop, True, BLOCK_M,
-                                                  HEAD_DIM, DROPOUT, st_layout, acc_layout, op_layout)
-                else:
-                    dk, dv = _dkdv_step(k_op, v_op, q_smem, do_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr, keys,
-                                        offset, N_Q, score_scale, causal, drop, True, BLOCK_M, HEAD_DIM, DROPOUT,
-                                        st_layout, acc_layout, op_layout)
+                dk, dv = _dkdv_step(k_op, v_op, q_smem, do_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr, keys,
+                                    offset, N_Q, score_scale, causal, drop, True, BLOCK_M, HEAD_DIM, DROPOUT,
+                                    st_layout, acc_layout, op_layout)
                 t += 1
         # dK and dV leave through this half's K and V slots (read by no product now); rows past N_K are dropped.
         dk_scale = sm_scale
@@ -356,8 +285,8 @@ if HAVE_GLUON:
                                          H, KV_GROUP, N_Q, N_K, DROPOUT_SEED, dropout_p, CAUSAL: gl.constexpr,
                                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                                          STAGES: gl.constexpr, DROPOUT: gl.constexpr, REGISTER_OPERANDS: gl.constexpr,
-                                         DP_WITH_S: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                                         LOADER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                                         CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
+                                         num_warps: gl.constexpr):
         """dK, dV of keys ``2 * BLOCK_N * program_id(0)`` on of (sample, kv head) ``program_id(1)``. Descriptors:
         (B, H, N_q, D) q/do with (1, 1, BLOCK_M, D) tiles, (B, H_kv, N_k, D) k/v/dk/dv with (1, 1, BLOCK_N, D)
         tiles; LSE, DELTA (B, H, N_q) float32 contiguous. ``DROPOUT``: the forward's dropout of probability
@@ -400,7 +329,7 @@ if HAVE_GLUON:
         args = ((q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc), (q_smem, k_smem, v_smem, do_smem),
                 (kv_bar, q_ready, do_ready, q_empty, do_empty), (off_b, off_kvh, n0, KV_GROUP, H, N_Q, offset),
                 (lo, full_lo, full_hi, hi), LSE, DELTA, sm_scale, causal, (DROPOUT_SEED, dropout_p),
-                (operands_flag(REGISTER_OPERANDS), operands_flag(DP_WITH_S)))
+                operands_flag(REGISTER_OPERANDS))
         if DROPOUT:
             gl.warp_specialize([(_dkdv_consume_first_half_dropout, args), (_dkdv_consume_second_half_dropout, args),
                                 (_bwd_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
@@ -661,8 +590,8 @@ def launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, *, scale: floa
         tile_descriptor(do, block_m), tile_descriptor(dk, block_n), tile_descriptor(dv, block_n), lse, delta, scale,
         heads, heads // kv_heads, n_q, n_k, lse if dropout_seed is None else dropout_seed, float(dropout_p),
         CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, STAGES=stages, DROPOUT=dropout_p > 0,
-        REGISTER_OPERANDS=bool(register_operands), DP_WITH_S=DKDV_DP_WITH_S, CONSUMER_REGS=CONSUMER_REGISTERS,
-        LOADER_REGS=LOADER_REGISTERS, num_warps=4, maxnreg=KERNEL_REGISTERS)
+        REGISTER_OPERANDS=bool(register_operands), CONSUMER_REGS=CONSUMER_REGISTERS, LOADER_REGS=LOADER_REGISTERS,
+        num_warps=4, maxnreg=KERNEL_REGISTERS)
 
 
 def launch_attention_dq_hopper(q, k, v, do, lse, delta, dq, *, scale: float, causal: bool, dropout_p: float = 0.0,
