@@ -63,6 +63,10 @@ def main(argv=None) -> int:
     parser.set_defaults(dtype=["fp16"], d=[128])
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    unrouted = sorted(set(args.d) - set(bwd_hopper.ROUTED_HEAD_DIMS))
+    if unrouted:  # there the backward takes the Triton dK/dV kernel: the shares would be of kernels it did not run
+        parser.error(f"argument --d: the backward takes both Gluon kernels at head_dim "
+                     f"{', '.join(map(str, bwd_hopper.ROUTED_HEAD_DIMS))} only; got {unrouted}")
     rows = []
     for point in fa2_points(args.dtype, args.d, args.N):
         rows.append(split_row(*point))

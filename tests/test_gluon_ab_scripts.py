@@ -1,6 +1,6 @@
-"""The Gluon A/B scripts' options (benchmarks/gluon_fwd_ab.py, gluon_bwd_ab.py, gluon_fp8_ab.py), on the CPU
-machine: what they measure needs a Hopper GPU, but a mistyped option must stop them at once, by name, before any
-GPU time is spent."""
+"""The Gluon A/B scripts' options (benchmarks/gluon_fwd_ab.py, gluon_bwd_ab.py, gluon_fp8_ab.py,
+bwd_kernel_split.py), on the CPU machine: what they measure needs a Hopper GPU, but a mistyped option must stop them
+at once, by name, before any GPU time is spent."""
 import argparse
 import os
 import subprocess
@@ -38,10 +38,20 @@ def test_the_backward_variants_take_no_flags():
                                                    ("gluon_fwd_ab.py", "--variants", "a=128:64,128,2:fast"),
                                                    ("gluon_fwd_ab.py", "--dtype", "fp8"),
                                                    ("gluon_fp8_ab.py", "--configs", "a=128:64,128"),
-                                                   ("gluon_fp8_ab.py", "--d", "256")])
+                                                   ("gluon_fp8_ab.py", "--d", "256"),
+                                                   ("bwd_kernel_split.py", "--dtype", "fp8"),
+                                                   ("bwd_kernel_split.py", "--N", "0")])
 def test_the_scripts_stop_on_a_bad_option_naming_it(script, option, value):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(BENCHMARKS.parent), str(BENCHMARKS)]))
     done = subprocess.run([sys.executable, str(BENCHMARKS / script), option, value], capture_output=True,
                           text=True, env=env, timeout=300)
     assert done.returncode == 2, done.stderr[-2000:]
     assert f"argument {option}" in done.stderr and repr(value) in done.stderr
+
+
+def test_the_kernel_split_refuses_a_head_dim_where_the_backward_does_not_take_both_gluon_kernels():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(BENCHMARKS.parent), str(BENCHMARKS)]))
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "bwd_kernel_split.py"), "--d", "64"], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "argument --d" in done.stderr and "got [64]" in done.stderr
