@@ -12,20 +12,19 @@ the H100, issue 14). The kernel further from it is where a backward faster than 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
 
 import flashlib  # noqa: F401  (before triton: chooses the interpreter where there is no GPU)
-from flashlib.bench_results import DTYPES, results_meta
+from flashlib.bench_results import DTYPES
 from flashlib.io_model import attention_flops
 from flashlib.kernels import attention_bwd_hopper as bwd_hopper
 from flashlib.kernels.attention_bwd import launch_attention_backward
 from flashlib.kernels.attention_fwd import launch_attention_forward
 from flashlib.spec import AttentionSpec
 from flashlib.timing import graph_time_ms
-from gluon_fwd_ab import add_grid_options, fa2_points, make_inputs, print_row
+from gluon_fwd_ab import add_grid_options, fa2_points, make_inputs, print_row, write_checks_and_timings
 
 #: Products of 2 N_q N_k D FLOPs each kernel multiplies (before a causal mask halves them).
 PRODUCTS = {"dkdv": 4, "dq": 3}
@@ -71,12 +70,7 @@ def main(argv=None) -> int:
     for point in fa2_points(args.dtype, args.d, args.N):
         rows.append(split_row(*point))
         print_row(rows[-1])
-    if args.out:
-        with open(args.out, "w") as f:
-            meta = results_meta(method="each call replayed from a CUDA graph (graph_time_ms, rep=100 ms)",
-                                command=" ".join(sys.argv))
-            json.dump(dict(meta=meta, rows=rows), f, indent=1)
-    return 0
+    return write_checks_and_timings(args.out, [], rows)
 
 
 if __name__ == "__main__":
