@@ -1,5 +1,6 @@
-"""Where the backward's GPU time goes: the preprocess, the Gluon dK/dV kernel and the Gluon dQ kernel timed apart,
-each replayed from a CUDA graph, beside the whole backward (benchmarks/TUNING.md, fiftieth finding, issue 14).
+"""Where the backward's GPU time goes: the Gluon dK/dV kernel and the Gluon dQ kernel timed apart, each replayed from
+a CUDA graph, beside the whole backward that runs both (``use_gluon=True``); the rest of the backward is the
+preprocess kernel (D = rowsum(dO O)) and the gaps between launches (benchmarks/TUNING.md, fiftieth finding, issue 14).
 
 Each kernel is also given the tensor-core rate it reaches on its own products: the dK/dV kernel multiplies four
 products of 2 N_q N_k D a (sample, head) (S^T, dV, dP^T, dK), the dQ kernel three (S, dP, dQ), halved when causal;
@@ -7,7 +8,7 @@ the rate a kernel reaches on its products says how far it runs from the dense ma
 the H100, issue 14). The kernel further from it is where a backward faster than cuDNN's has most to gain.
 
     PYTHONPATH=.:benchmarks python3 benchmarks/bwd_kernel_split.py [--dtype fp16] [--d 128] [--N 1024,4096,16384]
-        --out FILE
+        [--out FILE]
 """
 from __future__ import annotations
 
@@ -36,15 +37,15 @@ def split_row(name: str, d: int, n: int, causal: bool, batch: int, heads: int) -
     o, lse = torch.empty_like(q), torch.empty(q.shape[:3], device="cuda")
     launch_attention_forward(q, k, v, o, lse, spec)
     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
-    delta = launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec)
+    delta = launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec, use_gluon=True)
     scale = spec.scale(d)
-    calls = {
-        "backward": lambda: launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec),
+    calls = {  # the backward with both Gluon kernels, as its default route takes them from 1024 rows at D = 128
+        "backward": lambda: launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec, use_gluon=True),
         "dkdv": lambda: bwd_hopper.launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, scale=scale,
                                                                 causal=causal),
         "dq": lambda: bwd_hopper.launch_attention_dq_hopper(q, k, v, do, lse, delta, dq, scale=scale, causal=causal),
     }
-    row = dict(dtype=name, d=d, N=n, causal=causal)
+    row = dict(dtype=name, d=d, N=n, causal=causal, batch=batch, heads=heads)
     for part, call in calls.items():
         row[f"{part}_ms"] = graph_time_ms(call, rep=100)
     row["backward_tflops"] = attention_flops(batch, heads, n, d, causal, mode="bwd") / row["backward_ms"] * 1e-9
@@ -63,8 +64,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     unrouted = sorted(set(args.d) - set(bwd_hopper.ROUTED_HEAD_DIMS))
-    if unrouted:  # there the backward takes the Triton dK/dV kernel: the shares would be of kernels it did not run
-        parser.error(f"argument --d: the backward takes both Gluon kernels at head_dim "
+    if unrouted:  # there the default backward takes the Triton dK/dV kernel: a split of kernels it does not run
+        parser.error(f"argument --d: the default backward takes both Gluon kernels at head_dim "
                      f"{', '.join(map(str, bwd_hopper.ROUTED_HEAD_DIMS))} only; got {unrouted}")
     rows = []
     for point in fa2_points(args.dtype, args.d, args.N):

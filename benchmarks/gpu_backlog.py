@@ -338,6 +338,7 @@ STAGES["causal_short"] = (
 
 # Session 57, after its device time was spent: an eager decoding layer calls the split-KV entry straight, skipping
 # flash_attention_with_kvcache's checks (a fifth less Python a layer on the CPU; TUNING.md forty-eighth finding).
+# Ran (H100, session 58): eager generate 0.78x sdpa, the change's 2% not resolved (fifty-first finding).
 STAGES["hf_fast"] = (
     replace(STAGES["hf_host"][0], limit_s=150,
             decides="the host time of an eager decoding layer's attention on the GPU after the direct split-KV call "
@@ -349,10 +350,12 @@ STAGES["hf_fast"] = (
 
 
 # Session 58, after the atomic-dQ backward lost (TUNING.md forty-ninth finding): which of the two backward kernels is
-# further from the tensor cores' rate on its own products.
+# further from the tensor cores' rate on its own products. Ran (H100, session 58): the dK/dV kernel, 57-61% of the
+# backward at D = 128, runs its products 13-16% slower than the dQ kernel (fiftieth finding).
 STAGES["bwd_split"] = (
     Step("bwd_kernel_split", 150,
-         ("benchmarks/bwd_kernel_split.py", "--dtype", "fp16,bf16", "--N", FA2_N, "--out", "{out}/bwd_kernel_split.json"),
+         ("benchmarks/bwd_kernel_split.py", "--dtype", "fp16,bf16", "--N", FA2_N,
+          "--out", "{out}/bwd_kernel_split.json"),
          "where issue 14's backward (0.88x cuDNN) should go next: each kernel's share of the backward and the rate it "
          "reaches on its own products (dkdv_product_tflops against dq_product_tflops)"),
 )
