@@ -360,6 +360,15 @@ STAGES["bwd_split"] = (
          "reaches on its own products (dkdv_product_tflops against dq_product_tflops)"),
 )
 
+# Then: in two runs of three, splitkv_attention (the entry an eager decoding layer now calls) timed slower than
+# flash_attention_with_kvcache, which calls it (fifty-first finding); the routes ran once each, in a fixed order.
+STAGES["hf_order"] = (
+    Step("launch_host_time_hf_interleaved", 200,
+         ("benchmarks/launch_host_time.py", "--hf", "--interleave", "--rounds", "7"),
+         "whether splitkv_attention really costs the host more than flash_attention_with_kvcache (medians of rounds "
+         "in rotated orders); if it does, the eager layer should go back to the front door, or its cause be found"),
+)
+
 
 def command(step: Step, out: Path) -> list:
     """The step's command line, ``{out}`` filled in."""

@@ -2,7 +2,8 @@
 
     PYTHONPATH=.:benchmarks python benchmarks/launch_host_time.py ["raw fwd launcher" ...]
     PYTHONPATH=.:benchmarks python benchmarks/launch_host_time.py --direct-ab [--rounds 5]
-    PYTHONPATH=.:benchmarks python benchmarks/launch_host_time.py --hf ["hf flashlib layer" ...]
+    PYTHONPATH=.:benchmarks python benchmarks/launch_host_time.py --hf [--interleave [--rounds 5]]
+        ["hf flashlib layer" ...]
 
 One head, N = 128, fp16: the GPU work is tiny and queued asynchronously, so a loop of calls
 is bound by the host and the time per call is the host's (``front_door.host_us``, best of 3
@@ -10,11 +11,15 @@ loops of 1000 calls). The names given on the command line are then profiled with
 (1000 calls each). benchmarks/TUNING.md, sixth finding, quotes the results
 (benchmarks/results/launch_host_time_nvidia_h100_80gb_hbm3.txt).
 
-``--hf`` times instead the routes of one decoding step's attention in a Transformers layer (flashlib.hf against sdpa's), at
-``benchmarks/hf_generate.py``'s shapes (8 left-padded rows of 600 keys, 16 query heads on 4 K/V heads, D = 128,
-bf16), and the parts of flashlib's: where an eager decoding step's host time goes (TUNING.md, forty-fifth finding);
-then the GPU time of the split-KV call with the kernel's own split count and with one split (no merge kernel), and
+``--hf`` times instead the routes of one decoding step's attention in a Transformers layer (flashlib.hf against
+sdpa's), at ``benchmarks/hf_generate.py``'s shapes (8 left-padded rows of 600 keys, 16 query heads on 4 K/V heads,
+D = 128, bf16), and the parts of flashlib's: where an eager decoding step's host time goes (TUNING.md, forty-fifth
+finding); then the GPU time of the split-KV call with the kernel's own split count and with one split (no merge kernel), and
 of sdpa's layer.
+
+``--interleave`` times the routes in ``--rounds`` rounds, each round in another rotation of their order, and prints
+medians: one pass in a fixed order let ``splitkv_attention`` time slower than the route that calls it in two runs of
+three (TUNING.md, fifty-first finding).
 
 ``--direct-ab`` compares, in one process and interleaved round by round (the GPU machine's
 host varies from one call to the next), every route with remembered binaries launched through
@@ -123,6 +128,20 @@ def hf_routes() -> dict:
     }
 
 
+def interleaved(fns: dict, rounds: int) -> None:
+    """Each route's host time over ``rounds`` rounds, every round visiting the routes in another rotation of their
+    order (a route timed right after another need not pay for it every time); medians, with the rounds' spread."""
+    names = list(fns)
+    times = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            times[name].append(host_us(fns[name], calls=1000))
+    print(f"{'route':32s} {'median us':>10s}   (min-max of {rounds} rounds, each in a rotated order)")
+    for name in names:
+        print(f"{name:32s} {statistics.median(times[name]):10.1f}   ({min(times[name]):.1f}-{max(times[name]):.1f})",
+              flush=True)
+
+
 def direct_ab(fns: dict, rounds: int) -> None:
     """Each route's host time with Triton's launcher and with the direct one, interleaved; medians."""
     times = {(name, direct): [] for name in fns for direct in (False, True)}
@@ -142,6 +161,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("profile", nargs="*", help="routes to profile with cProfile after timing them all")
     parser.add_argument("--direct-ab", action="store_true", help="Triton's launcher against the direct one")
+    parser.add_argument("--interleave", action="store_true",
+                        help="time the routes in --rounds rounds, each in a rotated order, and print medians")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--hf", action="store_true", help="time a Transformers decoding step's attention routes "
                         "instead (and the no-op launch)")
@@ -155,8 +176,11 @@ def main():
         if args.direct_ab:
             direct_ab(fns, args.rounds)
             return
-        for name, fn in fns.items():
-            print(f"{name:30s} {host_us(fn, calls=1000):8.1f} us", flush=True)
+        if args.interleave:
+            interleaved(fns, args.rounds)
+        else:
+            for name, fn in fns.items():
+                print(f"{name:30s} {host_us(fn, calls=1000):8.1f} us", flush=True)
         if args.hf:  # what fewer launches would cost the GPU: its own time, from CUDA-graph replays
             for name in ("kvcache token pages", "kvcache token pages one split", "hf sdpa layer"):
                 gpu_us = triton.testing.do_bench_cudagraph(fns[name], rep=200) * 1e3
