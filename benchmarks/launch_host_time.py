@@ -14,8 +14,8 @@ loops of 1000 calls). The names given on the command line are then profiled with
 ``--hf`` times instead the routes of one decoding step's attention in a Transformers layer (flashlib.hf against
 sdpa's), at ``benchmarks/hf_generate.py``'s shapes (8 left-padded rows of 600 keys, 16 query heads on 4 K/V heads,
 D = 128, bf16), and the parts of flashlib's: where an eager decoding step's host time goes (TUNING.md, forty-fifth
-finding); then the GPU time of the split-KV call with the kernel's own split count and with one split (no merge kernel), and
-of sdpa's layer.
+finding); then the GPU time of the split-KV call with the kernel's own split count and with one split (no merge
+kernel), and of sdpa's layer.
 
 ``--interleave`` times the routes in ``--rounds`` rounds, each round in another rotation of their order, and prints
 medians: one pass in a fixed order let ``splitkv_attention`` time slower than the route that calls it in two runs of
