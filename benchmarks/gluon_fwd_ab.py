@@ -90,11 +90,13 @@ CHECK_CASES = [("B=2 H=4 N=1000", (2, 4, 4, 1000, 1000), False), ("N_q=77 N_k=30
                ("BNHD N=384", (2, 4, 4, 384, 384), True)]
 
 
-def check_grid(dtypes, check, grad_out=False) -> list[dict]:
-    """``check(case, *tensors, causal)`` at every dtype, head_dim 64 and 128, mask and :data:`CHECK_CASES`."""
+def check_grid(dtypes, check, grad_out=False, dims=(64, 128)) -> list[dict]:
+    """``check(case, *tensors, causal)`` at every dtype, head_dim of ``dims``, mask and :data:`CHECK_CASES`. The
+    scripts pass their ``--d``: with every compile cold, checking a head_dim the run does not time took most of a
+    device call (benchmarks/TUNING.md, fiftieth finding)."""
     rows = []
     for name in dtypes:
-        for d in (64, 128):
+        for d in dims:
             for causal in (False, True):
                 for case, shape, bnhd in CHECK_CASES:
                     tensors = make_inputs(*shape, d, DTYPES[name], bnhd=bnhd, grad_out=grad_out)
@@ -213,7 +215,7 @@ def backward_ab_main(argv, doc: str, kernel: str, check, timings) -> int:
     parser.add_argument("--no-checks", action="store_true")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    check_rows = [] if args.no_checks else check_grid(args.dtype, check, grad_out=True)
+    check_rows = [] if args.no_checks else check_grid(args.dtype, check, grad_out=True, dims=args.d)
     time_rows = timings(args.dtype, args.d, args.N, args.variants)
     return write_checks_and_timings(args.out, check_rows, time_rows)
 
@@ -317,7 +319,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-timings", action="store_true", help="skip the FA2-shape timings")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    check_rows = [] if args.no_checks else check_grid(args.dtype, check)
+    check_rows = [] if args.no_checks else check_grid(args.dtype, check, dims=args.d)
     time_rows = [] if args.no_timings else timings(args.dtype, args.d, args.N, args.variants)
     eager_rows = eager_times(args.eager)
     if args.out:

@@ -55,3 +55,13 @@ def test_the_kernel_split_refuses_a_head_dim_where_the_backward_does_not_take_bo
                           text=True, env=env, timeout=300)
     assert done.returncode == 2, done.stderr[-2000:]
     assert "argument --d" in done.stderr and "got [64]" in done.stderr
+
+
+def test_the_checks_cover_only_the_head_dims_asked(monkeypatch):
+    monkeypatch.setattr(gluon_fwd_ab, "make_inputs", lambda *shape, bnhd=False, grad_out=False: (shape[-2], ))
+    seen = []
+    rows = gluon_fwd_ab.check_grid(["fp16"], lambda case, d, causal: seen.append(d) or {"case": case}, dims=[128])
+    assert set(seen) == {128} and len(rows) == 2 * len(gluon_fwd_ab.CHECK_CASES)
+    seen.clear()
+    gluon_fwd_ab.check_grid(["fp16"], lambda case, d, causal: seen.append(d) or {"case": case})
+    assert set(seen) == {64, 128}
