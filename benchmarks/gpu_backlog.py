@@ -369,6 +369,19 @@ STAGES["hf_order"] = (
          "in rotated orders); if it does, the eager layer should go back to the front door, or its cause be found"),
 )
 
+# Then: what keeps the dK/dV kernel 13-16% below the dQ kernel's rate on its products (fiftieth finding), from the
+# GPU's own counters: Nsight Compute's sections on one forward + backward (the Gluon kernels at D = 128).
+STAGES["bwd_counters"] = (
+    Step("bwd_kernel_sections", 300,
+         ("benchmarks/dram_bytes.py", "--head-dims", "128", "--seqlens", "4096", "--causal", "false",
+          "--ncu-args", "--section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats "
+                        "--section MemoryWorkloadAnalysis --section InstructionStats",
+          "--time-budget", "60", "--point-timeout", "230", "--out", "{out}/bwd_kernel_sections.json"),
+         "why the dK/dV kernel runs its products slower than the dQ kernel: tensor pipe utilization, shared-memory "
+         "wavefronts and the warps' stall reasons of attention_bwd_dkdv_hopper_kernel against "
+         "attention_bwd_dq_hopper_kernel"),
+)
+
 
 def command(step: Step, out: Path) -> list:
     """The step's command line, ``{out}`` filled in."""
