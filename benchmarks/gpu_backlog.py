@@ -54,8 +54,12 @@ Session 57 (an H100) changed how the Gluon kernels draw and apply dropout and ra
 tree before against after in one call), ``dropout_routes``, ``dropout_routes_rest`` and ``dropout_routed`` (the
 Gluon routes with dropout widened to head_dim 64 and to the causal forward; TUNING.md forty-sixth finding), then
 ``causal_short`` (64-key blocks do not help the plain causal forward at N = 1024; forty-seventh). Then an eager
-decoding layer went straight to the split-KV entry (forty-eighth, measured on the CPU only): the next session runs
-``hf_fast``.
+decoding layer went straight to the split-KV entry (forty-eighth, measured on the CPU only).
+
+Session 58 (an H100) ran ``hf_fast`` (eager generate 0.78x sdpa; fifty-first finding) and ``bwd_split`` (the dK/dV
+kernel runs its products 13-16% slower than the dQ kernel; fiftieth), after an atomic-dQ backward (forty-ninth) and
+a reordered dK/dV step (fiftieth) lost and were reverted. Queued: ``hf_order`` (the eager layer's routes timed in
+rotated orders) and ``bwd_counters`` (Nsight Compute's sections of the two backward kernels).
 
 The grid measures the forward and backward with the settings the timings decide. A machine is given back 30 s
 after a call, too soon to edit those settings by hand between the two calls, so the timings call also copies its
