@@ -376,14 +376,36 @@ STAGES["hf_order"] = (
 # Then: what keeps the dK/dV kernel 13-16% below the dQ kernel's rate on its products (fiftieth finding), from the
 # GPU's own counters: Nsight Compute's sections on one forward + backward (the Gluon kernels at D = 128).
 STAGES["bwd_counters"] = (
-    Step("bwd_kernel_sections", 300,
+    Step("bwd_kernel_sections", 230,
          ("benchmarks/dram_bytes.py", "--head-dims", "128", "--seqlens", "4096", "--causal", "false",
           "--ncu-args", "--section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats "
                         "--section MemoryWorkloadAnalysis --section InstructionStats",
-          "--time-budget", "60", "--point-timeout", "230", "--out", "{out}/bwd_kernel_sections.json"),
+          "--time-budget", "60", "--point-timeout", "200", "--out", "{out}/bwd_kernel_sections.json"),
          "why the dK/dV kernel runs its products slower than the dQ kernel: tensor pipe utilization, shared-memory "
          "wavefronts and the warps' stall reasons of attention_bwd_dkdv_hopper_kernel against "
          "attention_bwd_dq_hopper_kernel"),
+    Step("bwd_kernel_stalls", 200,
+         ("benchmarks/dram_bytes.py", "--head-dims", "128", "--seqlens", "4096", "--causal", "false",
+          "--metrics", "dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum,gpu__time_duration.sum,"
+                       r"regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,"
+                       r"regex:sm__pipe_tensor.*cycles_active\.avg\.pct_of_peak_sustained_active,"
+                       "smsp__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active",
+          "--time-budget", "60", "--point-timeout", "170", "--out", "{out}/bwd_kernel_stalls.json"),
+         "the same two kernels' stall reasons a issued instruction and tensor pipes' busy share, by name (a "
+         "section's CSV gives only its summary rows)"),
+)
+
+# Session 59: the dK/dV kernel's consumers take turns issuing their products (DKDV_PINGPONG), as the forward's do
+# (+2-5% there, thirty-first finding). Compiled for sm_90a: at each product group 384 instructions in the unmasked
+# loop against 366, no spill there; once a step 376.
+STAGES["dkdv_pingpong"] = (
+    Step("gluon_bwd_pingpong_checks", 240,
+         ("benchmarks/gluon_bwd_ab.py", "--dtype", "fp16", "--d", "128", "--N", "1024"),
+         "whether the turns leave the gradients bitwise the default's (pingpong_equal) and within tolerance of "
+         "float64"),
+    Step("gluon_bwd_pingpong_timings", 300,
+         ("benchmarks/gluon_bwd_ab.py", "--dtype", "fp16,bf16", "--d", "128", "--N", FA2_N, "--no-checks"),
+         "whether DKDV_PINGPONG should be 1 or 2: gluon_pp1 or gluon_pp2 above gluon at every point"),
 )
 
 

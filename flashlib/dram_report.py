@@ -64,13 +64,23 @@ def to_base_units(value: str, unit: str) -> float | None:
     return float(text) * UNITS[key]
 
 
+def _number(text: str) -> float | None:
+    """ncu's printed number (``"1,234.5"``) as a float; None for ``"n/a"``, empty or a word."""
+    try:
+        return float(str(text).strip().replace(",", ""))
+    except ValueError:
+        return None
+
+
 def parse_ncu_csv(text: str) -> list[dict]:
     """Metric rows of ``ncu --csv`` output: ``[{id, kernel, metric, unit, value, raw_value, grid, block}]``.
 
     ncu prints ``==PROF==`` (and ``==WARNING==``, ``==ERROR==``) lines, and the profiled
     program prints its own; the CSV starts at the header line (``"ID",...``) and its rows
     are the lines that start with a double quote. ``value`` is in bytes or nanoseconds
-    (:func:`to_base_units`), ``raw_value`` and ``unit`` as ncu printed them. No header: [].
+    (:func:`to_base_units`) for the metrics of :data:`METRICS`; any other metric (a ``--section``'s, in percent,
+    cycles or instructions) keeps ncu's number in ncu's unit, or None where it printed none. ``raw_value`` and
+    ``unit`` as ncu printed them. No header: [].
     """
     lines = text.splitlines()
     start = next((i for i, line in enumerate(lines) if line.strip().startswith('"ID"')), None)
@@ -82,8 +92,12 @@ def parse_ncu_csv(text: str) -> list[dict]:
         if not record.get("Metric Name"):
             continue
         raw, unit = record.get("Metric Value", ""), record.get("Metric Unit", "")
+        if record["Metric Name"] in METRICS:
+            value = to_base_units(raw, unit)
+        else:
+            value = _number(raw)
         rows.append(dict(id=int(record["ID"]), kernel=record.get("Kernel Name", ""),
-                         metric=record["Metric Name"], unit=unit, value=to_base_units(raw, unit), raw_value=raw,
+                         metric=record["Metric Name"], unit=unit, value=value, raw_value=raw,
                          grid=record.get("Grid Size"), block=record.get("Block Size")))
     return rows
 

@@ -64,6 +64,26 @@ def test_parse_ncu_csv_skips_noise_and_converts_units():
     assert dram_report.parse_ncu_csv("==PROF== Disconnected from process 1\n==ERROR== ERR_NVGPUCTRPERM\n") == []
 
 
+def test_parse_ncu_csv_keeps_section_metrics_in_their_own_units():
+    """A ``--section``'s rows (percent, cycles, words) are kept as ncu printed them; only the DRAM metrics are
+    converted, and those still refuse a unit they do not know."""
+    section = "Warp State Statistics"
+    text = "\n".join([
+        HEADER,
+        csv_row(3, "attention_bwd_dkdv_hopper_kernel", "Warp Cycles Per Issued Instruction", "cycle", "1,210.5")
+        .replace("Command line profiler metrics", section),
+        csv_row(3, "attention_bwd_dkdv_hopper_kernel", "Issue Slots Busy", "%", "23.4"),
+        csv_row(3, "attention_bwd_dkdv_hopper_kernel", "Scheduler Note", "", "n/a"),
+        csv_row(3, "attention_bwd_dkdv_hopper_kernel", "dram__bytes_read.sum", "Kbyte", "2"),
+    ])
+    rows = dram_report.parse_ncu_csv(text)
+    assert [(r["metric"], r["unit"], r["value"]) for r in rows] == [
+        ("Warp Cycles Per Issued Instruction", "cycle", 1210.5), ("Issue Slots Busy", "%", 23.4),
+        ("Scheduler Note", "", None), ("dram__bytes_read.sum", "Kbyte", 2000.0)]
+    with pytest.raises(ValueError, match="unknown ncu unit 'furlong'"):
+        dram_report.parse_ncu_csv("\n".join([HEADER, csv_row(0, "k", "dram__bytes_read.sum", "furlong", "1")]))
+
+
 def test_kernel_key():
     assert dram_report.kernel_key("attention_bwd_dq_kernel") == "dq"
     assert dram_report.kernel_key("void attention_bwd_dkdv_kernel(int)") == "dkdv"
