@@ -397,7 +397,8 @@ STAGES["bwd_counters"] = (
 
 # Session 59: the dK/dV kernel's consumers take turns issuing their products (DKDV_PINGPONG), as the forward's do
 # (+2-5% there, thirty-first finding). Compiled for sm_90a: at each product group 384 instructions in the unmasked
-# loop against 366, no spill there; once a step 376.
+# loop against 366, no spill there; once a step 376. Ran (H100, session 59, the tree of ec1a62b): bitwise the same
+# gradients, 0.98-1.02x; reverted (TUNING.md fifty-second finding), so this stage's gluon_pp columns are gone.
 STAGES["dkdv_pingpong"] = (
     Step("gluon_bwd_pingpong_checks", 240,
          ("benchmarks/gluon_bwd_ab.py", "--dtype", "fp16", "--d", "128", "--N", "1024"),

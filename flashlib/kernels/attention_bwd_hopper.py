@@ -50,7 +50,7 @@ if HAVE_GLUON:
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                                    warpgroup_mma, warpgroup_mma_wait)
 
-    from .attention_fwd_hopper import operands_flag, pass_turn, register_operand, tma_load, tma_store, wait_turn
+    from .attention_fwd_hopper import operands_flag, register_operand, tma_load, tma_store
     from .dropout_hopper import (dropout_keep, keep_from_words, keep_threshold, kept_weights_operand, kept_words,
                                  stream_key)
 
@@ -90,10 +90,6 @@ DROPOUT_MIN_ROWS = {128: 1024, 64: 4096}
 #: and ``gluon_bwd_ab.py`` check and time both ways).
 DKDV_REGISTER_OPERANDS: tuple[int, ...] = ()
 DQ_REGISTER_OPERANDS: tuple[int, ...] = ()
-#: EXPERIMENT (session 59): the dK/dV kernel's two consumers take turns issuing their products, as the forward's do
-#: (:data:`.attention_fwd_hopper.PINGPONG`): 0 not, 1 at each of a step's three product groups (S^T; dV and dP^T;
-#: dK), 2 once a step (S^T). Both consumers walk the same query blocks, so their rounds pair up.
-DKDV_PINGPONG = 0
 
 if HAVE_GLUON:
 
@@ -109,21 +105,7 @@ if HAVE_GLUON:
             return a_tile, b_tile
 
     @gluon.jit
-    def _turns_flag(PINGPONG: gl.constexpr):
-        """A scalar whose type tells the dK/dV consumers where to take turns (:data:`DKDV_PINGPONG`), as
-        :func:`.attention_fwd_hopper.operands_flag` does: int8 nowhere, int16 at each product group, int32 once a
-        step."""
-        if PINGPONG == 1:
-            flag = gl.to_tensor(0).to(gl.int16)
-        elif PINGPONG == 2:
-            flag = gl.to_tensor(0).to(gl.int32)
-        else:
-            flag = gl.to_tensor(0).to(gl.int8)
-        return flag
-
-    @gluon.jit
-    def _bwd_load_partition(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands,
-                            pingpong):
+    def _bwd_load_partition(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands):
         """One warp: K and V of both consumers, then Q and dO of every query block of every query head of this
         kv head into the ring, each slot refilled once both consumers released it."""
         q_desc, k_desc, v_desc, do_desc = descs[0], descs[1], descs[2], descs[3]
@@ -154,31 +136,22 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _dkdv_step(k_tile, v_tile, q_smem, do_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr, keys, offset, N_Q,
-                   score_scale, causal, drop, pingpong, MASKED: gl.constexpr, BLOCK_M: gl.constexpr,
-                   HEAD_DIM: gl.constexpr, DROPOUT: gl.constexpr, HALF: gl.constexpr, st_layout: gl.constexpr,
-                   acc_layout: gl.constexpr, op_layout: gl.constexpr):
+                   score_scale, causal, drop, MASKED: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
+                   DROPOUT: gl.constexpr, st_layout: gl.constexpr, acc_layout: gl.constexpr,
+                   op_layout: gl.constexpr):
         """The terms of query block ``m`` (ring position ``t``) added to dK and dV (keys along rows). With
         ``DROPOUT``, ``drop`` is (stream key, keep threshold, 1 - p, first key) of the forward's draws: the kept
         weights enter dV and dS unscaled, dS = P (dP - (1 - p) D) for kept weights, and the caller divides dK and
-        dV by 1 - p once, at the end (one multiply a row of D here instead of two a weight). ``pingpong``
-        (:func:`_turns_flag`): where the consumers take turns; a step is rounds ``3 t`` to ``3 t + 2`` at each
-        product group, round ``t`` once a step."""
-        kv_bar, q_ready, do_ready, q_empty, do_empty, turns = bars[0], bars[1], bars[2], bars[3], bars[4], bars[5]
+        dV by 1 - p once, at the end (one multiply a row of D here instead of two a weight)."""
+        kv_bar, q_ready, do_ready, q_empty, do_empty = bars[0], bars[1], bars[2], bars[3], bars[4]
         STAGES: gl.constexpr = q_smem.type.shape[0]
         BLOCK_N: gl.constexpr = k_tile.type.shape[0]
         slot = t % STAGES
         phase = (t // STAGES) & 1
-        each_group: gl.constexpr = pingpong.dtype == gl.int16
-        take_turns: gl.constexpr = pingpong.dtype != gl.int8
-        round0 = t
-        if each_group:
-            round0 = 3 * t
         mbarrier.wait(q_ready.index(slot), phase)
         q_tile = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
-        wait_turn(turns, round0, take_turns, HALF)
         s_t = warpgroup_mma(k_tile, q_tile.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout),
                             use_acc=False, is_async=True)
-        pass_turn(turns, take_turns, HALF)
         rows = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))  # queries, along columns
         if MASKED:
             lse = gl.load(lse_ptr + rows, mask=rows < N_Q, other=float("inf"))
@@ -199,11 +172,9 @@ if HAVE_GLUON:
             p_op = gl.convert_layout(kept_weights_operand(p_t, kept, q_tile.dtype, BLOCK_N, BLOCK_M, True), op_layout)
         else:
             p_op = gl.convert_layout(p_t.to(q_tile.dtype), op_layout)
-        wait_turn(turns, round0 + 1, each_group, HALF)
         dv = warpgroup_mma(p_op, do_tile, dv, is_async=True)
         dp_t = warpgroup_mma(v_tile, do_tile.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout),
                              use_acc=False, is_async=True)
-        pass_turn(turns, each_group, HALF)
         if MASKED:  # loaded here, not with L: fewer registers live across the products
             delta = gl.load(delta_ptr + rows, mask=rows < N_Q, other=0.0)
         else:
@@ -214,16 +185,14 @@ if HAVE_GLUON:
             dp_t = gl.where(keep_from_words(kept, BLOCK_N, BLOCK_M, True, st_layout), dp_t, 0.0)
             delta = delta * drop[2]
         ds_op = gl.convert_layout((p_t * (dp_t - delta[None, :])).to(q_tile.dtype), op_layout)
-        wait_turn(turns, round0 + 2, each_group, HALF)
         dk = warpgroup_mma(ds_op, q_tile, dk, is_async=True)
-        pass_turn(turns, each_group, HALF)
         dk, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ds_op))
         mbarrier.arrive(q_empty.index(slot), count=1)
         return dk, dv
 
     @gluon.jit
     def _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands,
-                      pingpong, HALF: gl.constexpr, DROPOUT: gl.constexpr):
+                      HALF: gl.constexpr, DROPOUT: gl.constexpr):
         """One warpgroup: dK and dV of the program's ``HALF``-th BLOCK_N keys, summed over the kv head's query
         heads. Block sizes come from the shared memory's shapes (partitions take no constexpr arguments).
         ``dropout``: (the seed's pointer, p), read with ``DROPOUT`` only; ``operands``
@@ -266,18 +235,18 @@ if HAVE_GLUON:
             # the diagonal's query blocks, then the ones that see every key whole, then the N_Q tail
             for m in range(lo, full_lo, BLOCK_M):
                 dk, dv = _dkdv_step(k_op, v_op, q_smem, do_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr, keys,
-                                    offset, N_Q, score_scale, causal, drop, pingpong, True, BLOCK_M, HEAD_DIM,
-                                    DROPOUT, HALF, st_layout, acc_layout, op_layout)
+                                    offset, N_Q, score_scale, causal, drop, True, BLOCK_M, HEAD_DIM, DROPOUT,
+                                    st_layout, acc_layout, op_layout)
                 t += 1
             for m in range(full_lo, full_hi, BLOCK_M):
                 dk, dv = _dkdv_step(k_op, v_op, q_smem, do_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr, keys,
-                                    offset, N_Q, score_scale, causal, drop, pingpong, False, BLOCK_M, HEAD_DIM,
-                                    DROPOUT, HALF, st_layout, acc_layout, op_layout)
+                                    offset, N_Q, score_scale, causal, drop, False, BLOCK_M, HEAD_DIM, DROPOUT,
+                                    st_layout, acc_layout, op_layout)
                 t += 1
             for m in range(full_hi, hi, BLOCK_M):
                 dk, dv = _dkdv_step(k_op, v_op, q_smem, do_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr, keys,
-                                    offset, N_Q, score_scale, causal, drop, pingpong, True, BLOCK_M, HEAD_DIM,
-                                    DROPOUT, HALF, st_layout, acc_layout, op_layout)
+                                    offset, N_Q, score_scale, causal, drop, True, BLOCK_M, HEAD_DIM, DROPOUT,
+                                    st_layout, acc_layout, op_layout)
                 t += 1
         # dK and dV leave through this half's K and V slots (read by no product now); rows past N_K are dropped.
         dk_scale = sm_scale
@@ -293,40 +262,36 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _dkdv_consume_first_half(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
-                                 operands, pingpong):
-        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands,
-                      pingpong, 0, False)
+                                 operands):
+        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, 0, False)
 
     @gluon.jit
     def _dkdv_consume_second_half(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
-                                  operands, pingpong):
-        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands,
-                      pingpong, 1, False)
+                                  operands):
+        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, 1, False)
 
     @gluon.jit
     def _dkdv_consume_first_half_dropout(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
-                                         operands, pingpong):
-        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands,
-                      pingpong, 0, True)
+                                         operands):
+        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, 0, True)
 
     @gluon.jit
     def _dkdv_consume_second_half_dropout(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
-                                          operands, pingpong):
-        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands,
-                      pingpong, 1, True)
+                                          operands):
+        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, 1, True)
 
     @gluon.jit
     def attention_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, DELTA, sm_scale,
                                          H, KV_GROUP, N_Q, N_K, DROPOUT_SEED, dropout_p, CAUSAL: gl.constexpr,
                                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                                          STAGES: gl.constexpr, DROPOUT: gl.constexpr, REGISTER_OPERANDS: gl.constexpr,
-                                         PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                                         LOADER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                                         CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
+                                         num_warps: gl.constexpr):
         """dK, dV of keys ``2 * BLOCK_N * program_id(0)`` on of (sample, kv head) ``program_id(1)``. Descriptors:
         (B, H, N_q, D) q/do with (1, 1, BLOCK_M, D) tiles, (B, H_kv, N_k, D) k/v/dk/dv with (1, 1, BLOCK_N, D)
         tiles; LSE, DELTA (B, H, N_q) float32 contiguous. ``DROPOUT``: the forward's dropout of probability
         ``dropout_p`` from the int64 seed at ``DROPOUT_SEED``. ``REGISTER_OPERANDS``: K and V read from registers
-        (:data:`DKDV_REGISTER_OPERANDS`). ``PINGPONG``: :data:`DKDV_PINGPONG`."""
+        (:data:`DKDV_REGISTER_OPERANDS`)."""
         gl.static_assert(num_warps == 4)
         off_hkv = gl.program_id(1)
         kv_heads = H // KV_GROUP
@@ -353,10 +318,7 @@ if HAVE_GLUON:
         do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         do_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         mbarrier.init(kv_bar, count=1)
-        for i in gl.static_range(2):
-            mbarrier.init(turns.index(i), count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(q_ready.index(i), count=1)
             mbarrier.init(do_ready.index(i), count=1)
@@ -365,9 +327,9 @@ if HAVE_GLUON:
 
         causal = gl.to_tensor(CAUSAL)
         args = ((q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc), (q_smem, k_smem, v_smem, do_smem),
-                (kv_bar, q_ready, do_ready, q_empty, do_empty, turns),
-                (off_b, off_kvh, n0, KV_GROUP, H, N_Q, offset), (lo, full_lo, full_hi, hi), LSE, DELTA, sm_scale,
-                causal, (DROPOUT_SEED, dropout_p), operands_flag(REGISTER_OPERANDS), _turns_flag(PINGPONG))
+                (kv_bar, q_ready, do_ready, q_empty, do_empty), (off_b, off_kvh, n0, KV_GROUP, H, N_Q, offset),
+                (lo, full_lo, full_hi, hi), LSE, DELTA, sm_scale, causal, (DROPOUT_SEED, dropout_p),
+                operands_flag(REGISTER_OPERANDS))
         if DROPOUT:
             gl.warp_specialize([(_dkdv_consume_first_half_dropout, args), (_dkdv_consume_second_half_dropout, args),
                                 (_bwd_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
@@ -611,20 +573,16 @@ def dq_preferred(head_dim: int, n_q: int, n_k: int, scores: float, dropout: bool
 
 
 def launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, *, scale: float, causal: bool, dropout_p: float = 0.0,
-                                 dropout_seed=None, register_operands: bool | None = None,
-                                 pingpong: int | None = None) -> None:
+                                 dropout_seed=None, register_operands: bool | None = None) -> None:
     """Fill dk, dv (B, H_kv, N_k, D) from q, do (B, H, N_q, D), k, v, lse and delta (B, H, N_q) float32
     contiguous, for a call :func:`.attention_fwd_hopper.can_run` accepts (all six tensors, and head_dim in this
     module's :data:`CONFIGS`): no mask, or a causal one with ``causal``. ``dropout_p`` and ``dropout_seed``: the
     forward's (:func:`.attention_fwd_hopper.launch_attention_forward_hopper`). ``register_operands``: K and V read
-    from registers (None: where :data:`DKDV_REGISTER_OPERANDS` says). ``pingpong``: how the consumers take turns
-    (None: :data:`DKDV_PINGPONG`)."""
+    from registers (None: where :data:`DKDV_REGISTER_OPERANDS` says)."""
     batch, heads, n_q, head_dim = q.shape
     kv_heads, n_k = k.shape[1], k.shape[2]
     if register_operands is None:
         register_operands = head_dim in DKDV_REGISTER_OPERANDS
-    if pingpong is None:
-        pingpong = DKDV_PINGPONG
     block_m, block_n, stages = CONFIGS[head_dim]
     grid = (triton.cdiv(n_k, 2 * block_n), batch * kv_heads)
     attention_bwd_dkdv_hopper_kernel[grid](
@@ -632,8 +590,8 @@ def launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, *, scale: floa
         tile_descriptor(do, block_m), tile_descriptor(dk, block_n), tile_descriptor(dv, block_n), lse, delta, scale,
         heads, heads // kv_heads, n_q, n_k, lse if dropout_seed is None else dropout_seed, float(dropout_p),
         CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, STAGES=stages, DROPOUT=dropout_p > 0,
-        REGISTER_OPERANDS=bool(register_operands), PINGPONG=int(pingpong), CONSUMER_REGS=CONSUMER_REGISTERS,
-        LOADER_REGS=LOADER_REGISTERS, num_warps=4, maxnreg=KERNEL_REGISTERS)
+        REGISTER_OPERANDS=bool(register_operands), CONSUMER_REGS=CONSUMER_REGISTERS, LOADER_REGS=LOADER_REGISTERS,
+        num_warps=4, maxnreg=KERNEL_REGISTERS)
 
 
 def launch_attention_dq_hopper(q, k, v, do, lse, delta, dq, *, scale: float, causal: bool, dropout_p: float = 0.0,

@@ -278,7 +278,7 @@ if HAVE_GLUON:
         return warpgroup_mma(p, v_tile, o, is_async=True)
 
     @gluon.jit
-    def wait_turn(turns, t, pingpong, HALF: gl.constexpr):
+    def _wait_turn(turns, t, pingpong, HALF: gl.constexpr):
         """Ping-pong (FlashAttention-3): a consumer issues its ``t``-th round of products only after the other
         consumer issued its own, so one warpgroup's products run while the other computes its softmax. The
         first consumer's barrier is fresh for its first round (which passes), the second's waits for it."""
@@ -286,7 +286,7 @@ if HAVE_GLUON:
             mbarrier.wait(turns.index(HALF), (t & 1) ^ (1 - HALF))
 
     @gluon.jit
-    def pass_turn(turns, pingpong, HALF: gl.constexpr):
+    def _pass_turn(turns, pingpong, HALF: gl.constexpr):
         """Let the other consumer issue its round of products."""
         if pingpong:
             mbarrier.arrive(turns.index(1 - HALF), count=1)
@@ -302,11 +302,11 @@ if HAVE_GLUON:
         shared-memory slot ``p_slot`` (:func:`_weights_operand`); ``alpha``: O's rescale to that block's max, applied
         while S is on the tensor cores). Returns O (through block j - 1), block j's weights and rescale, m and l."""
         k_ready, v_ready, k_empty, v_empty, turns = bars[2], bars[3], bars[4], bars[5], bars[6]
-        wait_turn(turns, turn + j, pingpong, HALF)
+        _wait_turn(turns, turn + j, pingpong, HALF)
         s = _scores(q_tile, k_smem, k_ready, ring + j, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, s_layout)
         o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         o = _add_pv(o, p, v_smem, v_ready, ring + j - 1, BLOCK_N, HEAD_DIM, STAGES)
-        pass_turn(turns, pingpong, HALF)
+        _pass_turn(turns, pingpong, HALF)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
         mbarrier.arrive(k_empty.index((ring + j) % STAGES), count=1)
         p_f32, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, j * BLOCK_N, rows, offset, N_K, qk_scale,
@@ -383,9 +383,9 @@ if HAVE_GLUON:
 
         if n_blocks > 0:
             # Block 0: its scores alone (always through the mask: cheap once, right for every block).
-            wait_turn(turns, turn, pingpong, HALF)
+            _wait_turn(turns, turn, pingpong, HALF)
             s = _scores(q_tile, k_smem, k_ready, ring, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, s_layout)
-            pass_turn(turns, pingpong, HALF)
+            _pass_turn(turns, pingpong, HALF)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
             mbarrier.arrive(k_empty.index(ring % STAGES), count=1)
             p_f32, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, 0, rows_s, offset, N_K, qk_scale,
@@ -406,9 +406,9 @@ if HAVE_GLUON:
                 mbarrier.arrive(q_empty.index(HALF), count=1)
             # P V of the last block.
             o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-            wait_turn(turns, turn + n_blocks, pingpong, HALF)
+            _wait_turn(turns, turn + n_blocks, pingpong, HALF)
             o = _add_pv(o, p, v_smem, v_ready, ring + n_blocks - 1, BLOCK_N, HEAD_DIM, STAGES)
-            pass_turn(turns, pingpong, HALF)
+            _pass_turn(turns, pingpong, HALF)
             o = warpgroup_mma_wait(num_outstanding=0, deps=(o, ))
             mbarrier.arrive(v_empty.index((ring + n_blocks - 1) % STAGES), count=1)
         elif not Q_IN_REGISTERS:

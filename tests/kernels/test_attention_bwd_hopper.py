@@ -294,33 +294,3 @@ def test_gpu_register_operands_give_the_same_gradients_bitwise(dtype, head_dim, 
             do.double())
         for got, want in zip(grads[True], (q64.grad, k64.grad, v64.grad)):
             assert relative_error(got, want) <= tolerance(dtype)  # also fails on a NaN: every element written
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("dropout_p", [0.0, 0.2])
-def test_gpu_dkdv_consumers_taking_turns_give_the_same_gradients_bitwise(dtype, head_dim, causal, dropout_p):
-    """The dK/dV kernel's consumers taking turns (``pingpong`` 1: at each product group, 2: once a step) issue the
-    same products in the same order within each consumer, only later: dK and dV equal the default's bit for bit
-    (GQA 6/3, N_q = 600 / N_k = 700, so the masked tail blocks take turns too; outputs NaN-filled first)."""
-    q, k, v, do = make_inputs(2, 6, 3, 600, 700, head_dim, dtype, seed=head_dim + causal, grad_out=True)
-    if not bwd_hopper.can_run(q, k, v, do, k, v, scale=1.0):
-        pytest.skip("needs a Hopper GPU (sm_90) and Gluon")
-    seed = torch.tensor([12345], dtype=torch.int64, device="cuda")
-    spec = AttentionSpec(causal=causal, dropout_p=effective_dropout_p(dropout_p))
-    o, lse = torch.empty_like(q), torch.empty(q.shape[:3], device="cuda")
-    launch_attention_forward(q, k, v, o, lse, spec, dropout_seed=seed)
-    delta = attention_bwd.launch_attention_backward(q, k, v, o, lse, do, None, None, None, spec, dropout_seed=seed)
-    grads = {}
-    for pingpong in (0, 1, 2):
-        dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
-        bwd_hopper.launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, scale=spec.scale(head_dim),
-                                                causal=causal, dropout_p=spec.dropout_p, dropout_seed=seed,
-                                                pingpong=pingpong)
-        assert not dk.isnan().any() and not dv.isnan().any(), f"pingpong {pingpong}: an element left unwritten"
-        grads[pingpong] = (dk, dv)
-    for pingpong in (1, 2):
-        for name, default, turns in zip("kv", grads[0], grads[pingpong]):
-            assert torch.equal(default, turns), f"pingpong {pingpong}: d{name}"
