@@ -410,6 +410,26 @@ STAGES["dkdv_pingpong"] = (
 )
 
 
+# Session 59: Nsight Compute counted twice the dQ kernel's long-scoreboard stalls on the dK/dV kernel (bwd_counters):
+# each step loads 16 of L and 16 of D a thread from global memory. DKDV_ROWS_STAGED brings them beside Q through the
+# copy engine. Compiled for sm_90a: the unmasked loop 366 -> 340 instructions, the kernel's spills 13/30 -> 1/1, and
+# with dropout under the causal mask 210/229 -> 24/36 (no STL left in its loops).
+_STAGED_DROPOUT = ("benchmarks/gluon_dropout_ab.py", "--dtype", "fp16", "--d", "128", "--N", "4096,16384",
+                   "--parts", "bwd", "--routes", "plain,gluon")
+STAGES["dkdv_rows_staged"] = (
+    Step("dkdv_rows_staged_gpu_tests", 170,
+         ("-m", "pytest", "-q", "-m", "gpu", "-n", "8", "-p", "no:cacheprovider", "-rs", "-k", "rows_staged",
+          "tests/kernels/test_attention_bwd_hopper.py"),
+         "whether L and D staged in shared memory give dK and dV bitwise the default's (fp16/bf16, D 64/128, causal "
+         "or not, dropout or not, reads past a head's rows)"),
+    Step("gluon_bwd_rows_staged", 210,
+         ("benchmarks/gluon_bwd_ab.py", "--dtype", "fp16,bf16", "--d", "128", "--N", FA2_N, "--no-checks"),
+         "whether DKDV_ROWS_STAGED should be on: gluon_staged above gluon at every point"),
+    Step("gluon_dropout_default", 90, _STAGED_DROPOUT, "the backward with dropout, L and D loaded by the consumers"),
+    Step("gluon_dropout_staged", 90, _STAGED_DROPOUT + ("--dkdv-rows-staged",),
+         "the same with L and D staged (its bwd_gluon against gluon_dropout_default's: issue 13's dropout cost)"),
+)
+
 def command(step: Step, out: Path) -> list:
     """The step's command line, ``{out}`` filled in."""
     return [sys.executable] + [arg.replace("{out}", str(out)) for arg in step.argv]
