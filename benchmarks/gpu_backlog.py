@@ -417,16 +417,16 @@ STAGES["dkdv_pingpong"] = (
 _STAGED_DROPOUT = ("benchmarks/gluon_dropout_ab.py", "--dtype", "fp16", "--d", "128", "--N", "4096,16384",
                    "--parts", "bwd", "--routes", "plain,gluon")
 STAGES["dkdv_rows_staged"] = (
-    Step("dkdv_rows_staged_gpu_tests", 150,
+    Step("dkdv_rows_staged_gpu_tests", 120,
          ("-m", "pytest", "-q", "-m", "gpu", "-n", "8", "-p", "no:cacheprovider", "-rs", "-k", "rows_staged",
           "tests/kernels/test_attention_bwd_hopper.py"),
          "whether L and D staged in shared memory give dK and dV bitwise the default's (fp16/bf16, D 64/128, causal "
          "or not, dropout or not, reads past a head's rows)"),
-    Step("gluon_bwd_rows_staged", 150,
+    Step("gluon_bwd_rows_staged", 140,
          ("benchmarks/gluon_bwd_ab.py", "--dtype", "fp16", "--d", "128", "--N", FA2_N, "--no-checks"),
          "whether DKDV_ROWS_STAGED should be on: gluon_staged above gluon at every point"),
-    Step("gluon_dropout_default", 90, _STAGED_DROPOUT, "the backward with dropout, L and D loaded by the consumers"),
-    Step("gluon_dropout_staged", 90, _STAGED_DROPOUT + ("--dkdv-rows-staged",),
+    Step("gluon_dropout_default", 80, _STAGED_DROPOUT, "the backward with dropout, L and D loaded by the consumers"),
+    Step("gluon_dropout_staged", 80, _STAGED_DROPOUT + ("--dkdv-rows-staged",),
          "the same with L and D staged (its bwd_gluon against gluon_dropout_default's: issue 13's dropout cost)"),
 )
 
