@@ -5,9 +5,7 @@ Checks first: dQ, dK, dV of ``launch_attention_backward(use_gluon=True)`` agains
 Triton kernels' (odd lengths, N_q != N_k under a causal mask, GQA, the (B, N, H, D) layout), and that the Gluon
 kernel ran. Then the backward at the FlashAttention-2 shapes, both ways, each replayed from a CUDA graph. At head_dim
 64 the Gluon kernel also runs with K and V read from registers (``DKDV_REGISTER_OPERANDS``, thirty-ninth finding):
-checked bitwise equal to its default, timed as ``gluon_regs``. At every head_dim it also runs with L and D brought
-into shared memory by its loading warp (``DKDV_ROWS_STAGED``, session 59): checked bitwise equal to its default,
-timed as ``gluon_staged``.
+checked bitwise equal to its default, timed as ``gluon_regs``.
 
     PYTHONPATH=. python3 benchmarks/gluon_bwd_ab.py [--dtype fp16,bf16] [--d 64,128] [--N 1024,4096,16384]
         [--variants "NAME=D:BLOCK_M,BLOCK_N,STAGES;..."] [--no-checks] --out FILE
@@ -18,7 +16,6 @@ timed beside its own; e.g. ``"m32=128:32,64,3"``, the config head_dim 128 had be
 from __future__ import annotations
 
 import sys
-from unittest import mock
 
 import torch
 
@@ -63,28 +60,19 @@ def check(case, q, k, v, do, causal) -> dict:
         with register_operands_in_place(bwd_hopper, "DKDV_REGISTER_OPERANDS", q.shape[-1]):
             from_registers = backward(q, k, v, do, causal, True)
         registers_equal = all(torch.equal(a, b) for a, b in zip(from_registers, got))
-    with mock.patch.object(bwd_hopper, "DKDV_ROWS_STAGED", True):
-        staged = backward(q, k, v, do, causal, True)
-    staged_equal = all(torch.equal(a, b) for a, b in zip(staged, got))
     group = q.shape[1] // k.shape[1]
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     out = naive_attention(q64, k64.repeat_interleave(group, 1), v64.repeat_interleave(group, 1), causal=causal)
     out.backward(do.double())
     errors = {name: relative_error(g, r.grad) for name, g, r in zip("qkv", got, (q64, k64, v64))}
     vs_triton = {name: relative_error(g, t) for name, g, t in zip("qkv", got, triton_grads)}
-    ok = (bool(calls) and all(e <= tolerance(q.dtype) for e in errors.values()) and registers_equal
-          and staged_equal)
+    ok = bool(calls) and all(e <= tolerance(q.dtype) for e in errors.values()) and registers_equal
     return dict(case=case, gluon_ran=bool(calls), rel_err=errors, vs_triton=vs_triton,
-                registers_equal=registers_equal, staged_equal=staged_equal, status="ok" if ok else "wrong")
+                registers_equal=registers_equal, status="ok" if ok else "wrong")
 
 
 def _with_registers(d, call):
     with register_operands_in_place(bwd_hopper, "DKDV_REGISTER_OPERANDS", d):
-        return call()
-
-
-def _staged(call):
-    with mock.patch.object(bwd_hopper, "DKDV_ROWS_STAGED", True):
         return call()
 
 
@@ -109,7 +97,6 @@ def timings(dtypes, dims, lengths, variants=None) -> list[dict]:
                  for impl, use_gluon in (("gluon", True), ("triton", False))}
         if d in REGISTER_OPERAND_HEAD_DIMS:
             calls["gluon_regs"] = lambda: _with_registers(d, calls["gluon"])
-        calls["gluon_staged"] = lambda: _staged(calls["gluon"])
         for name_, (vd, blocks, _) in (variants or {}).items():
             if vd == d:
                 calls[name_] = lambda blocks=blocks: with_config(d, blocks, calls["gluon"])

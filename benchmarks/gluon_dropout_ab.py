@@ -119,13 +119,8 @@ def main(argv=None) -> int:
                         help="other Gluon forward configs timed with dropout: 'NAME=D:BLOCK_M,BLOCK_N,STAGES;...'")
     parser.add_argument("--bwd-configs", type=config_variants, default="",
                         help="other Gluon dK/dV configs timed with dropout: 'NAME=D:BLOCK_M,BLOCK_N,STAGES;...'")
-    parser.add_argument("--dkdv-rows-staged", action="store_true",
-                        help="the Gluon dK/dV kernel with L and D staged in shared memory (DKDV_ROWS_STAGED)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    if args.dkdv_rows_staged:
-        from flashlib.kernels import attention_bwd_hopper
-        attention_bwd_hopper.DKDV_ROWS_STAGED = True
     if not 0 < args.p < 1:
         parser.error(f"--p must lie in (0, 1); got {args.p}")
     parts, routes = args.parts.split(","), args.routes.split(",")

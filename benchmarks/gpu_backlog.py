@@ -61,6 +61,11 @@ kernel runs its products 13-16% slower than the dQ kernel; fiftieth), after an a
 a reordered dK/dV step (fiftieth) lost and were reverted. Queued: ``hf_order`` (the eager layer's routes timed in
 rotated orders) and ``bwd_counters`` (Nsight Compute's sections of the two backward kernels).
 
+Session 59 (an H100) ran ``bwd_counters`` (the dK/dV kernel's tensor pipe 69% busy against the dQ kernel's 85%,
+twice its long-scoreboard stalls: its per-step loads of L and D) and two dK/dV experiments: ``dkdv_pingpong``
+(0.98-1.02x, reverted) and L and D staged in shared memory by the loading warp (2-13% faster, kept; TUNING.md
+fifty-second finding). Queued: ``bwd_gpu_tests`` (the backward's GPU tests on the kept path), then ``hf_order``.
+
 The grid measures the forward and backward with the settings the timings decide. A machine is given back 30 s
 after a call, too soon to edit those settings by hand between the two calls, so the timings call also copies its
 logs to ``build/backlog`` (ignored by git, so kept on the machine between calls) and the grid call first writes
@@ -397,7 +402,7 @@ STAGES["bwd_counters"] = (
 
 # Session 59: the dK/dV kernel's consumers take turns issuing their products (DKDV_PINGPONG), as the forward's do
 # (+2-5% there, thirty-first finding). Compiled for sm_90a: at each product group 384 instructions in the unmasked
-# loop against 366, no spill there; once a step 376. Ran (H100, session 59, the tree of ec1a62b): bitwise the same
+# loop against 366, no spill there; once a step 376. Ran (H100, session 59, the tree of 1900070): bitwise the same
 # gradients, 0.98-1.02x; reverted (TUNING.md fifty-second finding), so this stage's gluon_pp columns are gone.
 STAGES["dkdv_pingpong"] = (
     Step("gluon_bwd_pingpong_checks", 240,
@@ -411,24 +416,18 @@ STAGES["dkdv_pingpong"] = (
 
 
 # Session 59: Nsight Compute counted twice the dQ kernel's long-scoreboard stalls on the dK/dV kernel (bwd_counters):
-# each step loads 16 of L and 16 of D a thread from global memory. DKDV_ROWS_STAGED brings them beside Q through the
-# copy engine. Compiled for sm_90a: the unmasked loop 366 -> 340 instructions, the kernel's spills 13/30 -> 1/1, and
-# with dropout under the causal mask 210/229 -> 24/36 (no STL left in its loops).
-_STAGED_DROPOUT = ("benchmarks/gluon_dropout_ab.py", "--dtype", "fp16", "--d", "128", "--N", "4096,16384",
-                   "--parts", "bwd", "--routes", "plain,gluon")
-STAGES["dkdv_rows_staged"] = (
-    Step("dkdv_rows_staged_gpu_tests", 90,
-         ("-m", "pytest", "-q", "-m", "gpu", "-n", "8", "-p", "no:cacheprovider", "-rs", "-k", "rows_staged and dtype0",
+# each step loaded 16 of L and 16 of D a thread from global memory. A stage (commit 5a75da2, since removed with its
+# switch) checked L and D staged beside Q through the copy engine bitwise on the GPU and timed it: the backward 2-13%
+# faster through the front door (TUNING.md fifty-second finding), now the only way. Its GPU tests ran at fp16 only
+# with the switch on; the next session runs the backward's whole GPU test file on the tree where it is the only way.
+STAGES["bwd_gpu_tests"] = (
+    Step("bwd_hopper_gpu_tests", 300,
+         ("-m", "pytest", "-q", "-m", "gpu", "-n", "8", "-p", "no:cacheprovider", "-rs",
           "tests/kernels/test_attention_bwd_hopper.py"),
-         "whether L and D staged in shared memory give dK and dV bitwise the default's (fp16, D 64/128, causal or "
-         "not, dropout or not, reads past a head's rows)"),
-    Step("gluon_bwd_rows_staged", 140,
-         ("benchmarks/gluon_bwd_ab.py", "--dtype", "fp16", "--d", "128", "--N", FA2_N, "--no-checks"),
-         "whether DKDV_ROWS_STAGED should be on: gluon_staged above gluon at every point"),
-    Step("gluon_dropout_default", 80, _STAGED_DROPOUT, "the backward with dropout, L and D loaded by the consumers"),
-    Step("gluon_dropout_staged", 80, _STAGED_DROPOUT + ("--dkdv-rows-staged",),
-         "the same with L and D staged (its bwd_gluon against gluon_dropout_default's: issue 13's dropout cost)"),
+         "whether the Gluon backward with L and D from shared memory passes every GPU test (fp16 and bf16, odd "
+         "lengths, GQA, dropout, register operands, the front door's bitwise repeats)"),
 )
+
 
 def command(step: Step, out: Path) -> list:
     """The step's command line, ``{out}`` filled in."""

@@ -65,6 +65,9 @@ README_GRIDS = (
     # the same H100 kind, N = 1024 at D = 128 again in a fresh process (session 55): session 53's three far-off points
     # did not come back (forward 0.81-0.98x cuDNN, backward 0.88-1.00x)
     "hopper_session55_grid_n1024_fp16_bf16_nvidia_h100_80gb_hbm3.json",
+    # the backward at D = 128 once the dK/dV kernel's loading warp staged L and D in shared memory (session 59)
+    "hopper_session59_bwd_fp16_nvidia_h100_80gb_hbm3.json",
+    "hopper_session59_bwd_bf16_nvidia_h100_80gb_hbm3.json",
 )
 _MIB = 2 ** 20
 

@@ -14,7 +14,10 @@ structure (thirty-first finding), and the backward's Triton kernels wait on each
 A dK/dV program owns 2 x 64 keys of one (sample, kv head); three partitions:
 
 * a **loading warp**: K and V of both halves once, then Q and dO of every query block of every query head of the
-  kv head (GQA) into a ring of ``STAGES`` slots, each refilled once both consumers released it;
+  kv head (GQA) into a ring of ``STAGES`` slots, each refilled once both consumers released it, and with Q its
+  rows' L and D (:func:`rows_descriptor`): queries run along the columns of S^T, so a thread needs 16 of a block's
+  64 values of each, which it reads from shared memory when it uses them (loaded from global memory instead, every
+  step, they cost the backward 3-13%: benchmarks/TUNING.md, fifty-second finding);
 * two **consumer warpgroups**, 64 keys each, with dK and dV in float32 registers (240 registers a thread), per
   query block: ``S^T = K Q^T``, ``P^T = exp2(S^T - L)``, ``dV += P^T dO``, ``dP^T = V dO^T``,
   ``dS^T = P^T (dP^T - D)``, ``dK += dS^T Q``, the products through ``warpgroup_mma`` with P^T and dS^T as
@@ -93,12 +96,6 @@ DROPOUT_MIN_ROWS = {128: 1024, 64: 4096}
 #: and ``gluon_bwd_ab.py`` check and time both ways).
 DKDV_REGISTER_OPERANDS: tuple[int, ...] = ()
 DQ_REGISTER_OPERANDS: tuple[int, ...] = ()
-#: EXPERIMENT (session 59): the dK/dV kernel's loading warp brings each query block's L and D rows with its Q tile
-#: through the copy engine into shared memory, where the consumers read them when they need them. Why: queries run
-#: along the columns of S^T, so each thread holds 16 of a block's 64 L (and D) values, loaded from global memory
-#: every step (32 loads a thread), and Nsight Compute counts twice the dQ kernel's long-scoreboard stalls a issued
-#: instruction (2.37 against 1.15) on the dK/dV kernel (TUNING.md fifty-second finding).
-DKDV_ROWS_STAGED = False
 
 if HAVE_GLUON:
 
@@ -114,13 +111,11 @@ if HAVE_GLUON:
             return a_tile, b_tile
 
     @gluon.jit
-    def _bwd_load_partition(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands,
-                            staged):
-        """One warp: K and V of both consumers, then Q and dO of every query block of every query head of this
-        kv head into the ring, each slot refilled once both consumers released it; with ``staged``
-        (:data:`DKDV_ROWS_STAGED`) the block's L and D rows with its Q."""
-        q_desc, k_desc, v_desc, do_desc, lse_desc, delta_desc = descs[0], descs[1], descs[2], descs[3], descs[6], \
-            descs[7]
+    def _bwd_load_partition(descs, smem, bars, coords, counts, sm_scale, causal, dropout, operands):
+        """One warp: K and V of both consumers, then Q (with its rows' L and D) and dO of every query block of
+        every query head of this kv head into the ring, each slot refilled once both consumers released it."""
+        q_desc, k_desc, v_desc, do_desc = descs[0], descs[1], descs[2], descs[3]
+        lse_desc, delta_desc = descs[6], descs[7]
         q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem = smem
         N_Q, H = coords[5], coords[4]
         kv_bar, q_ready, do_ready, q_empty, do_empty = bars[0], bars[1], bars[2], bars[3], bars[4]
@@ -140,13 +135,10 @@ if HAVE_GLUON:
                 slot = t % STAGES
                 phase = (t // STAGES) & 1
                 mbarrier.wait(q_empty.index(slot), phase ^ 1)
-                if staged.dtype == gl.int8:
-                    row = (off_b * H + off_h) * N_Q + m
-                    mbarrier.expect(q_ready.index(slot), q_desc.block_type.nbytes + 2 * lse_desc.block_type.nbytes)
-                    tma_load(lse_desc, [row], q_ready.index(slot), lse_smem.index(slot))
-                    tma_load(delta_desc, [row], q_ready.index(slot), delta_smem.index(slot))
-                else:
-                    mbarrier.expect(q_ready.index(slot), q_desc.block_type.nbytes)
+                row = (off_b * H + off_h) * N_Q + m  # of the flattened L and D
+                mbarrier.expect(q_ready.index(slot), q_desc.block_type.nbytes + 2 * lse_desc.block_type.nbytes)
+                tma_load(lse_desc, [row], q_ready.index(slot), lse_smem.index(slot))
+                tma_load(delta_desc, [row], q_ready.index(slot), delta_smem.index(slot))
                 tma_load(q_desc, [off_b, off_h, m, 0], q_ready.index(slot), q_smem.index(slot))
                 mbarrier.wait(do_empty.index(slot), phase ^ 1)
                 mbarrier.expect(do_ready.index(slot), do_desc.block_type.nbytes)
@@ -154,15 +146,14 @@ if HAVE_GLUON:
                 t += 1
 
     @gluon.jit
-    def _dkdv_step(k_tile, v_tile, q_smem, do_smem, rows_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr, keys, offset,
-                   N_Q, score_scale, causal, drop, staged, MASKED: gl.constexpr, BLOCK_M: gl.constexpr,
-                   HEAD_DIM: gl.constexpr, DROPOUT: gl.constexpr, st_layout: gl.constexpr, acc_layout: gl.constexpr,
-                   op_layout: gl.constexpr):
+    def _dkdv_step(k_tile, v_tile, q_smem, do_smem, rows_smem, bars, dk, dv, t, m, keys, offset, N_Q, score_scale,
+                   causal, drop, MASKED: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
+                   DROPOUT: gl.constexpr, st_layout: gl.constexpr, acc_layout: gl.constexpr, op_layout: gl.constexpr):
         """The terms of query block ``m`` (ring position ``t``) added to dK and dV (keys along rows). With
         ``DROPOUT``, ``drop`` is (stream key, keep threshold, 1 - p, first key) of the forward's draws: the kept
         weights enter dV and dS unscaled, dS = P (dP - (1 - p) D) for kept weights, and the caller divides dK and
-        dV by 1 - p once, at the end (one multiply a row of D here instead of two a weight). With ``staged``,
-        L and D come from ``rows_smem`` (their slots beside Q's), read past N_Q as +inf and 0."""
+        dV by 1 - p once, at the end (one multiply a row of D here instead of two a weight). L and D come from
+        ``rows_smem`` (their slots beside Q's), each read once its product is done, and past N_Q as +inf and 0."""
         kv_bar, q_ready, do_ready, q_empty, do_empty = bars[0], bars[1], bars[2], bars[3], bars[4]
         STAGES: gl.constexpr = q_smem.type.shape[0]
         BLOCK_N: gl.constexpr = k_tile.type.shape[0]
@@ -173,16 +164,10 @@ if HAVE_GLUON:
         s_t = warpgroup_mma(k_tile, q_tile.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout),
                             use_acc=False, is_async=True)
         rows = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))  # queries, along columns
-        if staged.dtype != gl.int8:
-            if MASKED:
-                lse = gl.load(lse_ptr + rows, mask=rows < N_Q, other=float("inf"))
-            else:
-                lse = gl.load(lse_ptr + rows)
         s_t = warpgroup_mma_wait(num_outstanding=0, deps=(s_t, ))
-        if staged.dtype == gl.int8:
-            lse = rows_smem[0].index(slot).load(gl.SliceLayout(0, st_layout))
-            if MASKED:  # the copy engine read past this head's rows
-                lse = gl.where(rows < N_Q, lse, float("inf"))
+        lse = rows_smem[0].index(slot).load(gl.SliceLayout(0, st_layout))
+        if MASKED:  # the copy engine read past this head's rows
+            lse = gl.where(rows < N_Q, lse, float("inf"))
         # L = -inf (a row that sees no key) read as +inf: P = exp2(S - inf) = 0, never NaN.
         lse2 = gl.where(lse == float("-inf"), float("inf"), lse) * LOG2E
         s_t = s_t * score_scale
@@ -200,16 +185,10 @@ if HAVE_GLUON:
         dv = warpgroup_mma(p_op, do_tile, dv, is_async=True)
         dp_t = warpgroup_mma(v_tile, do_tile.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout),
                              use_acc=False, is_async=True)
-        if staged.dtype != gl.int8:
-            if MASKED:  # loaded here, not with L: fewer registers live across the products
-                delta = gl.load(delta_ptr + rows, mask=rows < N_Q, other=0.0)
-            else:
-                delta = gl.load(delta_ptr + rows)
         dv, dp_t, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dp_t, p_op))
-        if staged.dtype == gl.int8:
-            delta = rows_smem[1].index(slot).load(gl.SliceLayout(0, st_layout))
-            if MASKED:
-                delta = gl.where(rows < N_Q, delta, 0.0)
+        delta = rows_smem[1].index(slot).load(gl.SliceLayout(0, st_layout))
+        if MASKED:
+            delta = gl.where(rows < N_Q, delta, 0.0)
         mbarrier.arrive(do_empty.index(slot), count=1)
         if DROPOUT:  # dP of the kept weights only, against D scaled by 1 - p
             dp_t = gl.where(keep_from_words(kept, BLOCK_N, BLOCK_M, True, st_layout), dp_t, 0.0)
@@ -221,8 +200,8 @@ if HAVE_GLUON:
         return dk, dv
 
     @gluon.jit
-    def _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands, staged,
-                      HALF: gl.constexpr, DROPOUT: gl.constexpr):
+    def _dkdv_consume(descs, smem, bars, coords, counts, sm_scale, causal, dropout, operands, HALF: gl.constexpr,
+                      DROPOUT: gl.constexpr):
         """One warpgroup: dK and dV of the program's ``HALF``-th BLOCK_N keys, summed over the kv head's query
         heads. Block sizes come from the shared memory's shapes (partitions take no constexpr arguments).
         ``dropout``: (the seed's pointer, p), read with ``DROPOUT`` only; ``operands``
@@ -257,27 +236,24 @@ if HAVE_GLUON:
         t = 0
         for g in range(KV_GROUP):
             off_h = off_kvh * KV_GROUP + g
-            row_base = (off_b * H + off_h).to(gl.int64) * N_Q
-            lse_ptr = LSE + row_base
-            delta_ptr = DELTA + row_base
             drop = (0, 0, 1.0, key0)  # (stream key, keep threshold, 1 - p, first key)
             if DROPOUT:
                 drop = (stream_key(seed, off_b * H + off_h), keep_threshold(dropout[1]), 1.0 - dropout[1], key0)
             # the diagonal's query blocks, then the ones that see every key whole, then the N_Q tail
             for m in range(lo, full_lo, BLOCK_M):
-                dk, dv = _dkdv_step(k_op, v_op, q_smem, do_smem, rows_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr,
-                                    keys, offset, N_Q, score_scale, causal, drop, staged, True, BLOCK_M, HEAD_DIM,
-                                    DROPOUT, st_layout, acc_layout, op_layout)
+                dk, dv = _dkdv_step(k_op, v_op, q_smem, do_smem, rows_smem, bars, dk, dv, t, m, keys, offset, N_Q,
+                                    score_scale, causal, drop, True, BLOCK_M, HEAD_DIM, DROPOUT, st_layout,
+                                    acc_layout, op_layout)
                 t += 1
             for m in range(full_lo, full_hi, BLOCK_M):
-                dk, dv = _dkdv_step(k_op, v_op, q_smem, do_smem, rows_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr,
-                                    keys, offset, N_Q, score_scale, causal, drop, staged, False, BLOCK_M, HEAD_DIM,
-                                    DROPOUT, st_layout, acc_layout, op_layout)
+                dk, dv = _dkdv_step(k_op, v_op, q_smem, do_smem, rows_smem, bars, dk, dv, t, m, keys, offset, N_Q,
+                                    score_scale, causal, drop, False, BLOCK_M, HEAD_DIM, DROPOUT, st_layout,
+                                    acc_layout, op_layout)
                 t += 1
             for m in range(full_hi, hi, BLOCK_M):
-                dk, dv = _dkdv_step(k_op, v_op, q_smem, do_smem, rows_smem, bars, dk, dv, t, m, lse_ptr, delta_ptr,
-                                    keys, offset, N_Q, score_scale, causal, drop, staged, True, BLOCK_M, HEAD_DIM,
-                                    DROPOUT, st_layout, acc_layout, op_layout)
+                dk, dv = _dkdv_step(k_op, v_op, q_smem, do_smem, rows_smem, bars, dk, dv, t, m, keys, offset, N_Q,
+                                    score_scale, causal, drop, True, BLOCK_M, HEAD_DIM, DROPOUT, st_layout,
+                                    acc_layout, op_layout)
                 t += 1
         # dK and dV leave through this half's K and V slots (read by no product now); rows past N_K are dropped.
         dk_scale = sm_scale
@@ -292,43 +268,34 @@ if HAVE_GLUON:
         tma.store_wait(pendings=0)
 
     @gluon.jit
-    def _dkdv_consume_first_half(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
-                                 operands, staged):
-        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands,
-                      staged, 0, False)
+    def _dkdv_consume_first_half(descs, smem, bars, coords, counts, sm_scale, causal, dropout, operands):
+        _dkdv_consume(descs, smem, bars, coords, counts, sm_scale, causal, dropout, operands, 0, False)
 
     @gluon.jit
-    def _dkdv_consume_second_half(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
-                                  operands, staged):
-        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands,
-                      staged, 1, False)
+    def _dkdv_consume_second_half(descs, smem, bars, coords, counts, sm_scale, causal, dropout, operands):
+        _dkdv_consume(descs, smem, bars, coords, counts, sm_scale, causal, dropout, operands, 1, False)
 
     @gluon.jit
-    def _dkdv_consume_first_half_dropout(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
-                                         operands, staged):
-        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands,
-                      staged, 0, True)
+    def _dkdv_consume_first_half_dropout(descs, smem, bars, coords, counts, sm_scale, causal, dropout, operands):
+        _dkdv_consume(descs, smem, bars, coords, counts, sm_scale, causal, dropout, operands, 0, True)
 
     @gluon.jit
-    def _dkdv_consume_second_half_dropout(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout,
-                                          operands, staged):
-        _dkdv_consume(descs, smem, bars, coords, counts, LSE, DELTA, sm_scale, causal, dropout, operands,
-                      staged, 1, True)
+    def _dkdv_consume_second_half_dropout(descs, smem, bars, coords, counts, sm_scale, causal, dropout, operands):
+        _dkdv_consume(descs, smem, bars, coords, counts, sm_scale, causal, dropout, operands, 1, True)
 
     @gluon.jit
     def attention_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_desc, delta_desc,
-                                         LSE, DELTA, sm_scale, H, KV_GROUP, N_Q, N_K, DROPOUT_SEED, dropout_p,
+                                         sm_scale, H, KV_GROUP, N_Q, N_K, DROPOUT_SEED, dropout_p,
                                          CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                                          HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, DROPOUT: gl.constexpr,
-                                         REGISTER_OPERANDS: gl.constexpr, ROWS_STAGED: gl.constexpr,
-                                         CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
-                                         num_warps: gl.constexpr):
+                                         REGISTER_OPERANDS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                                         LOADER_REGS: gl.constexpr, num_warps: gl.constexpr):
         """dK, dV of keys ``2 * BLOCK_N * program_id(0)`` on of (sample, kv head) ``program_id(1)``. Descriptors:
         (B, H, N_q, D) q/do with (1, 1, BLOCK_M, D) tiles, (B, H_kv, N_k, D) k/v/dk/dv with (1, 1, BLOCK_N, D)
-        tiles; LSE, DELTA (B, H, N_q) float32 contiguous. ``DROPOUT``: the forward's dropout of probability
+        tiles; ``lse_desc``, ``delta_desc`` L and D of (B, H, N_q) flattened, in BLOCK_M tiles
+        (:func:`rows_descriptor`). ``DROPOUT``: the forward's dropout of probability
         ``dropout_p`` from the int64 seed at ``DROPOUT_SEED``. ``REGISTER_OPERANDS``: K and V read from registers
-        (:data:`DKDV_REGISTER_OPERANDS`). ``ROWS_STAGED`` (:data:`DKDV_ROWS_STAGED`): L and D come through
-        ``lse_desc`` and ``delta_desc``, 1-D descriptors of LSE and DELTA flattened with BLOCK_M tiles."""
+        (:data:`DKDV_REGISTER_OPERANDS`)."""
         gl.static_assert(num_warps == 4)
         off_hkv = gl.program_id(1)
         kv_heads = H // KV_GROUP
@@ -367,8 +334,8 @@ if HAVE_GLUON:
         causal = gl.to_tensor(CAUSAL)
         args = ((q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_desc, delta_desc),
                 (q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem), (kv_bar, q_ready, do_ready, q_empty, do_empty),
-                (off_b, off_kvh, n0, KV_GROUP, H, N_Q, offset), (lo, full_lo, full_hi, hi), LSE, DELTA, sm_scale,
-                causal, (DROPOUT_SEED, dropout_p), operands_flag(REGISTER_OPERANDS), operands_flag(ROWS_STAGED))
+                (off_b, off_kvh, n0, KV_GROUP, H, N_Q, offset), (lo, full_lo, full_hi, hi), sm_scale, causal,
+                (DROPOUT_SEED, dropout_p), operands_flag(REGISTER_OPERANDS))
         if DROPOUT:
             gl.warp_specialize([(_dkdv_consume_first_half_dropout, args), (_dkdv_consume_second_half_dropout, args),
                                 (_bwd_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
@@ -621,20 +588,16 @@ def rows_descriptor(rows: torch.Tensor, block: int) -> "GluonDescriptor":
 
 
 def launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, *, scale: float, causal: bool, dropout_p: float = 0.0,
-                                 dropout_seed=None, register_operands: bool | None = None,
-                                 rows_staged: bool | None = None) -> None:
+                                 dropout_seed=None, register_operands: bool | None = None) -> None:
     """Fill dk, dv (B, H_kv, N_k, D) from q, do (B, H, N_q, D), k, v, lse and delta (B, H, N_q) float32
     contiguous, for a call :func:`.attention_fwd_hopper.can_run` accepts (all six tensors, and head_dim in this
     module's :data:`CONFIGS`): no mask, or a causal one with ``causal``. ``dropout_p`` and ``dropout_seed``: the
     forward's (:func:`.attention_fwd_hopper.launch_attention_forward_hopper`). ``register_operands``: K and V read
-    from registers (None: where :data:`DKDV_REGISTER_OPERANDS` says). ``rows_staged``: L and D brought beside Q
-    into shared memory (None: :data:`DKDV_ROWS_STAGED`)."""
+    from registers (None: where :data:`DKDV_REGISTER_OPERANDS` says)."""
     batch, heads, n_q, head_dim = q.shape
     kv_heads, n_k = k.shape[1], k.shape[2]
     if register_operands is None:
         register_operands = head_dim in DKDV_REGISTER_OPERANDS
-    if rows_staged is None:
-        rows_staged = DKDV_ROWS_STAGED
     # the copy engine reads from 16-byte aligned addresses only; the kernel only reads L and D, so a copy does
     lse, delta = (rows if rows.data_ptr() % 16 == 0 else rows.clone() for rows in (lse, delta))
     block_m, block_n, stages = CONFIGS[head_dim]
@@ -642,11 +605,11 @@ def launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, *, scale: floa
     attention_bwd_dkdv_hopper_kernel[grid](
         tile_descriptor(q, block_m), tile_descriptor(k, block_n), tile_descriptor(v, block_n),
         tile_descriptor(do, block_m), tile_descriptor(dk, block_n), tile_descriptor(dv, block_n),
-        rows_descriptor(lse, block_m), rows_descriptor(delta, block_m), lse, delta, scale,
+        rows_descriptor(lse, block_m), rows_descriptor(delta, block_m), scale,
         heads, heads // kv_heads, n_q, n_k, lse if dropout_seed is None else dropout_seed, float(dropout_p),
         CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, STAGES=stages, DROPOUT=dropout_p > 0,
-        REGISTER_OPERANDS=bool(register_operands), ROWS_STAGED=bool(rows_staged), CONSUMER_REGS=CONSUMER_REGISTERS,
-        LOADER_REGS=LOADER_REGISTERS, num_warps=4, maxnreg=KERNEL_REGISTERS)
+        REGISTER_OPERANDS=bool(register_operands), CONSUMER_REGS=CONSUMER_REGISTERS, LOADER_REGS=LOADER_REGISTERS,
+        num_warps=4, maxnreg=KERNEL_REGISTERS)
 
 
 def launch_attention_dq_hopper(q, k, v, do, lse, delta, dq, *, scale: float, causal: bool, dropout_p: float = 0.0,
