@@ -17,7 +17,7 @@ A dK/dV program owns 2 x 64 keys of one (sample, kv head); three partitions:
   kv head (GQA) into a ring of ``STAGES`` slots, each refilled once both consumers released it, and with Q its
   rows' L and D (:func:`rows_descriptor`): queries run along the columns of S^T, so a thread needs 16 of a block's
   64 values of each, which it reads from shared memory when it uses them (loaded from global memory instead, every
-  step, they cost the backward 3-13%: benchmarks/TUNING.md, fifty-second finding);
+  step, they cost the backward 2-13%: benchmarks/TUNING.md, fifty-second finding);
 * two **consumer warpgroups**, 64 keys each, with dK and dV in float32 registers (240 registers a thread), per
   query block: ``S^T = K Q^T``, ``P^T = exp2(S^T - L)``, ``dV += P^T dO``, ``dP^T = V dO^T``,
   ``dS^T = P^T (dP^T - D)``, ``dK += dS^T Q``, the products through ``warpgroup_mma`` with P^T and dS^T as
