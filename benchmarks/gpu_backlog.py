@@ -64,7 +64,8 @@ rotated orders) and ``bwd_counters`` (Nsight Compute's sections of the two backw
 Session 59 (an H100) ran ``bwd_counters`` (the dK/dV kernel's tensor pipe 69% busy against the dQ kernel's 85%,
 twice its long-scoreboard stalls: its per-step loads of L and D) and two dK/dV experiments: ``dkdv_pingpong``
 (0.98-1.02x, reverted) and L and D staged in shared memory by the loading warp (2-13% faster, kept; TUNING.md
-fifty-second finding). Queued: ``bwd_gpu_tests`` (the backward's GPU tests on the kept path), then ``hf_order``.
+fifty-second finding). Queued: ``bwd_gpu_tests`` (the backward's GPU tests on the kept path), ``dkdv_d64_route``
+(whether the Gluon dK/dV kernel now wins at D = 64), then ``hf_order``.
 
 The grid measures the forward and backward with the settings the timings decide. A machine is given back 30 s
 after a call, too soon to edit those settings by hand between the two calls, so the timings call also copies its
@@ -426,6 +427,15 @@ STAGES["bwd_gpu_tests"] = (
           "tests/kernels/test_attention_bwd_hopper.py"),
          "whether the Gluon backward with L and D from shared memory passes every GPU test (fp16 and bf16, odd "
          "lengths, GQA, dropout, register operands, the front door's bitwise repeats)"),
+)
+
+# Then: at D = 64 the Gluon dK/dV kernel ran 0.91-1.01x the Triton one (thirty-second finding) and so is not routed
+# there (ROUTED_HEAD_DIMS); L and D from shared memory gained it 2-13% at D = 128. Whether 64 should join.
+STAGES["dkdv_d64_route"] = (
+    Step("gluon_bwd_d64", 330,
+         ("benchmarks/gluon_bwd_ab.py", "--dtype", "fp16,bf16", "--d", "64", "--N", FA2_N),
+         "attention_bwd_hopper.ROUTED_HEAD_DIMS: 64 joins where gluon/triton is above 1 at every point (checks at "
+         "D = 64 first: gluon_regs bitwise, every gradient within tolerance of float64)"),
 )
 
 
