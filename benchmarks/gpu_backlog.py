@@ -62,10 +62,10 @@ a reordered dK/dV step (fiftieth) lost and were reverted. Queued: ``hf_order`` (
 rotated orders) and ``bwd_counters`` (Nsight Compute's sections of the two backward kernels).
 
 Session 59 (an H100) ran ``bwd_counters`` (the dK/dV kernel's tensor pipe 69% busy against the dQ kernel's 85%,
-twice its long-scoreboard stalls: its per-step loads of L and D) and two dK/dV experiments: ``dkdv_pingpong``
-(0.98-1.02x, reverted) and L and D staged in shared memory by the loading warp (2-13% faster, kept; TUNING.md
-fifty-second finding). Queued: ``bwd_gpu_tests`` (the backward's GPU tests on the kept path), ``dkdv_d64_route``
-(whether the Gluon dK/dV kernel now wins at D = 64), then ``hf_order``.
+twice its long-scoreboard stalls: its per-step loads of L and D) and two dK/dV experiments: its consumers taking
+turns (0.98-1.02x, reverted with its stage) and L and D staged in shared memory by the loading warp (2-13% faster,
+kept; TUNING.md fifty-second finding). Queued: ``bwd_gpu_tests`` (the backward's GPU tests on the kept path),
+``dkdv_d64_route`` (whether the Gluon dK/dV kernel now wins at D = 64), then ``hf_order``.
 
 The grid measures the forward and backward with the settings the timings decide. A machine is given back 30 s
 after a call, too soon to edit those settings by hand between the two calls, so the timings call also copies its
@@ -397,23 +397,12 @@ STAGES["bwd_counters"] = (
                        r"regex:sm__pipe_tensor.*cycles_active\.avg\.pct_of_peak_sustained_active,"
                        "smsp__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active",
           "--time-budget", "60", "--point-timeout", "170", "--out", "{out}/bwd_kernel_stalls.json"),
-         "the same two kernels' stall reasons a issued instruction and tensor pipes' busy share, by name (a "
+         "the same two kernels' stall reasons an issued instruction and tensor pipes' busy share, by name (a "
          "section's CSV gives only its summary rows)"),
 )
 
-# Session 59: the dK/dV kernel's consumers take turns issuing their products (DKDV_PINGPONG), as the forward's do
-# (+2-5% there, thirty-first finding). Compiled for sm_90a: at each product group 384 instructions in the unmasked
-# loop against 366, no spill there; once a step 376. Ran (H100, session 59, the tree of 1900070): bitwise the same
-# gradients, 0.98-1.02x; reverted (TUNING.md fifty-second finding), so this stage's gluon_pp columns are gone.
-STAGES["dkdv_pingpong"] = (
-    Step("gluon_bwd_pingpong_checks", 240,
-         ("benchmarks/gluon_bwd_ab.py", "--dtype", "fp16", "--d", "128", "--N", "1024"),
-         "whether the turns leave the gradients bitwise the default's (pingpong_equal) and within tolerance of "
-         "float64"),
-    Step("gluon_bwd_pingpong_timings", 300,
-         ("benchmarks/gluon_bwd_ab.py", "--dtype", "fp16,bf16", "--d", "128", "--N", FA2_N, "--no-checks"),
-         "whether DKDV_PINGPONG should be 1 or 2: gluon_pp1 or gluon_pp2 above gluon at every point"),
-)
+# Session 59's dkdv_pingpong stage (the dK/dV kernel's consumers taking turns: 0.98-1.02x) was removed with the
+# experiment; TUNING.md fifty-second finding and results/gluon_bwd_pingpong_* keep it.
 
 
 # Session 59: Nsight Compute counted twice the dQ kernel's long-scoreboard stalls on the dK/dV kernel (bwd_counters):

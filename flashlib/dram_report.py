@@ -14,8 +14,9 @@ is the part that needs no GPU:
 * :func:`load_dram_report` flattens a stored file to one row per (point, kernel) and
   :func:`dram_table` formats those rows (for notebook 07, the README and PROFILING.md).
 
-Units: ncu prefixes are decimal (``Kbyte`` = 1000 bytes, ``usecond`` = 1000 ns); every
-value here is in bytes or nanoseconds. Tables print MB = 10^6 bytes.
+Units: ncu prefixes are decimal (``Kbyte`` = 1000 bytes, ``usecond`` = 1000 ns); the metrics
+of :data:`METRICS` are kept in bytes or nanoseconds, any other (a ``--section``'s) in ncu's own
+unit. Tables print MB = 10^6 bytes.
 """
 from __future__ import annotations
 
@@ -53,10 +54,17 @@ UNITS = {
 }
 
 
+def _printed(value: str) -> str | None:
+    """ncu's printed value without its thousands separators; None where it printed no number (``"n/a"``,
+    empty, ``"-"``)."""
+    text = str(value).strip().replace(",", "")
+    return None if text.lower() in ("", "n/a", "na", "nan", "-") else text
+
+
 def to_base_units(value: str, unit: str) -> float | None:
     """``"1,234.5", "Kbyte"`` -> 1234500.0 bytes; ``"n/a"`` or empty -> None. Unknown units raise."""
-    text = str(value).strip().replace(",", "")
-    if text.lower() in ("", "n/a", "na", "nan", "-"):
+    text = _printed(value)
+    if text is None:
         return None
     key = str(unit).strip().lower()
     if key not in UNITS:
@@ -64,10 +72,11 @@ def to_base_units(value: str, unit: str) -> float | None:
     return float(text) * UNITS[key]
 
 
-def _number(text: str) -> float | None:
-    """ncu's printed number (``"1,234.5"``) as a float; None for ``"n/a"``, empty or a word."""
+def _number(value: str) -> float | None:
+    """ncu's printed number (``"1,234.5"``) as a float in its own unit; None where it printed none, or a word."""
+    text = _printed(value)
     try:
-        return float(str(text).strip().replace(",", ""))
+        return None if text is None else float(text)
     except ValueError:
         return None
 

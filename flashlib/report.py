@@ -234,12 +234,10 @@ def _fmt_ratio(triple, count) -> str:
     return "-" if triple is None else f"{triple[0]:.2f} / {triple[1]:.2f} / {triple[2]:.2f} ({count})"
 
 
-def _io_lines(rows, ceilings) -> list[str]:
-    """Predicted HBM bytes against what the measured time moves at the measured bandwidth."""
-    bw, peak = (ceilings or {}).get("hbm_gb_per_s"), (ceilings or {}).get("matmul_tflops")
-    if not bw:
-        return []
-    lines = []
+def _io_lines(rows, ceilings_of) -> list[str]:
+    """Predicted HBM bytes against what the measured time moves at the measured bandwidth. ``ceilings_of(row)``:
+    the ceilings measured in the run that timed ``row`` (a row from a run without them gets no line)."""
+    lines, ceilings = [], set()
     for impl in ("naive", "flashlib"):
         for mode in MODES:
             candidates = _ok(rows, impl=impl, mode=mode, causal=False)
@@ -247,6 +245,10 @@ def _io_lines(rows, ceilings) -> list[str]:
                 continue
             d = max(r["D"] for r in candidates)
             r = max((r for r in candidates if r["D"] == d), key=lambda r: (r["N"], r["dtype"] == "fp16"))
+            bw, peak = (ceilings_of(r) or {}).get("hbm_gb_per_s"), (ceilings_of(r) or {}).get("matmul_tflops")
+            if not bw:
+                continue
+            ceilings.add((round(bw), round(peak) if peak else None))
             a = io_analysis(r, bw, peak)
             bound = "-" if a["bound_ms"] is None else f"{a['bound_ms']:.3g} ({a['bound']})"
             lines.append(f"| {impl} | {mode} | {r['dtype']} | {r['D']} | {r['N']} | {r['ms']:.3g} | "
@@ -254,8 +256,10 @@ def _io_lines(rows, ceilings) -> list[str]:
                          f"{a['predicted_fraction']:.0%} | {a['intensity']:.0f} | {bound} |")
     if not lines:
         return []
-    head = [f"HBM traffic (`flashlib.io_model`) against time, at the measured {bw:.0f} GB/s copy bandwidth"
-            + (f" and {peak:.0f} TFLOP/s fp16 matmul" if peak else "") + ", not causal, largest N:", "",
+    at = "; ".join(f"{bw} GB/s copy bandwidth" + (f" and {peak} TFLOP/s matmul" if peak else "")
+                   for bw, peak in sorted(ceilings, key=str))
+    head = [f"HBM traffic (`flashlib.io_model`) against time, at the ceilings measured in the same run ({at}), not "
+            "causal, largest N:", "",
             "| impl | mode | dtype | D | N | ms | predicted GB | GB movable in that time | predicted / movable "
             "| FLOP/byte | roofline bound, ms |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -357,7 +361,15 @@ def markdown_table(rows: list[dict], metas: list[dict] | None = None, impl: str 
         lines.append("")
     else:
         lines += ["No memory measurements in these results.", ""]
-    lines += _io_lines(rows, metas[0].get("ceilings") if metas else None)
+    if sources:
+        def ceilings_of(row):  # the file that supplied the row's problem (contributions: one file each)
+            key = (row["impl"], *_problem(row))
+            return next((meta.get("ceilings") for _, meta, file_rows in sources
+                         if any((r["impl"], *_problem(r)) == key for r in file_rows)), None)
+    else:
+        def ceilings_of(row):
+            return metas[0].get("ceilings") if metas else None
+    lines += _io_lines(rows, ceilings_of)
     if images:
         lines.append("Plots: " + ", ".join(f"[{title}]({path})" for title, path in images.items()) + ".")
     return "\n".join(lines).rstrip("\n") + "\n"

@@ -64,14 +64,12 @@ def test_parse_ncu_csv_skips_noise_and_converts_units():
     assert dram_report.parse_ncu_csv("==PROF== Disconnected from process 1\n==ERROR== ERR_NVGPUCTRPERM\n") == []
 
 
-def test_parse_ncu_csv_keeps_section_metrics_in_their_own_units():
-    """A ``--section``'s rows (percent, cycles, words) are kept as ncu printed them; only the DRAM metrics are
-    converted, and those still refuse a unit they do not know."""
-    section = "Warp State Statistics"
+def test_parse_ncu_csv_keeps_other_metrics_in_their_own_units():
+    """Metrics outside METRICS (a ``--section``'s: percent, cycles, words) keep ncu's number in ncu's unit; only
+    the DRAM metrics are converted, and those still refuse a unit they do not know."""
     text = "\n".join([
         HEADER,
-        csv_row(3, "attention_bwd_dkdv_hopper_kernel", "Warp Cycles Per Issued Instruction", "cycle", "1,210.5")
-        .replace("Command line profiler metrics", section),
+        csv_row(3, "attention_bwd_dkdv_hopper_kernel", "Warp Cycles Per Issued Instruction", "cycle", "1,210.5"),
         csv_row(3, "attention_bwd_dkdv_hopper_kernel", "Issue Slots Busy", "%", "23.4"),
         csv_row(3, "attention_bwd_dkdv_hopper_kernel", "Scheduler Note", "", "n/a"),
         csv_row(3, "attention_bwd_dkdv_hopper_kernel", "dram__bytes_read.sum", "Kbyte", "2"),

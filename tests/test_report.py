@@ -208,6 +208,23 @@ def test_files_merge_newest_first_by_their_date_and_each_column_names_its_file(t
     assert "Measured on" not in text  # the per-file lines replace the single one
 
 
+def test_the_io_table_takes_each_rows_ceilings_from_the_run_that_timed_it(tmp_path):
+    """Files merged for one table: a row's HBM line uses the copy bandwidth measured in its own run, and a row
+    from a run that measured none gets no line (never another run's ceilings)."""
+    fwd = [r for r in synthetic_rows() if r["mode"] == "fwd" and r["impl"] == "flashlib"]
+    bwd = [r for r in synthetic_rows() if r["mode"] == "bwd" and r["impl"] == "flashlib"]
+    without = _write(tmp_path / "fwd_old.json", fwd, date="2026-05-01T06:00:00+00:00", ceilings=None)
+    measured = _write(tmp_path / "bwd_new.json", bwd, date="2026-05-01T09:00:00+00:00",
+                      ceilings={"hbm_gb_per_s": 1500.0, "matmul_tflops": 350.0})
+    (slug, used), = report.sources_by_gpu([without, measured]).items()
+    metas, rows = report.group_by_gpu([without, measured])[slug]
+    text = report.markdown_table(rows, metas, sources=[(p.name, m, r) for p, m, r in used])
+    assert "at the ceilings measured in the same run (1500 GB/s copy bandwidth and 350 TFLOP/s matmul)" in text
+    assert "| flashlib | bwd | fp16 | 64 | 2048 |" in text and "| flashlib | fwd | fp16 | 64 | 2048 |" not in text
+    only_fwd = report.markdown_table(fwd, [dict(META, ceilings=None)])
+    assert "HBM traffic" not in only_fwd
+
+
 def test_default_command_writes_the_readme_from_readme_grids_only(tmp_path, monkeypatch, capsys):
     """``make report``: the files named in README_GRIDS, whatever else lies beside them; no plots."""
     _write(tmp_path / "grid_a.json", [r for r in synthetic_rows() if r["impl"] in ("flashlib", "sdpa_cudnn")],

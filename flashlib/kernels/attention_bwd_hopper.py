@@ -57,6 +57,9 @@ if HAVE_GLUON:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
     from .attention_fwd_hopper import operands_flag, register_operand, tma_load, tma_store
+
+    #: The shared-memory layout of a block of L or D (:func:`rows_descriptor`): float32 rows, unswizzled.
+    ROWS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
     from .dropout_hopper import (dropout_keep, keep_from_words, keep_threshold, kept_weights_operand, kept_words,
                                  stream_key)
 
@@ -136,7 +139,8 @@ if HAVE_GLUON:
                 phase = (t // STAGES) & 1
                 mbarrier.wait(q_empty.index(slot), phase ^ 1)
                 row = (off_b * H + off_h) * N_Q + m  # of the flattened L and D
-                mbarrier.expect(q_ready.index(slot), q_desc.block_type.nbytes + 2 * lse_desc.block_type.nbytes)
+                mbarrier.expect(q_ready.index(slot), q_desc.block_type.nbytes + lse_desc.block_type.nbytes
+                                + delta_desc.block_type.nbytes)
                 tma_load(lse_desc, [row], q_ready.index(slot), lse_smem.index(slot))
                 tma_load(delta_desc, [row], q_ready.index(slot), delta_smem.index(slot))
                 tma_load(q_desc, [off_b, off_h, m, 0], q_ready.index(slot), q_smem.index(slot))
@@ -153,8 +157,10 @@ if HAVE_GLUON:
         ``DROPOUT``, ``drop`` is (stream key, keep threshold, 1 - p, first key) of the forward's draws: the kept
         weights enter dV and dS unscaled, dS = P (dP - (1 - p) D) for kept weights, and the caller divides dK and
         dV by 1 - p once, at the end (one multiply a row of D here instead of two a weight). L and D come from
-        ``rows_smem`` (their slots beside Q's), each read once its product is done, and past N_Q as +inf and 0."""
+        ``rows_smem`` (L's and D's slots beside Q's), each read once its product is done, and past N_Q as +inf and
+        0."""
         kv_bar, q_ready, do_ready, q_empty, do_empty = bars[0], bars[1], bars[2], bars[3], bars[4]
+        lse_smem, delta_smem = rows_smem
         STAGES: gl.constexpr = q_smem.type.shape[0]
         BLOCK_N: gl.constexpr = k_tile.type.shape[0]
         slot = t % STAGES
@@ -165,7 +171,7 @@ if HAVE_GLUON:
                             use_acc=False, is_async=True)
         rows = m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))  # queries, along columns
         s_t = warpgroup_mma_wait(num_outstanding=0, deps=(s_t, ))
-        lse = rows_smem[0].index(slot).load(gl.SliceLayout(0, st_layout))
+        lse = lse_smem.index(slot).load(gl.SliceLayout(0, st_layout))
         if MASKED:  # the copy engine read past this head's rows
             lse = gl.where(rows < N_Q, lse, float("inf"))
         # L = -inf (a row that sees no key) read as +inf: P = exp2(S - inf) = 0, never NaN.
@@ -186,7 +192,7 @@ if HAVE_GLUON:
         dp_t = warpgroup_mma(v_tile, do_tile.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout),
                              use_acc=False, is_async=True)
         dv, dp_t, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dp_t, p_op))
-        delta = rows_smem[1].index(slot).load(gl.SliceLayout(0, st_layout))
+        delta = delta_smem.index(slot).load(gl.SliceLayout(0, st_layout))
         if MASKED:
             delta = gl.where(rows < N_Q, delta, 0.0)
         mbarrier.arrive(do_empty.index(slot), count=1)
@@ -582,9 +588,8 @@ def rows_descriptor(rows: torch.Tensor, block: int) -> "GluonDescriptor":
     """A 1-D Gluon descriptor of the contiguous float32 (B, H, N_q) ``rows`` (L or D) flattened, in tiles of
     ``block`` rows (unswizzled): the copy engine reads a query block's rows of one head from ``(b H + h) N_q + m``,
     and past the head's last row into the next head's (the kernel masks them) or zeros past the tensor."""
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
     flat = rows.view(-1)
-    return GluonDescriptor(flat, [flat.numel()], [1], [block], layout)
+    return GluonDescriptor(flat, [flat.numel()], [1], [block], ROWS_LAYOUT)
 
 
 def launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, *, scale: float, causal: bool, dropout_p: float = 0.0,

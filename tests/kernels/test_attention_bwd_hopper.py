@@ -141,7 +141,8 @@ def test_rows_descriptor_reads_l_and_d_flattened_in_query_blocks():
 
 def test_compiles_for_hopper_with_warpgroup_mma_the_copy_engine_and_partition_registers():
     """The installed Triton compiles the kernel for sm_90a (Triton 3.6, the GPU machine's, without spills; 3.9
-    spills a little under the causal mask)."""
+    spills a little under the causal mask). The dK/dV kernel loads nothing from global memory itself: L and D come
+    with Q through the copy engine (benchmarks/TUNING.md, fifty-second finding)."""
     done = run_sass_counts("--kernel", "gluon_dkdv,gluon_dq", "--d", "128,64", "--causal", "no,yes", "--top", "300")
     assert done.returncode == 0, done.stderr[-3000:]
     variants = compiled_variants(done.stdout, "gluon_dkdv") + compiled_variants(done.stdout, "gluon_dq")
@@ -149,6 +150,8 @@ def test_compiles_for_hopper_with_warpgroup_mma_the_copy_engine_and_partition_re
     for header, _, opcodes in variants:
         assert opcodes.get("HGMMA", 0) > 0 and opcodes.get("UTMALDG", 0) > 0, header
         assert opcodes.get("USETMAXREG", 0) > 0, "the partitions' registers must be set (setmaxnreg)"
+    for header, _, opcodes in compiled_variants(done.stdout, "gluon_dkdv"):  # without dropout: no seed to load
+        assert opcodes.get("LDG", 0) == 0, f"{header}: L and D come through the copy engine, never loaded per step"
 
 
 @pytest.mark.parametrize("kernel, head_dims", [("gluon_dq", "64,128"), ("gluon_dkdv", "64")])
@@ -303,3 +306,31 @@ def test_gpu_register_operands_give_the_same_gradients_bitwise(dtype, head_dim, 
             do.double())
         for got, want in zip(grads[True], (q64.grad, k64.grad, v64.grad)):
             assert relative_error(got, want) <= tolerance(dtype)  # also fails on a NaN: every element written
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_dkdv_kernel_takes_l_and_d_at_any_address(causal):
+    """The copy engine reads L and D only from 16-byte aligned addresses: views that start 4 bytes into their
+    buffers (as a slice of a larger LSE would) are copied first, and dK, dV equal the aligned call's bit for bit
+    (N_q = 77: every head's rows start at an odd element of the flattened rows)."""
+    q, k, v, do = make_inputs(2, 4, 2, 77, 300, 128, torch.float16, seed=7 + causal, grad_out=True)
+    if not bwd_hopper.can_run(q, k, v, do, k, v, scale=1.0):
+        pytest.skip("needs a Hopper GPU (sm_90) and Gluon")
+    spec = AttentionSpec(causal=causal)
+    o, lse = torch.empty_like(q), torch.empty(q.shape[:3], device="cuda")
+    launch_attention_forward(q, k, v, o, lse, spec)
+    delta = attention_bwd.launch_attention_backward(q, k, v, o, lse, do, None, None, None, spec)
+    grads = []
+    for shift in (0, 1):
+        rows = []
+        for t in (lse, delta):
+            buffer = torch.empty(t.numel() + shift, device="cuda")
+            rows.append(buffer[shift:].view_as(t).copy_(t))
+        assert all(r.data_ptr() % 16 == 4 * shift for r in rows)
+        dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
+        bwd_hopper.launch_attention_dkdv_hopper(q, k, v, do, *rows, dk, dv, scale=spec.scale(128), causal=causal)
+        grads.append((dk, dv))
+    for name, aligned, shifted in zip("kv", *grads):
+        assert not aligned.isnan().any() and torch.equal(aligned, shifted), f"d{name}"
+
