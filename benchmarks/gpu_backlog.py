@@ -65,7 +65,8 @@ Session 59 (an H100) ran ``bwd_counters`` (the dK/dV kernel's tensor pipe 69% bu
 twice its long-scoreboard stalls: its per-step loads of L and D) and two dK/dV experiments: its consumers taking
 turns (0.98-1.02x, reverted with its stage) and L and D staged in shared memory by the loading warp (2-13% faster,
 kept; TUNING.md fifty-second finding). Queued: ``bwd_gpu_tests`` (the backward's GPU tests on the kept path),
-``dkdv_d64_route`` (whether the Gluon dK/dV kernel now wins at D = 64), then ``hf_order``.
+``dkdv_d64_route`` (whether the Gluon dK/dV kernel now wins at D = 64), ``dkdv_stages`` (a third Q/dO slot), then
+``hf_order``.
 
 The grid measures the forward and backward with the settings the timings decide. A machine is given back 30 s
 after a call, too soon to edit those settings by hand between the two calls, so the timings call also copies its
@@ -425,6 +426,16 @@ STAGES["dkdv_d64_route"] = (
          ("benchmarks/gluon_bwd_ab.py", "--dtype", "fp16,bf16", "--d", "64", "--N", FA2_N),
          "attention_bwd_hopper.ROUTED_HEAD_DIMS: 64 joins where gluon/triton is above 1 at every point (checks at "
          "D = 64 first: gluon_regs bitwise, every gradient within tolerance of float64)"),
+)
+
+# And: with L and D out of the registers and the Q/dO slots of two steps, whether a third slot now pays at D = 128
+# (it did not on the H200 of the thirty-third finding, before L and D were staged). Compiled for sm_90a: 166 KB of
+# shared memory, no spill in the loops.
+STAGES["dkdv_stages"] = (
+    Step("gluon_bwd_three_slots", 150,
+         ("benchmarks/gluon_bwd_ab.py", "--dtype", "fp16", "--d", "128", "--N", FA2_N, "--no-checks",
+          "--variants", "s3=128:64,64,3"),
+         "attention_bwd_hopper.CONFIGS[128]: three Q/dO slots where s3_tflops is above gluon_tflops at every point"),
 )
 
 
