@@ -234,9 +234,18 @@ def _fmt_ratio(triple, count) -> str:
     return "-" if triple is None else f"{triple[0]:.2f} / {triple[1]:.2f} / {triple[2]:.2f} ({count})"
 
 
-def _io_lines(rows, ceilings_of) -> list[str]:
-    """Predicted HBM bytes against what the measured time moves at the measured bandwidth. ``ceilings_of(row)``:
-    the ceilings measured in the run that timed ``row`` (a row from a run without them gets no line)."""
+def _run_ceilings(rows, metas, sources) -> dict:
+    """(impl, problem) -> the ceilings measured in the run that timed that row: the file that supplied it
+    (``sources``, one file a problem) or, without sources, ``metas[0]``'s."""
+    if sources:
+        return {(r["impl"], *_problem(r)): meta.get("ceilings") for _, meta, file_rows in sources for r in file_rows}
+    ceilings = metas[0].get("ceilings") if metas else None
+    return {(r["impl"], *_problem(r)): ceilings for r in rows}
+
+
+def _io_lines(rows, run_ceilings: dict) -> list[str]:
+    """Predicted HBM bytes against what the measured time moves at the measured bandwidth, at the ceilings of the
+    run that timed each row (:func:`_run_ceilings`; a row from a run without them gets no line)."""
     lines, ceilings = [], set()
     for impl in ("naive", "flashlib"):
         for mode in MODES:
@@ -245,7 +254,8 @@ def _io_lines(rows, ceilings_of) -> list[str]:
                 continue
             d = max(r["D"] for r in candidates)
             r = max((r for r in candidates if r["D"] == d), key=lambda r: (r["N"], r["dtype"] == "fp16"))
-            bw, peak = (ceilings_of(r) or {}).get("hbm_gb_per_s"), (ceilings_of(r) or {}).get("matmul_tflops")
+            measured = run_ceilings.get((r["impl"], *_problem(r))) or {}
+            bw, peak = measured.get("hbm_gb_per_s"), measured.get("matmul_tflops")
             if not bw:
                 continue
             ceilings.add((round(bw), round(peak) if peak else None))
@@ -361,15 +371,7 @@ def markdown_table(rows: list[dict], metas: list[dict] | None = None, impl: str 
         lines.append("")
     else:
         lines += ["No memory measurements in these results.", ""]
-    if sources:
-        def ceilings_of(row):  # the file that supplied the row's problem (contributions: one file each)
-            key = (row["impl"], *_problem(row))
-            return next((meta.get("ceilings") for _, meta, file_rows in sources
-                         if any((r["impl"], *_problem(r)) == key for r in file_rows)), None)
-    else:
-        def ceilings_of(row):
-            return metas[0].get("ceilings") if metas else None
-    lines += _io_lines(rows, ceilings_of)
+    lines += _io_lines(rows, _run_ceilings(rows, metas, sources))
     if images:
         lines.append("Plots: " + ", ".join(f"[{title}]({path})" for title, path in images.items()) + ".")
     return "\n".join(lines).rstrip("\n") + "\n"

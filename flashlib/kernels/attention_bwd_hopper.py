@@ -587,6 +587,9 @@ def rows_descriptor(rows: torch.Tensor, block: int) -> "GluonDescriptor":
     """A 1-D Gluon descriptor of the contiguous float32 (B, H, N_q) ``rows`` (L or D) flattened, in tiles of
     ``block`` rows (unswizzled): the copy engine reads a query block's rows of one head from ``(b H + h) N_q + m``,
     and past the head's last row into the next head's (the kernel masks them) or zeros past the tensor."""
+    if rows.dtype != torch.float32 or rows.dim() != 3 or not rows.is_contiguous():
+        raise ValueError(f"rows: expected L or D as a contiguous float32 (B, H, N_q) tensor; got {rows.dtype} of "
+                         f"shape {tuple(rows.shape)}, strides {rows.stride()}")
     flat = rows.view(-1)
     return GluonDescriptor(flat, [flat.numel()], [1], [block], ROWS_LAYOUT)
 

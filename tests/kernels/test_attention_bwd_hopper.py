@@ -137,6 +137,9 @@ def test_rows_descriptor_reads_l_and_d_flattened_in_query_blocks():
     descriptor = bwd_hopper.rows_descriptor(lse, 64)
     assert (list(descriptor.shape), list(descriptor.strides), list(descriptor.block_shape)) == ([462], [1], [64])
     assert descriptor.base.data_ptr() == lse.data_ptr()
+    for bad in (lse.transpose(1, 2), lse.double(), lse[0]):
+        with pytest.raises(ValueError, match="rows: expected L or D as a contiguous float32"):
+            bwd_hopper.rows_descriptor(bad, 64)
 
 
 def test_compiles_for_hopper_with_warpgroup_mma_the_copy_engine_and_partition_registers():
