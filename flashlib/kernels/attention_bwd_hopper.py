@@ -119,7 +119,7 @@ if HAVE_GLUON:
         q_desc, k_desc, v_desc, do_desc = descs[0], descs[1], descs[2], descs[3]
         lse_desc, delta_desc = descs[6], descs[7]
         q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem = smem
-        N_Q, H = coords[5], coords[4]
+        H, ROWS_STRIDE = coords[4], coords[7]
         kv_bar, q_ready, do_ready, q_empty, do_empty = bars[0], bars[1], bars[2], bars[3], bars[4]
         off_b, off_kvh, n0, KV_GROUP = coords[0], coords[1], coords[2], coords[3]
         lo, hi = counts[0], counts[3]
@@ -137,7 +137,7 @@ if HAVE_GLUON:
                 slot = t % STAGES
                 phase = (t // STAGES) & 1
                 mbarrier.wait(q_empty.index(slot), phase ^ 1)
-                row = (off_b * H + off_h) * N_Q + m  # of the flattened L and D
+                row = (off_b * H + off_h) * ROWS_STRIDE + m  # of the flattened L and D
                 mbarrier.expect(q_ready.index(slot), q_desc.block_type.nbytes + lse_desc.block_type.nbytes
                                 + delta_desc.block_type.nbytes)
                 tma_load(lse_desc, [row], q_ready.index(slot), lse_smem.index(slot))
@@ -290,16 +290,16 @@ if HAVE_GLUON:
 
     @gluon.jit
     def attention_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_desc, delta_desc,
-                                         sm_scale, H, KV_GROUP, N_Q, N_K, DROPOUT_SEED, dropout_p,
+                                         sm_scale, H, KV_GROUP, N_Q, N_K, ROWS_STRIDE, DROPOUT_SEED, dropout_p,
                                          CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                                          HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, DROPOUT: gl.constexpr,
                                          REGISTER_OPERANDS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                                          LOADER_REGS: gl.constexpr, num_warps: gl.constexpr):
         """dK, dV of keys ``2 * BLOCK_N * program_id(0)`` on of (sample, kv head) ``program_id(1)``. Descriptors:
         (B, H, N_q, D) q/do with (1, 1, BLOCK_M, D) tiles, (B, H_kv, N_k, D) k/v/dk/dv with (1, 1, BLOCK_N, D)
-        tiles; ``lse_desc``, ``delta_desc`` L and D of (B, H, N_q) flattened, in BLOCK_M tiles
-        (:func:`rows_descriptor`). ``DROPOUT``: the forward's dropout of probability
-        ``dropout_p`` from the int64 seed at ``DROPOUT_SEED``. ``REGISTER_OPERANDS``: K and V read from registers
+        tiles; ``lse_desc``, ``delta_desc`` L and D of (B, H, N_q) flattened, each head's rows ``ROWS_STRIDE``
+        after the last one's, in BLOCK_M tiles (:func:`rows_descriptor`). ``DROPOUT``: the forward's dropout of
+        probability ``dropout_p`` from the int64 seed at ``DROPOUT_SEED``. ``REGISTER_OPERANDS``: K and V read from registers
         (:data:`DKDV_REGISTER_OPERANDS`)."""
         gl.static_assert(num_warps == 4)
         off_hkv = gl.program_id(1)
@@ -339,7 +339,8 @@ if HAVE_GLUON:
         causal = gl.to_tensor(CAUSAL)
         args = ((q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_desc, delta_desc),
                 (q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem), (kv_bar, q_ready, do_ready, q_empty, do_empty),
-                (off_b, off_kvh, n0, KV_GROUP, H, N_Q, offset), (lo, full_lo, full_hi, hi), sm_scale, causal,
+                (off_b, off_kvh, n0, KV_GROUP, H, N_Q, offset, ROWS_STRIDE), (lo, full_lo, full_hi, hi), sm_scale,
+                causal,
                 (DROPOUT_SEED, dropout_p), operands_flag(REGISTER_OPERANDS))
         if DROPOUT:
             gl.warp_specialize([(_dkdv_consume_first_half_dropout, args), (_dkdv_consume_second_half_dropout, args),
@@ -583,14 +584,43 @@ def dq_preferred(head_dim: int, n_q: int, n_k: int, scores: float, dropout: bool
     return head_dim in DQ_MIN_ROWS and min(n_q, n_k) >= DQ_MIN_ROWS[head_dim] and scores >= MIN_SCORES
 
 
+#: The copy engine reads from 16-byte aligned global addresses only, block starts included: each head's rows of L
+#: and D start a multiple of this many float32 values apart (:func:`rows_in_aligned_heads`).
+ROWS_ALIGN = 4
+
+
+def _copy_engine_reads(rows: torch.Tensor, stride: int) -> bool:
+    """Whether the copy engine can read every query block of the (B, H, N_q) float32 ``rows`` in place: unit row
+    stride, heads ``stride`` apart (a multiple of :data:`ROWS_ALIGN`) and batches ``H stride``, 16-byte aligned."""
+    return (rows.dtype == torch.float32 and rows.dim() == 3 and stride % ROWS_ALIGN == 0
+            and rows.stride() == (rows.shape[1] * stride, stride, 1) and rows.data_ptr() % 16 == 0)
+
+
+def rows_in_aligned_heads(lse: torch.Tensor, delta: torch.Tensor) -> tuple:
+    """L and D (B, H, N_q) float32 as the dK/dV kernel's copy engine can read them, and their common head stride:
+    the tensors themselves where they share a head stride that is a multiple of :data:`ROWS_ALIGN`, from 16-byte
+    aligned addresses; else both copied into zeroed (B, H, N_q rounded up) buffers. (With N_q = 77, head 1's first
+    block would start 308 bytes in: an illegal instruction on the H100, sticky for the process.)"""
+    stride = lse.stride(1)
+    if _copy_engine_reads(lse, stride) and _copy_engine_reads(delta, stride):
+        return lse, delta, stride
+    stride = triton.cdiv(lse.shape[2], ROWS_ALIGN) * ROWS_ALIGN
+    padded = tuple(rows.new_zeros(*rows.shape[:2], stride)[..., :rows.shape[2]].copy_(rows) for rows in (lse, delta))
+    return padded[0], padded[1], stride
+
+
 def rows_descriptor(rows: torch.Tensor, block: int) -> "GluonDescriptor":
-    """A 1-D Gluon descriptor of the contiguous float32 (B, H, N_q) ``rows`` (L or D) flattened, in tiles of
-    ``block`` rows (unswizzled): the copy engine reads a query block's rows of one head from ``(b H + h) N_q + m``,
-    and past the head's last row into the next head's (the kernel masks them) or zeros past the tensor."""
-    if rows.dtype != torch.float32 or rows.dim() != 3 or not rows.is_contiguous():
-        raise ValueError(f"rows: expected L or D as a contiguous float32 (B, H, N_q) tensor; got {rows.dtype} of "
-                         f"shape {tuple(rows.shape)}, strides {rows.stride()}")
-    flat = rows.view(-1)
+    """A 1-D Gluon descriptor of float32 (B, H, N_q) ``rows`` (L or D, as :func:`rows_in_aligned_heads` gives
+    them) flattened, in tiles of ``block`` rows (unswizzled): the copy engine reads a query block's rows of one head
+    from ``(b H + h) stride + m``, and past the head's last row into padding or the next head's (the kernel masks
+    them), or zeros past the tensor."""
+    stride = rows.stride(1) if rows.dim() == 3 else 0
+    if not _copy_engine_reads(rows, stride):
+        raise ValueError(f"rows: expected L or D as a float32 (B, H, N_q) tensor of unit row stride, each head's "
+                         f"rows a multiple of 16 bytes apart, from a 16-byte aligned address; got {rows.dtype} of "
+                         f"shape {tuple(rows.shape)}, strides {rows.stride()}, {rows.data_ptr() % 16} bytes past 16")
+    batch, heads, n_q = rows.shape
+    flat = rows.as_strided(((batch * heads - 1) * stride + n_q,), (1,))
     return GluonDescriptor(flat, [flat.numel()], [1], [block], ROWS_LAYOUT)
 
 
@@ -605,18 +635,17 @@ def launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, *, scale: floa
     kv_heads, n_k = k.shape[1], k.shape[2]
     if register_operands is None:
         register_operands = head_dim in DKDV_REGISTER_OPERANDS
-    # the copy engine reads from 16-byte aligned addresses only; the kernel only reads L and D, so a copy does
-    lse, delta = (rows if rows.data_ptr() % 16 == 0 else rows.clone() for rows in (lse, delta))
+    lse, delta, rows_stride = rows_in_aligned_heads(lse, delta)
     block_m, block_n, stages = CONFIGS[head_dim]
     grid = (triton.cdiv(n_k, 2 * block_n), batch * kv_heads)
     attention_bwd_dkdv_hopper_kernel[grid](
         tile_descriptor(q, block_m), tile_descriptor(k, block_n), tile_descriptor(v, block_n),
         tile_descriptor(do, block_m), tile_descriptor(dk, block_n), tile_descriptor(dv, block_n),
         rows_descriptor(lse, block_m), rows_descriptor(delta, block_m), scale,
-        heads, heads // kv_heads, n_q, n_k, lse if dropout_seed is None else dropout_seed, float(dropout_p),
-        CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, STAGES=stages, DROPOUT=dropout_p > 0,
-        REGISTER_OPERANDS=bool(register_operands), CONSUMER_REGS=CONSUMER_REGISTERS, LOADER_REGS=LOADER_REGISTERS,
-        num_warps=4, maxnreg=KERNEL_REGISTERS)
+        heads, heads // kv_heads, n_q, n_k, rows_stride, lse if dropout_seed is None else dropout_seed,
+        float(dropout_p), CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, STAGES=stages,
+        DROPOUT=dropout_p > 0, REGISTER_OPERANDS=bool(register_operands), CONSUMER_REGS=CONSUMER_REGISTERS,
+        LOADER_REGS=LOADER_REGISTERS, num_warps=4, maxnreg=KERNEL_REGISTERS)
 
 
 def launch_attention_dq_hopper(q, k, v, do, lse, delta, dq, *, scale: float, causal: bool, dropout_p: float = 0.0,

@@ -131,15 +131,32 @@ def test_calls_it_does_not_cover_stay_on_the_triton_kernels(recorded, case):
 
 
 def test_rows_descriptor_reads_l_and_d_flattened_in_query_blocks():
-    """The dK/dV kernel's copy engine reads a query block's L (or D) of one head at (b H + h) N_q + m of the whole
-    tensor flattened: one dimension over every row, unit stride, tiles of BLOCK_M rows, the tensor itself (no copy)."""
-    lse = torch.randn(2, 3, 77)
+    """The dK/dV kernel's copy engine reads a query block's L (or D) of one head at (b H + h) stride + m of the
+    tensor flattened: one dimension over every row, unit stride, tiles of BLOCK_M rows, the tensor itself (no copy),
+    and refuses rows whose blocks could start at an address that is not 16-byte aligned."""
+    lse = torch.randn(2, 3, 80)[..., :77]
     descriptor = bwd_hopper.rows_descriptor(lse, 64)
-    assert (list(descriptor.shape), list(descriptor.strides), list(descriptor.block_shape)) == ([462], [1], [64])
+    assert (list(descriptor.shape), list(descriptor.strides), list(descriptor.block_shape)) == ([477], [1], [64])
     assert descriptor.base.data_ptr() == lse.data_ptr()
-    for bad in (lse.transpose(1, 2), lse.double(), lse[0]):
-        with pytest.raises(ValueError, match="rows: expected L or D as a contiguous float32"):
+    unaligned_heads, unaligned_base = torch.randn(2, 3, 77), torch.randn(2 * 3 * 80 + 1)[1:].view(2, 3, 80)
+    for bad in (lse.transpose(1, 2), lse.double(), lse[0], unaligned_heads, unaligned_base):
+        with pytest.raises(ValueError, match="rows: expected L or D as a float32 .* 16-byte aligned address"):
             bwd_hopper.rows_descriptor(bad, 64)
+
+
+@pytest.mark.parametrize("n_q, shift, copied", [(80, 0, False), (77, 0, True), (80, 1, True)])
+def test_rows_in_aligned_heads_copies_l_and_d_only_where_the_copy_engine_cannot_read_them(n_q, shift, copied):
+    """L and D go to the copy engine as they are where every query block starts 16-byte aligned (N_q a multiple of
+    4, aligned base); else both are copied into heads padded to a multiple of 4 rows, with the same values."""
+    buffers = [torch.randn(2 * 3 * n_q + shift) for _ in range(2)]
+    lse, delta = (b[shift:].view(2, 3, n_q) for b in buffers)
+    got_lse, got_delta, stride = bwd_hopper.rows_in_aligned_heads(lse, delta)
+    assert stride == 80 and got_lse.stride() == got_delta.stride() == (240, 80, 1)
+    for got, given in ((got_lse, lse), (got_delta, delta)):
+        assert (got.data_ptr() != given.data_ptr()) is copied
+    assert torch.equal(got_lse, lse) and torch.equal(got_delta, delta)
+    for rows in (got_lse, got_delta):
+        bwd_hopper.rows_descriptor(rows, 64)  # accepted
 
 
 def test_compiles_for_hopper_with_warpgroup_mma_the_copy_engine_and_partition_registers():
@@ -312,12 +329,14 @@ def test_gpu_register_operands_give_the_same_gradients_bitwise(dtype, head_dim, 
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("n_q", [77, 80])
 @pytest.mark.parametrize("causal", [False, True])
-def test_gpu_dkdv_kernel_takes_l_and_d_at_any_address(causal):
+def test_gpu_dkdv_kernel_takes_l_and_d_at_any_address(causal, n_q):
     """The copy engine reads L and D only from 16-byte aligned addresses: views that start 4 bytes into their
-    buffers (as a slice of a larger LSE would) are copied first, and dK, dV equal the aligned call's bit for bit
-    (N_q = 77: every head's rows start at an odd element of the flattened rows)."""
-    q, k, v, do = make_inputs(2, 4, 2, 77, 300, 128, torch.float16, seed=7 + causal, grad_out=True)
+    buffers (as a slice of a larger LSE would) are copied first, and dK, dV equal the aligned call's bit for bit.
+    N_q = 77: every head's rows start at an odd element of the flattened rows, so both calls copy them into padded
+    heads (read in place, they were an illegal instruction); N_q = 80: only the shifted call copies."""
+    q, k, v, do = make_inputs(2, 4, 2, n_q, 300, 128, torch.float16, seed=7 + causal, grad_out=True)
     if not bwd_hopper.can_run(q, k, v, do, k, v, scale=1.0):
         pytest.skip("needs a Hopper GPU (sm_90) and Gluon")
     spec = AttentionSpec(causal=causal)
