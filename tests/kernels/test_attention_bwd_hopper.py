@@ -239,8 +239,12 @@ def test_gpu_gluon_dkdv_and_dq_match_float64(monkeypatch, dtype, head_dim, causa
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("causal", [False, True])
-def test_gpu_front_door_takes_it_at_d128_with_gradients_that_match_and_repeat_bitwise(monkeypatch, dtype, causal):
-    q, k, v, do = make_inputs(1, 4, 2, 2048, 2048, 128, dtype, seed=7, grad_out=True)
+@pytest.mark.parametrize("n_q, n_k", [(2048, 2048), (1025, 1299)])
+def test_gpu_front_door_takes_it_at_d128_with_gradients_that_match_and_repeat_bitwise(monkeypatch, dtype, causal,
+                                                                                     n_q, n_k):
+    """A plain call takes both Gluon kernels, at lengths of whole blocks and at odd ones (N_q = 1025: L and D go to
+    the copy engine in padded heads), with gradients within tolerance of float64 that repeat bit for bit."""
+    q, k, v, do = make_inputs(1, 4, 2, n_q, n_k, 128, dtype, seed=7, grad_out=True)
     if not bwd_hopper.can_run(q, k, v, do, k, v, scale=1.0):
         pytest.skip("needs a Hopper GPU (sm_90) and Gluon")
     monkeypatch.setattr(bwd_hopper, "MIN_SCORES", 0)  # this small batch is below the default's threshold of work
