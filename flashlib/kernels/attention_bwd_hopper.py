@@ -299,8 +299,8 @@ if HAVE_GLUON:
         (B, H, N_q, D) q/do with (1, 1, BLOCK_M, D) tiles, (B, H_kv, N_k, D) k/v/dk/dv with (1, 1, BLOCK_N, D)
         tiles; ``lse_desc``, ``delta_desc`` L and D of (B, H, N_q) flattened, each head's rows ``ROWS_STRIDE``
         after the last one's, in BLOCK_M tiles (:func:`rows_descriptor`). ``DROPOUT``: the forward's dropout of
-        probability ``dropout_p`` from the int64 seed at ``DROPOUT_SEED``. ``REGISTER_OPERANDS``: K and V read from registers
-        (:data:`DKDV_REGISTER_OPERANDS`)."""
+        probability ``dropout_p`` from the int64 seed at ``DROPOUT_SEED``. ``REGISTER_OPERANDS``: K and V read
+        from registers (:data:`DKDV_REGISTER_OPERANDS`)."""
         gl.static_assert(num_warps == 4)
         off_hkv = gl.program_id(1)
         kv_heads = H // KV_GROUP
@@ -340,8 +340,7 @@ if HAVE_GLUON:
         args = ((q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_desc, delta_desc),
                 (q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem), (kv_bar, q_ready, do_ready, q_empty, do_empty),
                 (off_b, off_kvh, n0, KV_GROUP, H, N_Q, offset, ROWS_STRIDE), (lo, full_lo, full_hi, hi), sm_scale,
-                causal,
-                (DROPOUT_SEED, dropout_p), operands_flag(REGISTER_OPERANDS))
+                causal, (DROPOUT_SEED, dropout_p), operands_flag(REGISTER_OPERANDS))
         if DROPOUT:
             gl.warp_specialize([(_dkdv_consume_first_half_dropout, args), (_dkdv_consume_second_half_dropout, args),
                                 (_bwd_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
