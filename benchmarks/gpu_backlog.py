@@ -407,10 +407,10 @@ STAGES["bwd_counters"] = (
 
 
 # Session 59: Nsight Compute counted twice the dQ kernel's long-scoreboard stalls on the dK/dV kernel (bwd_counters):
-# each step loaded 16 of L and 16 of D a thread from global memory. A stage (commit 5a75da2, since removed with its
-# switch) checked L and D staged beside Q through the copy engine bitwise on the GPU and timed it: the backward 2-13%
-# faster through the front door (TUNING.md fifty-second finding), now the only way. Its GPU tests ran at fp16 only
-# with the switch on; the next session runs the backward's whole GPU test file on the tree where it is the only way.
+# each step loaded 16 of L and 16 of D a thread from global memory; they now come staged beside Q through the copy
+# engine (TUNING.md fifty-second finding). Session 60 ran this stage on 25dc7d4: an illegal instruction at N_q = 77
+# (blocks of L and D not 16-byte aligned), fixed in dee28b2, then 76 passed on the H100 (fifty-third finding). Kept
+# for the next change to the Gluon backward.
 STAGES["bwd_gpu_tests"] = (
     Step("bwd_hopper_gpu_tests", 300,
          ("-m", "pytest", "-q", "-m", "gpu", "-n", "8", "-p", "no:cacheprovider", "-rs",
@@ -420,13 +420,15 @@ STAGES["bwd_gpu_tests"] = (
 )
 
 # Then: at D = 64 the Gluon dK/dV kernel ran 0.91-1.01x the Triton one (thirty-second finding) and so is not routed
-# there (ROUTED_HEAD_DIMS); L and D from shared memory gained it 2-13% at D = 128. Whether 64 should join.
-STAGES["dkdv_d64_route"] = (
-    Step("gluon_bwd_d64", 330,
-         ("benchmarks/gluon_bwd_ab.py", "--dtype", "fp16,bf16", "--d", "64", "--N", FA2_N),
-         "attention_bwd_hopper.ROUTED_HEAD_DIMS: 64 joins where gluon/triton is above 1 at every point (checks at "
-         "D = 64 first: gluon_regs bitwise, every gradient within tolerance of float64)"),
-)
+# there (ROUTED_HEAD_DIMS); L and D from shared memory gained it 2-13% at D = 128. Session 60's run (H100, 2f6e446)
+# passed every check at D = 64 (fp16 and bf16, register operands bitwise) and timed 3 of 12 points before its limit:
+# 1.13 / 1.07 at 1k (no mask / causal), 1.02 at 4k without a mask. Each dtype now times without the checks.
+STAGES["dkdv_d64_route"] = tuple(
+    Step(f"gluon_bwd_d64_{dtype}", 270,
+         ("benchmarks/gluon_bwd_ab.py", "--dtype", dtype, "--d", "64", "--N", FA2_N, "--no-checks"),
+         "attention_bwd_hopper.ROUTED_HEAD_DIMS: 64 joins where gluon/triton is above 1 at every point of both "
+         "dtypes (the checks at D = 64 passed in results/gluon_bwd_d64_partial_session60_h100.log)")
+    for dtype in ("fp16", "bf16"))
 
 # And: with L and D out of the registers and the Q/dO slots of two steps, whether a third slot now pays at D = 128
 # (it did not on the H200 of the thirty-third finding, before L and D were staged). Compiled for sm_90a: 166 KB of
