@@ -159,6 +159,39 @@ def test_rows_in_aligned_heads_copies_l_and_d_only_where_the_copy_engine_cannot_
         bwd_hopper.rows_descriptor(rows, 64)  # accepted
 
 
+class _RecordedLaunch:
+    """Stands for a Gluon kernel: ``kernel[grid](*args, **kwargs)`` records the call instead of running it."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.calls.append((grid, args, kwargs))
+
+
+@pytest.mark.parametrize("n_q, stride", [(77, 80), (80, 80)])
+def test_dkdv_launcher_hands_the_kernel_l_and_d_in_heads_16_bytes_apart(monkeypatch, n_q, stride):
+    """The launcher's wiring, on the CPU: the kernel gets L's and D's descriptors over heads ``stride`` rows apart
+    (a multiple of 4: every block the copy engine reads starts 16-byte aligned) and that stride as ROWS_STRIDE,
+    with the values of L and D (padded only where N_q is not a multiple of 4)."""
+    kernel = _RecordedLaunch()
+    monkeypatch.setattr(bwd_hopper, "attention_bwd_dkdv_hopper_kernel", kernel)
+    batch, heads, kv_heads, n_k, head_dim = 2, 4, 2, 300, 128
+    q, do = (torch.randn(batch, heads, n_q, head_dim, dtype=torch.float16) for _ in range(2))
+    k, v, dk, dv = (torch.randn(batch, kv_heads, n_k, head_dim, dtype=torch.float16) for _ in range(4))
+    lse, delta = torch.randn(batch, heads, n_q), torch.randn(batch, heads, n_q)
+    bwd_hopper.launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, scale=0.1, causal=False)
+    [(grid, args, kwargs)] = kernel.calls
+    lse_desc, delta_desc, rows_stride = args[6], args[7], args[13]
+    assert grid == (3, batch * kv_heads) and args[9:13] == (heads, heads // kv_heads, n_q, n_k)
+    assert rows_stride == stride and kwargs["BLOCK_M"] % 4 == 0
+    for desc, rows in ((lse_desc, lse), (delta_desc, delta)):
+        assert desc.base.data_ptr() % 16 == 0 and list(desc.block_shape) == [kwargs["BLOCK_M"]]
+        assert (desc.base.data_ptr() == rows.data_ptr()) is (n_q == stride)  # copied only where it must be
+        heads_apart = desc.base.as_strided((batch, heads, n_q), (heads * stride, stride, 1))
+        assert torch.equal(heads_apart, rows)
+
+
 def test_compiles_for_hopper_with_warpgroup_mma_the_copy_engine_and_partition_registers():
     """The installed Triton compiles the kernel for sm_90a (Triton 3.6, the GPU machine's, without spills; 3.9
     spills a little under the causal mask). The dK/dV kernel loads nothing from global memory itself: L and D come
