@@ -302,6 +302,7 @@ if HAVE_GLUON:
         probability ``dropout_p`` from the int64 seed at ``DROPOUT_SEED``. ``REGISTER_OPERANDS``: K and V read
         from registers (:data:`DKDV_REGISTER_OPERANDS`)."""
         gl.static_assert(num_warps == 4)
+        gl.static_assert(BLOCK_M % 4 == 0)  # with ROWS_STRIDE, every block of L and D starts 16-byte aligned
         off_hkv = gl.program_id(1)
         kv_heads = H // KV_GROUP
         off_b = off_hkv // kv_heads
@@ -617,7 +618,8 @@ def rows_descriptor(rows: torch.Tensor, block: int) -> "GluonDescriptor":
     if not _copy_engine_reads(rows, stride):
         raise ValueError(f"rows: expected L or D as a float32 (B, H, N_q) tensor of unit row stride, each head's "
                          f"rows a multiple of 16 bytes apart, from a 16-byte aligned address; got {rows.dtype} of "
-                         f"shape {tuple(rows.shape)}, strides {rows.stride()}, {rows.data_ptr() % 16} bytes past 16")
+                         f"shape {tuple(rows.shape)}, strides {rows.stride()}, {rows.data_ptr() % 16} bytes past a 16-byte "
+                         f"boundary")
     batch, heads, n_q = rows.shape
     flat = rows.as_strided(((batch * heads - 1) * stride + n_q,), (1,))
     return GluonDescriptor(flat, [flat.numel()], [1], [block], ROWS_LAYOUT)
@@ -625,9 +627,10 @@ def rows_descriptor(rows: torch.Tensor, block: int) -> "GluonDescriptor":
 
 def launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, *, scale: float, causal: bool, dropout_p: float = 0.0,
                                  dropout_seed=None, register_operands: bool | None = None) -> None:
-    """Fill dk, dv (B, H_kv, N_k, D) from q, do (B, H, N_q, D), k, v, lse and delta (B, H, N_q) float32
-    contiguous, for a call :func:`.attention_fwd_hopper.can_run` accepts (all six tensors, and head_dim in this
-    module's :data:`CONFIGS`): no mask, or a causal one with ``causal``. ``dropout_p`` and ``dropout_seed``: the
+    """Fill dk, dv (B, H_kv, N_k, D) from q, do (B, H, N_q, D), k, v, and lse and delta (B, H, N_q) float32 (any
+    strides: :func:`rows_in_aligned_heads` copies them where the copy engine cannot read them in place), for a call
+    :func:`.attention_fwd_hopper.can_run` accepts (all six tensors, and head_dim in this module's
+    :data:`CONFIGS`): no mask, or a causal one with ``causal``. ``dropout_p`` and ``dropout_seed``: the
     forward's (:func:`.attention_fwd_hopper.launch_attention_forward_hopper`). ``register_operands``: K and V read
     from registers (None: where :data:`DKDV_REGISTER_OPERANDS` says)."""
     batch, heads, n_q, head_dim = q.shape

@@ -144,14 +144,20 @@ def test_rows_descriptor_reads_l_and_d_flattened_in_query_blocks():
             bwd_hopper.rows_descriptor(bad, 64)
 
 
-@pytest.mark.parametrize("n_q, shift, copied", [(80, 0, False), (77, 0, True), (80, 1, True)])
-def test_rows_in_aligned_heads_copies_l_and_d_only_where_the_copy_engine_cannot_read_them(n_q, shift, copied):
-    """L and D go to the copy engine as they are where every query block starts 16-byte aligned (N_q a multiple of
-    4, aligned base); else both are copied into heads padded to a multiple of 4 rows, with the same values."""
-    buffers = [torch.randn(2 * 3 * n_q + shift) for _ in range(2)]
-    lse, delta = (b[shift:].view(2, 3, n_q) for b in buffers)
+@pytest.mark.parametrize("case, copied", [("whole heads", False), ("odd heads", True), ("shifted", True),
+                                          ("wide heads", False), ("only D shifted", True), ("D wider", True)])
+def test_rows_in_aligned_heads_copies_l_and_d_only_where_the_copy_engine_cannot_read_them(case, copied):
+    """L and D go to the copy engine as they are where every query block starts 16-byte aligned (heads a multiple
+    of 4 rows apart, the same for both, from aligned addresses); else both are copied into heads padded to a
+    multiple of 4 rows, with the same values."""
+    n_q, head_stride = {"odd heads": (77, 77), "wide heads": (77, 128)}.get(case, (80, 80))
+    shifts = {"shifted": (1, 1), "only D shifted": (0, 1)}.get(case, (0, 0))
+    strides = (head_stride, 96 if case == "D wider" else head_stride)
+    lse, delta = (torch.randn(2 * 3 * stride + shift)[shift:].as_strided((2, 3, n_q), (3 * stride, stride, 1))
+                  for stride, shift in zip(strides, shifts))
     got_lse, got_delta, stride = bwd_hopper.rows_in_aligned_heads(lse, delta)
-    assert stride == 80 and got_lse.stride() == got_delta.stride() == (240, 80, 1)
+    want = 80 if copied else head_stride
+    assert stride == want and got_lse.stride() == got_delta.stride() == (3 * want, want, 1)
     for got, given in ((got_lse, lse), (got_delta, delta)):
         assert (got.data_ptr() != given.data_ptr()) is copied
     assert torch.equal(got_lse, lse) and torch.equal(got_delta, delta)
@@ -160,36 +166,42 @@ def test_rows_in_aligned_heads_copies_l_and_d_only_where_the_copy_engine_cannot_
 
 
 class _RecordedLaunch:
-    """Stands for a Gluon kernel: ``kernel[grid](*args, **kwargs)`` records the call instead of running it."""
+    """Stands for a Gluon kernel: ``kernel[grid](*args, **kwargs)`` records the call, its arguments by name,
+    instead of running it."""
 
-    def __init__(self):
-        self.calls = []
+    def __init__(self, kernel):
+        self.arg_names, self.calls = kernel.arg_names, []
 
     def __getitem__(self, grid):
-        return lambda *args, **kwargs: self.calls.append((grid, args, kwargs))
+        return lambda *args, **kwargs: self.calls.append((grid, dict(zip(self.arg_names, args)) | kwargs))
 
 
-@pytest.mark.parametrize("n_q, stride", [(77, 80), (80, 80)])
-def test_dkdv_launcher_hands_the_kernel_l_and_d_in_heads_16_bytes_apart(monkeypatch, n_q, stride):
-    """The launcher's wiring, on the CPU: the kernel gets L's and D's descriptors over heads ``stride`` rows apart
-    (a multiple of 4: every block the copy engine reads starts 16-byte aligned) and that stride as ROWS_STRIDE,
-    with the values of L and D (padded only where N_q is not a multiple of 4)."""
-    kernel = _RecordedLaunch()
+@pytest.mark.parametrize("n_q", [77, 80])
+def test_dkdv_launcher_hands_the_kernel_l_and_d_in_heads_16_bytes_apart(monkeypatch, n_q):
+    """The launcher's wiring, on the CPU: every block of L and D that the kernel's copy engine reads, at
+    ``(b H + h) ROWS_STRIDE + m`` of their descriptors, starts 16-byte aligned and holds that head's values (L and
+    D padded only where N_q is not a multiple of 4)."""
+    kernel = _RecordedLaunch(bwd_hopper.attention_bwd_dkdv_hopper_kernel)
     monkeypatch.setattr(bwd_hopper, "attention_bwd_dkdv_hopper_kernel", kernel)
     batch, heads, kv_heads, n_k, head_dim = 2, 4, 2, 300, 128
     q, do = (torch.randn(batch, heads, n_q, head_dim, dtype=torch.float16) for _ in range(2))
     k, v, dk, dv = (torch.randn(batch, kv_heads, n_k, head_dim, dtype=torch.float16) for _ in range(4))
     lse, delta = torch.randn(batch, heads, n_q), torch.randn(batch, heads, n_q)
     bwd_hopper.launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, scale=0.1, causal=False)
-    [(grid, args, kwargs)] = kernel.calls
-    lse_desc, delta_desc, rows_stride = args[6], args[7], args[13]
-    assert grid == (3, batch * kv_heads) and args[9:13] == (heads, heads // kv_heads, n_q, n_k)
-    assert rows_stride == stride and kwargs["BLOCK_M"] % 4 == 0
-    for desc, rows in ((lse_desc, lse), (delta_desc, delta)):
-        assert desc.base.data_ptr() % 16 == 0 and list(desc.block_shape) == [kwargs["BLOCK_M"]]
-        assert (desc.base.data_ptr() == rows.data_ptr()) is (n_q == stride)  # copied only where it must be
-        heads_apart = desc.base.as_strided((batch, heads, n_q), (heads * stride, stride, 1))
-        assert torch.equal(heads_apart, rows)
+    [(grid, args)] = kernel.calls
+    assert grid == (3, batch * kv_heads) and (args["H"], args["N_Q"], args["N_K"]) == (heads, n_q, n_k)
+    stride, block = args["ROWS_STRIDE"], args["BLOCK_M"]
+    for desc, rows in ((args["lse_desc"], lse), (args["delta_desc"], delta)):
+        assert list(desc.block_shape) == [block]
+        assert (desc.base.data_ptr() != rows.data_ptr()) is (n_q % 4 != 0)  # copied only where it must be
+        flat = desc.base.as_strided((batch * heads * stride,), (1,))
+        for b in range(batch):
+            for h in range(heads):
+                for m in range(0, n_q, block):
+                    start = (b * heads + h) * stride + m
+                    assert (desc.base.data_ptr() + 4 * start) % 16 == 0, (b, h, m)
+                    kept = min(block, n_q - m)
+                    assert torch.equal(flat[start:start + kept], rows[b, h, m:m + kept]), (b, h, m)
 
 
 def test_compiles_for_hopper_with_warpgroup_mma_the_copy_engine_and_partition_registers():
@@ -369,10 +381,12 @@ def test_gpu_register_operands_give_the_same_gradients_bitwise(dtype, head_dim, 
 @pytest.mark.parametrize("n_q", [77, 80])
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_dkdv_kernel_takes_l_and_d_at_any_address(causal, n_q):
-    """The copy engine reads L and D only from 16-byte aligned addresses: views that start 4 bytes into their
-    buffers (as a slice of a larger LSE would) are copied first, and dK, dV equal the aligned call's bit for bit.
-    N_q = 77: every head's rows start at an odd element of the flattened rows, so both calls copy them into padded
-    heads (read in place, they were an illegal instruction); N_q = 80: only the shifted call copies."""
+    """The copy engine reads L and D only from 16-byte aligned addresses, and each block of them too. dK and dV
+    equal the contiguous call's bit for bit when L and D are views that start 4 bytes into their buffers (as a slice
+    of a larger LSE would; copied first), and when they are the first N_q rows of heads 128 rows apart whose other
+    rows hold NaN (read in place: the kernel must drop every row past N_q). N_q = 77: heads are not a multiple of 4
+    rows apart, so the contiguous and shifted calls copy them into padded heads (read in place, they were an illegal
+    instruction); N_q = 80: only the shifted call copies."""
     q, k, v, do = make_inputs(2, 4, 2, n_q, 300, 128, torch.float16, seed=7 + causal, grad_out=True)
     if not bwd_hopper.can_run(q, k, v, do, k, v, scale=1.0):
         pytest.skip("needs a Hopper GPU (sm_90) and Gluon")
@@ -380,16 +394,23 @@ def test_gpu_dkdv_kernel_takes_l_and_d_at_any_address(causal, n_q):
     o, lse = torch.empty_like(q), torch.empty(q.shape[:3], device="cuda")
     launch_attention_forward(q, k, v, o, lse, spec)
     delta = attention_bwd.launch_attention_backward(q, k, v, o, lse, do, None, None, None, spec)
+
+    def shifted(t):
+        buffer = torch.empty(t.numel() + 1, device="cuda")
+        return buffer[1:].view_as(t).copy_(t)
+
+    def in_wide_heads(t):
+        buffer = torch.full((*t.shape[:2], 128), float("nan"), device="cuda")
+        return buffer[..., :n_q].copy_(t)
+
     grads = []
-    for shift in (0, 1):
-        rows = []
-        for t in (lse, delta):
-            buffer = torch.empty(t.numel() + shift, device="cuda")
-            rows.append(buffer[shift:].view_as(t).copy_(t))
-        assert all(r.data_ptr() % 16 == 4 * shift for r in rows)
+    for place in (lambda t: t, shifted, in_wide_heads):
         dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
-        bwd_hopper.launch_attention_dkdv_hopper(q, k, v, do, *rows, dk, dv, scale=spec.scale(128), causal=causal)
+        bwd_hopper.launch_attention_dkdv_hopper(q, k, v, do, place(lse), place(delta), dk, dv,
+                                                scale=spec.scale(128), causal=causal)
         grads.append((dk, dv))
-    for name, aligned, shifted in zip("kv", *grads):
-        assert not aligned.isnan().any() and torch.equal(aligned, shifted), f"d{name}"
+    assert shifted(lse).data_ptr() % 16 == 4 and in_wide_heads(lse).stride(1) == 128
+    for name, contiguous, *others in zip("kv", *grads):
+        assert not contiguous.isnan().any(), f"d{name}"
+        assert all(torch.equal(contiguous, other) for other in others), f"d{name}"
 
