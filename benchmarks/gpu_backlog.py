@@ -409,8 +409,9 @@ STAGES["bwd_counters"] = (
 # Session 59: Nsight Compute counted twice the dQ kernel's long-scoreboard stalls on the dK/dV kernel (bwd_counters):
 # each step loaded 16 of L and 16 of D a thread from global memory; they now come staged beside Q through the copy
 # engine (TUNING.md fifty-second finding). Session 60 ran this stage on 25dc7d4: an illegal instruction at N_q = 77
-# (blocks of L and D not 16-byte aligned), fixed in dee28b2, then 76 passed on the H100 (fifty-third finding). Kept
-# for the next change to the Gluon backward.
+# (blocks of L and D not 16-byte aligned), fixed in dee28b2, then 76 passed on the H100 (fifty-third finding). Next
+# session: once more first, for the variant added after that run (L and D read in place from padded heads holding
+# NaN past N_q).
 STAGES["bwd_gpu_tests"] = (
     Step("bwd_hopper_gpu_tests", 300,
          ("-m", "pytest", "-q", "-m", "gpu", "-n", "8", "-p", "no:cacheprovider", "-rs",
