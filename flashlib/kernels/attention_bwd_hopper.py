@@ -618,8 +618,8 @@ def rows_descriptor(rows: torch.Tensor, block: int) -> "GluonDescriptor":
     if not _copy_engine_reads(rows, stride):
         raise ValueError(f"rows: expected L or D as a float32 (B, H, N_q) tensor of unit row stride, each head's "
                          f"rows a multiple of 16 bytes apart, from a 16-byte aligned address; got {rows.dtype} of "
-                         f"shape {tuple(rows.shape)}, strides {rows.stride()}, {rows.data_ptr() % 16} bytes past a 16-byte "
-                         f"boundary")
+                         f"shape {tuple(rows.shape)}, strides {rows.stride()}, {rows.data_ptr() % 16} bytes past a "
+                         f"16-byte boundary")
     batch, heads, n_q = rows.shape
     flat = rows.as_strided(((batch * heads - 1) * stride + n_q,), (1,))
     return GluonDescriptor(flat, [flat.numel()], [1], [block], ROWS_LAYOUT)
