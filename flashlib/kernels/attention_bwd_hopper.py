@@ -605,8 +605,8 @@ def rows_in_aligned_heads(lse: torch.Tensor, delta: torch.Tensor) -> tuple:
     if _copy_engine_reads(lse, stride) and _copy_engine_reads(delta, stride):
         return lse, delta, stride
     stride = triton.cdiv(lse.shape[2], ROWS_ALIGN) * ROWS_ALIGN
-    padded = tuple(rows.new_zeros(*rows.shape[:2], stride)[..., :rows.shape[2]].copy_(rows) for rows in (lse, delta))
-    return padded[0], padded[1], stride
+    padded = (rows.new_zeros(*rows.shape[:2], stride)[..., :rows.shape[2]].copy_(rows) for rows in (lse, delta))
+    return (*padded, stride)
 
 
 def rows_descriptor(rows: torch.Tensor, block: int) -> "GluonDescriptor":

@@ -14,6 +14,7 @@ from flashlib.reference import naive_attention
 from flashlib.spec import AttentionSpec
 from flashlib.validation import relative_error, tolerance
 from support.attention import DEVICE, ODD_SHAPES, UNCOVERED_CASES, as_bhnd, make_inputs, uncovered_call
+from support.launch import RecordedLaunch
 from support.sass import block_loops, compiled_variants, first_operands, run_sass_counts
 
 
@@ -165,23 +166,12 @@ def test_rows_in_aligned_heads_copies_l_and_d_only_where_the_copy_engine_cannot_
         bwd_hopper.rows_descriptor(rows, 64)  # accepted
 
 
-class _RecordedLaunch:
-    """Stands for a Gluon kernel: ``kernel[grid](*args, **kwargs)`` records the call, its arguments by name,
-    instead of running it."""
-
-    def __init__(self, kernel):
-        self.arg_names, self.calls = kernel.arg_names, []
-
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: self.calls.append((grid, dict(zip(self.arg_names, args)) | kwargs))
-
-
 @pytest.mark.parametrize("n_q", [77, 80])
 def test_dkdv_launcher_hands_the_kernel_l_and_d_in_heads_16_bytes_apart(monkeypatch, n_q):
     """The launcher's wiring, on the CPU: every block of L and D that the kernel's copy engine reads, at
     ``(b H + h) ROWS_STRIDE + m`` of their descriptors, starts 16-byte aligned and holds that head's values (L and
     D padded only where N_q is not a multiple of 4)."""
-    kernel = _RecordedLaunch(bwd_hopper.attention_bwd_dkdv_hopper_kernel)
+    kernel = RecordedLaunch(bwd_hopper.attention_bwd_dkdv_hopper_kernel)
     monkeypatch.setattr(bwd_hopper, "attention_bwd_dkdv_hopper_kernel", kernel)
     batch, heads, kv_heads, n_k, head_dim = 2, 4, 2, 300, 128
     q, do = (torch.randn(batch, heads, n_q, head_dim, dtype=torch.float16) for _ in range(2))

@@ -13,6 +13,7 @@ from flashlib.reference import naive_attention
 from flashlib.spec import AttentionSpec
 from flashlib.validation import relative_error, tolerance
 from support.attention import DEVICE, ODD_SHAPES, UNCOVERED_CASES, as_bhnd, make_inputs, uncovered_call
+from support.launch import RecordedLaunch
 from support.sass import block_loops, compiled_variants, first_operands, run_sass_counts
 
 
@@ -95,18 +96,15 @@ def test_dropout_is_preferred_at_the_head_dims_measured_with_it_causal_or_not():
 def test_a_causal_call_with_dropout_takes_its_own_config(monkeypatch):
     """At head_dim 128 a causal call with dropout runs 64-key blocks (DROPOUT_CAUSAL_CONFIGS, measured faster there),
     every other call the head_dim's CONFIGS."""
-    launched = []
-
-    class Recorder:
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: launched.append((kwargs["BLOCK_M"], kwargs["BLOCK_N"], kwargs["STAGES"]))
-    monkeypatch.setattr(hopper, "attention_fwd_hopper_kernel", Recorder())
+    kernel = RecordedLaunch(hopper.attention_fwd_hopper_kernel)
+    monkeypatch.setattr(hopper, "attention_fwd_hopper_kernel", kernel)
     monkeypatch.setattr(hopper, "tile_descriptor", lambda t, *shape: t)
     q = torch.zeros(1, 2, 256, 128)
     seed = torch.zeros(1, dtype=torch.int64)
     for causal, p in ((True, 0.1), (False, 0.1), (True, 0.0)):
         hopper.launch_attention_forward_hopper(q, q, q, q, q[..., 0], scale=1.0, causal=causal, dropout_p=p,
                                                dropout_seed=seed if p else None, persistent=False)
+    launched = [(args["BLOCK_M"], args["BLOCK_N"], args["STAGES"]) for _, args in kernel.calls]
     assert launched == [hopper.DROPOUT_CAUSAL_CONFIGS[128], hopper.CONFIGS[128], hopper.CONFIGS[128]]
     assert hopper.DROPOUT_CAUSAL_CONFIGS[128] != hopper.CONFIGS[128]
 
