@@ -442,6 +442,21 @@ STAGES["dkdv_stages"] = (
 )
 
 
+# Session 61 (H100, 564247a): dkdv_d64_route timed the Gluon dK/dV kernel at D = 64 above Triton's at every point of
+# both dtypes (1.02-1.14x; with K and V in registers 1.04-1.17x), so head_dim 64 is routed from 1024 rows with
+# register operands (TUNING.md fifty-fourth finding). Then: the GPU tests on that route (the front door at D = 64
+# takes it), and the backward at D = 64 beside cuDNN through the front door.
+STAGES["dkdv_d64_routed"] = (
+    replace(STAGES["bwd_gpu_tests"][0], limit_s=240,
+            decides="whether the backward's GPU tests pass with head_dim 64 routed to the Gluon dK/dV kernel and K "
+                    "and V in registers (the front door at D = 64 included)"),
+    *(Step(f"bench_bwd_d64_{dtype}", 150,
+           ("-m", "flashlib.bench", "--mode", "bwd", "--dtype", dtype, "--d", "64", "--N", FA2_N, "--causal", "both",
+            "--impl", "flashlib,sdpa_cudnn", "--out", f"{{out}}/bench_bwd_d64_{dtype}.json"),
+           "issue 14: the backward at D = 64 against cuDNN's (target: median >= 0.95x) with the new route")
+      for dtype in ("fp16", "bf16")),
+)
+
 def command(step: Step, out: Path) -> list:
     """The step's command line, ``{out}`` filled in."""
     return [sys.executable] + [arg.replace("{out}", str(out)) for arg in step.argv]

@@ -32,7 +32,7 @@ fixed order, so gradients repeat bitwise.
 
 Each consumer multiplies the same two tiles as first operands in every step (K and V, or Q and dO); both kernels can
 hold them in registers instead of reading them from shared memory each time (:data:`DKDV_REGISTER_OPERANDS`,
-:data:`DQ_REGISTER_OPERANDS`, off until measured).
+:data:`DQ_REGISTER_OPERANDS`, each where measured faster).
 
 Scope: the plain backward (no mask or a causal one, bottom-right aligned; GQA; 2-byte types; head_dim 64 or 128;
 no window, lengths, packing, score modifier) and its dropout, whose draws (:mod:`.dropout_hopper`) recompute the
@@ -69,12 +69,13 @@ CONFIGS = {64: (64, 64, 3), 128: (64, 64, 2)}
 #: The dQ kernel's (BLOCK_M query rows of each consumer, BLOCK_N keys a step, STAGES K/V slots) per head_dim: dQ in
 #: float32 registers is 64 of a thread's 240 at head_dim 128, which leaves room for S and dP of 64 keys.
 DQ_CONFIGS = {64: (64, 128, 2), 128: (64, 64, 3)}
-#: Where this kernel is the backward's dK/dV kernel by default (:func:`preferred`): the head_dims where it was measured
-#: faster than the Triton kernel at every point (head_dim 64: 0.91-1.01x, thirty-second finding), from
-#: :data:`MIN_ROWS` query and key rows (the smallest length measured: 1.05x there) and :data:`MIN_SCORES` scores (as
-#: the forward's).
-ROUTED_HEAD_DIMS = (128,)
-MIN_ROWS = 512
+#: Where this kernel is the backward's dK/dV kernel by default (:func:`preferred`): from these query and key rows per
+#: head_dim, and :data:`MIN_SCORES` scores (as the forward's). At 128, 512 rows: the smallest length measured, 1.05x
+#: the Triton kernel there. At 64, 1024 rows: with L and D staged and K and V in registers
+#: (:data:`DKDV_REGISTER_OPERANDS`) the whole backward ran 1.04-1.17x Triton's at every FlashAttention-2 point from
+#: 1k (H100, fp16 and bf16, session 61, benchmarks/TUNING.md fifty-fourth finding); before, 0.91-1.01x.
+MIN_ROWS = {128: 512, 64: 1024}
+ROUTED_HEAD_DIMS = tuple(sorted(MIN_ROWS))
 MIN_SCORES = 2 ** 27
 #: Where the dQ kernel is the backward's by default (:func:`dq_preferred`), from these query and key rows per
 #: head_dim and :data:`MIN_SCORES` scores (thirty-fourth finding, H200): at 128 it ran 1.09-1.32x the Triton dQ
@@ -84,8 +85,9 @@ DQ_MIN_ROWS = {128: 1024, 64: 4096}
 #: Triton kernels with the same dropout (H100, fp16, p = 0.1, FlashAttention-2 shapes, N 1k-16k, causal or not,
 #: session 57, benchmarks/TUNING.md forty-sixth finding): at 128 0.84-0.92x their time from 1024 rows (the smallest
 #: length measured); at 64 0.95-0.98x from 4096 rows, but 0.98-1.01x without a mask and 1.08x causal at 1024 (2048
-#: unmeasured), where the Triton dK/dV kernel stays without dropout too. Elsewhere a call with dropout keeps the Triton
-#: kernels: at 128 from 512 to 1023 rows too, where the dK/dV kernel takes the plain call (unmeasured with dropout).
+#: unmeasured; that was before L and D were staged). Elsewhere a call with dropout keeps the Triton kernels: at 128
+#: from 512 to 1023 rows and at 64 from 1024 to 4095 too, where the dK/dV kernel takes the plain call (not measured
+#: with dropout since).
 #: bf16 takes the same routes; its dropout was timed against its plain calls only (the same ratios as fp16's).
 DROPOUT_MIN_ROWS = {128: 1024, 64: 4096}
 #: Head dims at which each kernel reads its loop-invariant first operands from registers rather than shared memory
@@ -94,9 +96,11 @@ DROPOUT_MIN_ROWS = {128: 1024, 64: 4096}
 #: shared memory reads 128 bytes a cycle at the tensor cores' rate, the whole of an SM's shared-memory bandwidth,
 #: and these are such products; from registers it reads 64 (benchmarks/TUNING.md, thirty-ninth finding). Compiled
 #: for sm_90a, the operands fit in registers without a spill at head_dim 64 (both kernels) and 128 (dQ); the dK/dV
-#: kernel at 128 spills 55 registers a block. Off (empty) until a GPU has timed them (``benchmarks/gluon_dq_ab.py``
-#: and ``gluon_bwd_ab.py`` check and time both ways).
-DKDV_REGISTER_OPERANDS: tuple[int, ...] = ()
+#: kernel at 128 spills 55 registers a block. ``benchmarks/gluon_dq_ab.py`` and ``gluon_bwd_ab.py`` check and time
+#: both ways. The dK/dV kernel at 64: 1.01-1.03x its shared-memory operands at every FlashAttention-2 point (H100,
+#: fp16 and bf16, session 61, fifty-fourth finding; 0.97-1.00x before L and D were staged). The dQ kernel's
+#: ran 0.97-1.01x its shared-memory operands (H100, forty-first finding): off.
+DKDV_REGISTER_OPERANDS: tuple[int, ...] = (64,)
 DQ_REGISTER_OPERANDS: tuple[int, ...] = ()
 
 if HAVE_GLUON:
@@ -569,11 +573,11 @@ def _dropout_preferred(head_dim: int, n_q: int, n_k: int, scores: float) -> bool
 
 
 def preferred(head_dim: int, n_q: int, n_k: int, scores: float, dropout: bool = False) -> bool:
-    """Whether this kernel is the faster dK/dV kernel for these sizes: :data:`ROUTED_HEAD_DIMS`, :data:`MIN_ROWS` and
+    """Whether this kernel is the faster dK/dV kernel for these sizes: :data:`MIN_ROWS` at this head_dim, and
     :data:`MIN_SCORES` ``scores`` (those a mask leaves); with ``dropout``, :func:`_dropout_preferred`."""
     if dropout:
         return _dropout_preferred(head_dim, n_q, n_k, scores)
-    return head_dim in ROUTED_HEAD_DIMS and min(n_q, n_k) >= MIN_ROWS and scores >= MIN_SCORES
+    return head_dim in MIN_ROWS and min(n_q, n_k) >= MIN_ROWS[head_dim] and scores >= MIN_SCORES
 
 
 def dq_preferred(head_dim: int, n_q: int, n_k: int, scores: float, dropout: bool = False) -> bool:

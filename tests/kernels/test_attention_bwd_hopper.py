@@ -21,7 +21,9 @@ from support.sass import block_loops, compiled_variants, first_operands, run_sas
 @pytest.mark.parametrize("head_dim, n_q, n_k, scores, expected", [
     (128, 512, 512, 2 ** 27, True), (128, 16384, 4096, 2 ** 30, True), (128, 4096, 512, 2 ** 27, True),
     (128, 511, 4096, 2 ** 30, False), (128, 4096, 511, 2 ** 30, False),
-    (64, 4096, 4096, 2 ** 30, False), (256, 4096, 4096, 2 ** 30, False),
+    (64, 1024, 1024, 2 ** 27, True), (64, 16384, 4096, 2 ** 30, True),
+    (64, 1023, 4096, 2 ** 30, False), (64, 4096, 1023, 2 ** 30, False),  # 512 rows: not measured at head_dim 64
+    (256, 4096, 4096, 2 ** 30, False), (32, 4096, 4096, 2 ** 30, False),
     (128, 2048, 2048, 2 ** 27 - 1, False)])  # too little work: the host's time per launch decides
 def test_preferred_where_it_was_measured_faster(head_dim, n_q, n_k, scores, expected):
     assert bwd_hopper.preferred(head_dim, n_q, n_k, scores) is expected
@@ -41,7 +43,7 @@ def test_dq_preferred_where_it_was_measured_faster(head_dim, n_q, n_k, scores, e
 def test_dropout_is_preferred_only_at_the_head_dims_and_lengths_measured_with_it(rule):
     """With dropout both Gluon kernels run at head_dim 128 from 1024 rows and at 64 from 4096 (session 57, H100:
     faster than the Triton kernels with dropout there, not at 64 and 1024 rows), while without dropout the dK/dV
-    kernel stays Triton's at 64 and the dQ kernel takes 64 only from 4096 rows."""
+    kernel takes 64 from 1024 rows and the dQ kernel only from 4096."""
     preferred = getattr(bwd_hopper, rule)
     for head_dim, rows in ((128, 1024), (64, 4096)):
         assert preferred(head_dim, rows, rows, 2 ** 30, dropout=True)
@@ -50,10 +52,9 @@ def test_dropout_is_preferred_only_at_the_head_dims_and_lengths_measured_with_it
     assert not preferred(32, 4096, 4096, 2 ** 30, dropout=True) and not preferred(256, 4096, 4096, 2 ** 30,
                                                                                    dropout=True)
     assert preferred(128, 4096, 4096, 2 ** 30)
-    if rule == "preferred":  # head_dim 64 without dropout: the Triton dK/dV kernel
-        assert not preferred(64, 4096, 4096, 2 ** 30)
-    else:  # the dQ kernel from 4096 rows at 64 without dropout
-        assert preferred(64, 4096, 4096, 2 ** 30) and not preferred(64, 1024, 1024, 2 ** 30)
+    # at 64 and 1024 rows: the Gluon dK/dV kernel without dropout, the Triton one with it; the Triton dQ kernel
+    assert preferred(64, 1024, 1024, 2 ** 30) is (rule == "preferred")
+    assert not preferred(64, 1024, 1024, 2 ** 30, dropout=True)
 
 
 @pytest.fixture
@@ -275,11 +276,14 @@ def test_gpu_gluon_dkdv_and_dq_match_float64(monkeypatch, dtype, head_dim, causa
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("n_q, n_k", [(2048, 2048), (1025, 1299)])
-def test_gpu_front_door_takes_it_at_d128_with_gradients_that_match_and_repeat_bitwise(monkeypatch, dtype, causal,
-                                                                                     n_q, n_k):
-    """A plain call takes both Gluon kernels, at lengths of whole blocks and at odd ones (N_q = 1025: L and D go to
-    the copy engine in padded heads), with gradients within tolerance of float64 that repeat bit for bit."""
-    q, k, v, do = make_inputs(1, 4, 2, n_q, n_k, 128, dtype, seed=7, grad_out=True)
+@pytest.mark.parametrize("head_dim, kernels", [(128, ["dkdv", "dq"]), (64, ["dkdv"])])
+def test_gpu_front_door_takes_it_with_gradients_that_match_and_repeat_bitwise(monkeypatch, dtype, causal, n_q, n_k,
+                                                                              head_dim, kernels):
+    """A plain call takes the Gluon kernels its head_dim is routed to at these lengths (both at 128; at 64 the
+    dK/dV kernel, with K and V in registers, and Triton's dQ kernel below 4096 rows), at lengths of whole blocks and
+    at odd ones (N_q = 1025: L and D go to the copy engine in padded heads), with gradients within tolerance of
+    float64 that repeat bit for bit."""
+    q, k, v, do = make_inputs(1, 4, 2, n_q, n_k, head_dim, dtype, seed=7, grad_out=True)
     if not bwd_hopper.can_run(q, k, v, do, k, v, scale=1.0):
         pytest.skip("needs a Hopper GPU (sm_90) and Gluon")
     monkeypatch.setattr(bwd_hopper, "MIN_SCORES", 0)  # this small batch is below the default's threshold of work
@@ -290,7 +294,7 @@ def test_gpu_front_door_takes_it_at_d128_with_gradients_that_match_and_repeat_bi
         torch.autograd.backward(flash_attention(q, k, v, causal=causal), do)
         grads.append([t.grad for t in (q, k, v)])
         q.grad = k.grad = v.grad = None
-    assert calls == ["dkdv", "dq"] * 2
+    assert calls == kernels * 2
     assert all(torch.equal(a, b) for a, b in zip(*grads))  # deterministic: no atomics, the same order each time
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     naive_attention(q64, k64.repeat_interleave(2, 1), v64.repeat_interleave(2, 1), causal=causal).backward(do.double())
