@@ -40,6 +40,7 @@ def split_row(name: str, d: int, n: int, causal: bool, batch: int, heads: int) -
     delta = launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec, use_gluon=True)
     scale = spec.scale(d)
     calls = {  # the backward with both Gluon kernels, as its default route takes them from 1024 rows at D = 128
+        # and from 4096 at D = 64 (attention_bwd_hopper.MIN_ROWS, DQ_MIN_ROWS)
         "backward": lambda: launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec, use_gluon=True),
         "dkdv": lambda: bwd_hopper.launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, scale=scale,
                                                                 causal=causal),
@@ -63,10 +64,6 @@ def main(argv=None) -> int:
     parser.set_defaults(dtype=["fp16"], d=[128])
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    unrouted = sorted(set(args.d) - set(bwd_hopper.ROUTED_HEAD_DIMS))
-    if unrouted:  # there the default backward takes the Triton dK/dV kernel: a split of kernels it does not run
-        parser.error(f"argument --d: the default backward takes both Gluon kernels at head_dim "
-                     f"{', '.join(map(str, bwd_hopper.ROUTED_HEAD_DIMS))} only; got {unrouted}")
     rows = []
     for point in fa2_points(args.dtype, args.d, args.N):
         rows.append(split_row(*point))

@@ -4,8 +4,9 @@ backward, in one process on a Hopper GPU (benchmarks/TUNING.md, thirty-second an
 Checks first: dQ, dK, dV of ``launch_attention_backward(use_gluon=True)`` against float64 autograd and against the
 Triton kernels' (odd lengths, N_q != N_k under a causal mask, GQA, the (B, N, H, D) layout), and that the Gluon
 kernel ran. Then the backward at the FlashAttention-2 shapes, both ways, each replayed from a CUDA graph. At head_dim
-64 the Gluon kernel also runs with K and V read from registers (``DKDV_REGISTER_OPERANDS``, thirty-ninth finding):
-checked bitwise equal to its default, timed as ``gluon_regs``.
+64 the Gluon kernel runs both ways, K and V read from shared memory (``gluon``) and from registers (``gluon_regs``,
+``DKDV_REGISTER_OPERANDS``, thirty-ninth and fifty-fourth findings), whichever is the default: checked bitwise equal
+to each other, and timed.
 
     PYTHONPATH=. python3 benchmarks/gluon_bwd_ab.py [--dtype fp16,bf16] [--d 64,128] [--N 1024,4096,16384]
         [--variants "NAME=D:BLOCK_M,BLOCK_N,STAGES;..."] [--no-checks] --out FILE
@@ -57,9 +58,9 @@ def check(case, q, k, v, do, causal) -> dict:
     triton_grads = backward(q, k, v, do, causal, False)
     registers_equal = True
     if q.shape[-1] in REGISTER_OPERAND_HEAD_DIMS:
-        with register_operands_in_place(bwd_hopper, "DKDV_REGISTER_OPERANDS", q.shape[-1]):
-            from_registers = backward(q, k, v, do, causal, True)
-        registers_equal = all(torch.equal(a, b) for a, b in zip(from_registers, got))
+        shared, from_registers = (_with_registers(q.shape[-1], lambda: backward(q, k, v, do, causal, True), on)
+                                  for on in (False, True))
+        registers_equal = all(torch.equal(a, b) for a, b in zip(from_registers, shared))
     group = q.shape[1] // k.shape[1]
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     out = naive_attention(q64, k64.repeat_interleave(group, 1), v64.repeat_interleave(group, 1), causal=causal)
@@ -71,8 +72,10 @@ def check(case, q, k, v, do, causal) -> dict:
                 registers_equal=registers_equal, status="ok" if ok else "wrong")
 
 
-def _with_registers(d, call):
-    with register_operands_in_place(bwd_hopper, "DKDV_REGISTER_OPERANDS", d):
+def _with_registers(d, call, on=True):
+    """``call()`` with the Gluon dK/dV kernel reading K and V from registers at head_dim ``d`` (``on``) or from
+    shared memory, whichever the default is."""
+    with register_operands_in_place(bwd_hopper, "DKDV_REGISTER_OPERANDS", d, on):
         return call()
 
 
@@ -95,8 +98,10 @@ def timings(dtypes, dims, lengths, variants=None) -> list[dict]:
         calls = {impl: (lambda use_gluon=use_gluon: launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec,
                                                                              use_gluon=use_gluon))
                  for impl, use_gluon in (("gluon", True), ("triton", False))}
-        if d in REGISTER_OPERAND_HEAD_DIMS:
-            calls["gluon_regs"] = lambda: _with_registers(d, calls["gluon"])
+        if d in REGISTER_OPERAND_HEAD_DIMS:  # gluon: K and V from shared memory; gluon_regs: from registers
+            plain = calls["gluon"]
+            calls["gluon"] = lambda: _with_registers(d, plain, on=False)
+            calls["gluon_regs"] = lambda: _with_registers(d, plain)
         for name_, (vd, blocks, _) in (variants or {}).items():
             if vd == d:
                 calls[name_] = lambda blocks=blocks: with_config(d, blocks, calls["gluon"])

@@ -4,9 +4,9 @@ beside the Triton dQ kernel, in one process on a Hopper GPU (benchmarks/TUNING.m
 Checks first: its dQ against float64 autograd and against the Triton kernel's (odd lengths, N_q != N_k under a
 causal mask, GQA, the (B, N, H, D) layout), the output filled with NaN before. Then, at the FlashAttention-2 shapes,
 each replayed from a CUDA graph: the dQ pass alone (with D = rowsum(dO * O)) by either kernel, and the whole
-backward (the Gluon dK/dV kernel where it is routed) with either dQ kernel. The Gluon kernel also runs with Q and dO
-read from registers (``DQ_REGISTER_OPERANDS``, thirty-ninth finding): checked bitwise equal to its default, and timed
-as ``dq_gluon_regs`` and ``bwd_gluon_regs``.
+backward (the Gluon dK/dV kernel where it is routed) with either dQ kernel. The Gluon kernel runs with Q and dO read
+from shared memory (``dq_gluon``, ``bwd_gluon``) and from registers (``dq_gluon_regs``, ``bwd_gluon_regs``;
+``DQ_REGISTER_OPERANDS``, thirty-ninth finding), whichever is the default: checked bitwise equal, and timed.
 
     PYTHONPATH=.:benchmarks python3 benchmarks/gluon_dq_ab.py [--dtype fp16,bf16] [--d 64,128]
         [--N 1024,4096,16384] [--variants "NAME=D:BLOCK_M,BLOCK_N,STAGES;..."] [--no-checks] --out FILE
@@ -59,7 +59,8 @@ def whole_backward(q, k, v, o, lse, do, dq, dk, dv, spec, gluon: bool):
 def check(case, q, k, v, do, causal) -> dict:
     spec, o, lse = forward(q, k, v, causal)
     got, triton_dq = (torch.full_like(q, float("nan")) for _ in range(2))
-    dq_pass(q, k, v, o, lse, do, got, spec, True)
+    with _registers(q.shape[-1], on=False):
+        dq_pass(q, k, v, o, lse, do, got, spec, True)
     dq_pass(q, k, v, o, lse, do, triton_dq, spec, False)
     from_registers = torch.full_like(q, float("nan"))
     with _registers(q.shape[-1]):
@@ -87,8 +88,10 @@ def timings(dtypes, dims, lengths, variants=None) -> list[dict]:
         for gluon, impl in ((True, "gluon"), (False, "triton")):
             calls[f"dq_{impl}"] = lambda g=gluon: dq_pass(q, k, v, o, lse, do, dq, spec, g)
             calls[f"bwd_{impl}"] = lambda g=gluon: whole_backward(q, k, v, o, lse, do, dq, dk, dv, spec, g)
-        for part in ("dq", "bwd"):
-            calls[f"{part}_gluon_regs"] = lambda part=part: _with_registers(d, calls[f"{part}_gluon"])
+        for part in ("dq", "bwd"):  # gluon: Q and dO from shared memory; gluon_regs: from registers
+            plain = calls[f"{part}_gluon"]
+            calls[f"{part}_gluon"] = lambda plain=plain: _with_registers(d, plain, on=False)
+            calls[f"{part}_gluon_regs"] = lambda plain=plain: _with_registers(d, plain)
         for name_, (vd, blocks, _) in (variants or {}).items():
             if vd == d:
                 calls[f"bwd_{name_}"] = lambda blocks=blocks: _with_dq_config(d, blocks, calls["bwd_gluon"])
@@ -105,13 +108,14 @@ def timings(dtypes, dims, lengths, variants=None) -> list[dict]:
     return rows
 
 
-def _registers(d):
-    """The Gluon dQ kernel at head_dim ``d`` with Q and dO read from registers."""
-    return register_operands_in_place(bwd_hopper, "DQ_REGISTER_OPERANDS", d)
+def _registers(d, on=True):
+    """The Gluon dQ kernel at head_dim ``d`` with Q and dO read from registers (``on``) or from shared memory,
+    whichever the default is."""
+    return register_operands_in_place(bwd_hopper, "DQ_REGISTER_OPERANDS", d, on)
 
 
-def _with_registers(d, call):
-    with _registers(d):
+def _with_registers(d, call, on=True):
+    with _registers(d, on):
         return call()
 
 

@@ -174,11 +174,13 @@ def config_in_place(configs: dict, head_dim: int, config: tuple[int, int, int]):
 
 
 @contextlib.contextmanager
-def register_operands_in_place(module, name: str, head_dim: int):
-    """``module.<name>`` (a tuple of head dims, e.g. the backward's ``DQ_REGISTER_OPERANDS``) with ``head_dim`` in it,
-    restored on leaving: the launcher then asks the kernel for its register-operand variant at that head_dim."""
+def register_operands_in_place(module, name: str, head_dim: int, on: bool = True):
+    """``module.<name>`` (a tuple of head dims, e.g. the backward's ``DQ_REGISTER_OPERANDS``) with ``head_dim`` in it
+    (``on``) or without it, restored on leaving: the launcher then asks the kernel for its register-operand variant
+    at that head_dim, or for its shared-memory one. Either way, whatever the default: an A/B that timed "the
+    default" against "registers" would time one kernel twice once registers became the default."""
     saved = getattr(module, name)
-    setattr(module, name, tuple(saved) + (head_dim,))
+    setattr(module, name, tuple(d for d in saved if d != head_dim) + ((head_dim,) if on else ()))
     try:
         yield
     finally:
