@@ -1,8 +1,8 @@
 """The backward's kernels for Hopper in Gluon, warp-specialized as the forward of :mod:`.attention_fwd_hopper`:
 dK/dV, and dQ.
 
-Status: both are the backward's kernels at head_dim 128, and the dQ kernel also at 64 from 4096 rows (routed by
-:func:`preferred` and :func:`dq_preferred`). With 64 query rows a step the dK/dV kernel makes the whole backward
+Status: both are the backward's kernels at head_dim 128; at 64 the dK/dV kernel from 1024 rows, with K and V in
+registers, and the dQ kernel from 4096 (routed by :func:`preferred` and :func:`dq_preferred`). With 64 query rows a step the dK/dV kernel makes the whole backward
 1.04-1.07x faster than the Triton dK/dV kernel does, on an H200 at every FlashAttention-2 shape from N = 512, fp16
 and bf16, causal or not (benchmarks/TUNING.md, thirty-third finding); the dQ kernel runs 1.09-1.32x the Triton dQ
 kernel from N = 1024 at head_dim 128 and takes the whole backward a further 1.04-1.13x (1.00-1.05x at head_dim 64
@@ -73,7 +73,8 @@ DQ_CONFIGS = {64: (64, 128, 2), 128: (64, 64, 3)}
 #: head_dim, and :data:`MIN_SCORES` scores (as the forward's). At 128, 512 rows: the smallest length measured, 1.05x
 #: the Triton kernel there. At 64, 1024 rows: with L and D staged and K and V in registers
 #: (:data:`DKDV_REGISTER_OPERANDS`) the whole backward ran 1.04-1.17x Triton's at every FlashAttention-2 point from
-#: 1k (H100, fp16 and bf16, session 61, benchmarks/TUNING.md fifty-fourth finding); before, 0.91-1.01x.
+#: 1k (H100, fp16 and bf16, session 61, benchmarks/TUNING.md fifty-fourth finding; before, 0.91-1.01x). That A/B
+#: ran the Gluon dQ kernel too, level with Triton's at 1k, where the default keeps Triton's (:data:`DQ_MIN_ROWS`).
 MIN_ROWS = {128: 512, 64: 1024}
 ROUTED_HEAD_DIMS = tuple(sorted(MIN_ROWS))
 MIN_SCORES = 2 ** 27
@@ -97,7 +98,7 @@ DROPOUT_MIN_ROWS = {128: 1024, 64: 4096}
 #: and these are such products; from registers it reads 64 (benchmarks/TUNING.md, thirty-ninth finding). Compiled
 #: for sm_90a, the operands fit in registers without a spill at head_dim 64 (both kernels) and 128 (dQ); the dK/dV
 #: kernel at 128 spills 55 registers a block. ``benchmarks/gluon_dq_ab.py`` and ``gluon_bwd_ab.py`` check and time
-#: both ways. The dK/dV kernel at 64: 1.01-1.03x its shared-memory operands at every FlashAttention-2 point (H100,
+#: both ways. The dK/dV kernel at 64: 1.01-1.02x its shared-memory operands at every FlashAttention-2 point (H100,
 #: fp16 and bf16, session 61, fifty-fourth finding; 0.97-1.00x before L and D were staged). The dQ kernel's
 #: ran 0.97-1.01x its shared-memory operands (H100, forty-first finding): off.
 DKDV_REGISTER_OPERANDS: tuple[int, ...] = (64,)
