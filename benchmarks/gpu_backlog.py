@@ -445,7 +445,10 @@ STAGES["dkdv_stages"] = (
 # Session 61 (H100, 564247a): dkdv_d64_route timed the Gluon dK/dV kernel at D = 64 above Triton's at every point of
 # both dtypes (1.02-1.14x; with K and V in registers 1.04-1.17x), so head_dim 64 is routed from 1024 rows with
 # register operands (TUNING.md fifty-fourth finding). Then: the GPU tests on that route (the front door at D = 64
-# takes it), and the backward at D = 64 beside cuDNN through the front door.
+# takes it), and the backward at D = 64 beside cuDNN through the front door. Session 61 ran it in part on 7ed34bd
+# (the GPU lent little): the test file's front-door, register-operand and any-address tests (36 passed) and both
+# benches (results/bwd_d64_route_gpu_tests_session61_h100.log, hopper_session61_bwd_d64_*). Next session: the whole
+# stage once, for the rest of the test file on this route.
 STAGES["dkdv_d64_routed"] = (
     replace(STAGES["bwd_gpu_tests"][0], limit_s=240,
             decides="whether the backward's GPU tests pass with head_dim 64 routed to the Gluon dK/dV kernel and K "
