@@ -460,6 +460,19 @@ STAGES["dkdv_d64_routed"] = (
       for dtype in ("fp16", "bf16")),
 )
 
+# And: what is left at D = 64 is the unmasked long calls (0.89-0.90x cuDNN). 128 query rows a step with K and V in
+# shared memory compile for sm_90a without a spill in the loops (539 instructions and 24 products a step, against
+# 302 and 16 for 64 rows: about 10% fewer instructions a query row, products twice as wide); with K and V in
+# registers they spill (62 STL a step). Timed beside the default (gluon_bwd_ab's variants run with K and V in shared
+# memory at D = 64); checks before adopting it.
+STAGES["dkdv_d64_rows128"] = (
+    Step("gluon_bwd_d64_rows128", 200,
+         ("benchmarks/gluon_bwd_ab.py", "--dtype", "fp16", "--d", "64", "--N", FA2_N, "--no-checks",
+          "--variants", "m128=64:128,64,2"),
+         "attention_bwd_hopper.CONFIGS[64]: 128 query rows a step (K and V in shared memory) where m128_tflops is "
+         "above gluon_regs_tflops at every point; then its checks"),
+)
+
 
 def command(step: Step, out: Path) -> list:
     """The step's command line, ``{out}`` filled in."""
