@@ -628,6 +628,16 @@ def decisions(out: Path) -> list:
                       _wins(bwd, 64, lambda r: _ratio(r, "gluon_regs_tflops", "gluon_tflops"))))
         lines.append(("gluon_bwd_ab", "the Gluon dK/dV kernel (registers) takes D = 64 from Triton",
                       _wins(bwd, 64, lambda r: _ratio(r, "gluon_regs_tflops", "triton_tflops"))))
+    for log in sorted(out.glob("gluon_bwd_*.log")):  # the steps that time the Gluon dK/dV kernel under own names
+        timed = [row for row in log_rows(log) if "N" in row] if log.name != "gluon_bwd_ab.log" else []
+        for d in sorted({row["d"] for row in timed}):
+            lines.append((log.stem, f"D = {d}: the Gluon dK/dV kernel over the Triton one",
+                          _wins(timed, d, lambda r: _ratio(r, "gluon_tflops", "triton_tflops"))))
+            others = sorted({key for row in timed for key in row if key.endswith("_tflops")}
+                            - {"gluon_tflops", "triton_tflops"})
+            for key in others:
+                lines.append((log.stem, f"D = {d}: {key.removesuffix('_tflops')} over gluon",
+                              _wins(timed, d, lambda r, key=key: _ratio(r, key, "gluon_tflops"))))
     dropout = log_rows(out / "gluon_dropout_ab.log")
     for d in (128, 64):
         costs = [r[key] for r in dropout if r.get("d") == d for key in ("bwd_gluon/plain", "bwd_triton/plain")

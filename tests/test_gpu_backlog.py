@@ -180,6 +180,19 @@ def test_the_summary_compares_the_dropout_config_with_the_default_one(tmp_path):
     assert answers[question].startswith("yes (1.031-1.031 over 4 points)")
 
 
+def test_the_summary_reads_the_dkdv_steps_logged_under_their_own_names(tmp_path):
+    """Session 61's D = 64 route and third-slot logs, as stored: the rules their steps state, answered."""
+    results = gpu_backlog.ROOT / "benchmarks" / "results"
+    for stored, name in (("gluon_bwd_d64_fp16_session61_h100.log", "gluon_bwd_d64_fp16"),
+                         ("gluon_bwd_three_slots_session61_h100.log", "gluon_bwd_three_slots")):
+        (tmp_path / f"{name}.log").write_text((results / stored).read_text())
+    answers = _summary(tmp_path)
+    assert answers[("gluon_bwd_d64_fp16", "D = 64: the Gluon dK/dV kernel over the Triton one")].startswith(
+        "yes (1.017-1.122 over 6 points)")
+    assert answers[("gluon_bwd_d64_fp16", "D = 64: gluon_regs over gluon")].startswith("yes")
+    assert answers[("gluon_bwd_three_slots", "D = 128: s3 over gluon")].startswith("no (0.978-")
+
+
 def test_the_summary_of_an_empty_folder_decides_nothing(tmp_path):
     assert gpu_backlog.decisions(tmp_path) == []
 
