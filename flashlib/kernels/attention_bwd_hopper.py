@@ -2,15 +2,16 @@
 dK/dV, and dQ.
 
 Status: both are the backward's kernels at head_dim 128; at 64 the dK/dV kernel from 1024 rows, with K and V in
-registers, and the dQ kernel from 4096 (routed by :func:`preferred` and :func:`dq_preferred`). With 64 query
-rows a step the dK/dV kernel makes the whole backward 1.04-1.07x faster than the Triton dK/dV kernel does, on
-an H200 at every FlashAttention-2 shape from N = 512, fp16 and bf16, causal or not (benchmarks/TUNING.md,
-thirty-third finding; at head_dim 64 1.04-1.17x on an H100 from N = 1024, fifty-fourth finding); the dQ
-kernel runs 1.09-1.32x the Triton dQ kernel from N = 1024 at head_dim 128 and takes the whole backward a further
-1.04-1.13x (1.00-1.05x at head_dim 64 from N = 4096; thirty-fourth finding). :func:`flashlib.kernels.attention_bwd.launch_attention_backward` takes them
-for a plain call that the rules pick, or wherever they can run with ``use_gluon=True``; ``benchmarks/gluon_bwd_ab.py``
-and ``benchmarks/gluon_dq_ab.py`` check and time them. Why they exist: the forward gained 5-14% from the same
-structure (thirty-first finding), and the backward's Triton kernels wait on each product in turn.
+registers, and the dQ kernel from 4096 (routed by :func:`preferred` and :func:`dq_preferred`). With 64 query rows a
+step the dK/dV kernel makes the whole backward 1.04-1.07x faster than the Triton dK/dV kernel does, on an H200 at
+every FlashAttention-2 shape from N = 512, fp16 and bf16, causal or not (benchmarks/TUNING.md, thirty-third finding;
+at head_dim 64 1.04-1.17x on an H100 from N = 1024, fifty-fourth finding); the dQ kernel runs 1.09-1.32x the Triton
+dQ kernel from N = 1024 at head_dim 128 and takes the whole backward a further 1.04-1.13x (1.00-1.05x at head_dim 64
+from N = 4096; thirty-fourth finding). :func:`flashlib.kernels.attention_bwd.launch_attention_backward` takes them
+for a plain call that the rules pick, or wherever they can run with ``use_gluon=True``;
+``benchmarks/gluon_bwd_ab.py`` and ``benchmarks/gluon_dq_ab.py`` check and time them. Why they exist: the forward
+gained 5-14% from the same structure (thirty-first finding), and the backward's Triton kernels wait on each product
+in turn.
 
 A dK/dV program owns 2 x 64 keys of one (sample, kv head); three partitions:
 
