@@ -30,8 +30,8 @@ from flashlib.reference import naive_attention
 from flashlib.spec import AttentionSpec
 from flashlib.timing import graph_time_ms
 from flashlib.validation import relative_error, tolerance
-from gluon_fwd_ab import (backward_ab_main, config_in_place, fa2_points, make_inputs, print_row,
-                          register_operands_in_place)
+from gluon_fwd_ab import (backward_ab_main, config_in_place, fa2_points, make_inputs, operand_placements,
+                          print_row)
 
 #: The head dims at which the dK/dV kernel can hold K and V in registers without spilling (thirty-ninth finding).
 REGISTER_OPERAND_HEAD_DIMS = (64,)
@@ -58,8 +58,8 @@ def check(case, q, k, v, do, causal) -> dict:
     triton_grads = backward(q, k, v, do, causal, False)
     registers_equal = True
     if q.shape[-1] in REGISTER_OPERAND_HEAD_DIMS:
-        shared, from_registers = (_with_registers(q.shape[-1], lambda: backward(q, k, v, do, causal, True), on)
-                                  for on in (False, True))
+        shared, from_registers = (run() for run in operand_placements(
+            lambda: backward(q, k, v, do, causal, True), bwd_hopper, "DKDV_REGISTER_OPERANDS", q.shape[-1]))
         registers_equal = all(torch.equal(a, b) for a, b in zip(from_registers, shared))
     group = q.shape[1] // k.shape[1]
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
@@ -70,13 +70,6 @@ def check(case, q, k, v, do, causal) -> dict:
     ok = bool(calls) and all(e <= tolerance(q.dtype) for e in errors.values()) and registers_equal
     return dict(case=case, gluon_ran=bool(calls), rel_err=errors, vs_triton=vs_triton,
                 registers_equal=registers_equal, status="ok" if ok else "wrong")
-
-
-def _with_registers(d, call, on=True):
-    """``call()`` with the Gluon dK/dV kernel reading K and V from registers at head_dim ``d`` (``on``) or from
-    shared memory, whichever the default is."""
-    with register_operands_in_place(bwd_hopper, "DKDV_REGISTER_OPERANDS", d, on):
-        return call()
 
 
 def with_config(d, blocks, call):
@@ -99,9 +92,8 @@ def timings(dtypes, dims, lengths, variants=None) -> list[dict]:
                                                                              use_gluon=use_gluon))
                  for impl, use_gluon in (("gluon", True), ("triton", False))}
         if d in REGISTER_OPERAND_HEAD_DIMS:  # gluon: K and V from shared memory; gluon_regs: from registers
-            plain = calls["gluon"]
-            calls["gluon"] = lambda: _with_registers(d, plain, on=False)
-            calls["gluon_regs"] = lambda: _with_registers(d, plain)
+            calls["gluon"], calls["gluon_regs"] = operand_placements(calls["gluon"], bwd_hopper,
+                                                                     "DKDV_REGISTER_OPERANDS", d)
         for name_, (vd, blocks, _) in (variants or {}).items():
             if vd == d:
                 calls[name_] = lambda blocks=blocks: with_config(d, blocks, calls["gluon"])

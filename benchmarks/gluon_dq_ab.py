@@ -27,8 +27,8 @@ from flashlib.reference import naive_attention
 from flashlib.spec import AttentionSpec
 from flashlib.timing import graph_time_ms
 from flashlib.validation import relative_error, tolerance
-from gluon_fwd_ab import (backward_ab_main, config_in_place, fa2_points, make_inputs, print_row,
-                          register_operands_in_place)
+from gluon_fwd_ab import (backward_ab_main, config_in_place, fa2_points, make_inputs, operand_placements,
+                          print_row, register_operands_in_place)
 
 
 def forward(q, k, v, causal):
@@ -89,9 +89,8 @@ def timings(dtypes, dims, lengths, variants=None) -> list[dict]:
             calls[f"dq_{impl}"] = lambda g=gluon: dq_pass(q, k, v, o, lse, do, dq, spec, g)
             calls[f"bwd_{impl}"] = lambda g=gluon: whole_backward(q, k, v, o, lse, do, dq, dk, dv, spec, g)
         for part in ("dq", "bwd"):  # gluon: Q and dO from shared memory; gluon_regs: from registers
-            plain = calls[f"{part}_gluon"]
-            calls[f"{part}_gluon"] = lambda plain=plain: _with_registers(d, plain, on=False)
-            calls[f"{part}_gluon_regs"] = lambda plain=plain: _with_registers(d, plain)
+            calls[f"{part}_gluon"], calls[f"{part}_gluon_regs"] = operand_placements(
+                calls[f"{part}_gluon"], bwd_hopper, "DQ_REGISTER_OPERANDS", d)
         for name_, (vd, blocks, _) in (variants or {}).items():
             if vd == d:
                 calls[f"bwd_{name_}"] = lambda blocks=blocks: _with_dq_config(d, blocks, calls["bwd_gluon"])
@@ -112,11 +111,6 @@ def _registers(d, on=True):
     """The Gluon dQ kernel at head_dim ``d`` with Q and dO read from registers (``on``) or from shared memory,
     whichever the default is."""
     return register_operands_in_place(bwd_hopper, "DQ_REGISTER_OPERANDS", d, on)
-
-
-def _with_registers(d, call, on=True):
-    with _registers(d, on):
-        return call()
 
 
 def _with_dq_config(d, blocks, call):

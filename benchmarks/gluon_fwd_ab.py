@@ -187,6 +187,18 @@ def register_operands_in_place(module, name: str, head_dim: int, on: bool = True
         setattr(module, name, saved)
 
 
+def operand_placements(call, module, name: str, head_dim: int) -> tuple:
+    """``call`` twice: with the first operands in shared memory, then in registers, at ``head_dim`` (each under
+    :func:`register_operands_in_place`), for an A/B to time or check both by name."""
+
+    def placed(on):
+        def run():
+            with register_operands_in_place(module, name, head_dim, on):
+                return call()
+        return run
+    return placed(False), placed(True)
+
+
 def run_variant(config, pingpong, persistent, q, k, v, causal):
     """The Gluon forward with ``config`` in place of its own for this head_dim, ping-pong and persistence on or
     off."""

@@ -197,7 +197,7 @@ def test_dkdv_launcher_hands_the_kernel_l_and_d_in_heads_16_bytes_apart(monkeypa
 
 @pytest.mark.parametrize("head_dim, from_registers", [(64, True), (128, False)])
 def test_dkdv_launcher_reads_k_and_v_from_registers_where_measured_faster(monkeypatch, head_dim, from_registers):
-    """By default the dK/dV kernel holds K and V in registers at head_dim 64 (1.01-1.03x shared memory on the H100,
+    """By default the dK/dV kernel holds K and V in registers at head_dim 64 (1.01-1.02x shared memory on the H100,
     no spill) and reads them from shared memory at 128 (where they would spill); ``register_operands`` overrides."""
     kernel = RecordedLaunch(bwd_hopper.attention_bwd_dkdv_hopper_kernel)
     monkeypatch.setattr(bwd_hopper, "attention_bwd_dkdv_hopper_kernel", kernel)
