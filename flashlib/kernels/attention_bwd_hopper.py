@@ -66,8 +66,14 @@ if HAVE_GLUON:
 
 #: (BLOCK_M query rows a step, BLOCK_N keys of each consumer, STAGES Q/dO slots) per head_dim. At 128, 64 rows a
 #: step leave ptxas a few loop scalars to keep on the stack, none of them a tile, and beat 32 rows by 7-12% on the
-#: H200 (thirty-third finding); two slots, as a third measured no faster.
-CONFIGS = {64: (64, 64, 3), 128: (64, 64, 2)}
+#: H200 (thirty-third finding); two slots, as a third measured no faster (fifty-fourth). At 64, 128 rows a step
+#: with K and V in shared memory: about 10% fewer instructions a query row than 64 rows, no spill, and 1.00-1.03x
+#: 64 rows with K and V in registers at every FlashAttention-2 point (H100, fp16, session 62, fifty-fifth finding).
+CONFIGS = {64: (128, 64, 2), 128: (64, 64, 2)}
+#: The same with dropout, whose draws take registers: at 64, 128 rows a step spill 13-33 words a step in the loops
+#: (sm_90a, Triton 3.6), so its calls keep the 64 rows and three slots that its route was measured with (forty-sixth
+#: finding).
+DROPOUT_CONFIGS = {64: (64, 64, 3), 128: CONFIGS[128]}
 #: The dQ kernel's (BLOCK_M query rows of each consumer, BLOCK_N keys a step, STAGES K/V slots) per head_dim: dQ in
 #: float32 registers is 64 of a thread's 240 at head_dim 128, which leaves room for S and dP of 64 keys.
 DQ_CONFIGS = {64: (64, 128, 2), 128: (64, 64, 3)}
@@ -100,10 +106,11 @@ DROPOUT_MIN_ROWS = {128: 1024, 64: 4096}
 #: and these are such products; from registers it reads 64 (benchmarks/TUNING.md, thirty-ninth finding). Compiled
 #: for sm_90a, the operands fit in registers without a spill at head_dim 64 (both kernels) and 128 (dQ); the dK/dV
 #: kernel at 128 spills 55 registers a block. ``benchmarks/gluon_dq_ab.py`` and ``gluon_bwd_ab.py`` check and time
-#: both ways. The dK/dV kernel at 64: 1.01-1.02x its shared-memory operands at every FlashAttention-2 point (H100,
-#: fp16 and bf16, session 61, fifty-fourth finding; 0.97-1.00x before L and D were staged). The dQ kernel's
+#: both ways. The dK/dV kernel at 64: with 64 query rows a step, 1.01-1.02x its shared-memory operands at every
+#: FlashAttention-2 point (H100, fp16 and bf16, session 61, fifty-fourth finding), but 128 rows a step in shared
+#: memory beat both (:data:`CONFIGS`), and with 128 rows the operands in registers spill: off. The dQ kernel's
 #: ran 0.97-1.01x its shared-memory operands (H100, forty-first finding): off.
-DKDV_REGISTER_OPERANDS: tuple[int, ...] = (64,)
+DKDV_REGISTER_OPERANDS: tuple[int, ...] = ()
 DQ_REGISTER_OPERANDS: tuple[int, ...] = ()
 
 if HAVE_GLUON:
@@ -637,15 +644,15 @@ def launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, *, scale: floa
     """Fill dk, dv (B, H_kv, N_k, D) from q, do (B, H, N_q, D), k, v, and lse and delta (B, H, N_q) float32 (any
     strides: :func:`rows_in_aligned_heads` copies them where the copy engine cannot read them in place), for a call
     :func:`.attention_fwd_hopper.can_run` accepts (all six tensors, and head_dim in this module's
-    :data:`CONFIGS`): no mask, or a causal one with ``causal``. ``dropout_p`` and ``dropout_seed``: the
-    forward's (:func:`.attention_fwd_hopper.launch_attention_forward_hopper`). ``register_operands``: K and V read
-    from registers (None: where :data:`DKDV_REGISTER_OPERANDS` says)."""
+    :data:`CONFIGS`, or :data:`DROPOUT_CONFIGS` with dropout): no mask, or a causal one with ``causal``.
+    ``dropout_p`` and ``dropout_seed``: the forward's (:func:`.attention_fwd_hopper.launch_attention_forward_hopper`).
+    ``register_operands``: K and V read from registers (None: where :data:`DKDV_REGISTER_OPERANDS` says)."""
     batch, heads, n_q, head_dim = q.shape
     kv_heads, n_k = k.shape[1], k.shape[2]
     if register_operands is None:
         register_operands = head_dim in DKDV_REGISTER_OPERANDS
     lse, delta, rows_stride = rows_in_aligned_heads(lse, delta)
-    block_m, block_n, stages = CONFIGS[head_dim]
+    block_m, block_n, stages = (DROPOUT_CONFIGS if dropout_p > 0 else CONFIGS)[head_dim]
     grid = (triton.cdiv(n_k, 2 * block_n), batch * kv_heads)
     attention_bwd_dkdv_hopper_kernel[grid](
         tile_descriptor(q, block_m), tile_descriptor(k, block_n), tile_descriptor(v, block_n),
