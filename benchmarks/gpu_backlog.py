@@ -448,8 +448,8 @@ STAGES["dkdv_stages"] = (
 # takes it), and the backward at D = 64 beside cuDNN through the front door. Session 61 ran it in part on 7ed34bd
 # (the GPU lent little): the test file's front-door, register-operand and any-address tests (36 passed) and both
 # benches (results/bwd_d64_route_gpu_tests_session61_h100.log, hopper_session61_bwd_d64_*). Session 62 ran the rest
-# of the test file on that route (84 passed, results/bwd_gpu_tests_d64_regs_session62_h100.log), then adopted 128
-# query rows a step at 64 (dkdv_d64_rows128 below): this stage again, on the new blocks.
+# of the test file on that route (84 passed, results/bwd_gpu_tests_d64_regs_session62_h100.log). Next session: this
+# stage again, after ``git revert b0c27b5`` (128 query rows a step at 64, dkdv_d64_rows128 below).
 STAGES["dkdv_d64_routed"] = (
     replace(STAGES["bwd_gpu_tests"][0], limit_s=240,
             decides="whether the backward's GPU tests pass with head_dim 64 routed to the Gluon dK/dV kernel's 128 "
@@ -466,8 +466,9 @@ STAGES["dkdv_d64_routed"] = (
 # 302 and 16 for 64 rows: about 10% fewer instructions a query row, products twice as wide); with K and V in
 # registers they spill (62 STL a step). Timed beside the default (gluon_bwd_ab's variants run with K and V in shared
 # memory at D = 64); checks before adopting it. Session 62 (H100, a1ec418): 1.00-1.03x the default with K and V in
-# registers at every point (results/gluon_bwd_d64_rows128_session62_h100.log; TUNING.md fifty-fifth finding), so
-# CONFIGS[64] = (128, 64, 2) with K and V in shared memory; dropout keeps 64 rows (DROPOUT_CONFIGS), where 128 spill.
+# registers at every point (results/gluon_bwd_d64_rows128_session62_h100.log; TUNING.md fifty-fifth finding). The
+# change (CONFIGS[64] = (128, 64, 2), K and V in shared memory; dropout keeps 64 rows, where 128 spill) was written
+# in 1791e6e and taken back out in b0c27b5 when no GPU came to run its checks: revert b0c27b5, then dkdv_d64_routed.
 STAGES["dkdv_d64_rows128"] = (
     Step("gluon_bwd_d64_rows128", 200,
          ("benchmarks/gluon_bwd_ab.py", "--dtype", "fp16", "--d", "64", "--N", FA2_N, "--no-checks",
