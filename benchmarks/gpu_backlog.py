@@ -452,8 +452,9 @@ STAGES["dkdv_stages"] = (
 # stage again, after ``git revert b0c27b5`` (128 query rows a step at 64, dkdv_d64_rows128 below).
 STAGES["dkdv_d64_routed"] = (
     replace(STAGES["bwd_gpu_tests"][0], limit_s=240,
-            decides="whether the backward's GPU tests pass with head_dim 64 routed to the Gluon dK/dV kernel's 128 "
-                    "query rows a step (the front door at D = 64 included)"),
+            decides="whether the backward's GPU tests pass with head_dim 64 routed to the Gluon dK/dV kernel (after "
+                    "git revert b0c27b5: 128 query rows a step, K and V in shared memory; the front door at D = 64 "
+                    "included)"),
     *(Step(f"bench_bwd_d64_{dtype}", 150,
            ("-m", "flashlib.bench", "--mode", "bwd", "--dtype", dtype, "--d", "64", "--N", FA2_N, "--causal", "both",
             "--impl", "flashlib,sdpa_cudnn", "--no-ceilings", "--out", f"{{out}}/bench_bwd_d64_{dtype}"),
@@ -639,9 +640,12 @@ def decisions(out: Path) -> list:
                           _wins(timed, d, lambda r: _ratio(r, "gluon_tflops", "triton_tflops"))))
             others = sorted({key for row in timed for key in row if key.endswith("_tflops")}
                             - {"gluon_tflops", "triton_tflops"})
-            for key in others:
-                lines.append((log.stem, f"D = {d}: {key.removesuffix('_tflops')} over gluon",
-                              _wins(timed, d, lambda r, key=key: _ratio(r, key, "gluon_tflops"))))
+            bases = [base for base in ("gluon_tflops", "gluon_regs_tflops") if any(base in row for row in timed)]
+            for key in others:  # each variant over either operand placement of the default blocks
+                for base in [base for base in bases if base != key]:
+                    lines.append((log.stem, f"D = {d}: {key.removesuffix('_tflops')} over "
+                                            f"{base.removesuffix('_tflops')}",
+                                  _wins(timed, d, lambda r, key=key, base=base: _ratio(r, key, base))))
     dropout = log_rows(out / "gluon_dropout_ab.log")
     for d in (128, 64):
         costs = [r[key] for r in dropout if r.get("d") == d for key in ("bwd_gluon/plain", "bwd_triton/plain")

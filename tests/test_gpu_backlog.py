@@ -181,16 +181,21 @@ def test_the_summary_compares_the_dropout_config_with_the_default_one(tmp_path):
 
 
 def test_the_summary_reads_the_dkdv_steps_logged_under_their_own_names(tmp_path):
-    """Session 61's D = 64 route and third-slot logs, as stored: the rules their steps state, answered."""
+    """Session 61's D = 64 route and third-slot logs and session 62's 128-row step, as stored: the rules their steps
+    state, answered (a variant over either operand placement of the default blocks)."""
     results = gpu_backlog.ROOT / "benchmarks" / "results"
     for stored, name in (("gluon_bwd_d64_fp16_session61_h100.log", "gluon_bwd_d64_fp16"),
-                         ("gluon_bwd_three_slots_session61_h100.log", "gluon_bwd_three_slots")):
+                         ("gluon_bwd_three_slots_session61_h100.log", "gluon_bwd_three_slots"),
+                         ("gluon_bwd_d64_rows128_session62_h100.log", "gluon_bwd_d64_rows128")):
         (tmp_path / f"{name}.log").write_text((results / stored).read_text())
     answers = _summary(tmp_path)
     assert answers[("gluon_bwd_d64_fp16", "D = 64: the Gluon dK/dV kernel over the Triton one")].startswith(
         "yes (1.017-1.122 over 6 points)")
     assert answers[("gluon_bwd_d64_fp16", "D = 64: gluon_regs over gluon")].startswith("yes")
     assert answers[("gluon_bwd_three_slots", "D = 128: s3 over gluon")].startswith("no (0.978-")
+    assert ("gluon_bwd_three_slots", "D = 128: s3 over gluon_regs") not in answers  # no such column at 128
+    assert answers[("gluon_bwd_d64_rows128", "D = 64: m128 over gluon_regs")].startswith("yes (1.000-1.034 over 6")
+    assert answers[("gluon_bwd_d64_rows128", "D = 64: m128 over gluon")].startswith("yes (1.021-1.058 over 6")
 
 
 def test_the_summary_of_an_empty_folder_decides_nothing(tmp_path):
