@@ -634,7 +634,9 @@ def decisions(out: Path) -> list:
         lines.append(("gluon_bwd_ab", "the Gluon dK/dV kernel (registers) takes D = 64 from Triton",
                       _wins(bwd, 64, lambda r: _ratio(r, "gluon_regs_tflops", "triton_tflops"))))
     for log in sorted(out.glob("gluon_bwd_*.log")):  # the steps that time the Gluon dK/dV kernel under own names
-        timed = [row for row in log_rows(log) if "N" in row] if log.name != "gluon_bwd_ab.log" else []
+        if log.name == "gluon_bwd_ab.log":  # answered above
+            continue
+        timed = [row for row in log_rows(log) if "N" in row]
         for d in sorted({row["d"] for row in timed}):
             lines.append((log.stem, f"D = {d}: the Gluon dK/dV kernel over the Triton one",
                           _wins(timed, d, lambda r: _ratio(r, "gluon_tflops", "triton_tflops"))))

@@ -224,6 +224,11 @@ def test_compiles_for_hopper_with_warpgroup_mma_the_copy_engine_and_partition_re
         assert opcodes.get("LDG", 0) == 0, f"{header}: L and D come through the copy engine, never loaded per step"
 
 
+def _assert_no_stack_stores(header: str, variant_loops) -> None:
+    """No loop over blocks of one compiled variant (``block_loops``' rows) stores to the stack: no spill there."""
+    assert all(stores == 0 for _, _, stores, _ in variant_loops), (header, variant_loops)
+
+
 def test_dkdv_defaults_compile_with_no_spill_in_the_loops():
     """The dK/dV kernel's default blocks and operand placement (:data:`CONFIGS`, :data:`DKDV_REGISTER_OPERANDS`) keep
     every loop over blocks off the stack at both head dims, with and without dropout: with Triton 3.6, the GPU
@@ -237,7 +242,7 @@ def test_dkdv_defaults_compile_with_no_spill_in_the_loops():
     for (header, _, _), variant_loops in zip(variants, loops):
         assert variant_loops, f"{header}: no loop over blocks found in the SASS"
         if gpu_machines_triton or "causal=no dropout=0.0 " in header:
-            assert all(stores == 0 for _, _, stores, _ in variant_loops), (header, variant_loops)
+            _assert_no_stack_stores(header, variant_loops)
     assert sum("causal=no dropout=0.0 " in header for header, _, _ in variants) == 2, done.stdout
 
 
@@ -261,7 +266,7 @@ def test_register_operands_compile_with_every_product_reading_registers_and_no_s
         if "register operands yes" in header:
             assert from_registers > 0 and from_shared == 0, (header, from_registers, from_shared)
             if gpu_machines_triton or "causal=no" in header:
-                assert all(stores == 0 for _, _, stores, _ in variant_loops), (header, variant_loops)
+                _assert_no_stack_stores(header, variant_loops)
         else:
             assert from_shared >= from_registers > 0, (header, from_registers, from_shared)
     assert not set(bwd_hopper.DKDV_REGISTER_OPERANDS) - {64}, "K and V spill in registers at head_dim 128"
