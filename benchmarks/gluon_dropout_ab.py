@@ -20,7 +20,7 @@ the two dropout routes' O are (``o_gluon_vs_triton``, a relative error), so a br
 
 ``--fwd-configs`` times the Gluon forward with dropout in other (BLOCK_M, BLOCK_N, STAGES) configs as well
 (``gluon_NAME``), for the head_dim given before the colon; ``--bwd-configs`` the backward with other configs of the
-Gluon dK/dV kernel (its ``CONFIGS``), each checked against the Triton kernels' gradients (``dk_NAME_vs_triton``...).
+Gluon dK/dV kernel (its ``DROPOUT_CONFIGS``), each checked against the Triton kernels' gradients (``dk_NAME_vs_triton``...).
 """
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ def timings(dtypes, dims, lengths, p: float, parts=("fwd", "bwd"), routes=tuple(
             triton_grads = backward(q, k, v, o, lse, do, spec, seed, False)
         for label, (config_d, config) in (bwd_configs or {}).items():
             if config_d == d:
-                with config_in_place(bwd_hopper.CONFIGS, d, config):
+                with config_in_place(bwd_hopper.DROPOUT_CONFIGS, d, config):
                     grads = backward(q, k, v, o, lse, do, spec, seed, True)
                     for grad_name, got, want in zip(("dq", "dk", "dv"), grads, triton_grads):
                         row[f"{grad_name}_{label}_vs_triton"] = relative_error(got, want)

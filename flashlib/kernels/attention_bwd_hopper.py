@@ -1,11 +1,11 @@
 """The backward's kernels for Hopper in Gluon, warp-specialized as the forward of :mod:`.attention_fwd_hopper`:
 dK/dV, and dQ.
 
-Status: both are the backward's kernels at head_dim 128; at 64 the dK/dV kernel from 1024 rows, with K and V in
-registers, and the dQ kernel from 4096 (routed by :func:`preferred` and :func:`dq_preferred`). With 64 query rows a
+Status: both are the backward's kernels at head_dim 128; at 64 the dK/dV kernel from 1024 rows, with 128 query rows
+a step, and the dQ kernel from 4096 (routed by :func:`preferred` and :func:`dq_preferred`). With 64 query rows a
 step the dK/dV kernel makes the whole backward 1.04-1.07x faster than the Triton dK/dV kernel does, on an H200 at
 every FlashAttention-2 shape from N = 512, fp16 and bf16, causal or not (benchmarks/TUNING.md, thirty-third finding;
-at head_dim 64 1.04-1.17x on an H100 from N = 1024, fifty-fourth finding); the dQ kernel runs 1.09-1.32x the Triton
+at head_dim 64 1.06-1.18x on an H100 from N = 1024, fp16, fifty-fourth and fifty-fifth findings); the dQ kernel runs 1.09-1.32x the Triton
 dQ kernel from N = 1024 at head_dim 128 and takes the whole backward a further 1.04-1.13x (1.00-1.05x at head_dim 64
 from N = 4096; thirty-fourth finding). :func:`flashlib.kernels.attention_bwd.launch_attention_backward` takes them
 for a plain call that the rules pick, or wherever they can run with ``use_gluon=True``;
@@ -17,8 +17,8 @@ A dK/dV program owns 2 x 64 keys of one (sample, kv head); three partitions:
 
 * a **loading warp**: K and V of both halves once, then Q and dO of every query block of every query head of the
   kv head (GQA) into a ring of ``STAGES`` slots, each refilled once both consumers released it, and with Q its
-  rows' L and D (:func:`rows_descriptor`): queries run along the columns of S^T, so a thread needs 16 of a block's
-  64 values of each, which it reads from shared memory when it uses them (loaded from global memory instead, every
+  rows' L and D (:func:`rows_descriptor`): queries run along the columns of S^T, so a thread needs a quarter of a
+  block's values of each (16 of 64), which it reads from shared memory when it uses them (loaded from global memory instead, every
   step, they cost the backward 2-13%: benchmarks/TUNING.md, fifty-second finding);
 * two **consumer warpgroups**, 64 keys each, with dK and dV in float32 registers (240 registers a thread), per
   query block: ``S^T = K Q^T``, ``P^T = exp2(S^T - L)``, ``dV += P^T dO``, ``dP^T = V dO^T``,
@@ -66,8 +66,14 @@ if HAVE_GLUON:
 
 #: (BLOCK_M query rows a step, BLOCK_N keys of each consumer, STAGES Q/dO slots) per head_dim. At 128, 64 rows a
 #: step leave ptxas a few loop scalars to keep on the stack, none of them a tile, and beat 32 rows by 7-12% on the
-#: H200 (thirty-third finding); two slots, as a third measured no faster.
-CONFIGS = {64: (64, 64, 3), 128: (64, 64, 2)}
+#: H200 (thirty-third finding); two slots, as a third measured no faster (fifty-fourth). At 64, 128 rows a step
+#: with K and V in shared memory: about 10% fewer instructions a query row than 64 rows, no spill, and 1.00-1.03x
+#: 64 rows with K and V in registers at every FlashAttention-2 point (H100, fp16, session 62, fifty-fifth finding).
+CONFIGS = {64: (128, 64, 2), 128: (64, 64, 2)}
+#: The same with dropout, whose draws take registers: at 64, 128 rows a step spill 13-33 words a step in the loops
+#: (sm_90a, Triton 3.6), so its calls keep the 64 rows and three slots that its route was measured with (forty-sixth
+#: finding).
+DROPOUT_CONFIGS = {64: (64, 64, 3), 128: CONFIGS[128]}
 #: The dQ kernel's (BLOCK_M query rows of each consumer, BLOCK_N keys a step, STAGES K/V slots) per head_dim: dQ in
 #: float32 registers is 64 of a thread's 240 at head_dim 128, which leaves room for S and dP of 64 keys.
 DQ_CONFIGS = {64: (64, 128, 2), 128: (64, 64, 3)}
@@ -100,10 +106,11 @@ DROPOUT_MIN_ROWS = {128: 1024, 64: 4096}
 #: and these are such products; from registers it reads 64 (benchmarks/TUNING.md, thirty-ninth finding). Compiled
 #: for sm_90a, the operands fit in registers without a spill at head_dim 64 (both kernels) and 128 (dQ); the dK/dV
 #: kernel at 128 spills 55 registers a block. ``benchmarks/gluon_dq_ab.py`` and ``gluon_bwd_ab.py`` check and time
-#: both ways. The dK/dV kernel at 64: 1.01-1.02x its shared-memory operands at every FlashAttention-2 point (H100,
-#: fp16 and bf16, session 61, fifty-fourth finding; 0.97-1.00x before L and D were staged). The dQ kernel's
+#: both ways. The dK/dV kernel at 64: with 64 query rows a step, 1.01-1.02x its shared-memory operands at every
+#: FlashAttention-2 point (H100, fp16 and bf16, session 61, fifty-fourth finding), but 128 rows a step in shared
+#: memory beat both (:data:`CONFIGS`), and with 128 rows the operands in registers spill: off. The dQ kernel's
 #: ran 0.97-1.01x its shared-memory operands (H100, forty-first finding): off.
-DKDV_REGISTER_OPERANDS: tuple[int, ...] = (64,)
+DKDV_REGISTER_OPERANDS: tuple[int, ...] = ()
 DQ_REGISTER_OPERANDS: tuple[int, ...] = ()
 
 if HAVE_GLUON:
@@ -637,15 +644,15 @@ def launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, *, scale: floa
     """Fill dk, dv (B, H_kv, N_k, D) from q, do (B, H, N_q, D), k, v, and lse and delta (B, H, N_q) float32 (any
     strides: :func:`rows_in_aligned_heads` copies them where the copy engine cannot read them in place), for a call
     :func:`.attention_fwd_hopper.can_run` accepts (all six tensors, and head_dim in this module's
-    :data:`CONFIGS`): no mask, or a causal one with ``causal``. ``dropout_p`` and ``dropout_seed``: the
-    forward's (:func:`.attention_fwd_hopper.launch_attention_forward_hopper`). ``register_operands``: K and V read
-    from registers (None: where :data:`DKDV_REGISTER_OPERANDS` says)."""
+    :data:`CONFIGS`, or :data:`DROPOUT_CONFIGS` with dropout): no mask, or a causal one with ``causal``.
+    ``dropout_p`` and ``dropout_seed``: the forward's (:func:`.attention_fwd_hopper.launch_attention_forward_hopper`).
+    ``register_operands``: K and V read from registers (None: where :data:`DKDV_REGISTER_OPERANDS` says)."""
     batch, heads, n_q, head_dim = q.shape
     kv_heads, n_k = k.shape[1], k.shape[2]
     if register_operands is None:
         register_operands = head_dim in DKDV_REGISTER_OPERANDS
     lse, delta, rows_stride = rows_in_aligned_heads(lse, delta)
-    block_m, block_n, stages = CONFIGS[head_dim]
+    block_m, block_n, stages = (DROPOUT_CONFIGS if dropout_p > 0 else CONFIGS)[head_dim]
     grid = (triton.cdiv(n_k, 2 * block_n), batch * kv_heads)
     attention_bwd_dkdv_hopper_kernel[grid](
         tile_descriptor(q, block_m), tile_descriptor(k, block_n), tile_descriptor(v, block_n),

@@ -195,18 +195,25 @@ def test_dkdv_launcher_hands_the_kernel_l_and_d_in_heads_16_bytes_apart(monkeypa
                     assert torch.equal(flat[start:start + kept], rows[b, h, m:m + kept]), (b, h, m)
 
 
-@pytest.mark.parametrize("head_dim, from_registers", [(64, True), (128, False)])
-def test_dkdv_launcher_reads_k_and_v_from_registers_where_measured_faster(monkeypatch, head_dim, from_registers):
-    """By default the dK/dV kernel holds K and V in registers at head_dim 64 (1.01-1.02x shared memory on the H100,
-    no spill) and reads them from shared memory at 128 (where they would spill); ``register_operands`` overrides."""
+@pytest.mark.parametrize("head_dim, dropout_p, blocks", [(64, 0.0, (128, 64, 2)), (64, 0.1, (64, 64, 3)),
+                                                      (128, 0.0, (64, 64, 2)), (128, 0.1, (64, 64, 2))])
+def test_dkdv_launcher_takes_the_measured_blocks_and_k_and_v_from_shared_memory(monkeypatch, head_dim, dropout_p,
+                                                                                  blocks):
+    """The dK/dV kernel's measured defaults: at head_dim 64, 128 query rows a step with K and V in shared memory
+    (1.00-1.03x 64 rows with them in registers on the H100, fifty-fifth finding), but 64 rows and three slots with
+    dropout, whose draws would spill with 128; at 128, 64 rows and two slots, K and V in shared memory (they would
+    spill in registers). ``register_operands`` overrides the placement."""
     kernel = RecordedLaunch(bwd_hopper.attention_bwd_dkdv_hopper_kernel)
     monkeypatch.setattr(bwd_hopper, "attention_bwd_dkdv_hopper_kernel", kernel)
     q, k, v, do, dk, dv = (torch.randn(1, 2, 128, head_dim, dtype=torch.float16) for _ in range(6))
     lse, delta = torch.randn(1, 2, 128), torch.randn(1, 2, 128)
-    for asked in (None, not from_registers):
+    for asked in (None, True):
         bwd_hopper.launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, scale=0.1, causal=False,
-                                                register_operands=asked)
-    assert [args["REGISTER_OPERANDS"] for _, args in kernel.calls] == [from_registers, not from_registers]
+                                                dropout_p=dropout_p, register_operands=asked)
+    assert [args["REGISTER_OPERANDS"] for _, args in kernel.calls] == [False, True]
+    for _, args in kernel.calls:
+        assert (args["BLOCK_M"], args["BLOCK_N"], args["STAGES"]) == blocks
+        assert args["DROPOUT"] is (dropout_p > 0)
 
 
 def test_compiles_for_hopper_with_warpgroup_mma_the_copy_engine_and_partition_registers():
@@ -230,10 +237,11 @@ def _assert_no_stack_stores(header: str, variant_loops) -> None:
 
 
 def test_dkdv_defaults_compile_with_no_spill_in_the_loops():
-    """The dK/dV kernel's default blocks and operand placement (:data:`CONFIGS`, :data:`DKDV_REGISTER_OPERANDS`) keep
-    every loop over blocks off the stack at both head dims, with and without dropout: with Triton 3.6, the GPU
-    machine's, under either mask; with later versions, which spill a little under the causal mask or with dropout at
-    head_dim 128, without either. A default that spills loses time the A/Bs may not show at every shape."""
+    """The dK/dV kernel's default blocks and operand placement (:data:`CONFIGS`, and :data:`DROPOUT_CONFIGS` with
+    dropout) keep every loop over blocks off the stack at both head dims: 128 query rows a step at 64 without
+    dropout, 64 with it (128 rows with dropout's draws spill 13-33 words a step). With Triton 3.6, the GPU
+    machine's, under either mask and with dropout; with later versions, which spill a little under the causal mask
+    or with dropout at head_dim 128, without either."""
     done = run_sass_counts("--kernel", "gluon_dkdv", "--d", "64,128", "--causal", "no,yes", "--dropout", "0,0.1")
     assert done.returncode == 0, done.stderr[-3000:]
     variants, loops = compiled_variants(done.stdout, "gluon_dkdv"), block_loops(done.stdout, "gluon_dkdv")
@@ -246,21 +254,24 @@ def test_dkdv_defaults_compile_with_no_spill_in_the_loops():
     assert sum("causal=no dropout=0.0 " in header for header, _, _ in variants) == 2, done.stdout
 
 
-@pytest.mark.parametrize("kernel, head_dims", [("gluon_dq", "64,128"), ("gluon_dkdv", "64")])
-def test_register_operands_compile_with_every_product_reading_registers_and_no_spill_in_the_loops(kernel, head_dims):
+@pytest.mark.parametrize("kernel, head_dims, dropouts", [("gluon_dq", "64,128", "0,0.1"), ("gluon_dkdv", "64", "0.1")])
+def test_register_operands_compile_with_every_product_reading_registers_and_no_spill_in_the_loops(kernel, head_dims,
+                                                                                                  dropouts):
     """Where the loop-invariant first operands (Q and dO, or K and V) can be held in registers, every warpgroup
     product reads its first operand from registers, and no loop over blocks stores to the stack: with Triton 3.6
     (the GPU machine's) with or without the causal mask or dropout; with later versions, which spill a few
     registers in the causal mask's loops whichever way the operands come, without the mask. (Not the dK/dV kernel
-    at head_dim 128: K and V there spill 55 registers a block, benchmarks/TUNING.md, thirty-ninth finding.) The
-    default reads them from shared memory: half the products at least do."""
-    done = run_sass_counts("--kernel", kernel, "--d", head_dims, "--causal", "no,yes", "--dropout", "0,0.1",
+    at head_dim 128, where K and V spill 55 registers a block, benchmarks/TUNING.md, thirty-ninth finding; nor at
+    64 without dropout, whose 128 query rows a step leave no room for them.) Read from shared memory, half the
+    products at least do."""
+    done = run_sass_counts("--kernel", kernel, "--d", head_dims, "--causal", "no,yes", "--dropout", dropouts,
                            "--register-operands", "yes,no")
     assert done.returncode == 0, done.stderr[-3000:]
     variants = compiled_variants(done.stdout, kernel)
     loops = block_loops(done.stdout, kernel)
     first = first_operands(done.stdout)
-    assert len(variants) == len(loops) == len(first) == 8 * len(head_dims.split(",")), done.stdout
+    assert len(variants) == len(loops) == len(first) == 4 * len(head_dims.split(",")) * len(dropouts.split(",")), \
+        done.stdout
     gpu_machines_triton = done.stdout.startswith("triton 3.6.")
     for (header, _, _), variant_loops, (from_registers, from_shared) in zip(variants, loops, first):
         if "register operands yes" in header:
@@ -269,7 +280,7 @@ def test_register_operands_compile_with_every_product_reading_registers_and_no_s
                 _assert_no_stack_stores(header, variant_loops)
         else:
             assert from_shared >= from_registers > 0, (header, from_registers, from_shared)
-    assert not set(bwd_hopper.DKDV_REGISTER_OPERANDS) - {64}, "K and V spill in registers at head_dim 128"
+    assert not bwd_hopper.DKDV_REGISTER_OPERANDS, "K and V spill in registers at head_dim 128 and at 64's 128 rows"
 
 
 def _count_launches(monkeypatch) -> list[str]:
