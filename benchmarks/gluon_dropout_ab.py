@@ -20,7 +20,8 @@ the two dropout routes' O are (``o_gluon_vs_triton``, a relative error), so a br
 
 ``--fwd-configs`` times the Gluon forward with dropout in other (BLOCK_M, BLOCK_N, STAGES) configs as well
 (``gluon_NAME``), for the head_dim given before the colon; ``--bwd-configs`` the backward with other configs of the
-Gluon dK/dV kernel (its ``DROPOUT_CONFIGS``), each checked against the Triton kernels' gradients (``dk_NAME_vs_triton``...).
+Gluon dK/dV kernel (its ``DROPOUT_CONFIGS``), each checked against the Triton kernels' gradients
+(``dk_NAME_vs_triton``...).
 """
 from __future__ import annotations
 

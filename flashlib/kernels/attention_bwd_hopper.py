@@ -5,21 +5,21 @@ Status: both are the backward's kernels at head_dim 128; at 64 the dK/dV kernel 
 a step, and the dQ kernel from 4096 (routed by :func:`preferred` and :func:`dq_preferred`). With 64 query rows a
 step the dK/dV kernel makes the whole backward 1.04-1.07x faster than the Triton dK/dV kernel does, on an H200 at
 every FlashAttention-2 shape from N = 512, fp16 and bf16, causal or not (benchmarks/TUNING.md, thirty-third finding;
-at head_dim 64 1.06-1.18x on an H100 from N = 1024, fp16, fifty-fourth and fifty-fifth findings); the dQ kernel runs 1.09-1.32x the Triton
-dQ kernel from N = 1024 at head_dim 128 and takes the whole backward a further 1.04-1.13x (1.00-1.05x at head_dim 64
-from N = 4096; thirty-fourth finding). :func:`flashlib.kernels.attention_bwd.launch_attention_backward` takes them
-for a plain call that the rules pick, or wherever they can run with ``use_gluon=True``;
-``benchmarks/gluon_bwd_ab.py`` and ``benchmarks/gluon_dq_ab.py`` check and time them. Why they exist: the forward
-gained 5-14% from the same structure (thirty-first finding), and the backward's Triton kernels wait on each product
-in turn.
+at head_dim 64 1.06-1.18x on an H100 from N = 1024, fp16, fifty-fourth and fifty-fifth findings); the dQ kernel
+runs 1.09-1.32x the Triton dQ kernel from N = 1024 at head_dim 128 and takes the whole backward a further
+1.04-1.13x (1.00-1.05x at head_dim 64 from N = 4096; thirty-fourth finding).
+:func:`flashlib.kernels.attention_bwd.launch_attention_backward` takes them for a plain call that the rules
+pick, or wherever they can run with ``use_gluon=True``; ``benchmarks/gluon_bwd_ab.py`` and
+``benchmarks/gluon_dq_ab.py`` check and time them. Why they exist: the forward gained 5-14% from the same structure
+(thirty-first finding), and the backward's Triton kernels wait on each product in turn.
 
 A dK/dV program owns 2 x 64 keys of one (sample, kv head); three partitions:
 
 * a **loading warp**: K and V of both halves once, then Q and dO of every query block of every query head of the
   kv head (GQA) into a ring of ``STAGES`` slots, each refilled once both consumers released it, and with Q its
   rows' L and D (:func:`rows_descriptor`): queries run along the columns of S^T, so a thread needs a quarter of a
-  block's values of each (16 of 64), which it reads from shared memory when it uses them (loaded from global memory instead, every
-  step, they cost the backward 2-13%: benchmarks/TUNING.md, fifty-second finding);
+  block's values of each (16 of 64), which it reads from shared memory when it uses them (loaded from global memory
+  instead, every step, they cost the backward 2-13%: benchmarks/TUNING.md, fifty-second finding);
 * two **consumer warpgroups**, 64 keys each, with dK and dV in float32 registers (240 registers a thread), per
   query block: ``S^T = K Q^T``, ``P^T = exp2(S^T - L)``, ``dV += P^T dO``, ``dP^T = V dO^T``,
   ``dS^T = P^T (dP^T - D)``, ``dK += dS^T Q``, the products through ``warpgroup_mma`` with P^T and dS^T as
