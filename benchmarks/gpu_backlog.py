@@ -478,6 +478,17 @@ STAGES["dkdv_d64_rows128"] = (
          "above gluon_regs_tflops at every point; then its checks"),
 )
 
+# And the dQ kernel at D = 64 (routed from 4096 rows; 64 query rows a consumer, 128 keys a step, two K/V slots):
+# compiled for sm_90a with Triton 3.6, three slots, or 64 keys a step with three or four, keep its loops free of
+# stack stores too (session 62, untimed). Each variant is timed in the whole backward against the default.
+STAGES["dq_d64_configs"] = (
+    Step("gluon_dq_d64_configs", 180,
+         ("benchmarks/gluon_dq_ab.py", "--dtype", "fp16", "--d", "64", "--N", FA2_N, "--no-checks",
+          "--variants", "n128s3=64:64,128,3;n64s3=64:64,64,3;n64s4=64:64,64,4"),
+         "attention_bwd_hopper.DQ_CONFIGS[64]: a variant whose bwd_NAME_tflops is above bwd_gluon_tflops at every "
+         "point; then its checks"),
+)
+
 
 def command(step: Step, out: Path) -> list:
     """The step's command line, ``{out}`` filled in."""
@@ -648,6 +659,16 @@ def decisions(out: Path) -> list:
                     lines.append((log.stem, f"D = {d}: {key.removesuffix('_tflops')} over "
                                             f"{base.removesuffix('_tflops')}",
                                   _wins(timed, d, lambda r, key=key, base=base: _ratio(r, key, base))))
+    for log in sorted(out.glob("gluon_dq_*.log")):  # the steps that time other dQ configs under own names
+        if log.name == "gluon_dq_ab.log":  # answered above
+            continue
+        timed = [row for row in log_rows(log) if "N" in row]
+        for d in sorted({row["d"] for row in timed}):
+            variants = sorted({key for row in timed for key in row if key.endswith("_tflops")}
+                              - {"bwd_gluon_tflops", "bwd_triton_tflops", "bwd_gluon_regs_tflops"})
+            for key in variants:
+                lines.append((log.stem, f"D = {d}: {key.removesuffix('_tflops')} over bwd_gluon",
+                              _wins(timed, d, lambda r, key=key: _ratio(r, key, "bwd_gluon_tflops"))))
     dropout = log_rows(out / "gluon_dropout_ab.log")
     for d in (128, 64):
         costs = [r[key] for r in dropout if r.get("d") == d for key in ("bwd_gluon/plain", "bwd_triton/plain")

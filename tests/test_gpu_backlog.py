@@ -239,3 +239,14 @@ def test_applying_settings_rewrites_only_their_assignments(tmp_path):
     before = (root / gpu_backlog.SETTING_FILES["FP8_HEAD_DIMS"]).read_text().splitlines()
     assert sum(a != b for a, b in zip(before, fwd.splitlines())) == 2 and len(before) == len(fwd.splitlines())
     assert gpu_backlog.apply_settings(chosen, tmp_path) == []  # applied twice: nothing more changes
+
+
+def test_the_summary_compares_each_dq_config_with_the_default_one(tmp_path):
+    rows = [{"d": 64, "N": n, "causal": c, "bwd_gluon_tflops": 300.0, "bwd_triton_tflops": 280.0,
+             "bwd_gluon_regs_tflops": 299.0, "bwd_n64s3_tflops": 306.0, "bwd_n128s3_tflops": 303.0 if c else 297.0}
+            for n in (4096, 16384) for c in (False, True)]
+    _log(tmp_path / "gluon_dq_d64_configs.log", rows)
+    answers = _summary(tmp_path)
+    assert answers[("gluon_dq_d64_configs", "D = 64: bwd_n64s3 over bwd_gluon")] == "yes (1.020-1.020 over 4 points)"
+    assert answers[("gluon_dq_d64_configs", "D = 64: bwd_n128s3 over bwd_gluon")].startswith("no (0.990-1.010")
+    assert not [key for key in answers if key[0] == "gluon_dq_d64_configs" and "regs" in key[1]]
