@@ -489,6 +489,18 @@ STAGES["dq_d64_configs"] = (
          "point; then its checks"),
 )
 
+# Ran (H100, session 63): no dQ config beats the default at every point (0.98-1.02x). The plain backward at D = 64
+# now takes 128 query rows a step; a call with dropout keeps 64 (DROPOUT_CONFIGS: 128 rows spill 12-33 STL a step
+# with dropout). Dropout's cost over the faster plain call, and 128 rows with dropout despite the spill, checked:
+STAGES["dropout_d64_rows128"] = (
+    Step("gluon_dropout_d64_rows128", 330,
+         ("benchmarks/gluon_dropout_ab.py", "--dtype", "fp16,bf16", "--d", "64", "--N", FA2_N, "--parts", "bwd",
+          "--routes", "plain,gluon", "--bwd-configs", "m128=64:128,64,2"),
+         "issue 13's dropout cost at D = 64 (bwd_gluon/plain) over the 128-row plain backward; "
+         "attention_bwd_hopper.DROPOUT_CONFIGS[64] takes 128 rows where bwd_gluon_m128 beats bwd_gluon at every "
+         "point and its gradients match the Triton kernels'"),
+)
+
 
 def command(step: Step, out: Path) -> list:
     """The step's command line, ``{out}`` filled in."""
