@@ -16,12 +16,14 @@ the two dropout routes' O are (``o_gluon_vs_triton``, a relative error), so a br
 
     PYTHONPATH=.:benchmarks python3 benchmarks/gluon_dropout_ab.py [--dtype fp16,bf16] [--d 128,64]
         [--N 1024,4096,16384] [--p 0.1] [--parts fwd,bwd] [--routes plain,gluon,triton]
-        [--fwd-configs "bn64=128:64,64,3"] [--bwd-configs "m32=128:32,64,2"] [--out FILE]
+        [--fwd-configs "bn64=128:64,64,3"] [--bwd-configs "m32=128:32,64,2"] [--kv-placements] [--out FILE]
 
 ``--fwd-configs`` times the Gluon forward with dropout in other (BLOCK_M, BLOCK_N, STAGES) configs as well
 (``gluon_NAME``), for the head_dim given before the colon; ``--bwd-configs`` the backward with other configs of the
 Gluon dK/dV kernel (its ``DROPOUT_CONFIGS``), each checked against the Triton kernels' gradients
-(``dk_NAME_vs_triton``...).
+(``dk_NAME_vs_triton``...). ``--kv-placements`` times the Gluon backward with dropout with K and V read from shared
+memory (``bwd_gluon_shared``) and from registers (``bwd_gluon_regs``; ``DKDV_DROPOUT_REGISTER_OPERANDS``),
+whichever is the default, and checks that both give the same gradients bit for bit (``kv_placements_equal``).
 """
 from __future__ import annotations
 
@@ -40,7 +42,8 @@ from flashlib.kernels.attention_fwd import launch_attention_forward
 from flashlib.spec import AttentionSpec
 from flashlib.timing import graph_time_ms
 from flashlib.validation import relative_error
-from gluon_fwd_ab import add_grid_options, config_in_place, config_variants, fa2_points, make_inputs, print_row
+from gluon_fwd_ab import (add_grid_options, config_in_place, config_variants, fa2_points, make_inputs,
+                          operand_placements, print_row)
 
 ROUTES = {"plain": None, "gluon": True, "triton": False}
 
@@ -59,7 +62,7 @@ def backward(q, k, v, o, lse, do, spec, seed, use_gluon):
 
 
 def timings(dtypes, dims, lengths, p: float, parts=("fwd", "bwd"), routes=tuple(ROUTES),
-            fwd_configs=None, bwd_configs=None) -> list[dict]:
+            fwd_configs=None, bwd_configs=None, kv_placements=False) -> list[dict]:
     rows = []
     seed = torch.tensor([20261204], dtype=torch.int64, device="cuda")
     for name, d, n, causal, batch, heads in fa2_points(dtypes, dims, lengths):
@@ -94,6 +97,14 @@ def timings(dtypes, dims, lengths, p: float, parts=("fwd", "bwd"), routes=tuple(
                         row[f"{grad_name}_{label}_vs_triton"] = relative_error(got, want)
                     row[f"bwd_gluon_{label}_ms"] = graph_time_ms(
                         lambda: backward(q, k, v, o, lse, do, spec, seed, True), rep=100)
+        if kv_placements:
+            o, lse = forward(q, k, v, spec, seed, True)
+            shared, regs = operand_placements(lambda: backward(q, k, v, o, lse, do, spec, seed, True), bwd_hopper,
+                                              "DKDV_DROPOUT_REGISTER_OPERANDS", d)
+            row["kv_placements_equal"] = all(torch.equal(a, b) for a, b in zip(shared(), regs()))
+            row["bwd_gluon_shared_ms"] = graph_time_ms(shared, rep=100)
+            row["bwd_gluon_regs_ms"] = graph_time_ms(regs, rep=100)
+            row["kv regs/shared"] = row["bwd_gluon_shared_ms"] / row["bwd_gluon_regs_ms"]  # > 1: registers faster
         if "gluon" in outputs and "triton" in outputs:
             row["o_gluon_vs_triton"] = relative_error(outputs["gluon"][0], outputs["triton"][0])
         for key in [key for key in row if key.endswith("_ms") and "plain" not in key]:
@@ -120,6 +131,8 @@ def main(argv=None) -> int:
                         help="other Gluon forward configs timed with dropout: 'NAME=D:BLOCK_M,BLOCK_N,STAGES;...'")
     parser.add_argument("--bwd-configs", type=config_variants, default="",
                         help="other Gluon dK/dV configs timed with dropout: 'NAME=D:BLOCK_M,BLOCK_N,STAGES;...'")
+    parser.add_argument("--kv-placements", action="store_true",
+                        help="time the Gluon backward with dropout with K and V from shared memory and registers")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     if not 0 < args.p < 1:
@@ -129,7 +142,7 @@ def main(argv=None) -> int:
         parser.error(f"--parts takes fwd, bwd and --routes {', '.join(ROUTES)}; got {args.parts!r}, {args.routes!r}")
     rows = timings(args.dtype, args.d, args.N, args.p, parts, routes,
                    {label: (d, config) for label, (d, config, _) in args.fwd_configs.items()},
-                   {label: (d, config) for label, (d, config, _) in args.bwd_configs.items()})
+                   {label: (d, config) for label, (d, config, _) in args.bwd_configs.items()}, args.kv_placements)
     if args.out:
         with open(args.out, "w") as f:
             meta = results_meta(method="each call replayed from a CUDA graph (graph_time_ms, rep=100 ms)",

@@ -448,8 +448,9 @@ STAGES["dkdv_stages"] = (
 # takes it), and the backward at D = 64 beside cuDNN through the front door. Session 61 ran it in part on 7ed34bd
 # (the GPU lent little): the test file's front-door, register-operand and any-address tests (36 passed) and both
 # benches (results/bwd_d64_route_gpu_tests_session61_h100.log, hopper_session61_bwd_d64_*). Session 62 ran the rest
-# of the test file on that route (84 passed, results/bwd_gpu_tests_d64_regs_session62_h100.log). Next session: this
-# stage again, after ``git revert b0c27b5`` (128 query rows a step at 64, dkdv_d64_rows128 below).
+# of the test file on that route (84 passed, results/bwd_gpu_tests_d64_regs_session62_h100.log). Session 63 ran this
+# stage again after ``git revert b0c27b5`` (128 query rows a step at 64, dkdv_d64_rows128 below): 84 passed; 0.90-1.04x
+# cuDNN (results/bwd_gpu_tests_d64_rows128_session63_h100.log, hopper_session63_bwd_d64_*; TUNING fifty-sixth).
 STAGES["dkdv_d64_routed"] = (
     replace(STAGES["bwd_gpu_tests"][0], limit_s=240,
             decides="whether the backward's GPU tests pass with head_dim 64 routed to the Gluon dK/dV kernel (after "
@@ -499,6 +500,18 @@ STAGES["dropout_d64_rows128"] = (
          "issue 13's dropout cost at D = 64 (bwd_gluon/plain) over the 128-row plain backward; "
          "attention_bwd_hopper.DROPOUT_CONFIGS[64] takes 128 rows where bwd_gluon_m128 beats bwd_gluon at every "
          "point and its gradients match the Triton kernels'"),
+)
+
+# Ran (H100, session 63, results/gluon_dropout_d64_rows128_session63_h100.log): dropout's backward at D = 64 is
+# 1.23-1.29x the plain one; 128 rows with dropout lose under the causal mask (0.89-0.99x): not adopted. That run
+# read K and V from shared memory with dropout (DKDV_REGISTER_OPERANDS had emptied for the 128-row plain step);
+# DKDV_DROPOUT_REGISTER_OPERANDS = (64,) since gives dropout calls session 61's registers back, untimed with dropout:
+STAGES["dropout_d64_kv_registers"] = (
+    Step("gluon_dropout_d64_kv_registers", 200,
+         ("benchmarks/gluon_dropout_ab.py", "--dtype", "fp16", "--d", "64", "--N", FA2_N, "--parts", "bwd",
+          "--routes", "plain", "--kv-placements"),
+         "attention_bwd_hopper.DKDV_DROPOUT_REGISTER_OPERANDS keeps 64 where bwd_gluon_regs beats bwd_gluon_shared "
+         "at every point (kv regs/shared > 1) with kv_placements_equal true; and dropout's cost over plain"),
 )
 
 
@@ -688,6 +701,12 @@ def decisions(out: Path) -> list:
         if costs:
             lines.append(("gluon_dropout_ab", f"issue 13: dropout's backward <= 1.15x at D = {d}",
                           f"{'yes' if max(costs) <= 1.15 else 'no'} ({min(costs):.3f}-{max(costs):.3f})"))
+    placements = log_rows(out / "gluon_dropout_d64_kv_registers.log")
+    if placements:
+        unequal = [f"N={r['N']}, causal={r['causal']}" for r in placements if r.get("kv_placements_equal") is False]
+        lines.append(("gluon_dropout_d64_kv_registers", "K and V placements give unequal gradients", unequal or "none"))
+        lines.append(("gluon_dropout_d64_kv_registers", "DKDV_DROPOUT_REGISTER_OPERANDS keeps 64",
+                      _wins(placements, 64, lambda r: r.get("kv regs/shared"))))
     m32 = log_rows(out / "gluon_dropout_m32.log")
     if m32:
         lines.append(("gluon_dropout_m32", "the dK/dV kernel with dropout takes 32 query rows a step at D = 128",

@@ -68,9 +68,10 @@ README_GRIDS = (
     # the backward at D = 128 once the dK/dV kernel's loading warp staged L and D in shared memory (session 59)
     "hopper_session59_bwd_fp16_nvidia_h100_80gb_hbm3.json",
     "hopper_session59_bwd_bf16_nvidia_h100_80gb_hbm3.json",
-    # the backward at D = 64 once the dK/dV kernel took it from 1024 rows, K and V in registers (session 61)
-    "hopper_session61_bwd_d64_fp16_nvidia_h100_80gb_hbm3.json",
-    "hopper_session61_bwd_d64_bf16_nvidia_h100_80gb_hbm3.json",
+    # the backward at D = 64 once the dK/dV kernel took 128 query rows a step there, K and V in shared memory
+    # (session 63; it had taken D = 64 from 1024 rows in session 61, 64 rows a step with K and V in registers)
+    "hopper_session63_bwd_d64_fp16_nvidia_h100_80gb_hbm3.json",
+    "hopper_session63_bwd_d64_bf16_nvidia_h100_80gb_hbm3.json",
 )
 _MIB = 2 ** 20
 

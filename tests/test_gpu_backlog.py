@@ -250,3 +250,13 @@ def test_the_summary_compares_each_dq_config_with_the_default_one(tmp_path):
     assert answers[("gluon_dq_d64_configs", "D = 64: bwd_n64s3 over bwd_gluon")] == "yes (1.020-1.020 over 4 points)"
     assert answers[("gluon_dq_d64_configs", "D = 64: bwd_n128s3 over bwd_gluon")].startswith("no (0.990-1.010")
     assert not [key for key in answers if key[0] == "gluon_dq_d64_configs" and "regs" in key[1]]
+
+
+def test_the_summary_answers_the_dropout_kv_placement_step(tmp_path):
+    _log(tmp_path / "gluon_dropout_d64_kv_registers.log",
+         [{"d": 64, "N": 4096, "causal": False, "kv_placements_equal": True, "kv regs/shared": 1.02},
+          {"d": 64, "N": 4096, "causal": True, "kv_placements_equal": False, "kv regs/shared": 1.01}])
+    answers = _summary(tmp_path)
+    step = "gluon_dropout_d64_kv_registers"
+    assert answers[(step, "K and V placements give unequal gradients")] == ["N=4096, causal=True"]
+    assert answers[(step, "DKDV_DROPOUT_REGISTER_OPERANDS keeps 64")] == "yes (1.010-1.020 over 2 points)"

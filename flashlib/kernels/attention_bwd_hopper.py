@@ -112,6 +112,10 @@ DROPOUT_MIN_ROWS = {128: 1024, 64: 4096}
 #: ran 0.97-1.01x its shared-memory operands (H100, forty-first finding): off.
 DKDV_REGISTER_OPERANDS: tuple[int, ...] = ()
 DQ_REGISTER_OPERANDS: tuple[int, ...] = ()
+#: The same for a dK/dV call with dropout, whose blocks are :data:`DROPOUT_CONFIGS`: at 64 its 64 query rows a step
+#: keep K and V in registers without a spill (sm_90a, Triton 3.6), the placement session 61 measured faster at
+#: those blocks and whose route the GPU tests ran in session 62 (fifty-sixth finding).
+DKDV_DROPOUT_REGISTER_OPERANDS: tuple[int, ...] = (64,)
 
 if HAVE_GLUON:
 
@@ -646,11 +650,12 @@ def launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, *, scale: floa
     :func:`.attention_fwd_hopper.can_run` accepts (all six tensors, and head_dim in this module's
     :data:`CONFIGS`, or :data:`DROPOUT_CONFIGS` with dropout): no mask, or a causal one with ``causal``.
     ``dropout_p`` and ``dropout_seed``: the forward's (:func:`.attention_fwd_hopper.launch_attention_forward_hopper`).
-    ``register_operands``: K and V read from registers (None: where :data:`DKDV_REGISTER_OPERANDS` says)."""
+    ``register_operands``: K and V read from registers (None: where :data:`DKDV_REGISTER_OPERANDS` says, or
+    :data:`DKDV_DROPOUT_REGISTER_OPERANDS` with dropout)."""
     batch, heads, n_q, head_dim = q.shape
     kv_heads, n_k = k.shape[1], k.shape[2]
     if register_operands is None:
-        register_operands = head_dim in DKDV_REGISTER_OPERANDS
+        register_operands = head_dim in (DKDV_DROPOUT_REGISTER_OPERANDS if dropout_p > 0 else DKDV_REGISTER_OPERANDS)
     lse, delta, rows_stride = rows_in_aligned_heads(lse, delta)
     block_m, block_n, stages = (DROPOUT_CONFIGS if dropout_p > 0 else CONFIGS)[head_dim]
     grid = (triton.cdiv(n_k, 2 * block_n), batch * kv_heads)

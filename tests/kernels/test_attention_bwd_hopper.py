@@ -195,22 +195,24 @@ def test_dkdv_launcher_hands_the_kernel_l_and_d_in_heads_16_bytes_apart(monkeypa
                     assert torch.equal(flat[start:start + kept], rows[b, h, m:m + kept]), (b, h, m)
 
 
-@pytest.mark.parametrize("head_dim, dropout_p, blocks", [(64, 0.0, (128, 64, 2)), (64, 0.1, (64, 64, 3)),
-                                                      (128, 0.0, (64, 64, 2)), (128, 0.1, (64, 64, 2))])
-def test_dkdv_launcher_takes_the_measured_blocks_and_k_and_v_from_shared_memory(monkeypatch, head_dim, dropout_p,
-                                                                                  blocks):
+@pytest.mark.parametrize("head_dim, dropout_p, blocks, registers", [
+    (64, 0.0, (128, 64, 2), False), (64, 0.1, (64, 64, 3), True), (128, 0.0, (64, 64, 2), False),
+    (128, 0.1, (64, 64, 2), False)])
+def test_dkdv_launcher_takes_the_measured_blocks_and_operand_placement(monkeypatch, head_dim, dropout_p, blocks,
+                                                                       registers):
     """The dK/dV kernel's measured defaults: at head_dim 64, 128 query rows a step with K and V in shared memory
-    (1.00-1.03x 64 rows with them in registers on the H100, fifty-fifth finding), but 64 rows and three slots with
-    dropout, whose draws would spill with 128; at 128, 64 rows and two slots, K and V in shared memory (they would
-    spill in registers). ``register_operands`` overrides the placement."""
+    (1.00-1.03x 64 rows with them in registers on the H100, fifty-fifth finding), but with dropout, whose draws
+    would spill with 128 rows, 64 rows and three slots with K and V in registers (session 61's route); at 128, 64
+    rows and two slots, K and V in shared memory (they would spill in registers). ``register_operands`` overrides
+    the placement."""
     kernel = RecordedLaunch(bwd_hopper.attention_bwd_dkdv_hopper_kernel)
     monkeypatch.setattr(bwd_hopper, "attention_bwd_dkdv_hopper_kernel", kernel)
     q, k, v, do, dk, dv = (torch.randn(1, 2, 128, head_dim, dtype=torch.float16) for _ in range(6))
     lse, delta = torch.randn(1, 2, 128), torch.randn(1, 2, 128)
-    for asked in (None, True):
+    for asked in (None, not registers):
         bwd_hopper.launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, scale=0.1, causal=False,
                                                 dropout_p=dropout_p, register_operands=asked)
-    assert [args["REGISTER_OPERANDS"] for _, args in kernel.calls] == [False, True]
+    assert [args["REGISTER_OPERANDS"] for _, args in kernel.calls] == [registers, not registers]
     for _, args in kernel.calls:
         assert (args["BLOCK_M"], args["BLOCK_N"], args["STAGES"]) == blocks
         assert args["DROPOUT"] is (dropout_p > 0)
@@ -237,9 +239,10 @@ def _assert_no_stack_stores(header: str, variant_loops) -> None:
 
 
 def test_dkdv_defaults_compile_with_no_spill_in_the_loops():
-    """The dK/dV kernel's default blocks and operand placement (:data:`CONFIGS`, and :data:`DROPOUT_CONFIGS` with
-    dropout) keep every loop over blocks off the stack at both head dims: 128 query rows a step at 64 without
-    dropout, 64 with it (128 rows with dropout's draws spill 13-33 words a step). With Triton 3.6, the GPU
+    """The dK/dV kernel's default blocks and operand placement (:data:`CONFIGS`, and :data:`DROPOUT_CONFIGS` and
+    :data:`DKDV_DROPOUT_REGISTER_OPERANDS` with dropout) keep every loop over blocks off the stack at both head
+    dims: 128 query rows a step at 64 without dropout, 64 with it and K and V in registers (128 rows with dropout's
+    draws spill 13-33 words a step). With Triton 3.6, the GPU
     machine's, under either mask and with dropout; with later versions, which spill a little under the causal mask
     or with dropout at head_dim 128, without either."""
     done = run_sass_counts("--kernel", "gluon_dkdv", "--d", "64,128", "--causal", "no,yes", "--dropout", "0,0.1")
