@@ -6,7 +6,7 @@ Triton kernels' (odd lengths, N_q != N_k under a causal mask, GQA, the (B, N, H,
 kernel ran. Then the backward at the FlashAttention-2 shapes, both ways, each replayed from a CUDA graph. At head_dim
 64 the Gluon kernel runs both ways, K and V read from shared memory (``gluon``) and from registers (``gluon_regs``,
 ``DKDV_REGISTER_OPERANDS``, thirty-ninth and fifty-fourth findings), whichever is the default: checked bitwise equal
-to each other, and timed.
+to each other, and timed (in registers, 128 rows a step spill: :data:`REGISTER_OPERAND_HEAD_DIMS`).
 
     PYTHONPATH=. python3 benchmarks/gluon_bwd_ab.py [--dtype fp16,bf16] [--d 64,128] [--N 1024,4096,16384]
         [--variants "NAME=D:BLOCK_M,BLOCK_N,STAGES;..."] [--no-checks] --out FILE
@@ -33,8 +33,10 @@ from flashlib.validation import relative_error, tolerance
 from gluon_fwd_ab import (backward_ab_main, config_in_place, fa2_points, make_inputs, operand_placements,
                           print_row)
 
-#: The head dims at which the dK/dV kernel can hold K and V in registers without spilling (thirty-ninth finding).
-REGISTER_OPERAND_HEAD_DIMS = (64,)
+#: The head dims at which the dK/dV kernel can hold K and V in registers without spilling (thirty-ninth finding),
+#: with 64 query rows a step. With the 128 rows a step of ``CONFIGS[64]`` since session 63 they spill (58-82 STL a
+#: step, fifty-fifth finding): ``gluon_regs`` at 64 now times that spilling kernel beside the default, and a
+#: ``--variants`` entry of 64 rows (K and V in shared memory) stands for the older default's blocks.
 
 
 def backward(q, k, v, do, causal, use_gluon):

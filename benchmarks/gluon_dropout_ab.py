@@ -23,7 +23,8 @@ the two dropout routes' O are (``o_gluon_vs_triton``, a relative error), so a br
 Gluon dK/dV kernel (its ``DROPOUT_CONFIGS``), each checked against the Triton kernels' gradients
 (``dk_NAME_vs_triton``...). ``--kv-placements`` times the Gluon backward with dropout with K and V read from shared
 memory (``bwd_gluon_shared``) and from registers (``bwd_gluon_regs``; ``DKDV_DROPOUT_REGISTER_OPERANDS``),
-whichever is the default, and checks that both give the same gradients bit for bit (``kv_placements_equal``).
+whichever is the default, and checks that both give the same gradients bit for bit (``kv_placements_equal``), at
+the head dims where registers are the default (at 128 K and V spill in registers).
 """
 from __future__ import annotations
 
@@ -97,7 +98,7 @@ def timings(dtypes, dims, lengths, p: float, parts=("fwd", "bwd"), routes=tuple(
                         row[f"{grad_name}_{label}_vs_triton"] = relative_error(got, want)
                     row[f"bwd_gluon_{label}_ms"] = graph_time_ms(
                         lambda: backward(q, k, v, o, lse, do, spec, seed, True), rep=100)
-        if kv_placements:
+        if kv_placements and d in bwd_hopper.DKDV_DROPOUT_REGISTER_OPERANDS:  # elsewhere K and V spill in registers
             o, lse = forward(q, k, v, spec, seed, True)
             shared, regs = operand_placements(lambda: backward(q, k, v, o, lse, do, spec, seed, True), bwd_hopper,
                                               "DKDV_DROPOUT_REGISTER_OPERANDS", d)

@@ -470,7 +470,8 @@ STAGES["dkdv_d64_routed"] = (
 # memory at D = 64); checks before adopting it. Session 62 (H100, a1ec418): 1.00-1.03x the default with K and V in
 # registers at every point (results/gluon_bwd_d64_rows128_session62_h100.log; TUNING.md fifty-fifth finding). The
 # change (CONFIGS[64] = (128, 64, 2), K and V in shared memory; dropout keeps 64 rows, where 128 spill) was written
-# in 1791e6e and taken back out in b0c27b5 when no GPU came to run its checks: revert b0c27b5, then dkdv_d64_routed.
+# in 1791e6e and taken back out in b0c27b5 when no GPU came to run its checks; session 63 reverted b0c27b5, ran
+# dkdv_d64_routed on it (84 passed) and adopted it (TUNING.md fifty-sixth finding).
 STAGES["dkdv_d64_rows128"] = (
     Step("gluon_bwd_d64_rows128", 200,
          ("benchmarks/gluon_bwd_ab.py", "--dtype", "fp16", "--d", "64", "--N", FA2_N, "--no-checks",
@@ -511,7 +512,7 @@ STAGES["dropout_d64_kv_registers"] = (
          ("benchmarks/gluon_dropout_ab.py", "--dtype", "fp16", "--d", "64", "--N", FA2_N, "--parts", "bwd",
           "--routes", "plain", "--kv-placements"),
          "attention_bwd_hopper.DKDV_DROPOUT_REGISTER_OPERANDS keeps 64 where bwd_gluon_regs beats bwd_gluon_shared "
-         "at every point (kv regs/shared > 1) with kv_placements_equal true; and dropout's cost over plain"),
+         "at every point (kv regs/shared > 1) with kv_placements_equal true"),
 )
 
 
@@ -694,19 +695,27 @@ def decisions(out: Path) -> list:
             for key in variants:
                 lines.append((log.stem, f"D = {d}: {key.removesuffix('_tflops')} over bwd_gluon",
                               _wins(timed, d, lambda r, key=key: _ratio(r, key, "bwd_gluon_tflops"))))
-    dropout = log_rows(out / "gluon_dropout_ab.log")
-    for d in (128, 64):
-        costs = [r[key] for r in dropout if r.get("d") == d for key in ("bwd_gluon/plain", "bwd_triton/plain")
-                 if key in r]
-        if costs:
-            lines.append(("gluon_dropout_ab", f"issue 13: dropout's backward <= 1.15x at D = {d}",
-                          f"{'yes' if max(costs) <= 1.15 else 'no'} ({min(costs):.3f}-{max(costs):.3f})"))
+    for log in sorted(out.glob("gluon_dropout*.log")):  # every step that times dropout against the plain call
+        dropout = log_rows(log)
+        for d in (128, 64):
+            costs = [r[key] for r in dropout if r.get("d") == d for key in ("bwd_gluon/plain", "bwd_triton/plain")
+                     if key in r]
+            if costs:
+                lines.append((log.stem, f"issue 13: dropout's backward <= 1.15x at D = {d}",
+                              f"{'yes' if max(costs) <= 1.15 else 'no'} ({min(costs):.3f}-{max(costs):.3f})"))
+        configs = sorted({key.split("_")[1] for row in dropout for key in row
+                          if key.startswith("dk_") and key.endswith("_vs_triton") and key != "dk_gluon_vs_triton"})
+        for label in configs:  # --bwd-configs: each DROPOUT_CONFIGS candidate against the default blocks
+            for d in sorted({r["d"] for r in dropout if f"bwd_gluon_{label}_ms" in r}):
+                lines.append((log.stem, f"D = {d}: DROPOUT_CONFIGS takes {label}",
+                              _wins(dropout, d, lambda r, k=f"bwd_gluon_{label}_ms": _ratio(r, "bwd_gluon_ms", k))))
     placements = log_rows(out / "gluon_dropout_d64_kv_registers.log")
     if placements:
         unequal = [f"N={r['N']}, causal={r['causal']}" for r in placements if r.get("kv_placements_equal") is False]
+        verdict = _wins(placements, 64, lambda r: r.get("kv regs/shared"))
         lines.append(("gluon_dropout_d64_kv_registers", "K and V placements give unequal gradients", unequal or "none"))
         lines.append(("gluon_dropout_d64_kv_registers", "DKDV_DROPOUT_REGISTER_OPERANDS keeps 64",
-                      _wins(placements, 64, lambda r: r.get("kv regs/shared"))))
+                      f"no: unequal gradients; {verdict}" if unequal else verdict))
     m32 = log_rows(out / "gluon_dropout_m32.log")
     if m32:
         lines.append(("gluon_dropout_m32", "the dK/dV kernel with dropout takes 32 query rows a step at D = 128",

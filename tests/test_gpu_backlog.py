@@ -259,4 +259,16 @@ def test_the_summary_answers_the_dropout_kv_placement_step(tmp_path):
     answers = _summary(tmp_path)
     step = "gluon_dropout_d64_kv_registers"
     assert answers[(step, "K and V placements give unequal gradients")] == ["N=4096, causal=True"]
-    assert answers[(step, "DKDV_DROPOUT_REGISTER_OPERANDS keeps 64")] == "yes (1.010-1.020 over 2 points)"
+    assert answers[(step, "DKDV_DROPOUT_REGISTER_OPERANDS keeps 64")] == \
+        "no: unequal gradients; yes (1.010-1.020 over 2 points)"
+
+
+def test_the_summary_reads_the_stored_dropout_d64_log(tmp_path):
+    """Session 63's log, as stored: dropout's cost at D = 64 and the 128-row candidate, answered by the rules its
+    step states (the run was cut after the first bf16 point)."""
+    stored = gpu_backlog.ROOT / "benchmarks" / "results" / "gluon_dropout_d64_rows128_session63_h100.log"
+    (tmp_path / "gluon_dropout_d64_rows128.log").write_text(stored.read_text())
+    answers = _summary(tmp_path)
+    step = "gluon_dropout_d64_rows128"
+    assert answers[(step, "issue 13: dropout's backward <= 1.15x at D = 64")] == "no (1.228-1.287)"
+    assert answers[(step, "D = 64: DROPOUT_CONFIGS takes m128")].startswith("no (0.891-1.026 over 7 points)")

@@ -34,7 +34,8 @@ fixed order, so gradients repeat bitwise.
 
 Each consumer multiplies the same two tiles as first operands in every step (K and V, or Q and dO); both kernels can
 hold them in registers instead of reading them from shared memory each time (:data:`DKDV_REGISTER_OPERANDS`,
-:data:`DQ_REGISTER_OPERANDS`, each where measured faster).
+:data:`DKDV_DROPOUT_REGISTER_OPERANDS` for the dK/dV kernel's calls with dropout, :data:`DQ_REGISTER_OPERANDS`;
+each where measured faster without dropout).
 
 Scope: the plain backward (no mask or a causal one, bottom-right aligned; GQA; 2-byte types; head_dim 64 or 128;
 no window, lengths, packing, score modifier) and its dropout, whose draws (:mod:`.dropout_hopper`) recompute the
@@ -70,17 +71,17 @@ if HAVE_GLUON:
 #: with K and V in shared memory: about 10% fewer instructions a query row than 64 rows, no spill, and 1.00-1.03x
 #: 64 rows with K and V in registers at every FlashAttention-2 point (H100, fp16, session 62, fifty-fifth finding).
 CONFIGS = {64: (128, 64, 2), 128: (64, 64, 2)}
-#: The same with dropout, whose draws take registers: at 64, 128 rows a step spill 13-33 words a step in the loops
-#: (sm_90a, Triton 3.6), so its calls keep the 64 rows and three slots that its route was measured with (forty-sixth
-#: finding).
+#: The same with dropout, whose draws take registers: at 64, 128 rows a step store 12-33 words to the stack a step
+#: in the loops (STL; sm_90a, Triton 3.6) and ran 0.89-0.99x 64 rows under the causal mask (fifty-sixth finding),
+#: so its calls keep the 64 rows and three slots that its route was measured with (forty-sixth finding).
 DROPOUT_CONFIGS = {64: (64, 64, 3), 128: CONFIGS[128]}
 #: The dQ kernel's (BLOCK_M query rows of each consumer, BLOCK_N keys a step, STAGES K/V slots) per head_dim: dQ in
 #: float32 registers is 64 of a thread's 240 at head_dim 128, which leaves room for S and dP of 64 keys.
 DQ_CONFIGS = {64: (64, 128, 2), 128: (64, 64, 3)}
 #: Where this kernel is the backward's dK/dV kernel by default (:func:`preferred`): from these query and key rows per
 #: head_dim, and :data:`MIN_SCORES` scores (as the forward's). At 128, 512 rows: the smallest length measured, 1.05x
-#: the Triton kernel there. At 64, 1024 rows: with L and D staged and K and V in registers
-#: (:data:`DKDV_REGISTER_OPERANDS`) the whole backward ran 1.04-1.17x Triton's at every FlashAttention-2 point from
+#: the Triton kernel there. At 64, 1024 rows: with L and D staged and K and V in registers (64 rows a step, before
+#: :data:`CONFIGS` took 128) the whole backward ran 1.04-1.17x Triton's at every FlashAttention-2 point from
 #: 1k (H100, fp16 and bf16, session 61, benchmarks/TUNING.md fifty-fourth finding; before, 0.91-1.01x). That A/B
 #: ran the Gluon dQ kernel too, level with Triton's at 1k, where the default keeps Triton's (:data:`DQ_MIN_ROWS`).
 MIN_ROWS = {128: 512, 64: 1024}
@@ -114,7 +115,8 @@ DKDV_REGISTER_OPERANDS: tuple[int, ...] = ()
 DQ_REGISTER_OPERANDS: tuple[int, ...] = ()
 #: The same for a dK/dV call with dropout, whose blocks are :data:`DROPOUT_CONFIGS`: at 64 its 64 query rows a step
 #: keep K and V in registers without a spill (sm_90a, Triton 3.6), the placement session 61 measured faster at
-#: those blocks and whose route the GPU tests ran in session 62 (fifty-sixth finding).
+#: those blocks without dropout and whose route the GPU tests ran in session 62; untimed with dropout (fifty-sixth
+#: finding).
 DKDV_DROPOUT_REGISTER_OPERANDS: tuple[int, ...] = (64,)
 
 if HAVE_GLUON:
@@ -318,7 +320,7 @@ if HAVE_GLUON:
         tiles; ``lse_desc``, ``delta_desc`` L and D of (B, H, N_q) flattened, each head's rows ``ROWS_STRIDE``
         after the last one's, in BLOCK_M tiles (:func:`rows_descriptor`). ``DROPOUT``: the forward's dropout of
         probability ``dropout_p`` from the int64 seed at ``DROPOUT_SEED``. ``REGISTER_OPERANDS``: K and V read
-        from registers (:data:`DKDV_REGISTER_OPERANDS`)."""
+        from registers (:data:`DKDV_REGISTER_OPERANDS`, :data:`DKDV_DROPOUT_REGISTER_OPERANDS` with dropout)."""
         gl.static_assert(num_warps == 4)
         gl.static_assert(BLOCK_M % 4 == 0)  # with ROWS_STRIDE, every block of L and D starts 16-byte aligned
         off_hkv = gl.program_id(1)

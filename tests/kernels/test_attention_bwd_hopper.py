@@ -242,9 +242,9 @@ def test_dkdv_defaults_compile_with_no_spill_in_the_loops():
     """The dK/dV kernel's default blocks and operand placement (:data:`CONFIGS`, and :data:`DROPOUT_CONFIGS` and
     :data:`DKDV_DROPOUT_REGISTER_OPERANDS` with dropout) keep every loop over blocks off the stack at both head
     dims: 128 query rows a step at 64 without dropout, 64 with it and K and V in registers (128 rows with dropout's
-    draws spill 13-33 words a step). With Triton 3.6, the GPU
-    machine's, under either mask and with dropout; with later versions, which spill a little under the causal mask
-    or with dropout at head_dim 128, without either."""
+    draws store 12-33 words to the stack a step). With Triton 3.6, the GPU machine's, under either mask and with
+    dropout; with later versions, which spill a little under the causal mask or with dropout at head_dim 128,
+    without either."""
     done = run_sass_counts("--kernel", "gluon_dkdv", "--d", "64,128", "--causal", "no,yes", "--dropout", "0,0.1")
     assert done.returncode == 0, done.stderr[-3000:]
     variants, loops = compiled_variants(done.stdout, "gluon_dkdv"), block_loops(done.stdout, "gluon_dkdv")
@@ -330,9 +330,9 @@ def test_gpu_gluon_dkdv_and_dq_match_float64(monkeypatch, dtype, head_dim, causa
 def test_gpu_front_door_takes_it_with_gradients_that_match_and_repeat_bitwise(monkeypatch, dtype, causal, n_q, n_k,
                                                                               head_dim, kernels):
     """A plain call takes the Gluon kernels its head_dim is routed to at these lengths (both at 128; at 64 the
-    dK/dV kernel, with K and V in registers, and Triton's dQ kernel below 4096 rows), at lengths of whole blocks and
-    at odd ones (N_q = 1025: L and D go to the copy engine in padded heads), with gradients within tolerance of
-    float64 that repeat bit for bit."""
+    dK/dV kernel, 128 query rows a step with K and V in shared memory, and Triton's dQ kernel below 4096 rows), at
+    lengths of whole blocks and at odd ones (N_q = 1025: L and D go to the copy engine in padded heads), with
+    gradients within tolerance of float64 that repeat bit for bit."""
     q, k, v, do = make_inputs(1, 4, 2, n_q, n_k, head_dim, dtype, seed=7, grad_out=True)
     if not bwd_hopper.can_run(q, k, v, do, k, v, scale=1.0):
         pytest.skip("needs a Hopper GPU (sm_90) and Gluon")
