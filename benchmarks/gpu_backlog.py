@@ -515,6 +515,19 @@ STAGES["dropout_d64_kv_registers"] = (
          "at every point (kv regs/shared > 1) with kv_placements_equal true"),
 )
 
+# Issue 14's backward is furthest from cuDNN at D = 128 (0.90-0.92x without a mask from 4k, 0.91x causal at 16k). Its
+# dQ kernel takes 64 keys a step (DQ_CONFIGS[128] = (64, 64, 3)). Compiled for sm_90a with Triton 3.6 (session 63,
+# untimed), 128 keys a step with two slots keep its loops free of stack stores (395 instructions and 24 products a
+# step against 244 and 20 for 64 keys: about a fifth fewer instructions a key; 197 KB of shared memory), and so do
+# 64 keys with four slots:
+STAGES["dq_d128_configs"] = (
+    Step("gluon_dq_d128_configs", 150,
+         ("benchmarks/gluon_dq_ab.py", "--dtype", "fp16", "--d", "128", "--N", FA2_N, "--no-checks",
+          "--variants", "n128s2=128:64,128,2;n64s4=128:64,64,4"),
+         "attention_bwd_hopper.DQ_CONFIGS[128]: a variant whose bwd_NAME_tflops is above bwd_gluon_tflops at every "
+         "point; then its checks (gluon_dq_ab.py without --no-checks, and the backward's GPU test file)"),
+)
+
 
 def command(step: Step, out: Path) -> list:
     """The step's command line, ``{out}`` filled in."""
