@@ -647,6 +647,21 @@ def _ratio(row, num, den):
     return row[num] / row[den] if num in row and den in row else None
 
 
+def _variants_over(step: str, timed: list, bases: tuple, not_variants: set) -> list:
+    """(step, question, answer) lines: each TFLOP/s column of the ``timed`` rows other than the default's
+    (``bases[0]``) and ``not_variants`` (a ``--variants`` entry, or another base) over each other of ``bases`` that
+    the rows carry, per head dim."""
+    lines = []
+    for d in sorted({row["d"] for row in timed}):
+        columns = {key for row in timed for key in row if key.endswith("_tflops")}
+        present = [base for base in bases if base in columns]
+        for key in sorted(columns - {bases[0]} - not_variants):
+            for base in [base for base in present if base != key]:
+                lines.append((step, f"D = {d}: {key.removesuffix('_tflops')} over {base.removesuffix('_tflops')}",
+                              _wins(timed, d, lambda r, key=key, base=base: _ratio(r, key, base))))
+    return lines
+
+
 def decisions(out: Path) -> list:
     """What the stage logs under ``out`` decide, as (step, question, answer) lines: each rule is the one its
     step's ``decides`` states."""
@@ -684,30 +699,18 @@ def decisions(out: Path) -> list:
         lines.append(("gluon_bwd_ab", "the Gluon dK/dV kernel (registers) takes D = 64 from Triton",
                       _wins(bwd, 64, lambda r: _ratio(r, "gluon_regs_tflops", "triton_tflops"))))
     for log in sorted(out.glob("gluon_bwd_*.log")):  # the steps that time the Gluon dK/dV kernel under own names
-        if log.name == "gluon_bwd_ab.log":  # answered above
-            continue
-        timed = [row for row in log_rows(log) if "N" in row]
-        for d in sorted({row["d"] for row in timed}):
-            lines.append((log.stem, f"D = {d}: the Gluon dK/dV kernel over the Triton one",
-                          _wins(timed, d, lambda r: _ratio(r, "gluon_tflops", "triton_tflops"))))
-            others = sorted({key for row in timed for key in row if key.endswith("_tflops")}
-                            - {"gluon_tflops", "triton_tflops"})
-            bases = [base for base in ("gluon_tflops", "gluon_regs_tflops") if any(base in row for row in timed)]
-            for key in others:  # each variant over either operand placement of the default blocks
-                for base in [base for base in bases if base != key]:
-                    lines.append((log.stem, f"D = {d}: {key.removesuffix('_tflops')} over "
-                                            f"{base.removesuffix('_tflops')}",
-                                  _wins(timed, d, lambda r, key=key, base=base: _ratio(r, key, base))))
+        if log.name != "gluon_bwd_ab.log":  # answered above
+            timed = [row for row in log_rows(log) if "N" in row]
+            for d in sorted({row["d"] for row in timed}):
+                lines.append((log.stem, f"D = {d}: the Gluon dK/dV kernel over the Triton one",
+                              _wins(timed, d, lambda r: _ratio(r, "gluon_tflops", "triton_tflops"))))
+            # each variant over either operand placement of the default blocks
+            lines += _variants_over(log.stem, timed, ("gluon_tflops", "gluon_regs_tflops"), {"triton_tflops"})
     for log in sorted(out.glob("gluon_dq_*.log")):  # the steps that time other dQ configs under own names
-        if log.name == "gluon_dq_ab.log":  # answered above
-            continue
-        timed = [row for row in log_rows(log) if "N" in row]
-        for d in sorted({row["d"] for row in timed}):
-            variants = sorted({key for row in timed for key in row if key.endswith("_tflops")}
-                              - {"bwd_gluon_tflops", "bwd_triton_tflops", "bwd_gluon_regs_tflops"})
-            for key in variants:
-                lines.append((log.stem, f"D = {d}: {key.removesuffix('_tflops')} over bwd_gluon",
-                              _wins(timed, d, lambda r, key=key: _ratio(r, key, "bwd_gluon_tflops"))))
+        if log.name != "gluon_dq_ab.log":  # answered above
+            timed = [row for row in log_rows(log) if "N" in row]
+            lines += _variants_over(log.stem, timed, ("bwd_gluon_tflops",),
+                                    {"bwd_triton_tflops", "bwd_gluon_regs_tflops"})
     for log in sorted(out.glob("gluon_dropout*.log")):  # every step that times dropout against the plain call
         dropout = log_rows(log)
         for d in (128, 64):
