@@ -13,6 +13,7 @@ from shared memory (``dq_gluon``, ``bwd_gluon``) and from registers (``dq_gluon_
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import torch
@@ -38,10 +39,25 @@ def forward(q, k, v, causal):
     return spec, o, lse
 
 
+@contextlib.contextmanager
+def triton_dq(head_dim: int):
+    """The backward's dQ from the Triton kernel at ``head_dim``, whatever the route says: from 1024 rows at 128 and
+    4096 at 64 (``DQ_MIN_ROWS``) the Gluon dQ kernel is the default, so a plain ``launch_attention_backward`` would
+    time and check the Gluon kernel against itself (as this script's "triton" columns did from sessions 43 to 64 at
+    those points). The dK/dV kernel keeps its own route."""
+    saved = bwd_hopper.DQ_MIN_ROWS
+    bwd_hopper.DQ_MIN_ROWS = {d: rows for d, rows in saved.items() if d != head_dim}
+    try:
+        yield
+    finally:
+        bwd_hopper.DQ_MIN_ROWS = saved
+
+
 def dq_pass(q, k, v, o, lse, do, dq, spec, gluon: bool):
     """dQ alone: D = rowsum(dO * O), then either dQ kernel."""
     if not gluon:
-        return launch_attention_backward(q, k, v, o, lse, do, dq, None, None, spec)
+        with triton_dq(q.shape[-1]):
+            return launch_attention_backward(q, k, v, o, lse, do, dq, None, None, spec)
     delta = launch_attention_backward(q, k, v, o, lse, do, None, None, None, spec)
     bwd_hopper.launch_attention_dq_hopper(q, k, v, do, lse, delta, dq, scale=spec.scale(q.shape[-1]),
                                           causal=spec.causal)
@@ -50,7 +66,8 @@ def dq_pass(q, k, v, o, lse, do, dq, spec, gluon: bool):
 def whole_backward(q, k, v, o, lse, do, dq, dk, dv, spec, gluon: bool):
     """dQ, dK, dV: dK/dV as routed, dQ by either kernel."""
     if not gluon:
-        return launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec)
+        with triton_dq(q.shape[-1]):
+            return launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec)
     delta = launch_attention_backward(q, k, v, o, lse, do, None, dk, dv, spec)
     bwd_hopper.launch_attention_dq_hopper(q, k, v, do, lse, delta, dq, scale=spec.scale(q.shape[-1]),
                                           causal=spec.causal)

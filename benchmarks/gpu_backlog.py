@@ -506,7 +506,9 @@ STAGES["dropout_d64_rows128"] = (
 # Ran (H100, session 63, results/gluon_dropout_d64_rows128_session63_h100.log): dropout's backward at D = 64 is
 # 1.23-1.29x the plain one; 128 rows with dropout lose under the causal mask (0.89-0.99x): not adopted. That run
 # read K and V from shared memory with dropout (DKDV_REGISTER_OPERANDS had emptied for the 128-row plain step);
-# DKDV_DROPOUT_REGISTER_OPERANDS = (64,) since gives dropout calls session 61's registers back, untimed with dropout:
+# DKDV_DROPOUT_REGISTER_OPERANDS = (64,) since gives dropout calls session 61's registers back, untimed with dropout.
+# Ran (H100, session 64, results/gluon_dropout_d64_kv_registers_session64_h100.log): registers 1.013-1.025x shared
+# memory, gradients bitwise equal: kept (TUNING fifty-seventh finding).
 STAGES["dropout_d64_kv_registers"] = (
     Step("gluon_dropout_d64_kv_registers", 200,
          ("benchmarks/gluon_dropout_ab.py", "--dtype", "fp16", "--d", "64", "--N", FA2_N, "--parts", "bwd",
@@ -519,7 +521,8 @@ STAGES["dropout_d64_kv_registers"] = (
 # dQ kernel takes 64 keys a step (DQ_CONFIGS[128] = (64, 64, 3)). Compiled for sm_90a with Triton 3.6 (session 63,
 # untimed), 128 keys a step with two slots keep its loops free of stack stores (395 instructions and 24 products a
 # step against 244 and 20 for 64 keys: about a fifth fewer instructions a key; 197 KB of shared memory), and so do
-# 64 keys with four slots:
+# 64 keys with four slots. Ran (H100, session 64, results/gluon_dq_d128_configs_session64_h100.log): 0.984-1.018x and
+# 0.999-1.011x the default, no win at every point: not adopted (TUNING fifty-seventh finding).
 STAGES["dq_d128_configs"] = (
     Step("gluon_dq_d128_configs", 150,
          ("benchmarks/gluon_dq_ab.py", "--dtype", "fp16", "--d", "128", "--N", FA2_N, "--no-checks",

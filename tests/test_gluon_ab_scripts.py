@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
@@ -69,3 +70,31 @@ def test_the_checks_cover_only_the_head_dims_asked(monkeypatch):
     seen.clear()
     gluon_fwd_ab.check_grid(["fp16"], lambda case, d, causal: seen.append(d) or {"case": case})
     assert set(seen) == {64, 128}
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_the_dq_ab_times_the_triton_dq_kernel_where_the_gluon_one_is_routed(monkeypatch, head_dim):
+    """gluon_dq_ab.py's "triton" columns must come from the Triton dQ kernel. Where ``DQ_MIN_ROWS`` routes the Gluon
+    one (from 1024 rows at 128, 4096 at 64), a plain ``launch_attention_backward`` timed the Gluon kernel against
+    itself (sessions 43-63). The dK/dV kernel keeps its route either way, and the routes come back afterwards."""
+    import gluon_dq_ab
+    from flashlib.kernels import attention_bwd_hopper as bwd_hopper
+
+    routes = []
+
+    def record_routes(q, *_):
+        rows = 16384
+        routes.append((bwd_hopper.dq_preferred(head_dim, rows, rows, 2 ** 40),
+                       bwd_hopper.preferred(head_dim, rows, rows, 2 ** 40)))
+
+    monkeypatch.setattr(gluon_dq_ab, "launch_attention_backward", record_routes)
+    monkeypatch.setattr(gluon_dq_ab.bwd_hopper, "launch_attention_dq_hopper", lambda *args, **kwargs: None)
+    q = torch.empty(1, 1, 1, head_dim)
+    spec = gluon_dq_ab.AttentionSpec()
+    gluon_dq_ab.dq_pass(q, q, q, q, None, q, q, spec, False)
+    gluon_dq_ab.whole_backward(q, q, q, q, None, q, q, q, q, spec, False)
+    assert routes == [(False, True), (False, True)]
+    routes.clear()
+    gluon_dq_ab.dq_pass(q, q, q, q, None, q, q, spec, True)  # the Gluon pass: the preprocess call, routes as ever
+    assert routes == [(True, True)]
+    assert bwd_hopper.dq_preferred(head_dim, 16384, 16384, 2 ** 40)

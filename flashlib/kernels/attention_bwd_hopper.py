@@ -115,8 +115,9 @@ DKDV_REGISTER_OPERANDS: tuple[int, ...] = ()
 DQ_REGISTER_OPERANDS: tuple[int, ...] = ()
 #: The same for a dK/dV call with dropout, whose blocks are :data:`DROPOUT_CONFIGS`: at 64 its 64 query rows a step
 #: keep K and V in registers without a spill (sm_90a, Triton 3.6), the placement session 61 measured faster at
-#: those blocks without dropout and whose route the GPU tests ran in session 62; untimed with dropout (fifty-sixth
-#: finding).
+#: those blocks without dropout and whose route the GPU tests ran in session 62. With dropout it ran 1.013-1.025x
+#: K and V from shared memory at every FlashAttention-2 point, gradients bitwise equal (H100, fp16, p = 0.1, session
+#: 64, benchmarks/TUNING.md fifty-seventh finding).
 DKDV_DROPOUT_REGISTER_OPERANDS: tuple[int, ...] = (64,)
 
 if HAVE_GLUON:
