@@ -44,10 +44,11 @@ def main():
                 for variant in variants:
                     if which == "forward":
                         attention_fwd.descriptor_mode = forced(variant)
-                        fn = lambda: launch_attention_forward(q, k, v, o, lse, spec=spec)  # noqa: E731
+                        # use_gluon=False: the Triton kernels' descriptors; the route would take Gluon's (session 64)
+                        fn = lambda: launch_attention_forward(q, k, v, o, lse, spec=spec, use_gluon=False)  # noqa: E731
                     else:
                         fn = lambda: launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec=spec,  # noqa: E731
-                                                               use_tma=variant)
+                                                               use_tma=variant, use_gluon=False)
                     fn()
                     ms = graph_time_ms(fn, rep=100)
                     row.append(f"{variant}: {ms * 1e3:7.1f} us {flops / ms / 1e9:5.0f} TF")

@@ -12,14 +12,15 @@ capped.
 
 Each config is flashlib's own kernel, launched as its launcher would launch it (arguments captured from
 ``launch_attention_forward`` with fixed blocks), its output checked against float64 at the first and last
-heads, then timed alone in a CUDA graph (``do_bench_cudagraph`` median). The library's autotuned forward and
-SDPA's cuDNN backend are timed in the same process. FlashAttention-2 benchmark shapes (B N = 16384,
+heads, then timed alone in a CUDA graph (``do_bench_cudagraph`` median). The library's forward as routed
+(``flashlib as routed``: on Hopper the Gluon kernel where it is preferred, else the autotuned Triton one; until
+session 64 labelled "flashlib autotuned") and SDPA's cuDNN backend are timed in the same process. FlashAttention-2 benchmark shapes (B N = 16384,
 H D = 2048).
 
     PYTHONPATH=. python3 benchmarks/fwd_two_per_sm.py --out fwd_two_per_sm.json [--dtype fp16] [--budget 150]
 
 ``--dropout P``: every launch drops with probability P (one seed); each config's O is then checked against the first
-config's (the mask is a function of the position and the seed, not of the tiles), and the autotuned forward is also
+config's (the mask is a function of the position and the seed, not of the tiles), and the forward as routed is also
 timed without dropout, for the cost of dropout.
 """
 from __future__ import annotations
@@ -121,10 +122,11 @@ def main():
                         name += f" ({type(error).__name__})"
                     rows.append(dict(point, impl=name, ms=ms, rel_err=err, registers=regs, spills=spills,
                                      tflops=flops / ms / 1e9 if ms else None))
-                timed = [("flashlib autotuned", lambda: flash_attention(q, k, v, causal=causal, dropout_p=args.dropout)),
+                timed = [("flashlib as routed",
+                          lambda: flash_attention(q, k, v, causal=causal, dropout_p=args.dropout)),
                          ("sdpa_cudnn", lambda: ATTENTION_IMPLS["sdpa_cudnn"](q, k, v, causal))]
                 if args.dropout:
-                    timed.append(("flashlib autotuned, no dropout", lambda: flash_attention(q, k, v, causal=causal)))
+                    timed.append(("flashlib as routed, no dropout", lambda: flash_attention(q, k, v, causal=causal)))
                 for name, call in timed:
                     call()
                     ms = triton.testing.do_bench_cudagraph(call, rep=20)

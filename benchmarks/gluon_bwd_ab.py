@@ -37,6 +37,7 @@ from gluon_fwd_ab import (backward_ab_main, config_in_place, fa2_points, make_in
 #: with 64 query rows a step. With the 128 rows a step of ``CONFIGS[64]`` since session 63 they spill (58-82 STL a
 #: step, fifty-fifth finding): ``gluon_regs`` at 64 now times that spilling kernel beside the default, and a
 #: ``--variants`` entry of 64 rows (K and V in shared memory) stands for the older default's blocks.
+REGISTER_OPERAND_HEAD_DIMS = (64,)
 
 
 def backward(q, k, v, do, causal, use_gluon):

@@ -43,8 +43,8 @@ def forward(q, k, v, causal):
 def triton_dq(head_dim: int):
     """The backward's dQ from the Triton kernel at ``head_dim``, whatever the route says: from 1024 rows at 128 and
     4096 at 64 (``DQ_MIN_ROWS``) the Gluon dQ kernel is the default, so a plain ``launch_attention_backward`` would
-    time and check the Gluon kernel against itself (as this script's "triton" columns did from sessions 43 to 64 at
-    those points). The dK/dV kernel keeps its own route."""
+    time the Gluon kernel against itself (as this script's "triton" columns did from sessions 43 to 63 at those
+    points). The dK/dV kernel keeps its own route."""
     saved = bwd_hopper.DQ_MIN_ROWS
     bwd_hopper.DQ_MIN_ROWS = {d: rows for d, rows in saved.items() if d != head_dim}
     try:
@@ -75,10 +75,10 @@ def whole_backward(q, k, v, o, lse, do, dq, dk, dv, spec, gluon: bool):
 
 def check(case, q, k, v, do, causal) -> dict:
     spec, o, lse = forward(q, k, v, causal)
-    got, triton_dq = (torch.full_like(q, float("nan")) for _ in range(2))
+    got, triton_grad = (torch.full_like(q, float("nan")) for _ in range(2))
     with _registers(q.shape[-1], on=False):
         dq_pass(q, k, v, o, lse, do, got, spec, True)
-    dq_pass(q, k, v, o, lse, do, triton_dq, spec, False)
+    dq_pass(q, k, v, o, lse, do, triton_grad, spec, False)
     from_registers = torch.full_like(q, float("nan"))
     with _registers(q.shape[-1]):
         dq_pass(q, k, v, o, lse, do, from_registers, spec, True)
@@ -86,10 +86,10 @@ def check(case, q, k, v, do, causal) -> dict:
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     out = naive_attention(q64, k64.repeat_interleave(group, 1), v64.repeat_interleave(group, 1), causal=causal)
     out.backward(do.double())
-    error, vs_triton = relative_error(got, q64.grad), relative_error(got, triton_dq)
+    error, vs_triton = relative_error(got, q64.grad), relative_error(got, triton_grad)
     registers_equal = bool(torch.equal(from_registers, got))
     ok = bool(torch.isfinite(got).all()) and error <= tolerance(q.dtype) and registers_equal
-    return dict(case=case, rel_err=error, triton_rel_err=relative_error(triton_dq, q64.grad), vs_triton=vs_triton,
+    return dict(case=case, rel_err=error, triton_rel_err=relative_error(triton_grad, q64.grad), vs_triton=vs_triton,
                 registers_equal=registers_equal, status="ok" if ok else "wrong")
 
 

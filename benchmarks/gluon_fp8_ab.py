@@ -8,7 +8,8 @@ FlashAttention-2 benchmark shapes (B * N = 16384, H * D = 2048), each call repla
 (``flashlib.timing.graph_time_ms``: GPU time alone), for
 
 * ``fp16``: flashlib's fp16 forward as the launcher routes it (the Gluon forward at D = 128 from 1024 rows);
-* ``fp8_triton``: FP8 through the Triton forward (what ``flash_attention`` runs today);
+* ``fp8_triton``: FP8 through the Triton forward (``use_gluon=False``; what ``flash_attention`` runs at the head
+  dims outside ``FP8_HEAD_DIMS``, the Gluon forward taking those inside);
 * ``fp8_gluon``: FP8 through the Gluon forward (``use_gluon=True``), in its ``FP8_CONFIGS`` and in every
   ``--configs`` variant (``fp8_gluon_NAME``, checked against ``fp8_gluon``), with P entering P V from shared
   memory (its default, ``FP8_WEIGHTS_SHARED``) and from registers (``fp8_gluon_registers``), and with S reading Q

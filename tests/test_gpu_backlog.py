@@ -217,7 +217,7 @@ def test_the_timings_decide_the_settings_by_the_stated_rules(tmp_path):
                + [{"case": "grad", "d": 64, "status": "mismatch"}])
     _write_log(tmp_path, "gluon_bwd_ab", [{"d": 64, "N": n, "gluon_regs_tflops": 300, "gluon_tflops": 290}
                                           for n in points])
-    _write_log(tmp_path, "gluon_fwd_ab", [{"d": d, "N": n, "qregs/gluon": 1.01 if d == 64 else 0.99}
+    _write_log(tmp_path, "gluon_fwd_ab", [{"d": d, "N": n, "qregs/qshared": 1.01 if d == 64 else 0.99}
                                           for d in (128, 64) for n in points])
     assert gpu_backlog.settings(tmp_path) == {
         "FP8_HEAD_DIMS": (128,), "FP8_WEIGHTS_SHARED": False, "FP8_Q_IN_REGISTERS": True,
@@ -272,3 +272,13 @@ def test_the_summary_reads_the_stored_dropout_d64_log(tmp_path):
     step = "gluon_dropout_d64_rows128"
     assert answers[(step, "issue 13: dropout's backward <= 1.15x at D = 64")] == "no (1.228-1.287)"
     assert answers[(step, "D = 64: DROPOUT_CONFIGS takes m128")].startswith("no (0.891-1.026 over 7 points)")
+
+
+def test_a_forward_log_that_timed_the_default_against_itself_decides_no_placement(tmp_path):
+    """Before session 64 gluon_fwd_ab's 'qregs/gluon' set Q in registers against the default, which at head_dim 64
+    is registers too: such a log must leave Q_IN_REGISTERS_HEAD_DIMS alone, not empty it on noise."""
+    _write_log(tmp_path, "gluon_fwd_ab", [{"d": d, "N": n, "qregs/gluon": 0.999} for d in (128, 64)
+                                          for n in (1024, 4096, 16384)])
+    assert "Q_IN_REGISTERS_HEAD_DIMS" not in gpu_backlog.settings(tmp_path)
+    answers = {(step, question): answer for step, question, answer in gpu_backlog.decisions(tmp_path)}
+    assert answers[("gluon_fwd_ab", "Q_IN_REGISTERS_HEAD_DIMS gets 64 (16-bit)")] == "not measured"
