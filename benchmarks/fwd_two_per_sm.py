@@ -14,8 +14,8 @@ Each config is flashlib's own kernel, launched as its launcher would launch it (
 ``launch_attention_forward`` with fixed blocks), its output checked against float64 at the first and last
 heads, then timed alone in a CUDA graph (``do_bench_cudagraph`` median). The library's forward as routed
 (``flashlib as routed``: on Hopper the Gluon kernel where it is preferred, else the autotuned Triton one; until
-session 64 labelled "flashlib autotuned") and SDPA's cuDNN backend are timed in the same process. FlashAttention-2 benchmark shapes (B N = 16384,
-H D = 2048).
+session 64 labelled "flashlib autotuned") and SDPA's cuDNN backend are timed in the same process.
+FlashAttention-2 benchmark shapes (B N = 16384, H D = 2048).
 
     PYTHONPATH=. python3 benchmarks/fwd_two_per_sm.py --out fwd_two_per_sm.json [--dtype fp16] [--budget 150]
 

@@ -13,8 +13,8 @@ from shared memory (``dq_gluon``, ``bwd_gluon``) and from registers (``dq_gluon_
 """
 from __future__ import annotations
 
-import contextlib
 import sys
+from unittest import mock
 
 import torch
 
@@ -39,18 +39,14 @@ def forward(q, k, v, causal):
     return spec, o, lse
 
 
-@contextlib.contextmanager
 def triton_dq(head_dim: int):
-    """The backward's dQ from the Triton kernel at ``head_dim``, whatever the route says: from 1024 rows at 128 and
-    4096 at 64 (``DQ_MIN_ROWS``) the Gluon dQ kernel is the default, so a plain ``launch_attention_backward`` would
-    time the Gluon kernel against itself (as this script's "triton" columns did from sessions 43 to 63 at those
-    points). The dK/dV kernel keeps its own route."""
-    saved = bwd_hopper.DQ_MIN_ROWS
-    bwd_hopper.DQ_MIN_ROWS = {d: rows for d, rows in saved.items() if d != head_dim}
-    try:
-        yield
-    finally:
-        bwd_hopper.DQ_MIN_ROWS = saved
+    """A context in which the backward's dQ comes from the Triton kernel at ``head_dim``, whatever the route says:
+    from 1024 rows at 128 and 4096 at 64 (``DQ_MIN_ROWS``) the Gluon dQ kernel is the default, so a plain
+    ``launch_attention_backward`` would time the Gluon kernel against itself (as this script's "triton" columns did
+    from sessions 43 to 63 at those points). ``DQ_MIN_ROWS`` goes without ``head_dim`` until the context ends; the
+    dK/dV kernel keeps its own route."""
+    kept = {d: rows for d, rows in bwd_hopper.DQ_MIN_ROWS.items() if d != head_dim}
+    return mock.patch.dict(bwd_hopper.DQ_MIN_ROWS, kept, clear=True)
 
 
 def dq_pass(q, k, v, o, lse, do, dq, spec, gluon: bool):

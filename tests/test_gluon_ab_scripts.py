@@ -76,7 +76,8 @@ def test_the_checks_cover_only_the_head_dims_asked(monkeypatch):
 def test_the_dq_ab_times_the_triton_dq_kernel_where_the_gluon_one_is_routed(monkeypatch, head_dim):
     """gluon_dq_ab.py's "triton" columns must come from the Triton dQ kernel. Where ``DQ_MIN_ROWS`` routes the Gluon
     one (from 1024 rows at 128, 4096 at 64), a plain ``launch_attention_backward`` timed the Gluon kernel against
-    itself (sessions 43-63, in its timings). The dK/dV kernel keeps its route either way, and the routes come back afterwards."""
+    itself (sessions 43-63, in its timings). The dK/dV kernel keeps its route either way, and the routes come back
+    afterwards."""
     import gluon_dq_ab
     from flashlib.kernels import attention_bwd_hopper as bwd_hopper
 
