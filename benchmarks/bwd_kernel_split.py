@@ -7,8 +7,12 @@ products of 2 N_q N_k D a (sample, head) (S^T, dV, dP^T, dK), the dQ kernel thre
 the rate a kernel reaches on its products says how far it runs from the dense matmul's (about 800 TFLOP/s in fp16 on
 the H100, issue 14). The kernel further from it is where a backward faster than cuDNN's has most to gain.
 
+With ``--dropout P`` each part is timed again with dropout of probability P (issue 13: at most 1.15x the plain
+backward), and the row says what dropout costs each kernel and which share of its extra time each one carries:
+both kernels recompute the mask, so that share says where a cheaper draw or a different config would pay.
+
     PYTHONPATH=.:benchmarks python3 benchmarks/bwd_kernel_split.py [--dtype fp16] [--d 128] [--N 1024,4096,16384]
-        [--out FILE]
+        [--dropout 0.1] [--out FILE]
 """
 from __future__ import annotations
 
@@ -25,36 +29,53 @@ from flashlib.kernels.attention_bwd import launch_attention_backward
 from flashlib.kernels.attention_fwd import launch_attention_forward
 from flashlib.spec import AttentionSpec
 from flashlib.timing import graph_time_ms
-from gluon_fwd_ab import add_grid_options, fa2_points, make_inputs, print_row, write_checks_and_timings
+from gluon_fwd_ab import (add_grid_options, dropout_probability, fa2_points, make_inputs, print_row,
+                          write_checks_and_timings)
 
 #: Products of 2 N_q N_k D FLOPs each kernel multiplies (before a causal mask halves them).
 PRODUCTS = {"dkdv": 4, "dq": 3}
 
 
-def split_row(name: str, d: int, n: int, causal: bool, batch: int, heads: int) -> dict:
-    q, k, v, do = make_inputs(batch, heads, heads, n, n, d, DTYPES[name], grad_out=True)
-    spec = AttentionSpec(causal=causal)
-    o, lse = torch.empty_like(q), torch.empty(q.shape[:3], device="cuda")
-    launch_attention_forward(q, k, v, o, lse, spec)
-    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
-    delta = launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec, use_gluon=True)
-    scale = spec.scale(d)
-    calls = {  # the backward with both Gluon kernels, as its default route takes them from 1024 rows at D = 128
-        # and from 4096 at D = 64 (attention_bwd_hopper.MIN_ROWS, DQ_MIN_ROWS)
-        "backward": lambda: launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec, use_gluon=True),
+def part_calls(q, k, v, o, lse, do, grads, delta, spec: AttentionSpec, seed) -> dict:
+    """The three timed calls of one spec: the whole backward with both Gluon kernels, as its default route takes them
+    from 1024 rows at D = 128 and from 4096 at D = 64 (attention_bwd_hopper.MIN_ROWS, DQ_MIN_ROWS), and each kernel
+    alone."""
+    dq, dk, dv = grads
+    scale, causal, p = spec.scale(q.shape[-1]), spec.causal, spec.dropout_p
+    return {
+        "backward": lambda: launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec, dropout_seed=seed,
+                                                      use_gluon=True),
         "dkdv": lambda: bwd_hopper.launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, scale=scale,
-                                                                causal=causal),
-        "dq": lambda: bwd_hopper.launch_attention_dq_hopper(q, k, v, do, lse, delta, dq, scale=scale, causal=causal),
+                                                                causal=causal, dropout_p=p, dropout_seed=seed),
+        "dq": lambda: bwd_hopper.launch_attention_dq_hopper(q, k, v, do, lse, delta, dq, scale=scale, causal=causal,
+                                                            dropout_p=p, dropout_seed=seed),
     }
+
+
+def split_row(name: str, d: int, n: int, causal: bool, batch: int, heads: int, dropout_p: float = 0.0) -> dict:
+    q, k, v, do = make_inputs(batch, heads, heads, n, n, d, DTYPES[name], grad_out=True)
+    seed = torch.tensor([20261207], dtype=torch.int64, device=q.device)
+    grads = tuple(torch.empty_like(t) for t in (q, k, v))
     row = dict(dtype=name, d=d, N=n, causal=causal, batch=batch, heads=heads)
-    for part, call in calls.items():
-        row[f"{part}_ms"] = graph_time_ms(call, rep=100)
+    for suffix, p in (("", 0.0), ("_dropout", dropout_p)) if dropout_p > 0 else (("", 0.0),):
+        spec = AttentionSpec(causal=causal, dropout_p=p)
+        o, lse = torch.empty_like(q), torch.empty(q.shape[:3], device=q.device)
+        launch_attention_forward(q, k, v, o, lse, spec, dropout_seed=seed)
+        delta = launch_attention_backward(q, k, v, o, lse, do, *grads, spec, dropout_seed=seed, use_gluon=True)
+        for part, call in part_calls(q, k, v, o, lse, do, grads, delta, spec, seed).items():
+            row[f"{part}{suffix}_ms"] = graph_time_ms(call, rep=100)
     row["backward_tflops"] = attention_flops(batch, heads, n, d, causal, mode="bwd") / row["backward_ms"] * 1e-9
     product = 2.0 * batch * heads * n * n * d * (0.5 if causal else 1.0)
     for part, count in PRODUCTS.items():
         row[f"{part}_share"] = row[f"{part}_ms"] / row["backward_ms"]
         row[f"{part}_product_tflops"] = count * product / row[f"{part}_ms"] * 1e-9
     row["rest_share"] = 1.0 - row["dkdv_share"] - row["dq_share"]  # the preprocess and the launches' gaps
+    if dropout_p > 0:
+        extra = row["backward_dropout_ms"] - row["backward_ms"]
+        for part in ("backward",) + tuple(PRODUCTS):
+            row[f"{part}_dropout_cost"] = row[f"{part}_dropout_ms"] / row[f"{part}_ms"]
+        for part in PRODUCTS:  # the share of dropout's extra backward time this kernel's extra time makes
+            row[f"{part}_dropout_extra_share"] = (row[f"{part}_dropout_ms"] - row[f"{part}_ms"]) / extra
     return row
 
 
@@ -62,11 +83,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_grid_options(parser)
     parser.set_defaults(dtype=["fp16"], d=[128])
+    parser.add_argument("--dropout", type=dropout_probability, default=0.0,
+                        help="also time each part with dropout of this probability (0: plain only)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     rows = []
     for point in fa2_points(args.dtype, args.d, args.N):
-        rows.append(split_row(*point))
+        rows.append(split_row(*point, dropout_p=args.dropout))
         print_row(rows[-1])
     return write_checks_and_timings(args.out, [], rows)
 

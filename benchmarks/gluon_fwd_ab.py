@@ -120,6 +120,17 @@ def positive_ints(text: str, count: int | None = None) -> list[int]:
     return values
 
 
+def dropout_probability(text: str) -> float:
+    """A dropout probability in [0, 1), else argparse's error."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a probability in [0, 1); got {text!r}")
+    return value
+
+
 def dtype_names(text: str) -> list[str]:
     """Comma-separated names of :data:`DTYPES`, else argparse's error."""
     names = text.split(",")

@@ -532,6 +532,26 @@ STAGES["dq_d128_configs"] = (
 )
 
 
+# The dQ routes (DQ_MIN_ROWS: Gluon from 1024 rows at D = 128, from 4096 at 64) rest on session 43's H200 numbers;
+# until session 64 gluon_dq_ab.py's "triton" columns ran the routed Gluon kernel, so on the H100 the two dQ kernels
+# were never compared where the route applies.
+STAGES["dq_routes"] = (
+    Step("gluon_dq_routes", 150,
+         ("benchmarks/gluon_dq_ab.py", "--dtype", "fp16", "--d", "128,64", "--N", FA2_N, "--no-checks"),
+         "attention_bwd_hopper.DQ_MIN_ROWS: a head dim keeps its Gluon dQ route where 'dq gluon/triton' >= 1 at the "
+         "routed points (1k up at D = 128, 4k up at D = 64); where it is below 1, the route's threshold moves up"),
+)
+
+# Issue 13's dropout costs the backward 1.21-1.26x at D = 64 and 1.12-1.18x at D = 128 (session 64); both Gluon
+# kernels recompute the mask. Which kernel carries the extra time says where a cheaper draw or another config pays.
+STAGES["dropout_split"] = (
+    Step("bwd_kernel_split_dropout", 240,
+         ("benchmarks/bwd_kernel_split.py", "--dtype", "fp16", "--d", "64,128", "--N", FA2_N, "--dropout", "0.1",
+          "--out", "{out}/bwd_kernel_split_dropout.json"),
+         "where issue 13's dropout cost sits: dkdv_dropout_extra_share against dq_dropout_extra_share, and each "
+         "kernel's own dropout cost (dkdv_dropout_cost, dq_dropout_cost), at D = 64 and 128"),
+)
+
 def command(step: Step, out: Path) -> list:
     """The step's command line, ``{out}`` filled in."""
     return [sys.executable] + [arg.replace("{out}", str(out)) for arg in step.argv]

@@ -53,7 +53,8 @@ def test_the_backward_variants_take_no_flags():
                                                    ("gluon_fp8_ab.py", "--configs", "a=128:64,128"),
                                                    ("gluon_fp8_ab.py", "--d", "256"),
                                                    ("bwd_kernel_split.py", "--dtype", "fp8"),
-                                                   ("bwd_kernel_split.py", "--N", "0")])
+                                                   ("bwd_kernel_split.py", "--N", "0"),
+                                                   ("bwd_kernel_split.py", "--dropout", "1.0")])
 def test_the_scripts_stop_on_a_bad_option_naming_it(script, option, value):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(BENCHMARKS.parent), str(BENCHMARKS)]))
     done = subprocess.run([sys.executable, str(BENCHMARKS / script), option, value], capture_output=True,
@@ -99,3 +100,36 @@ def test_the_dq_ab_times_the_triton_dq_kernel_where_the_gluon_one_is_routed(monk
     gluon_dq_ab.dq_pass(q, q, q, q, None, q, q, spec, True)  # the Gluon pass: the preprocess call, routes as ever
     assert routes == [(True, True)]
     assert bwd_hopper.dq_preferred(head_dim, 16384, 16384, 2 ** 40)
+
+
+def test_the_kernel_split_times_each_kernel_with_and_without_dropout(monkeypatch):
+    """bwd_kernel_split.py --dropout: each part timed twice, the plain kernels given p = 0 and the dropout ones p and
+    the seed, and dropout's extra backward time divided between the kernels by their own extra times."""
+    import bwd_kernel_split as split
+
+    times = {("backward", 0.0): 10.0, ("dkdv", 0.0): 6.0, ("dq", 0.0): 3.5,
+             ("backward", 0.25): 12.0, ("dkdv", 0.25): 7.5, ("dq", 0.25): 4.0}
+    calls = []
+
+    def launch(part):
+        def record(*args, dropout_p=0.0, dropout_seed=None, **kwargs):
+            spec = next((a for a in args if isinstance(a, split.AttentionSpec)), None)
+            p = spec.dropout_p if spec is not None else dropout_p
+            assert p == 0.0 or dropout_seed is not None, part
+            calls.append((part, p))
+        return record
+
+    monkeypatch.setattr(split, "make_inputs", lambda *shape, grad_out: tuple(torch.randn(1, 2, 16, 64) for _ in "qkvd"))
+    monkeypatch.setattr(split, "launch_attention_forward", lambda *args, **kwargs: None)
+    monkeypatch.setattr(split, "launch_attention_backward", launch("backward"))
+    monkeypatch.setattr(split.bwd_hopper, "launch_attention_dkdv_hopper", launch("dkdv"))
+    monkeypatch.setattr(split.bwd_hopper, "launch_attention_dq_hopper", launch("dq"))
+    monkeypatch.setattr(split, "graph_time_ms", lambda call, rep: call() or times[calls[-1]])
+    row = split.split_row("fp16", 64, 16, False, 1, 2, dropout_p=0.25)
+    assert sorted(set(calls)) == sorted(times)
+    assert row["dkdv_dropout_cost"] == 7.5 / 6.0 and row["backward_dropout_cost"] == 1.2
+    assert row["dkdv_dropout_extra_share"] == 0.75 and row["dq_dropout_extra_share"] == 0.25
+    assert row["dkdv_share"] == 0.6 and "dkdv_dropout_ms" in row
+    calls.clear()
+    assert "dkdv_dropout_ms" not in split.split_row("fp16", 64, 16, False, 1, 2)
+    assert {p for _, p in calls} == {0.0}
