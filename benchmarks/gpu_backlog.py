@@ -98,6 +98,8 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from flashlib.kernels.attention_bwd_hopper import DQ_MIN_ROWS
+
 ROOT = Path(__file__).resolve().parents[1]
 
 #: A call's limit (600 s) less the process starts, the headers and the copy of --out.
@@ -729,8 +731,20 @@ def decisions(out: Path) -> list:
                               _wins(timed, d, lambda r: _ratio(r, "gluon_tflops", "triton_tflops"))))
             # each variant over either operand placement of the default blocks
             lines += _variants_over(log.stem, timed, ("gluon_tflops", "gluon_regs_tflops"), {"triton_tflops"})
+    routes = log_rows(out / "gluon_dq_routes.log")
+    for d in (128, 64):  # the Gluon dQ kernel against the Triton one where DQ_MIN_ROWS routes it
+        routed = [row for row in routes if row.get("N", 0) >= DQ_MIN_ROWS[d]]
+        if routes:
+            lines.append(("gluon_dq_routes", f"D = {d}: the Gluon dQ kernel beats Triton's where routed "
+                          f"(from {DQ_MIN_ROWS[d]} rows)", _wins(routed, d, lambda r: r.get("dq gluon/triton"))))
+    split = [row for row in log_rows(out / "bwd_kernel_split_dropout.log") if "dkdv_dropout_extra_share" in row]
+    for d in sorted({row["d"] for row in split}):
+        at_d = [row for row in split if row["d"] == d]
+        for what in ("backward_dropout_cost", "dkdv_dropout_cost", "dq_dropout_cost", "dkdv_dropout_extra_share"):
+            values = [row[what] for row in at_d]
+            lines.append(("bwd_kernel_split_dropout", f"D = {d}: {what}", f"{min(values):.3f}-{max(values):.3f}"))
     for log in sorted(out.glob("gluon_dq_*.log")):  # the steps that time other dQ configs under own names
-        if log.name != "gluon_dq_ab.log":  # answered above
+        if log.name not in ("gluon_dq_ab.log", "gluon_dq_routes.log"):  # answered above
             timed = [row for row in log_rows(log) if "N" in row]
             lines += _variants_over(log.stem, timed, ("bwd_gluon_tflops",),
                                     {"bwd_triton_tflops", "bwd_gluon_regs_tflops"})

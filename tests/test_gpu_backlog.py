@@ -198,6 +198,26 @@ def test_the_summary_reads_the_dkdv_steps_logged_under_their_own_names(tmp_path)
     assert answers[("gluon_bwd_d64_rows128", "D = 64: m128 over gluon")].startswith("yes (1.021-1.058 over 6")
 
 
+def test_the_summary_judges_the_dq_routes_only_where_they_apply_and_splits_dropout_by_kernel(tmp_path):
+    """gluon_dq_routes: the 1k point at D = 64 lies below DQ_MIN_ROWS[64] (Triton's dQ there), so its loss does not
+    count; the routed points do. bwd_kernel_split_dropout: each head dim's ranges."""
+    _log(tmp_path / "gluon_dq_routes.log",
+         [{"d": 64, "N": 1024, "causal": False, "dq gluon/triton": 0.90},
+          {"d": 64, "N": 4096, "causal": False, "dq gluon/triton": 1.03},
+          {"d": 128, "N": 1024, "causal": True, "dq gluon/triton": 0.98},
+          {"d": 128, "N": 4096, "causal": True, "dq gluon/triton": 1.10}])
+    _log(tmp_path / "bwd_kernel_split_dropout.log",
+         [{"d": 64, "N": n, "backward_dropout_cost": 1.2, "dkdv_dropout_cost": 1.1, "dq_dropout_cost": c,
+           "dkdv_dropout_extra_share": s} for n, c, s in ((1024, 1.4, 0.4), (4096, 1.5, 0.3))])
+    answers = _summary(tmp_path)
+    assert gpu_backlog.DQ_MIN_ROWS == {128: 1024, 64: 4096}
+    assert answers[("gluon_dq_routes", "D = 64: the Gluon dQ kernel beats Triton's where routed (from 4096 rows)")
+                   ].startswith("yes (1.030-1.030 over 1 points)")
+    assert answers[("gluon_dq_routes", "D = 128: the Gluon dQ kernel beats Triton's where routed (from 1024 rows)")
+                   ].startswith("no (0.980-1.100 over 2 points)")
+    assert answers[("bwd_kernel_split_dropout", "D = 64: dq_dropout_cost")] == "1.400-1.500"
+    assert answers[("bwd_kernel_split_dropout", "D = 64: dkdv_dropout_extra_share")] == "0.300-0.400"
+
 def test_the_summary_of_an_empty_folder_decides_nothing(tmp_path):
     assert gpu_backlog.decisions(tmp_path) == []
 
