@@ -59,8 +59,7 @@ if HAVE_GLUON:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
     from .attention_fwd_hopper import operands_flag, register_operand, tma_load, tma_store
-    from .dropout_hopper import (dropout_keep, keep_from_words, keep_threshold, kept_weights_operand, kept_words,
-                                 stream_key)
+    from .dropout_hopper import keep_threshold, kept_weights_operand, kept_words, stream_key, zero_dropped
 
     #: The shared-memory layout of a block of L or D (:func:`rows_descriptor`): float32 rows, unswizzled.
     ROWS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
@@ -217,7 +216,7 @@ if HAVE_GLUON:
             delta = gl.where(rows < N_Q, delta, 0.0)
         mbarrier.arrive(do_empty.index(slot), count=1)
         if DROPOUT:  # dP of the kept weights only, against D scaled by 1 - p
-            dp_t = gl.where(keep_from_words(kept, BLOCK_N, BLOCK_M, True, st_layout), dp_t, 0.0)
+            dp_t = zero_dropped(dp_t, kept, BLOCK_N, BLOCK_M, True)
             delta = delta * drop[2]
         ds_op = gl.convert_layout((p_t * (dp_t - delta[None, :])).to(q_tile.dtype), op_layout)
         dk = warpgroup_mma(ds_op, q_tile, dk, is_async=True)
@@ -429,8 +428,8 @@ if HAVE_GLUON:
         dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
         mbarrier.arrive(v_empty.index(slot), count=1)
         if DROPOUT:  # dP of the kept weights only (their 1 / (1 - p) comes at the end)
-            keep = dropout_keep(drop[0], drop[3], n, drop[1], BLOCK_M, BLOCK_N, False, s_layout)
-            dp = gl.where(keep, dp, 0.0)
+            dp = zero_dropped(dp, kept_words(drop[0], drop[3], n, drop[1], BLOCK_M, BLOCK_N, False), BLOCK_M, BLOCK_N,
+                              False)
         ds_op = gl.convert_layout((p * (dp - delta[:, None])).to(q_tile.dtype), op_layout)
         dq = warpgroup_mma(ds_op, k_tile, dq, is_async=True)
         dq, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ds_op))
