@@ -679,6 +679,11 @@ def _wins(rows, d, ratio) -> str:
     return f"{verdict} ({min(values):.3f}-{max(values):.3f} over {len(values)} points)"
 
 
+def _point(row) -> tuple:
+    """The timed point a row is of: (dtype, head dim, N, causal)."""
+    return row.get("dtype"), row.get("d"), row.get("N"), row.get("causal")
+
+
 def _failed_checks(rows) -> list:
     """The check rows (those naming a case) whose status is neither ok nor "not supported", by case and point."""
     return [", ".join(f"{key}={row[key]}" for key in ("case", "d", "causal", "per_head") if key in row)
@@ -760,6 +765,13 @@ def decisions(out: Path) -> list:
         for what in ("backward_dropout_cost", "dkdv_dropout_cost", "dq_dropout_cost", "dkdv_dropout_extra_share"):
             values = [row[what] for row in at_d]
             lines.append(("bwd_kernel_split_dropout", f"D = {d}: {what}", f"{min(values):.3f}-{max(values):.3f}"))
+    before = {_point(row): row for row in log_rows(out / "bwd_kernel_split_dropout_before.log")}
+    pairs = [(before[_point(row)], row) for row in split if _point(row) in before]
+    for d in sorted({after["d"] for _, after in pairs}):  # the tree before a change against the tree after
+        for part in ("backward", "dkdv", "dq"):
+            lines.append(("bwd_kernel_split_dropout", f"D = {d}: {part} with dropout faster than the tree before",
+                          _wins([dict(after, ratio=old[f"{part}_dropout_ms"] / after[f"{part}_dropout_ms"])
+                                 for old, after in pairs], d, lambda r: r["ratio"])))
     for log in sorted(out.glob("gluon_dq_*.log")):  # the steps that time other dQ configs under own names
         if log.name not in ("gluon_dq_ab.log", "gluon_dq_routes.log"):  # answered above
             timed = [row for row in log_rows(log) if "N" in row]

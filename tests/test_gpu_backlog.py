@@ -217,6 +217,18 @@ def test_the_summary_judges_the_dq_routes_only_where_they_apply_and_splits_dropo
                    ].startswith("no (0.980-1.100 over 2 points)")
     assert answers[("bwd_kernel_split_dropout", "D = 64: dq_dropout_cost")] == "1.400-1.500"
     assert answers[("bwd_kernel_split_dropout", "D = 64: dkdv_dropout_extra_share")] == "0.300-0.400"
+    _log(tmp_path / "bwd_kernel_split_dropout_before.log",
+         [{"dtype": None, "d": 64, "N": n, "causal": None, "backward_dropout_ms": 2.0, "dkdv_dropout_ms": 1.0,
+           "dq_dropout_ms": q} for n, q in ((1024, 1.1), (4096, 0.9))])
+    _log(tmp_path / "bwd_kernel_split_dropout.log",
+         [{"d": 64, "N": n, "backward_dropout_cost": 1.2, "dkdv_dropout_cost": 1.1, "dq_dropout_cost": 1.4,
+           "dkdv_dropout_extra_share": 0.3, "backward_dropout_ms": 1.6, "dkdv_dropout_ms": 1.0, "dq_dropout_ms": 1.0}
+          for n in (1024, 4096, 16384)])  # 16384: no row before, left out
+    answers = _summary(tmp_path)
+    assert answers[("bwd_kernel_split_dropout", "D = 64: backward with dropout faster than the tree before")
+                   ].startswith("yes (1.250-1.250 over 2 points)")
+    assert answers[("bwd_kernel_split_dropout", "D = 64: dq with dropout faster than the tree before")
+                   ].startswith("no (0.900-1.100 over 2 points)")
 
 def test_the_summary_of_an_empty_folder_decides_nothing(tmp_path):
     assert gpu_backlog.decisions(tmp_path) == []
