@@ -26,7 +26,7 @@ from flashlib.bench_results import DTYPES
 from flashlib.io_model import attention_flops
 from flashlib.kernels import attention_bwd_hopper as bwd_hopper
 from flashlib.kernels.attention_bwd import launch_attention_backward
-from flashlib.kernels.attention_fwd import launch_attention_forward
+from flashlib.kernels.attention_fwd import gluon_dropout_args, launch_attention_forward
 from flashlib.spec import AttentionSpec
 from flashlib.timing import graph_time_ms
 from gluon_fwd_ab import (add_grid_options, dropout_probability, fa2_points, make_inputs, print_row,
@@ -41,14 +41,15 @@ def part_calls(q, k, v, o, lse, do, grads, delta, spec: AttentionSpec, seed) -> 
     from 1024 rows at D = 128 and from 4096 at D = 64 (attention_bwd_hopper.MIN_ROWS, DQ_MIN_ROWS), and each kernel
     alone."""
     dq, dk, dv = grads
-    scale, causal, p = spec.scale(q.shape[-1]), spec.causal, spec.dropout_p
+    scale, causal = spec.scale(q.shape[-1]), spec.causal
+    drop = gluon_dropout_args(spec, seed, lse)  # the effective p (a multiple of 1/256), as the backward passes it
     return {
         "backward": lambda: launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec, dropout_seed=seed,
                                                       use_gluon=True),
         "dkdv": lambda: bwd_hopper.launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, scale=scale,
-                                                                causal=causal, dropout_p=p, dropout_seed=seed),
+                                                                causal=causal, **drop),
         "dq": lambda: bwd_hopper.launch_attention_dq_hopper(q, k, v, do, lse, delta, dq, scale=scale, causal=causal,
-                                                            dropout_p=p, dropout_seed=seed),
+                                                            **drop),
     }
 
 
@@ -75,7 +76,8 @@ def split_row(name: str, d: int, n: int, causal: bool, batch: int, heads: int, d
         for part in ("backward",) + tuple(PRODUCTS):
             row[f"{part}_dropout_cost"] = row[f"{part}_dropout_ms"] / row[f"{part}_ms"]
         for part in PRODUCTS:  # the share of dropout's extra backward time this kernel's extra time makes
-            row[f"{part}_dropout_extra_share"] = (row[f"{part}_dropout_ms"] - row[f"{part}_ms"]) / extra
+            row[f"{part}_dropout_extra_share"] = ((row[f"{part}_dropout_ms"] - row[f"{part}_ms"]) / extra
+                                                  if extra > 0 else None)  # None: dropout cost nothing measurable
     return row
 
 

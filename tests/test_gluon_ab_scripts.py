@@ -103,30 +103,41 @@ def test_the_dq_ab_times_the_triton_dq_kernel_where_the_gluon_one_is_routed(monk
 
 
 def test_the_kernel_split_times_each_kernel_with_and_without_dropout(monkeypatch):
-    """bwd_kernel_split.py --dropout: each part timed twice, the plain kernels given p = 0 and the dropout ones p and
-    the seed, and dropout's extra backward time divided between the kernels by their own extra times."""
+    """bwd_kernel_split.py --dropout: each spec's forward runs before its backward; the kernels timed alone get that
+    spec's D (the backward's preprocess) and the effective p with the seed, as the backward passes them (p = 0.1
+    rounds to 26/256); dropout's extra backward time is divided between the kernels by their own extra times."""
     import bwd_kernel_split as split
+    from flashlib.kernels.dropout import effective_dropout_p
 
+    p = 0.1
     times = {("backward", 0.0): 10.0, ("dkdv", 0.0): 6.0, ("dq", 0.0): 3.5,
-             ("backward", 0.25): 12.0, ("dkdv", 0.25): 7.5, ("dq", 0.25): 4.0}
-    calls = []
+             ("backward", p): 12.0, ("dkdv", effective_dropout_p(p)): 7.5, ("dq", effective_dropout_p(p)): 4.0}
+    calls, forwards = [], []
 
-    def launch(part):
+    def forward(q, k, v, o, lse, spec, dropout_seed):
+        forwards.append(spec.dropout_p)
+
+    def backward(*args, dropout_seed=None, use_gluon=None):
+        spec = next(a for a in args if isinstance(a, split.AttentionSpec))
+        assert forwards[-1] == spec.dropout_p and (spec.dropout_p == 0 or dropout_seed is not None)
+        calls.append(("backward", spec.dropout_p))
+        return ("delta", spec.dropout_p)
+
+    def kernel(part):
         def record(*args, dropout_p=0.0, dropout_seed=None, **kwargs):
-            spec = next((a for a in args if isinstance(a, split.AttentionSpec)), None)
-            p = spec.dropout_p if spec is not None else dropout_p
-            assert p == 0.0 or dropout_seed is not None, part
-            calls.append((part, p))
+            assert ("delta", forwards[-1]) in args, f"{part} got another spec's D"
+            assert dropout_p == 0.0 or dropout_seed is not None, part
+            calls.append((part, dropout_p))
         return record
 
     monkeypatch.setattr(split, "make_inputs", lambda *shape, grad_out: tuple(torch.randn(1, 2, 16, 64) for _ in "qkvd"))
-    monkeypatch.setattr(split, "launch_attention_forward", lambda *args, **kwargs: None)
-    monkeypatch.setattr(split, "launch_attention_backward", launch("backward"))
-    monkeypatch.setattr(split.bwd_hopper, "launch_attention_dkdv_hopper", launch("dkdv"))
-    monkeypatch.setattr(split.bwd_hopper, "launch_attention_dq_hopper", launch("dq"))
-    monkeypatch.setattr(split, "graph_time_ms", lambda call, rep: call() or times[calls[-1]])
-    row = split.split_row("fp16", 64, 16, False, 1, 2, dropout_p=0.25)
-    assert sorted(set(calls)) == sorted(times)
+    monkeypatch.setattr(split, "launch_attention_forward", forward)
+    monkeypatch.setattr(split, "launch_attention_backward", backward)
+    monkeypatch.setattr(split.bwd_hopper, "launch_attention_dkdv_hopper", kernel("dkdv"))
+    monkeypatch.setattr(split.bwd_hopper, "launch_attention_dq_hopper", kernel("dq"))
+    monkeypatch.setattr(split, "graph_time_ms", lambda call, rep: (call(), times[calls[-1]])[1])
+    row = split.split_row("fp16", 64, 16, False, 1, 2, dropout_p=p)
+    assert forwards == [0.0, p] and sorted(set(calls)) == sorted(times)
     assert row["dkdv_dropout_cost"] == 7.5 / 6.0 and row["backward_dropout_cost"] == 1.2
     assert row["dkdv_dropout_extra_share"] == 0.75 and row["dq_dropout_extra_share"] == 0.25
     assert row["dkdv_share"] == 0.6 and "dkdv_dropout_ms" in row

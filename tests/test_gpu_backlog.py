@@ -198,37 +198,54 @@ def test_the_summary_reads_the_dkdv_steps_logged_under_their_own_names(tmp_path)
     assert answers[("gluon_bwd_d64_rows128", "D = 64: m128 over gluon")].startswith("yes (1.021-1.058 over 6")
 
 
-def test_the_summary_judges_the_dq_routes_only_where_they_apply_and_splits_dropout_by_kernel(tmp_path):
-    """gluon_dq_routes: the 1k point at D = 64 lies below DQ_MIN_ROWS[64] (Triton's dQ there), so its loss does not
-    count; the routed points do. bwd_kernel_split_dropout: each head dim's ranges."""
+def test_the_summary_judges_the_dq_routes_only_where_they_apply(tmp_path, monkeypatch):
+    """gluon_dq_routes: a point below the route's rows (Triton's dQ there) does not count, the routed points do; the
+    rows come from the kernel's source as it is when the summary runs."""
+    monkeypatch.setattr(gpu_backlog, "source_setting", lambda name: {"DQ_MIN_ROWS": {128: 2048, 64: 4096}}[name])
     _log(tmp_path / "gluon_dq_routes.log",
          [{"d": 64, "N": 1024, "causal": False, "dq gluon/triton": 0.90},
           {"d": 64, "N": 4096, "causal": False, "dq gluon/triton": 1.03},
-          {"d": 128, "N": 1024, "causal": True, "dq gluon/triton": 0.98},
+          {"d": 128, "N": 1024, "causal": True, "dq gluon/triton": 0.95},
+          {"d": 128, "N": 2048, "causal": True, "dq gluon/triton": 0.98},
           {"d": 128, "N": 4096, "causal": True, "dq gluon/triton": 1.10}])
-    _log(tmp_path / "bwd_kernel_split_dropout.log",
-         [{"d": 64, "N": n, "backward_dropout_cost": 1.2, "dkdv_dropout_cost": 1.1, "dq_dropout_cost": c,
-           "dkdv_dropout_extra_share": s} for n, c, s in ((1024, 1.4, 0.4), (4096, 1.5, 0.3))])
     answers = _summary(tmp_path)
-    assert gpu_backlog.DQ_MIN_ROWS == {128: 1024, 64: 4096}
     assert answers[("gluon_dq_routes", "D = 64: the Gluon dQ kernel beats Triton's where routed (from 4096 rows)")
                    ].startswith("yes (1.030-1.030 over 1 points)")
-    assert answers[("gluon_dq_routes", "D = 128: the Gluon dQ kernel beats Triton's where routed (from 1024 rows)")
+    assert answers[("gluon_dq_routes", "D = 128: the Gluon dQ kernel beats Triton's where routed (from 2048 rows)")
                    ].startswith("no (0.980-1.100 over 2 points)")
+
+
+def test_a_setting_read_from_the_source_is_the_one_the_module_holds():
+    from flashlib.kernels import attention_bwd_hopper
+
+    assert gpu_backlog.source_setting("DQ_MIN_ROWS") == attention_bwd_hopper.DQ_MIN_ROWS
+    assert gpu_backlog.source_setting("DKDV_REGISTER_OPERANDS") == attention_bwd_hopper.DKDV_REGISTER_OPERANDS
+
+
+def _split_row(n, dq_ms, **extra):
+    return dict(dtype="fp16", d=64, N=n, causal=False, backward_dropout_ms=1.6, dkdv_dropout_ms=1.0,
+                dq_dropout_ms=dq_ms, **extra)
+
+
+def test_the_summary_splits_dropout_by_kernel_and_compares_the_tree_before(tmp_path):
+    """bwd_kernel_split_dropout: each head dim's ranges; against the tree before, point by point, only where both
+    trees timed the point (and a row cut before its dropout parts is left out)."""
+    _log(tmp_path / "bwd_kernel_split_dropout.log",
+         [_split_row(n, 1.0, backward_dropout_cost=1.2, dkdv_dropout_cost=1.1, dq_dropout_cost=c,
+                     dkdv_dropout_extra_share=s, dq_dropout_extra_share=1 - s)
+          for n, c, s in ((1024, 1.4, 0.4), (4096, 1.5, 0.3), (16384, 1.5, 0.3))])
+    _log(tmp_path / "bwd_kernel_split_dropout_before.log",
+         [dict(_split_row(1024, 1.1), backward_dropout_ms=2.0), dict(_split_row(4096, 0.9), backward_dropout_ms=2.0),
+          {"dtype": "fp16", "d": 64, "N": 16384, "causal": False, "backward_ms": 9.0}])
+    answers = _summary(tmp_path)
     assert answers[("bwd_kernel_split_dropout", "D = 64: dq_dropout_cost")] == "1.400-1.500"
     assert answers[("bwd_kernel_split_dropout", "D = 64: dkdv_dropout_extra_share")] == "0.300-0.400"
-    _log(tmp_path / "bwd_kernel_split_dropout_before.log",
-         [{"dtype": None, "d": 64, "N": n, "causal": None, "backward_dropout_ms": 2.0, "dkdv_dropout_ms": 1.0,
-           "dq_dropout_ms": q} for n, q in ((1024, 1.1), (4096, 0.9))])
-    _log(tmp_path / "bwd_kernel_split_dropout.log",
-         [{"d": 64, "N": n, "backward_dropout_cost": 1.2, "dkdv_dropout_cost": 1.1, "dq_dropout_cost": 1.4,
-           "dkdv_dropout_extra_share": 0.3, "backward_dropout_ms": 1.6, "dkdv_dropout_ms": 1.0, "dq_dropout_ms": 1.0}
-          for n in (1024, 4096, 16384)])  # 16384: no row before, left out
-    answers = _summary(tmp_path)
+    assert answers[("bwd_kernel_split_dropout", "D = 64: dq_dropout_extra_share")] == "0.600-0.700"
     assert answers[("bwd_kernel_split_dropout", "D = 64: backward with dropout faster than the tree before")
                    ].startswith("yes (1.250-1.250 over 2 points)")
     assert answers[("bwd_kernel_split_dropout", "D = 64: dq with dropout faster than the tree before")
                    ].startswith("no (0.900-1.100 over 2 points)")
+
 
 def test_the_summary_of_an_empty_folder_decides_nothing(tmp_path):
     assert gpu_backlog.decisions(tmp_path) == []
