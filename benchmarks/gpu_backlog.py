@@ -545,7 +545,9 @@ STAGES["dq_routes"] = (
 
 # Issue 13's dropout costs the backward 1.21-1.26x at D = 64 and 1.12-1.18x at D = 128 (session 64); both Gluon
 # kernels recompute the mask. Which kernel carries the extra time says where a cheaper draw or another config pays.
-DROPOUT_SPLIT = ("benchmarks/bwd_kernel_split.py", "--dtype", "fp16", "--d", "64,128", "--N", FA2_N, "--dropout", "0.1")
+# From 4096 rows: where the backward with dropout takes both Gluon kernels at either head dim (DROPOUT_MIN_ROWS).
+DROPOUT_SPLIT = ("benchmarks/bwd_kernel_split.py", "--dtype", "fp16", "--d", "64,128", "--N", "4096,16384",
+                 "--dropout", "0.1")
 STAGES["dropout_split"] = (
     Step("bwd_kernel_split_dropout", 240, DROPOUT_SPLIT + ("--out", "{out}/bwd_kernel_split_dropout.json"),
          "where issue 13's dropout cost sits: dkdv_dropout_extra_share against dq_dropout_extra_share, and each "
@@ -563,9 +565,9 @@ STAGES["dropout_zero"] = (
           "tests/kernels/test_attention_bwd_hopper.py", "-k", "dropout or register_operands"),
          "whether zero_dropped drops exactly the forward's weights: the Gluon backward with dropout against float64 "
          "through the kernels' own mask and against the Triton kernels, and the register placements bitwise"),
-    Step("bwd_kernel_split_dropout_before", 200, DROPOUT_SPLIT + ("--out", "{out}/bwd_kernel_split_before.json"),
+    Step("bwd_kernel_split_dropout_before", 170, DROPOUT_SPLIT + ("--out", "{out}/bwd_kernel_split_before.json"),
          "the dropout costs of the tree before zero_dropped, in the same call", pythonpath=".old:benchmarks:tests"),
-    Step("bwd_kernel_split_dropout", 200, DROPOUT_SPLIT + ("--out", "{out}/bwd_kernel_split_dropout.json"),
+    Step("bwd_kernel_split_dropout", 170, DROPOUT_SPLIT + ("--out", "{out}/bwd_kernel_split_dropout.json"),
          "zero_dropped stays where the tests passed and the backward with dropout is not slower than the tree "
          "before's: 'faster than the tree before' (its ratio above 1 at every point) at D = 64 at least, where the dQ "
          "loop lost the most instructions; issue 13's 1.15x is backward_dropout_cost"),
