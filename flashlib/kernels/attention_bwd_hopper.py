@@ -59,7 +59,8 @@ if HAVE_GLUON:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
     from .attention_fwd_hopper import operands_flag, register_operand, tma_load, tma_store
-    from .dropout_hopper import keep_threshold, kept_weights_operand, kept_words, stream_key, zero_dropped
+    from .dropout_hopper import (dropout_keep, keep_from_words, keep_threshold, kept_weights_operand, kept_words,
+                                 stream_key, zero_dropped)
 
     #: The shared-memory layout of a block of L or D (:func:`rows_descriptor`): float32 rows, unswizzled.
     ROWS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
@@ -77,6 +78,11 @@ DROPOUT_CONFIGS = {64: (64, 64, 3), 128: CONFIGS[128]}
 #: The dQ kernel's (BLOCK_M query rows of each consumer, BLOCK_N keys a step, STAGES K/V slots) per head_dim: dQ in
 #: float32 registers is 64 of a thread's 240 at head_dim 128, which leaves room for S and dP of 64 keys.
 DQ_CONFIGS = {64: (64, 128, 2), 128: (64, 64, 3)}
+#: The head_dim at which the dQ kernel zeroes dP's dropped weights with a byte permute and an AND
+#: (:func:`.dropout_hopper.zero_dropped`) rather than a byte compare and a select. H100, fp16, p = 0.1, N 4k and 16k,
+#: causal or not (session 65, benchmarks/TUNING.md fifty-eighth finding): at 64 the dQ kernel runs 1.03-1.06x faster
+#: (its loop 779 -> 713 instructions); at 128, where its loop keeps its length (426 -> 423), 0.97-1.00x.
+DQ_ZERO_DROPPED_HEAD_DIM = triton.language.constexpr(64)
 #: Where this kernel is the backward's dK/dV kernel by default (:func:`preferred`): from these query and key rows per
 #: head_dim, and :data:`MIN_SCORES` scores (as the forward's). At 128, 512 rows: the smallest length measured, 1.05x
 #: the Triton kernel there. At 64, 1024 rows: with L and D staged and K and V in registers (64 rows a step, before
@@ -216,7 +222,7 @@ if HAVE_GLUON:
             delta = gl.where(rows < N_Q, delta, 0.0)
         mbarrier.arrive(do_empty.index(slot), count=1)
         if DROPOUT:  # dP of the kept weights only, against D scaled by 1 - p
-            dp_t = zero_dropped(dp_t, kept, BLOCK_N, BLOCK_M, True)
+            dp_t = gl.where(keep_from_words(kept, BLOCK_N, BLOCK_M, True, st_layout), dp_t, 0.0)
             delta = delta * drop[2]
         ds_op = gl.convert_layout((p_t * (dp_t - delta[None, :])).to(q_tile.dtype), op_layout)
         dk = warpgroup_mma(ds_op, q_tile, dk, is_async=True)
@@ -428,8 +434,11 @@ if HAVE_GLUON:
         dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
         mbarrier.arrive(v_empty.index(slot), count=1)
         if DROPOUT:  # dP of the kept weights only (their 1 / (1 - p) comes at the end)
-            dp = zero_dropped(dp, kept_words(drop[0], drop[3], n, drop[1], BLOCK_M, BLOCK_N, False), BLOCK_M, BLOCK_N,
-                              False)
+            if HEAD_DIM == DQ_ZERO_DROPPED_HEAD_DIM:
+                dp = zero_dropped(dp, kept_words(drop[0], drop[3], n, drop[1], BLOCK_M, BLOCK_N, False), BLOCK_M,
+                                  BLOCK_N, False)
+            else:
+                dp = gl.where(dropout_keep(drop[0], drop[3], n, drop[1], BLOCK_M, BLOCK_N, False, s_layout), dp, 0.0)
         ds_op = gl.convert_layout((p * (dp - delta[:, None])).to(q_tile.dtype), op_layout)
         dq = warpgroup_mma(ds_op, k_tile, dq, is_async=True)
         dq, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ds_op))
