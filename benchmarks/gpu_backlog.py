@@ -873,14 +873,20 @@ def settings(out: Path) -> dict:
     return chosen
 
 
+def setting_assignment(name: str) -> re.Pattern:
+    """The one line of a kernel's source that assigns the setting ``name`` (an annotation allowed): group 2 is the
+    value. :func:`source_setting` reads it, :func:`apply_settings` rewrites it."""
+    return re.compile(rf"^{name}(: [^=]+)? = (.*)$", flags=re.MULTILINE)
+
+
 def source_setting(name: str, root: Path = ROOT):
     """The value a kernel's source assigns to the setting ``name`` (a literal on one line, in the file
     :data:`SETTING_FILES` names), read without importing flashlib: the summary runs where torch may be missing."""
     text = (root / SETTING_FILES[name]).read_text()
-    match = re.search(rf"^{name}(?:: [^=]+)? = (.*)$", text, flags=re.MULTILINE)
+    match = setting_assignment(name).search(text)
     if match is None:
         raise SystemExit(f"no assignment of {name} in {SETTING_FILES[name]}")
-    return ast.literal_eval(match.group(1))
+    return ast.literal_eval(match.group(2))
 
 
 def apply_settings(chosen: dict, root: Path = ROOT) -> list:
@@ -893,7 +899,7 @@ def apply_settings(chosen: dict, root: Path = ROOT) -> list:
         text = path.read_text()
         annotation = ": tuple[int, ...]" if isinstance(value, tuple) else ""
         line = f"{name}{annotation} = {value!r}"
-        new, count = re.subn(rf"^{name}(: [^=]+)? = .*$", line, text, count=1, flags=re.MULTILINE)
+        new, count = setting_assignment(name).subn(line, text, count=1)
         if count != 1:
             raise SystemExit(f"no assignment of {name} in {path}")
         if new != text:
