@@ -29,6 +29,25 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
+def release_gpu_cache(keywords) -> bool:
+    """After a test marked ``gpu``, hand the blocks torch's caching allocator keeps back to the driver; whether it did.
+
+    `make test-gpu` runs 16 pytest-xdist workers on one card, and each worker's allocator kept its largest
+    test's blocks for the rest of the run: together they filled the H100, and two tests beside them failed with
+    "out of memory", which passed alone (benchmarks/TUNING.md, fifty-ninth finding)."""
+    if "gpu" not in keywords or not torch.cuda.is_available():
+        return False
+    torch.cuda.empty_cache()
+    return True
+
+
+@pytest.fixture(autouse=True)
+def release_cached_gpu_memory(request):
+    """:func:`release_gpu_cache` after every test."""
+    yield
+    release_gpu_cache(request.keywords)
+
+
 @pytest.fixture
 def nan_empty(monkeypatch):
     """torch.empty and torch.empty_like return NaN-filled float tensors: an output or gradient

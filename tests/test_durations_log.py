@@ -50,3 +50,17 @@ def test_worker_threads_is_an_even_share_and_never_zero():
     assert worker_threads(64, 16) == 4
     assert worker_threads(2, 16) == 1
     assert worker_threads(None, 4) == 1
+
+
+def test_a_gpu_test_hands_its_cached_blocks_back(monkeypatch):
+    """After a GPU test, and only then, the worker's caching allocator is emptied (sixteen workers share a card)."""
+    import torch
+    from conftest import release_gpu_cache
+
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
+    assert release_gpu_cache({"gpu": True, "test_x": True}) and emptied == [True]
+    assert not release_gpu_cache({"test_y": True}) and emptied == [True]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert not release_gpu_cache({"gpu": True}) and emptied == [True]
