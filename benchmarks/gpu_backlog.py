@@ -576,6 +576,23 @@ STAGES["dropout_zero"] = (
 )
 
 
+# Session 66 found the eager backward at head_dim 128, N = 1024 bound by the host on some machines: 0.8-1.2 ms of
+# host time a call against 0.55-0.88 ms of GPU work, 250-460 µs more than where the Triton kernels run (TUNING.md,
+# fifty-ninth finding). Its two Gluon kernels launch through JITFunction.run, which encodes their 13 host
+# descriptors again on every call; launch.GLUON_DESCRIPTORS sends them through the compiled-binary cache instead,
+# off until this stage has run.
+STAGES["gluon_launch"] = (
+    Step("gluon_launch_gpu_tests", 200,
+         ("-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-rs", "tests/kernels/test_launch.py"),
+         "whether the Gluon forward, dK/dV and dQ kernels launched from the cache give bitwise the results of "
+         "Triton's own path (test_gpu_gluon_kernels_from_the_cache_give_triton_paths_bits)"),
+    Step("gluon_launch_host", 300,
+         ("benchmarks/short_rows_probe.py", "--dtype", "fp16,bf16", "--N", "1024", "--rounds", "1",
+          "--gluon-launch-cache"),
+         "launch.GLUON_DESCRIPTORS becomes True where the tests passed and 'gluon cached/host' is below 1 for the "
+         "backward (both Gluon kernels) and not above 1 for the forward"),
+)
+
 def command(step: Step, out: Path) -> list:
     """The step's command line, ``{out}`` filled in."""
     return [sys.executable] + [arg.replace("{out}", str(out)) for arg in step.argv]
@@ -723,7 +740,7 @@ def decisions(out: Path) -> list:
     """What the stage logs under ``out`` decide, as (step, question, answer) lines: each rule is the one its
     step's ``decides`` states."""
     lines = []
-    for name in ("gpu_tests", "gpu_tests_rest", "dropout_gpu_tests"):
+    for name in ("gpu_tests", "gpu_tests_rest", "dropout_gpu_tests", "gluon_launch_gpu_tests"):
         if (out / f"{name}.log").exists():
             text = (out / f"{name}.log").read_text().splitlines()
             summary = [line for line in text if " passed" in line or " failed" in line]
@@ -815,6 +832,12 @@ def decisions(out: Path) -> list:
     if m32:
         lines.append(("gluon_dropout_m32", "the dK/dV kernel with dropout takes 32 query rows a step at D = 128",
                       _wins(m32, 128, lambda r: _ratio(r, "bwd_gluon_ms", "bwd_gluon_m32_ms"))))
+    host = [row for row in log_rows(out / "gluon_launch_host.log") if "gluon cached/host" in row]
+    for mode in ("fwd", "bwd"):
+        ratios = [row["gluon cached/host"] for row in host if row["mode"] == mode]
+        if ratios:
+            lines.append(("gluon_launch_host", f"{mode}: host time a call, Gluon kernels from the cache / as now",
+                          f"{min(ratios):.3f}-{max(ratios):.3f} over {len(ratios)} points"))
     fwd = log_rows(out / "gluon_fwd_ab.log")
     for d in (128, 64):
         if fwd:

@@ -13,9 +13,12 @@ GPU work. The probe tells apart, in one process and for each point:
 - the host's time per eager call: ``--calls`` calls issued back to back without a sync (the GPU's queue absorbs
   them), so the host is the bound when this exceeds the GPU time; the same at one head of 128 rows, where the
   GPU idles, so that a host time that grows with the problem shows a wait on the device;
-- whether the call synchronizes with the host at all (``torch.cuda.set_sync_debug_mode("error")``).
+- whether the call synchronizes with the host at all (``torch.cuda.set_sync_debug_mode("error")``);
+- with ``--gluon-launch-cache``, the host time a call again with the Gluon kernels launched from the
+  compiled-binary cache (``flashlib.kernels.launch.GLUON_DESCRIPTORS``), and its ratio to the default's.
 
     PYTHONPATH=.:benchmarks python3 benchmarks/short_rows_probe.py [--dtype fp16,bf16] [--N 1024] [--rounds 3]
+        [--gluon-launch-cache]
 
 One JSON line per (dtype, mode, causal, N), then nothing else; the columns are TFLOP/s and µs.
 """
@@ -31,6 +34,7 @@ from flashlib import flash_attention, runtime
 from flashlib.bench import fa2_shape, run_attention_benchmark
 from flashlib.bench_results import DTYPES
 from flashlib.io_model import attention_flops
+from flashlib.kernels import launch as launch_module
 from flashlib.timing import graph_time_ms
 
 #: (mode, causal) of the points that ran slow in the full grids.
@@ -96,9 +100,22 @@ def gpu_ms(mode: str, causal: bool, dtype: torch.dtype, n: int, d: int, batch: i
     return step - graph_time_ms(eager_call("fwd", causal, dtype, n, d, batch, heads))
 
 
-def probe(dtype: str, mode: str, causal: bool, n: int, d: int, rounds: int, calls: int) -> dict:
+def host_us_gluon_cached(call, calls: int) -> float:
+    """:func:`host_us_per_call` with the Gluon kernels launched from the compiled-binary cache
+    (``flashlib.kernels.launch.GLUON_DESCRIPTORS``); the switch is put back after."""
+    before = launch_module.GLUON_DESCRIPTORS
+    launch_module.GLUON_DESCRIPTORS = True
+    try:
+        return host_us_per_call(call, calls)
+    finally:
+        launch_module.GLUON_DESCRIPTORS = before
+
+
+def probe(dtype: str, mode: str, causal: bool, n: int, d: int, rounds: int, calls: int,
+          gluon_cached: bool = False) -> dict:
     """One point's grid rounds (flashlib and cuDNN), its GPU time from CUDA graphs, its host time a call at this
-    size and at one head of 128 rows (where the GPU idles), and whether the call syncs with the host."""
+    size and at one head of 128 rows (where the GPU idles), and whether the call syncs with the host; with
+    ``gluon_cached``, its host time a call with the Gluon kernels launched from the cache as well."""
     row = dict(dtype=dtype, mode=mode, causal=causal, N=n, D=d)
     for r in range(rounds):
         for res in run_attention_benchmark(modes=(mode,), dtypes=(dtype,), causals=(causal,), head_dims=(d,),
@@ -108,6 +125,9 @@ def probe(dtype: str, mode: str, causal: bool, n: int, d: int, rounds: int, call
     call = eager_call(mode, causal, DTYPES[dtype], n, d, batch, heads)
     row["syncs"] = host_syncs(call)
     row["host_us"] = round(host_us_per_call(call, calls), 1)
+    if gluon_cached:
+        row["host_us_gluon_cached"] = round(host_us_gluon_cached(call, calls), 1)
+        row["gluon cached/host"] = round(row["host_us_gluon_cached"] / row["host_us"], 3)
     row["host_us_one_small_head"] = round(host_us_per_call(
         eager_call(mode, causal, DTYPES[dtype], 128, d, 1, 1), calls), 1)
     try:
@@ -128,13 +148,16 @@ def main(argv=None) -> int:
     parser.add_argument("--N", default="1024")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--gluon-launch-cache", action="store_true",
+                        help="also the host time a call with the Gluon kernels launched from the compiled-binary cache")
     args = parser.parse_args(argv)
     if runtime.INTERPRET:
         parser.error("needs a CUDA GPU: the interpreter's times say nothing about the host or the kernels")
     for dtype in args.dtype.split(","):
         for n in (int(x) for x in args.N.split(",")):
             for mode, causal in POINTS:
-                print(json.dumps(probe(dtype, mode, causal, n, args.d, args.rounds, args.calls)), flush=True)
+                row = probe(dtype, mode, causal, n, args.d, args.rounds, args.calls, args.gluon_launch_cache)
+                print(json.dumps(row), flush=True)
     return 0
 
 

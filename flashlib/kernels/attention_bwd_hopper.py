@@ -50,6 +50,7 @@ from ._common import LOG2E
 from .attention_fwd_hopper import CONSUMER_REGISTERS, HAVE_GLUON, KERNEL_REGISTERS, LOADER_REGISTERS, tile_descriptor
 # the same tests as the forward's, asked here by launch_attention_backward
 from .attention_fwd_hopper import can_run, covers  # noqa: F401
+from .launch import launch
 
 if HAVE_GLUON:
     from triton.experimental import gluon
@@ -670,7 +671,7 @@ def launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, *, scale: floa
     lse, delta, rows_stride = rows_in_aligned_heads(lse, delta)
     block_m, block_n, stages = (DROPOUT_CONFIGS if dropout_p > 0 else CONFIGS)[head_dim]
     grid = (triton.cdiv(n_k, 2 * block_n), batch * kv_heads)
-    attention_bwd_dkdv_hopper_kernel[grid](
+    launch(attention_bwd_dkdv_hopper_kernel, grid,
         tile_descriptor(q, block_m), tile_descriptor(k, block_n), tile_descriptor(v, block_n),
         tile_descriptor(do, block_m), tile_descriptor(dk, block_n), tile_descriptor(dv, block_n),
         rows_descriptor(lse, block_m), rows_descriptor(delta, block_m), scale,
@@ -693,7 +694,7 @@ def launch_attention_dq_hopper(q, k, v, do, lse, delta, dq, *, scale: float, cau
         register_operands = head_dim in DQ_REGISTER_OPERANDS
     block_m, block_n, stages = DQ_CONFIGS[head_dim]
     grid = (triton.cdiv(n_q, 2 * block_m), batch * heads)
-    attention_bwd_dq_hopper_kernel[grid](
+    launch(attention_bwd_dq_hopper_kernel, grid,
         tile_descriptor(q, block_m), tile_descriptor(k, block_n), tile_descriptor(v, block_n),
         tile_descriptor(do, block_m), tile_descriptor(dq, block_m), lse, delta, scale,
         heads, heads // kv_heads, n_q, n_k, lse if dropout_seed is None else dropout_seed, float(dropout_p),

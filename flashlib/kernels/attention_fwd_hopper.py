@@ -51,6 +51,7 @@ import torch
 import triton
 
 from ._common import LN2, LOG2E, cuda_index, descriptor_ready, multiprocessor_count
+from .launch import launch
 
 try:  # Gluon ships with Triton 3.5 and later; its Hopper API is what this kernel is written against.
     from triton.experimental import gluon
@@ -674,7 +675,7 @@ def launch_attention_forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.T
     grid = (n_items, )
     if persistent:
         grid = (min(n_items, multiprocessor_count(cuda_index(q.device))), )
-    attention_fwd_hopper_kernel[grid](
+    launch(attention_fwd_hopper_kernel, grid,
         tile_descriptor(q, block_m), tile_descriptor(k, block_n), v_tiles, tile_descriptor(o, block_m), lse,
         scale * LOG2E.value, heads, heads // k.shape[1], n_q, k.shape[2], n_items, items_per_head, n_tiles,
         int(pingpong), lse if dropout_seed is None else dropout_seed, float(dropout_p),

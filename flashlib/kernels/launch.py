@@ -23,6 +23,9 @@ launch path are repeated on every call although their answer rarely changes:
 3. On Triton 3.6 a hit skips the launcher's own Python wrapper as well, and the copy engine's
    tensor maps of host descriptors are encoded once per address and shape
    (:mod:`.direct_launch`).
+4. The Gluon Hopper kernels take Gluon's host descriptors, which a signature counts by everything
+   Triton specializes them on (dtype, tile, shared-memory layout, padding) and by their shape and
+   strides; switched by :data:`GLUON_DESCRIPTORS`.
 
 Anything else (an unknown argument type, the interpreter) takes Triton's own path.
 """
@@ -38,6 +41,11 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from .. import runtime
 from ._common import tensor_of
 from .direct_launch import direct_launcher
+
+try:  # Gluon's host descriptors, which the Gluon Hopper kernels take (Triton 3.5 and later)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+except ImportError:  # pragma: no cover - older Triton
+    GluonDescriptor = None
 
 #: (autotuner, key values..., dtypes...) -> the triton.Config it chose.
 _CHOSEN: dict = {}
@@ -55,6 +63,14 @@ COMPILED_CACHE = not runtime.INTERPRET
 #: (False: always through the binary's own ``run``; ``benchmarks/launch_host_time.py --direct-ab`` compares).
 DIRECT_LAUNCH = True
 
+
+#: Whether a launch with Gluon host descriptors (the Gluon Hopper kernels) goes through the cache; else, as
+#: before, through ``JITFunction.run``, which binds every argument and has Triton 3.6's wrapper encode every
+#: descriptor again on each call. An eager backward where both Gluon kernels run (13 descriptors) took 250-460 µs
+#: more host time than one through the Triton kernels (benchmarks/TUNING.md, fifty-ninth finding), and at
+#: head_dim 128 and N = 1024 its host time exceeded its GPU time. Off until a GPU has run the Gluon binaries from
+#: the cache (``benchmarks/gpu_backlog.py gluon_launch``).
+GLUON_DESCRIPTORS = False
 
 #: The smallest integer Triton passes as 64-bit, and the smallest it passes as unsigned 64-bit.
 INT32_END, UINT64_START = 2**31, 2**63
@@ -93,6 +109,8 @@ def signature(fn, args, kwargs):
         elif kind is TensorDescriptor:
             base = a.base
             append((base.dtype, base.data_ptr() % 16 == 0, tuple(a.shape), tuple(a.strides), tuple(a.block_shape)))
+        elif kind is GluonDescriptor and GLUON_DESCRIPTORS:
+            append((kind, a.base.dtype, tuple(a.shape), tuple(a.strides), tuple(a.block_shape), a.layout, a.padding))
         else:
             return None
     key.extend(kwargs.items())

@@ -391,3 +391,89 @@ def test_a_binary_without_host_descriptors_keeps_tritons_launcher(model):
     compiled = model.compiled_kernel(["i32", "*fp16"], [])
     compiled.run.launch = model.c_launcher
     assert direct_launch.direct_launcher(compiled) is None
+
+
+# ---------------------------------------------------------------- Gluon host descriptors (the Gluon Hopper kernels)
+def gluon_descriptor(t, block, swizzle=128, padding="zero"):
+    """A Gluon host descriptor of the 2-D ``t`` in ``block`` tiles, with a shared-memory layout of ``swizzle`` bytes."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=t.element_size() * 8, rank=2)
+    return GluonDescriptor(t, list(t.shape), list(t.stride()), block, layout, padding)
+
+
+def test_gluon_descriptors_take_tritons_path_until_switched_on(compiled_cache, monkeypatch):
+    """With GLUON_DESCRIPTORS off (the default until a GPU has run the Gluon binaries from the cache) every launch
+    with one goes through Triton's own path; switched on, the second launch runs the remembered binary."""
+    x = torch.zeros(64, 64, dtype=torch.float16)
+    assert launch_module.GLUON_DESCRIPTORS is False
+    jit = FakeCompilingJIT()
+    for _ in range(2):
+        launch(jit, (1,), gluon_descriptor(x, [64, 64]), 5, 0.5, BLOCK=32)
+    assert len(jit.calls) == 2 and signature("fn", (gluon_descriptor(x, [64, 64]),), {}) is None
+    monkeypatch.setattr(launch_module, "GLUON_DESCRIPTORS", True)
+    jit = FakeCompilingJIT()
+    for _ in range(2):
+        descriptor = gluon_descriptor(x, [64, 64])
+        launch(jit, (1,), descriptor, 5, 0.5, BLOCK=32)
+    assert len(jit.calls) == 1, "the second launch skipped Triton's path"
+    assert jit.calls[0]["compiled"].runs[-1]["args"] == (descriptor, 5, 0.5, 32, 7)
+
+
+@pytest.mark.parametrize("change", ["dtype", "block", "layout", "padding", "shape", "strides"])
+def test_anything_a_gluon_descriptor_is_specialized_on_changes_the_signature(monkeypatch, change):
+    """Triton compiles a Gluon descriptor's dtype, tile and layout into the binary (and its padding into the tensor
+    map); the signature also keeps its shape and strides. A descriptor of another tensor with all of these the
+    same shares the signature: the tensor map of a new address is encoded at launch."""
+    monkeypatch.setattr(launch_module, "GLUON_DESCRIPTORS", True)
+    x = torch.zeros(128, 64, dtype=torch.float16)
+    base = gluon_descriptor(x, [64, 64])
+    other = {
+        "dtype": lambda: gluon_descriptor(x.to(torch.bfloat16), [64, 64]),
+        "block": lambda: gluon_descriptor(x, [32, 64]),
+        "layout": lambda: gluon_descriptor(x, [64, 64], swizzle=64),
+        "padding": lambda: gluon_descriptor(x, [64, 64], padding="nan"),
+        "shape": lambda: gluon_descriptor(x[:64], [64, 64]),
+        "strides": lambda: gluon_descriptor(torch.zeros(64, 128, dtype=torch.float16)[:, :64], [64, 64]),
+    }[change]()
+    assert signature("fn", (base, 3), {}) != signature("fn", (other, 3), {})
+    assert signature("fn", (base, 3), {}) == signature("fn", (gluon_descriptor(torch.ones_like(x), [64, 64]), 3), {})
+
+
+@pytest.mark.gpu
+def test_gpu_gluon_kernels_from_the_cache_give_triton_paths_bits(monkeypatch):
+    """The Gluon forward, dK/dV and dQ kernels (head_dim 128, 1024 rows, 2^27 scores: all three routed) launched
+    from the cache give bitwise the outputs and gradients of their launches through Triton's path, and match float64
+    at the first and last heads; the cache holds a binary of each."""
+    from flashlib.kernels import attention_bwd_hopper, attention_fwd_hopper
+    if not (attention_fwd_hopper.HAVE_GLUON and torch.cuda.get_device_capability()[0] == 9):
+        pytest.skip("the Gluon kernels run on Hopper (sm_90) only")
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(8, 16, 1024, 128, device="cuda", dtype=torch.float16, requires_grad=True)
+               for _ in range(3))
+    do = torch.randn_like(q)
+
+    def step():
+        o = flash_attention(q, k, v)
+        o.backward(do)
+        grads = [t.grad.clone() for t in (q, k, v)]
+        for t in (q, k, v):
+            t.grad = None
+        return [o.detach().clone(), *grads]
+
+    monkeypatch.setattr(launch_module, "_COMPILED", {})
+    tritons = step()
+    monkeypatch.setattr(launch_module, "GLUON_DESCRIPTORS", True)
+    runs = [step() for _ in range(3)]  # Triton's path once, remembering; then the cache twice
+    kernels = {key[1][0] for key in launch_module._COMPILED}
+    assert {attention_fwd_hopper.attention_fwd_hopper_kernel, attention_bwd_hopper.attention_bwd_dkdv_hopper_kernel,
+            attention_bwd_hopper.attention_bwd_dq_hopper_kernel} <= kernels
+    for run in runs:
+        for got, want in zip(run, tritons):
+            assert torch.equal(got, want)
+    for heads in ((0, slice(0, 2)), (7, slice(14, 16))):  # heads are independent: each checked alone
+        qd, kd, vd = (t.detach()[heads].double().requires_grad_() for t in (q, k, v))
+        ref = naive_attention(qd, kd, vd)
+        ref.backward(do[heads].double())
+        for got, want in zip(runs[-1], (ref, qd.grad, kd.grad, vd.grad)):
+            assert relative_error(got[heads], want.detach()) < tolerance(torch.float16)
