@@ -576,11 +576,11 @@ STAGES["dropout_zero"] = (
 )
 
 
-# Session 66 found the eager backward at head_dim 128, N = 1024 bound by the host on some machines: 0.8-1.2 ms of
-# host time a call against 0.55-0.88 ms of GPU work, 250-460 µs more than where the Triton kernels run (TUNING.md,
-# fifty-ninth finding). Its two Gluon kernels launch through JITFunction.run, which encodes their 13 host
-# descriptors again on every call; launch.GLUON_DESCRIPTORS sends them through the compiled-binary cache instead,
-# off until this stage has run.
+# Session 66 found the eager backward at head_dim 128, N = 1024 bound by the host on one H100: 0.8-1.2 ms of host
+# time a call against 0.55-0.88 ms of GPU work, 250-460 µs more than at one head of 128 rows, where the Triton
+# kernels run (TUNING.md, fifty-ninth finding). Its two Gluon kernels launch through JITFunction.run, which encodes
+# their 13 host descriptors again on every call, the likely difference; launch.GLUON_DESCRIPTORS sends them through
+# the compiled-binary cache instead, off until this stage has timed the host with it and without it.
 STAGES["gluon_launch"] = (
     Step("gluon_launch_gpu_tests", 200,
          ("-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-rs", "tests/kernels/test_launch.py"),
@@ -592,6 +592,7 @@ STAGES["gluon_launch"] = (
          "launch.GLUON_DESCRIPTORS becomes True where the tests passed and 'gluon cached/host' is below 1 for the "
          "backward (both Gluon kernels) and not above 1 for the forward"),
 )
+
 
 def command(step: Step, out: Path) -> list:
     """The step's command line, ``{out}`` filled in."""

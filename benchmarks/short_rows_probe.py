@@ -12,7 +12,8 @@ GPU work. The probe tells apart, in one process and for each point:
   forward's, since a captured backward needs its forward in the same capture);
 - the host's time per eager call: ``--calls`` calls issued back to back without a sync (the GPU's queue absorbs
   them), so the host is the bound when this exceeds the GPU time; the same at one head of 128 rows, where the
-  GPU idles, so that a host time that grows with the problem shows a wait on the device;
+  GPU idles (and where the Triton kernels take the call, not the Gluon ones: a difference is the sizes' or the
+  routes', which ``--gluon-launch-cache`` tells apart for the Gluon launches);
 - whether the call synchronizes with the host at all (``torch.cuda.set_sync_debug_mode("error")``);
 - with ``--gluon-launch-cache``, the host time a call again with the Gluon kernels launched from the
   compiled-binary cache (``flashlib.kernels.launch.GLUON_DESCRIPTORS``), and its ratio to the default's.

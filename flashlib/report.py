@@ -72,9 +72,9 @@ README_GRIDS = (
     # (session 63; it had taken D = 64 from 1024 rows in session 61, 64 rows a step with K and V in registers)
     "hopper_session63_bwd_d64_fp16_nvidia_h100_80gb_hbm3.json",
     "hopper_session63_bwd_d64_bf16_nvidia_h100_80gb_hbm3.json",
-    # the whole grid again, N 1k-16k with 2k and 8k (session 66); on this machine's host the eager calls at N = 1024,
-    # D = 128 were bound by the host (the causal backward 0.55-0.63x cuDNN eager, 1.08x from CUDA graphs: the
-    # fifty-ninth finding, results/short_rows_probe_session66_h100.log)
+    # the whole grid again, N 1k-16k with 2k and 8k (session 66); its N = 1024 points at D = 128 ran far low (the
+    # causal backward 0.65-0.70x cuDNN), likely bound by that machine's host as on another H100 where a probe timed
+    # it: 0.55-0.63x eager, 1.08x from CUDA graphs (fifty-ninth finding, results/short_rows_probe_session66_h100.log)
     "hopper_session66_grid_fp16_bf16_nvidia_h100_80gb_hbm3.json",
 )
 _MIB = 2 ** 20

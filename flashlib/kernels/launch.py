@@ -24,8 +24,8 @@ launch path are repeated on every call although their answer rarely changes:
    tensor maps of host descriptors are encoded once per address and shape
    (:mod:`.direct_launch`).
 4. The Gluon Hopper kernels take Gluon's host descriptors, which a signature counts by everything
-   Triton specializes them on (dtype, tile, shared-memory layout, padding) and by their shape and
-   strides; switched by :data:`GLUON_DESCRIPTORS`.
+   Triton specializes them on (dtype, tile, shared-memory layout) and by their padding, shape and
+   strides besides; switched by :data:`GLUON_DESCRIPTORS`.
 
 Anything else (an unknown argument type, the interpreter) takes Triton's own path.
 """
@@ -66,10 +66,11 @@ DIRECT_LAUNCH = True
 
 #: Whether a launch with Gluon host descriptors (the Gluon Hopper kernels) goes through the cache; else, as
 #: before, through ``JITFunction.run``, which binds every argument and has Triton 3.6's wrapper encode every
-#: descriptor again on each call. An eager backward where both Gluon kernels run (13 descriptors) took 250-460 µs
-#: more host time than one through the Triton kernels (benchmarks/TUNING.md, fifty-ninth finding), and at
-#: head_dim 128 and N = 1024 its host time exceeded its GPU time. Off until a GPU has run the Gluon binaries from
-#: the cache (``benchmarks/gpu_backlog.py gluon_launch``).
+#: descriptor again on each call. An eager backward where both Gluon kernels run (13 descriptors: head_dim 128,
+#: N = 1024) took 250-460 µs more host time than one at one head of 128 rows, where the Triton kernels run, and more
+#: host time than GPU time on one H100 host (benchmarks/TUNING.md, fifty-ninth finding); these launches are the
+#: likely difference, not yet timed apart. Off until a GPU has run the Gluon binaries from the cache and timed the
+#: host with and without it (``benchmarks/gpu_backlog.py gluon_launch``).
 GLUON_DESCRIPTORS = False
 
 #: The smallest integer Triton passes as 64-bit, and the smallest it passes as unsigned 64-bit.

@@ -422,8 +422,8 @@ def test_gluon_descriptors_take_tritons_path_until_switched_on(compiled_cache, m
 
 @pytest.mark.parametrize("change", ["dtype", "block", "layout", "padding", "shape", "strides"])
 def test_anything_a_gluon_descriptor_is_specialized_on_changes_the_signature(monkeypatch, change):
-    """Triton compiles a Gluon descriptor's dtype, tile and layout into the binary (and its padding into the tensor
-    map); the signature also keeps its shape and strides. A descriptor of another tensor with all of these the
+    """Triton compiles a Gluon descriptor's dtype, tile and layout into the binary; its padding goes into the tensor
+    map, and the signature keeps it with the shape and strides. A descriptor of another tensor with all of these the
     same shares the signature: the tensor map of a new address is encoded at launch."""
     monkeypatch.setattr(launch_module, "GLUON_DESCRIPTORS", True)
     x = torch.zeros(128, 64, dtype=torch.float16)
@@ -434,7 +434,7 @@ def test_anything_a_gluon_descriptor_is_specialized_on_changes_the_signature(mon
         "layout": lambda: gluon_descriptor(x, [64, 64], swizzle=64),
         "padding": lambda: gluon_descriptor(x, [64, 64], padding="nan"),
         "shape": lambda: gluon_descriptor(x[:64], [64, 64]),
-        "strides": lambda: gluon_descriptor(torch.zeros(64, 128, dtype=torch.float16)[:, :64], [64, 64]),
+        "strides": lambda: gluon_descriptor(torch.zeros(128, 128, dtype=torch.float16)[:, :64], [64, 64]),
     }[change]()
     assert signature("fn", (base, 3), {}) != signature("fn", (other, 3), {})
     assert signature("fn", (base, 3), {}) == signature("fn", (gluon_descriptor(torch.ones_like(x), [64, 64]), 3), {})
@@ -471,7 +471,7 @@ def test_gpu_gluon_kernels_from_the_cache_give_triton_paths_bits(monkeypatch):
     for run in runs:
         for got, want in zip(run, tritons):
             assert torch.equal(got, want)
-    for heads in ((0, slice(0, 2)), (7, slice(14, 16))):  # heads are independent: each checked alone
+    for heads in ((slice(0, 1), slice(0, 2)), (slice(7, 8), slice(14, 16))):  # heads are independent
         qd, kd, vd = (t.detach()[heads].double().requires_grad_() for t in (q, k, v))
         ref = naive_attention(qd, kd, vd)
         ref.backward(do[heads].double())
