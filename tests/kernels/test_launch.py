@@ -1,5 +1,7 @@
 """flashlib.kernels.launch: the autotuner chooses once per key; on a GPU the compiled binary is remembered
 under a signature of everything Triton specializes on, and a hit launches it directly."""
+import inspect
+
 import pytest
 import torch
 import triton
@@ -477,3 +479,46 @@ def test_gpu_gluon_kernels_from_the_cache_give_triton_paths_bits(monkeypatch):
         ref.backward(do[heads].double())
         for got, want in zip(runs[-1], (ref, qd.grad, kd.grad, vd.grad)):
             assert relative_error(got[heads], want.detach()) < tolerance(torch.float16)
+
+
+def _gluon_launches():
+    """(module, kernel's name, a call of its launcher on CPU tensors) for each Gluon Hopper kernel."""
+    from flashlib.kernels import attention_bwd_hopper as bwd, attention_fwd_hopper as fwd
+    q, k, v, do, dq, dk, dv = (torch.randn(1, 2, 256, 128, dtype=torch.float16) for _ in range(7))
+    lse, delta = torch.randn(1, 2, 256), torch.randn(1, 2, 256)
+    return [
+        (fwd, "attention_fwd_hopper_kernel",
+         lambda: fwd.launch_attention_forward_hopper(q, k, v, dq, lse, scale=0.1, causal=True, persistent=False)),
+        (bwd, "attention_bwd_dkdv_hopper_kernel",
+         lambda: bwd.launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, scale=0.1, causal=False)),
+        (bwd, "attention_bwd_dq_hopper_kernel",
+         lambda: bwd.launch_attention_dq_hopper(q, k, v, do, lse, delta, dq, scale=0.1, causal=True)),
+    ]
+
+
+@pytest.mark.parametrize("which", range(3), ids=["forward", "dkdv", "dq"])
+def test_a_remembered_gluon_launch_passes_every_kernel_parameter_in_order(compiled_cache, monkeypatch, which):
+    """With GLUON_DESCRIPTORS on, each Gluon launcher's second call runs the binary remembered from its first, with
+    every parameter of the real kernel in order: the positional arguments, then the constexprs it passed by keyword
+    (JITFunction.run's order, ``num_warps`` among them: these kernels take it as a constexpr too); the launch option
+    ``maxnreg`` stays in the signature, not the arguments."""
+    monkeypatch.setattr(launch_module, "GLUON_DESCRIPTORS", True)
+    module, name, call = _gluon_launches()[which]
+    real = getattr(module, name)
+    jit = FakeCompilingJIT()
+    jit.fn = real.fn
+    monkeypatch.setattr(module, name, jit)
+    call()
+    call()
+    assert len(jit.calls) == 1, "the second launch ran the remembered binary"
+    first = jit.calls[0]
+    passed = dict(zip(real.arg_names, first["args"])) | first["kwargs"]
+    remembered = first["compiled"].runs[-1]["args"]
+    params = list(inspect.signature(real.fn).parameters)
+    assert len(remembered) == len(params)
+    for param, value in zip(params, remembered):
+        if param in first["kwargs"]:
+            assert value == passed[param], param
+        else:
+            assert type(value) is type(passed[param]), param  # a fresh descriptor or tensor of the second call
+    assert set(first["kwargs"]) - set(params) == {"maxnreg"}
