@@ -68,6 +68,12 @@ kept; TUNING.md fifty-second finding). Queued: ``bwd_gpu_tests`` (the backward's
 ``dkdv_d64_route`` (whether the Gluon dK/dV kernel now wins at D = 64), ``dkdv_stages`` (a third Q/dO slot), then
 ``hf_order``.
 
+Session 66 (four H100s) ran the whole GPU suite in one call (385 of 388 passed, 2 out of memory beside 15 workers,
+which pass alone), ``dq_routes`` (the Gluon dQ routes hold), ``dropout_split`` and a 20-point grid whose N = 1024
+lows at D = 128 a probe traced to the eager backward's host time (TUNING.md fifty-ninth finding). Queued:
+``gluon_launch`` (the Gluon kernels from the compiled-binary cache: bitwise test, then host time with and without),
+then the GPU suite again with the allocator released after each test.
+
 The grid measures the forward and backward with the settings the timings decide. A machine is given back 30 s
 after a call, too soon to edit those settings by hand between the two calls, so the timings call also copies its
 logs to ``build/backlog`` (ignored by git, so kept on the machine between calls) and the grid call first writes
