@@ -41,13 +41,15 @@ from flashlib.kernels.attention_fwd import launch_attention_forward
 from flashlib.spec import AttentionSpec
 
 
-def host_us(fn, calls=3000) -> float:
-    """Microseconds of host time per call of ``fn`` (the GPU work is tiny and queued asynchronously)."""
-    for _ in range(200):
+def host_us(fn, calls=3000, warmup=200, repeats=3) -> float:
+    """Microseconds of host time per call of ``fn``: the best of ``repeats`` loops of ``calls`` calls issued without
+    a sync, after ``warmup`` calls and a drained device. The GPU's queue absorbs the work of the calls as long as it
+    is short (here a tiny problem) or the calls few (``benchmarks/short_rows_probe.py``: 50 calls of real sizes)."""
+    for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     best = float("inf")
-    for _ in range(3):
+    for _ in range(repeats):
         start = time.perf_counter()
         for _ in range(calls):
             fn()

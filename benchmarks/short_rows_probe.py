@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import torch
+from front_door import host_us
 
 from flashlib import flash_attention, runtime
 from flashlib.bench import fa2_shape, run_attention_benchmark
@@ -68,15 +68,9 @@ def eager_call(mode: str, causal: bool, dtype: torch.dtype, n: int, d: int, batc
 
 
 def host_us_per_call(call, calls: int) -> float:
-    """Microseconds of host time a call, ``calls`` calls issued without a sync after a drained device."""
-    call()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        call()
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return elapsed / calls * 1e6
+    """Microseconds of host time a call: one loop of ``calls`` calls issued without a sync after a drained device
+    (few enough that the GPU's queue absorbs their work at these sizes)."""
+    return host_us(call, calls, warmup=1, repeats=1)
 
 
 def host_syncs(call) -> str:
