@@ -599,6 +599,19 @@ STAGES["gluon_launch"] = (
          "backward (both Gluon kernels) and not above 1 for the forward"),
 )
 
+# The causal forward at head_dim 64 runs 0.87-0.90x cuDNN (session 66's grid) against 0.96-1.04x without a mask, where
+# 128 x 128 tiles capped at 128 registers put two programs on an SM (twenty-seventh finding). Causal grids were kept
+# from that config because it spilled 8 registers there (session 27); compiled for sm_90a by Triton 3.6 today it
+# takes 128 registers without a spill (sass_counts.py --kernel fwd --d 64 --causal yes --configs 128x128/2/8
+# --maxnreg 128). Each config alone in a CUDA graph against the forward as routed, the same process.
+STAGES["causal64_capped"] = (
+    Step("fwd_causal64_capped", 150,
+         ("benchmarks/fwd_two_per_sm.py", "--d", "64", "--causal", "yes", "--N", "1024,2048,4096,8192,16384",
+          "--dtype", "fp16", "--budget", "110", "--out", "{out}/fwd_causal64_capped.json"),
+         "attention_fwd._prune_configs lets the capped config into causal grids at head_dim <= 64 where '128x128/2/8 "
+         "maxnreg 128' beats 'flashlib as routed' at most points and loses at none by more than 2%"),
+)
+
 
 def command(step: Step, out: Path) -> list:
     """The step's command line, ``{out}`` filled in."""
