@@ -64,14 +64,14 @@ COMPILED_CACHE = not runtime.INTERPRET
 DIRECT_LAUNCH = True
 
 
-#: Whether a launch with Gluon host descriptors (the Gluon Hopper kernels) goes through the cache; else, as
-#: before, through ``JITFunction.run``, which binds every argument and has Triton 3.6's wrapper encode every
-#: descriptor again on each call. An eager backward where both Gluon kernels run (13 descriptors: head_dim 128,
-#: N = 1024) took 250-460 µs more host time than one at one head of 128 rows, where the Triton kernels run, and more
-#: host time than GPU time on one H100 host (benchmarks/TUNING.md, fifty-ninth finding); these launches are the
-#: likely difference, not yet timed apart. Off until a GPU has run the Gluon binaries from the cache and timed the
-#: host with and without it (``benchmarks/gpu_backlog.py gluon_launch``).
-GLUON_DESCRIPTORS = False
+#: Whether a launch with Gluon host descriptors (the Gluon Hopper kernels) goes through the cache; else through
+#: ``JITFunction.run``, which binds every argument and has Triton 3.6's wrapper encode every descriptor again on each
+#: call (8 for the dK/dV kernel, 5 for dQ). Timed on an H100 (head_dim 128, N = 1024, fp16 and bf16, session 67,
+#: benchmarks/TUNING.md sixtieth finding): from the cache an eager backward where both Gluon kernels run takes
+#: 0.75-0.84x the host time (96-188 µs a call less) and a Gluon forward 0.78-0.81x (32-49 µs less), with bitwise
+#: the same results (``test_gpu_gluon_kernels_from_the_cache_give_triton_paths_bits``). False sends them back
+#: through ``JITFunction.run``.
+GLUON_DESCRIPTORS = True
 
 #: The smallest integer Triton passes as 64-bit, and the smallest it passes as unsigned 64-bit.
 INT32_END, UINT64_START = 2**31, 2**63

@@ -404,11 +404,12 @@ def gluon_descriptor(t, block, swizzle=128, padding="zero"):
     return GluonDescriptor(t, list(t.shape), list(t.stride()), block, layout, padding)
 
 
-def test_gluon_descriptors_take_tritons_path_until_switched_on(compiled_cache, monkeypatch):
-    """With GLUON_DESCRIPTORS off (the default until a GPU has run the Gluon binaries from the cache) every launch
-    with one goes through Triton's own path; switched on, the second launch runs the remembered binary."""
+def test_gluon_descriptors_take_tritons_path_when_switched_off(compiled_cache, monkeypatch):
+    """With GLUON_DESCRIPTORS off every launch with one goes through Triton's own path; switched on (the default
+    since a GPU ran the Gluon binaries from the cache), the second launch runs the remembered binary."""
     x = torch.zeros(64, 64, dtype=torch.float16)
-    assert launch_module.GLUON_DESCRIPTORS is False
+    assert launch_module.GLUON_DESCRIPTORS is True
+    monkeypatch.setattr(launch_module, "GLUON_DESCRIPTORS", False)
     jit = FakeCompilingJIT()
     for _ in range(2):
         launch(jit, (1,), gluon_descriptor(x, [64, 64]), 5, 0.5, BLOCK=32)
@@ -464,6 +465,7 @@ def test_gpu_gluon_kernels_from_the_cache_give_triton_paths_bits(monkeypatch):
         return [o.detach().clone(), *grads]
 
     monkeypatch.setattr(launch_module, "_COMPILED", {})
+    monkeypatch.setattr(launch_module, "GLUON_DESCRIPTORS", False)
     tritons = step()
     monkeypatch.setattr(launch_module, "GLUON_DESCRIPTORS", True)
     runs = [step() for _ in range(3)]  # Triton's path once, remembering; then the cache twice
