@@ -344,10 +344,8 @@ def _set_tile_shapes(nargs):
 #: SM: 249-329 TFLOP/s) and 124 capped, without a spill (390-443, 1.06-1.09x the autotuned forward of the same
 #: run); causal, they spill 8 registers and tie or lose (0.95-1.02x the best uncapped config). At D = 128 the same
 #: cap spills 128 x 128 tiles (1184 B) and makes 128 x 64 ones slower than the 128 x 128 tiles the autotuner picks
-#: there. Causal at D = 64 (session 67, H100, ``gpu_backlog.py causal64_capped``, TUNING sixtieth finding; 8 registers
-#: spilled) the capped config ran 1.01-1.05x the autotuned forward from 4k rows, 0.99x at 2k and 0.90x at 1k, so the
-#: autotuner is given it for causal grids too. So these configs are tried only where they won: head dims up to 64,
-#: 2-byte types, no left bound (no sliding window; the causal mask's right bound is let in: :func:`_prune_configs`).
+#: there. So these configs are tried only where they won: head dims up to 64, 2-byte types, no band (no causal
+#: mask or window: :func:`_prune_configs`).
 REGISTER_CAPPED_CONFIGS = [(128, 128, 2, 8)]
 REGISTER_CAP = 128
 REGISTER_CAPPED_MAX_HEAD_DIM = 64
@@ -421,7 +419,8 @@ def _prune_configs(configs, named_args, **kwargs):
         return [only]
     shape = (args["BLOCK_D"], tensor_of(args["Q"]).element_size(), args["Q_BUCKET"], smem_budget())
     # register-capped configs only where they were measured to win (REGISTER_CAPPED_CONFIGS)
-    capped_wins = shape[0] <= REGISTER_CAPPED_MAX_HEAD_DIM and shape[1] == 2 and not args.get("HAS_LEFT")
+    capped_wins = (shape[0] <= REGISTER_CAPPED_MAX_HEAD_DIM and shape[1] == 2
+                   and not (args.get("HAS_LEFT") or args.get("HAS_RIGHT")))
     kept = [c for c in configs
             if _fits(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_stages, c.num_warps, *shape)
             and (c.maxnreg is None or capped_wins)]
