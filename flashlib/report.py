@@ -76,6 +76,10 @@ README_GRIDS = (
     # causal backward 0.65-0.70x cuDNN), likely bound by that machine's host as on another H100 where a probe timed
     # it: 0.55-0.63x eager, 1.08x from CUDA graphs (fifty-ninth finding, results/short_rows_probe_session66_h100.log)
     "hopper_session66_grid_fp16_bf16_nvidia_h100_80gb_hbm3.json",
+    # the same grid once the Gluon kernels launched from the compiled-binary cache (session 67): N = 1024 at D = 128
+    # came up (unmasked forward 0.93-0.98x), and one point ran far low (bf16 causal forward at 1024, 0.60x; 0.81x
+    # when re-run in the same hour, results/n1024_recheck_session67_h100.log)
+    "hopper_session67_grid_fp16_bf16_nvidia_h100_80gb_hbm3.json",
 )
 _MIB = 2 ** 20
 
