@@ -344,8 +344,10 @@ def _set_tile_shapes(nargs):
 #: SM: 249-329 TFLOP/s) and 124 capped, without a spill (390-443, 1.06-1.09x the autotuned forward of the same
 #: run); causal, they spill 8 registers and tie or lose (0.95-1.02x the best uncapped config). At D = 128 the same
 #: cap spills 128 x 128 tiles (1184 B) and makes 128 x 64 ones slower than the 128 x 128 tiles the autotuner picks
-#: there. So these configs are tried only where they won: head dims up to 64, 2-byte types, no band (no causal
-#: mask or window: :func:`_prune_configs`).
+#: there. Causal at D = 64 again in session 67 (Triton 3.6, H100; TUNING sixtieth finding): still 8 registers spilled,
+#: alone 1.01-1.05x the autotuned forward from 4k rows and 0.90x at 1k, and offered to the autotuner it left the
+#: causal grid where it was. So these configs are tried only where they won: head dims up to 64, 2-byte types, no
+#: band (no causal mask or window: :func:`_prune_configs`).
 REGISTER_CAPPED_CONFIGS = [(128, 128, 2, 8)]
 REGISTER_CAP = 128
 REGISTER_CAPPED_MAX_HEAD_DIM = 64
