@@ -337,14 +337,14 @@ def test_the_summary_answers_the_gluon_launch_stage(tmp_path):
     """gluon_launch: pytest's summary of the tests step, and the host-time ratios of the probe per mode (a row
     printed without the cached measurement, as by a probe run without the option, is left out)."""
     (tmp_path / "gluon_launch_gpu_tests.log").write_text("# header\n....\n4 passed, 1 skipped in 60.0s\n")
-    rows = [dict(dtype="fp16", mode="bwd", causal=True, N=1024, D=128, **{"gluon cached/host": 0.7}),
-            dict(dtype="bf16", mode="bwd", causal=False, N=1024, D=128, **{"gluon cached/host": 0.8}),
-            dict(dtype="fp16", mode="fwd", causal=False, N=1024, D=128, **{"gluon cached/host": 0.95}),
+    rows = [dict(dtype="fp16", mode="bwd", causal=True, N=1024, D=128, **{"gluon cached/run": 0.7}),
+            dict(dtype="bf16", mode="bwd", causal=False, N=1024, D=128, **{"gluon cached/run": 0.8}),
+            dict(dtype="fp16", mode="fwd", causal=False, N=1024, D=128, **{"gluon cached/run": 0.95}),
             dict(dtype="fp16", mode="fwd", causal=True, N=1024, D=128, host_us=200.0)]
     _write_log(tmp_path, "gluon_launch_host", rows)
     answers = _summary(tmp_path)
     assert answers[("gluon_launch_gpu_tests", "pytest's summary")] == "4 passed, 1 skipped in 60.0s"
-    assert answers[("gluon_launch_host", "bwd: host time a call, Gluon kernels from the cache / as now")
+    assert answers[("gluon_launch_host", "bwd: host time a call, Gluon kernels from the cache / through run")
                    ] == "0.700-0.800 over 2 points"
-    assert answers[("gluon_launch_host", "fwd: host time a call, Gluon kernels from the cache / as now")
+    assert answers[("gluon_launch_host", "fwd: host time a call, Gluon kernels from the cache / through run")
                    ] == "0.950-0.950 over 1 points"

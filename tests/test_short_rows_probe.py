@@ -1,5 +1,6 @@
 """benchmarks/short_rows_probe.py on the CPU: it refuses the interpreter with the reason, and its measurement with
-the Gluon kernels launched from the compiled-binary cache switches the cache on only while it measures."""
+the Gluon kernels launched through JITFunction.run and from the compiled-binary cache sets the switch only while it
+measures."""
 import sys
 from pathlib import Path
 
@@ -20,17 +21,24 @@ def test_the_probe_refuses_the_interpreter(capsys):
     assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
-def test_the_cached_measurement_switches_the_gluon_cache_on_only_while_it_measures(monkeypatch):
+@pytest.mark.parametrize("cached", [True, False])
+def test_the_gluon_measurements_set_the_switch_only_while_they_measure(monkeypatch, cached):
+    """Each of the two measurements runs with the Gluon launches as it names them, whatever the default, and puts
+    the switch back, after a failure too."""
+    default = launch_module.GLUON_DESCRIPTORS
     seen = []
     monkeypatch.setattr(short_rows_probe, "host_us_per_call",
                         lambda call, calls: seen.append((launch_module.GLUON_DESCRIPTORS, calls)) or 12.5)
-    assert launch_module.GLUON_DESCRIPTORS is False
-    assert short_rows_probe.host_us_gluon_cached(lambda: None, 7) == 12.5
-    assert seen == [(True, 7)] and launch_module.GLUON_DESCRIPTORS is False
+    for start in (True, False):
+        monkeypatch.setattr(launch_module, "GLUON_DESCRIPTORS", start)
+        assert short_rows_probe.host_us_gluon(lambda: None, 7, cached=cached) == 12.5
+        assert seen.pop() == (cached, 7) and launch_module.GLUON_DESCRIPTORS is start
 
     def fails(call, calls):
         raise RuntimeError("a launch failed")
     monkeypatch.setattr(short_rows_probe, "host_us_per_call", fails)
+    monkeypatch.setattr(launch_module, "GLUON_DESCRIPTORS", not cached)
     with pytest.raises(RuntimeError):
-        short_rows_probe.host_us_gluon_cached(lambda: None, 7)
-    assert launch_module.GLUON_DESCRIPTORS is False, "put back after a failure too"
+        short_rows_probe.host_us_gluon(lambda: None, 7, cached=cached)
+    assert launch_module.GLUON_DESCRIPTORS is (not cached), "put back after a failure too"
+    monkeypatch.setattr(launch_module, "GLUON_DESCRIPTORS", default)
