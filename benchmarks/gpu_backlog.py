@@ -614,6 +614,14 @@ STAGES["suite"] = (
          "whether every GPU test passes on the tree as it is; a failure names what to fix before any timing"),
 )
 
+# With the Gluon launches from the cache an eager backward at head_dim 128, N = 1024 still takes 380-630 µs of host
+# time a call (session 67), where a no-op Triton launch takes 11-26: which Python it is, profiled on the GPU's host.
+STAGES["backward_host"] = (
+    Step("backward_host_profile", 150, ("benchmarks/backward_host_profile.py", "--dtype", "fp16", "--calls", "200"),
+         "where an eager backward's host time goes (the functions with the most own time and cumulative time) at "
+         "the Gluon and Triton routes; what to make cheaper next, if anything"),
+)
+
 # The causal forward at head_dim 64 runs 0.87-0.90x cuDNN (session 66's grid) against 0.96-1.04x without a mask, where
 # 128 x 128 tiles capped at 128 registers put two programs on an SM (twenty-seventh finding). Causal grids were kept
 # from that config because it spilled 8 registers there (session 27); compiled for sm_90a by Triton 3.6 today it
