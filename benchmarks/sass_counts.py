@@ -44,6 +44,7 @@ from config_text import parse_config  # noqa: E402
 from flashlib import runtime  # noqa: E402
 from flashlib.kernels import (attention_bwd, attention_bwd_hopper, attention_fwd, attention_fwd_hopper,  # noqa: E402
                               attention_jvp)
+from flashlib.kernels import launch as launch_module  # noqa: E402
 from flashlib.fp8 import keys_innermost  # noqa: E402
 from flashlib.kernels.dropout import effective_dropout_p  # noqa: E402
 from flashlib.spec import AttentionSpec  # noqa: E402
@@ -91,12 +92,14 @@ def captured_gluon_launch(module, kernel_name: str, launcher) -> tuple:
         def __getitem__(self, grid):
             return lambda *args, **kwargs: calls.append((args, kwargs))
 
-    real = getattr(module, kernel_name)
+    real, cached = getattr(module, kernel_name), launch_module.COMPILED_CACHE
     setattr(module, kernel_name, Recorder())
+    launch_module.COMPILED_CACHE = False  # straight to the recorder: the cache would ask a driver for a stream
     try:
         launcher()
     finally:
         setattr(module, kernel_name, real)
+        launch_module.COMPILED_CACHE = cached
     args, kwargs = calls[0]
     return real, args, kwargs
 
