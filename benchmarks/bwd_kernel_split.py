@@ -10,9 +10,12 @@ the H100, issue 14). The kernel further from it is where a backward faster than 
 With ``--dropout P`` each part is timed again with dropout of probability P (issue 13: at most 1.15x the plain
 backward), and the row says what dropout costs each kernel and which share of its extra time each one carries:
 both kernels recompute the mask, so that share says where a cheaper draw or a different config would pay.
+``--draws-ahead`` also times the dK/dV kernel, and the whole backward, with its draws drawn a step ahead
+(``attention_bwd_hopper.DKDV_DRAWS_AHEAD``, sixty-first finding), after checking that its dK and dV equal the
+default's bit for bit: ``dkdv ahead/now`` above 1 means faster.
 
     PYTHONPATH=.:benchmarks python3 benchmarks/bwd_kernel_split.py [--dtype fp16] [--d 128] [--N 1024,4096,16384]
-        [--dropout 0.1] [--out FILE]
+        [--dropout 0.1 [--draws-ahead]] [--out FILE]
 """
 from __future__ import annotations
 
@@ -53,7 +56,30 @@ def part_calls(q, k, v, o, lse, do, grads, delta, spec: AttentionSpec, seed) -> 
     }
 
 
-def split_row(name: str, d: int, n: int, causal: bool, batch: int, heads: int, dropout_p: float = 0.0) -> dict:
+def ahead_timings(q, k, v, o, lse, do, grads, delta, spec: AttentionSpec, seed) -> dict:
+    """The dK/dV kernel with dropout and the whole backward timed with the draws drawn a step ahead, once its dK and
+    dV are checked bitwise equal to the default path's (``ahead_bitwise``; a row that says False is not timed)."""
+    dq, dk, dv = grads
+    parts = part_calls(q, k, v, o, lse, do, grads, delta, spec, seed)
+    parts["dkdv"]()
+    now = (dk.clone(), dv.clone())
+    saved = bwd_hopper.DKDV_DRAWS_AHEAD
+    bwd_hopper.DKDV_DRAWS_AHEAD = (q.shape[-1],)
+    try:
+        dk.fill_(float("nan"))
+        dv.fill_(float("nan"))
+        parts["dkdv"]()
+        row = {"ahead_bitwise": torch.equal(dk, now[0]) and torch.equal(dv, now[1])}
+        if row["ahead_bitwise"]:
+            for part in ("backward", "dkdv"):
+                row[f"{part}_dropout_ahead_ms"] = graph_time_ms(parts[part], rep=100)
+    finally:
+        bwd_hopper.DKDV_DRAWS_AHEAD = saved
+    return row
+
+
+def split_row(name: str, d: int, n: int, causal: bool, batch: int, heads: int, dropout_p: float = 0.0,
+              draws_ahead: bool = False) -> dict:
     q, k, v, do = make_inputs(batch, heads, heads, n, n, d, DTYPES[name], grad_out=True)
     seed = torch.tensor([20261207], dtype=torch.int64, device=q.device)
     grads = tuple(torch.empty_like(t) for t in (q, k, v))
@@ -65,12 +91,17 @@ def split_row(name: str, d: int, n: int, causal: bool, batch: int, heads: int, d
         delta = launch_attention_backward(q, k, v, o, lse, do, *grads, spec, dropout_seed=seed, use_gluon=True)
         for part, call in part_calls(q, k, v, o, lse, do, grads, delta, spec, seed).items():
             row[f"{part}{suffix}_ms"] = graph_time_ms(call, rep=100)
+        if draws_ahead and p > 0:
+            row.update(ahead_timings(q, k, v, o, lse, do, grads, delta, spec, seed))
     row["backward_tflops"] = attention_flops(batch, heads, n, d, causal, mode="bwd") / row["backward_ms"] * 1e-9
     product = 2.0 * batch * heads * n * n * d * (0.5 if causal else 1.0)
     for part, count in PRODUCTS.items():
         row[f"{part}_share"] = row[f"{part}_ms"] / row["backward_ms"]
         row[f"{part}_product_tflops"] = count * product / row[f"{part}_ms"] * 1e-9
     row["rest_share"] = 1.0 - row["dkdv_share"] - row["dq_share"]  # the preprocess and the launches' gaps
+    if "dkdv_dropout_ahead_ms" in row:
+        row["dkdv ahead/now"] = row["dkdv_dropout_ms"] / row["dkdv_dropout_ahead_ms"]
+        row["backward_dropout_ahead_cost"] = row["backward_dropout_ahead_ms"] / row["backward_ms"]
     if dropout_p > 0:
         extra = row["backward_dropout_ms"] - row["backward_ms"]
         for part in ("backward",) + tuple(PRODUCTS):
@@ -87,11 +118,15 @@ def main(argv=None) -> int:
     parser.set_defaults(dtype=["fp16"], d=[128])
     parser.add_argument("--dropout", type=dropout_probability, default=0.0,
                         help="also time each part with dropout of this probability (0: plain only)")
+    parser.add_argument("--draws-ahead", action="store_true",
+                        help="with --dropout, also the dK/dV kernel's draws drawn a step ahead (checked, then timed)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    if args.draws_ahead and not args.dropout:
+        parser.error("--draws-ahead times dropout's draws: give --dropout P too")
     rows = []
     for point in fa2_points(args.dtype, args.d, args.N):
-        rows.append(split_row(*point, dropout_p=args.dropout))
+        rows.append(split_row(*point, dropout_p=args.dropout, draws_ahead=args.draws_ahead))
         print_row(rows[-1])
     return write_checks_and_timings(args.out, [], rows)
 

@@ -77,7 +77,8 @@ then the GPU suite again with the allocator released after each test.
 Session 67 (one H100) ran ``gluon_launch`` (tests passed; an eager backward's host time 0.75-0.84x from the cache,
 so ``launch.GLUON_DESCRIPTORS`` is on), ``causal64_capped`` (the capped forward config in causal grids: no gain in
 the grid, reverted), the GPU suite (388 passed, no out-of-memory) and the grid again (TUNING.md sixtieth finding).
-Queued: ``suite`` on the next tree that changes a kernel.
+Queued: ``draws_ahead`` (the dK/dV kernel's dropout draws a step ahead: bitwise test, then timed), ``backward_host``
+(where an eager backward's host time goes), and ``suite`` on the next tree that changes a kernel.
 
 The grid measures the forward and backward with the settings the timings decide. A machine is given back 30 s
 after a call, too soon to edit those settings by hand between the two calls, so the timings call also copies its
@@ -622,6 +623,21 @@ STAGES["backward_host"] = (
          "the Gluon and Triton routes; what to make cheaper next, if anything"),
 )
 
+# Session 67 moved the dK/dV kernel's dropout draws a step ahead, into the wait for the step before's dK product
+# (attention_bwd_hopper.DKDV_DRAWS_AHEAD, off): compiled for sm_90a the draws sit there (108-128 instructions beside
+# each loop's last products, 3 before), with no new spill (TUNING.md sixty-first finding). Not yet run on a GPU.
+STAGES["draws_ahead"] = (
+    Step("draws_ahead_gpu_tests", 150,
+         ("-m", "pytest", "-q", "-m", "gpu", "-n", "8", "-p", "no:cacheprovider", "-rs",
+          "tests/kernels/test_attention_bwd_hopper.py", "-k", "draws_ahead or dropout"),
+         "whether the draws drawn ahead give dK and dV bitwise equal to the default's (and the dropout tests still "
+         "pass); a failure keeps DKDV_DRAWS_AHEAD empty"),
+    Step("bwd_kernel_split_draws_ahead", 240,
+         DROPOUT_SPLIT + ("--draws-ahead", "--out", "{out}/bwd_kernel_split_draws_ahead.json"),
+         "attention_bwd_hopper.DKDV_DRAWS_AHEAD takes a head dim where 'dkdv ahead/now' > 1 at every point and "
+         "ahead_bitwise is True; issue 13's 1.15x is backward_dropout_ahead_cost"),
+)
+
 # The causal forward at head_dim 64 runs 0.87-0.90x cuDNN (session 66's grid) against 0.96-1.04x without a mask, where
 # 128 x 128 tiles capped at 128 registers put two programs on an SM (twenty-seventh finding). Causal grids were kept
 # from that config because it spilled 8 registers there (session 27); compiled for sm_90a by Triton 3.6 today it
@@ -783,7 +799,8 @@ def decisions(out: Path) -> list:
     """What the stage logs under ``out`` decide, as (step, question, answer) lines: each rule is the one its
     step's ``decides`` states."""
     lines = []
-    for name in ("gpu_tests", "gpu_tests_rest", "dropout_gpu_tests", "gluon_launch_gpu_tests", "gpu_suite"):
+    for name in ("gpu_tests", "gpu_tests_rest", "dropout_gpu_tests", "gluon_launch_gpu_tests", "gpu_suite",
+                 "draws_ahead_gpu_tests"):
         if (out / f"{name}.log").exists():
             text = (out / f"{name}.log").read_text().splitlines()
             summary = [line for line in text if " passed" in line or " failed" in line]
@@ -845,6 +862,19 @@ def decisions(out: Path) -> list:
             lines.append(("bwd_kernel_split_dropout", f"D = {d}: {part} with dropout faster than the tree before",
                           _wins([dict(after, ratio=old[f"{part}_dropout_ms"] / after[f"{part}_dropout_ms"])
                                  for old, after in pairs], d, lambda r: r["ratio"])))
+    ahead = _dropout_split_rows(out / "bwd_kernel_split_draws_ahead.log")
+    if ahead:
+        unequal = [f"D={r['d']} N={r['N']} causal={r['causal']}" for r in ahead if r.get("ahead_bitwise") is False]
+        lines.append(("bwd_kernel_split_draws_ahead", "dK, dV with the draws ahead differ from the default's",
+                      unequal or "none"))
+        for d in sorted({row["d"] for row in ahead}):
+            lines.append(("bwd_kernel_split_draws_ahead", f"DKDV_DRAWS_AHEAD gets {d}",
+                          "no: unequal gradients" if unequal else _wins(ahead, d, lambda r: r.get("dkdv ahead/now"))))
+            costs = [r["backward_dropout_ahead_cost"] for r in ahead
+                     if r["d"] == d and "backward_dropout_ahead_cost" in r]
+            if costs:
+                lines.append(("bwd_kernel_split_draws_ahead", f"D = {d}: backward_dropout_ahead_cost (issue 13: 1.15)",
+                              f"{min(costs):.3f}-{max(costs):.3f}"))
     for log in sorted(out.glob("gluon_dq_*.log")):  # the steps that time other dQ configs under own names
         if log.name not in ("gluon_dq_ab.log", "gluon_dq_routes.log"):  # answered above
             timed = [row for row in log_rows(log) if "N" in row]

@@ -105,13 +105,14 @@ def captured_gluon_launch(module, kernel_name: str, launcher) -> tuple:
 
 
 def gluon_launch(kernel: str, d: int, n: int, dtype, causal: bool, dropout_p: float = 0.0,
-                 fp8_weights_shared: bool = True, register_operands: bool | None = None) -> tuple:
+                 fp8_weights_shared: bool = True, register_operands: bool | None = None,
+                 draws_ahead: bool | None = None) -> tuple:
     """The launch of the Gluon forward (``gluon_fwd``), dK/dV (``gluon_dkdv``) or dQ kernel (``gluon_dq``) for the
     FlashAttention-2 benchmark's shape (H = 2048 / D, B = 4), captured (``--configs`` does not apply). ``dtype``
     float8_e4m3fn (the forward only): q, k, v in FP8, V stored keys innermost, O in bfloat16, per-tensor factors,
     P entering P V from shared memory (``fp8_weights_shared``) or from registers. ``register_operands``: the kernels'
     loop-invariant first operands read from registers (the forward's Q; the backward's K, V or Q, dO); None: the
-    launcher's default."""
+    launcher's default. ``draws_ahead``: the dK/dV kernel's dropout draws drawn a step ahead (None: its default)."""
     q, k, v, o = (torch.randn(4, 2048 // d, n, d).to(dtype) for _ in range(4))
     rows = torch.empty(4, 2048 // d, n)
     if dtype == torch.float8_e4m3fn:
@@ -138,7 +139,7 @@ def gluon_launch(kernel: str, d: int, n: int, dtype, causal: bool, dropout_p: fl
     return captured_gluon_launch(attention_bwd_hopper, "attention_bwd_dkdv_hopper_kernel", lambda: (
         attention_bwd_hopper.launch_attention_dkdv_hopper(q, k, v, o, rows, rows, torch.empty_like(k),
                                                           torch.empty_like(v), scale=d ** -0.5, causal=causal,
-                                                          **drop)))
+                                                          draws_ahead=draws_ahead, **drop)))
 
 
 def compile_gluon_for_hopper(fn, args, kwargs):
@@ -224,15 +225,16 @@ PRODUCT_OPCODES = ("HGMMA", "QGMMA")
 PRODUCT = "(?:" + "|".join(PRODUCT_OPCODES) + ")"
 
 
-def disassemble(compiled) -> tuple[collections.Counter, dict, int, collections.Counter, list, collections.Counter]:
+def disassemble(compiled) -> tuple[collections.Counter, dict, int, collections.Counter, list, collections.Counter,
+                                   list]:
     """(opcode counts, resource usage, :func:`spills_among_products`, the warpgroup products' instructions with
     their shape and types, e.g. ``QGMMA.64x128x32.F32.E4M3.E4M3``, :func:`key_block_loops`,
-    :func:`product_first_operands`) of a compiled kernel."""
+    :func:`product_first_operands`, :func:`last_product_windows`) of a compiled kernel."""
     sass, resources = sass_of(compiled)
     opcodes = collections.Counter(op for op in map(opcode_of, sass.splitlines()) if op)
     products = collections.Counter(re.findall(rf"\b{PRODUCT}\.[0-9A-Za-z_.]+", sass))
     return (opcodes, resources, spills_among_products(sass), products, key_block_loops(sass),
-            product_first_operands(sass))
+            product_first_operands(sass), last_product_windows(sass))
 
 
 def product_first_operands(sass: str) -> collections.Counter:
@@ -261,17 +263,20 @@ def spills_among_products(sass: str) -> int:
     return count
 
 
-def key_block_loops(sass: str) -> list[tuple[int, int, int, int]]:
-    """(instructions, products, STL, LDL) of each innermost loop that issues warpgroup products: a consumer's loop
-    over key (or query) blocks, one copy per mask stage and partition. A loop is a backward branch's span, innermost
-    when no other backward branch lies in it. A value that changes every block (a tile, a running max) can only
-    be spilled with an ``STL`` inside the loop; a value the loop does not change, spilled before it, is reloaded
-    with ``LDL`` alone: so STL counts what costs every block, LDL what ptxas chose to reload."""
-    instructions = []
+def _instructions(sass: str) -> list[tuple[int, str]]:
+    """(address, instruction text without its predicate) of every instruction of the listing."""
+    found = []
     for line in sass.splitlines():
         match = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T\d]+\s+)?(.*)", line)
         if match:
-            instructions.append((int(match.group(1), 16), match.group(2)))
+            found.append((int(match.group(1), 16), match.group(2)))
+    return found
+
+
+def _product_loops(sass: str) -> list[tuple[int, int]]:
+    """(first, last) indexes into :func:`_instructions` of each innermost loop that issues warpgroup products. A loop
+    is a backward branch's span, innermost when no other backward branch lies in it."""
+    instructions = _instructions(sass)
     loops = []
     for end, (address, text) in enumerate(instructions):
         branch = re.match(r"BRA\b[^;]*?(0x[0-9a-f]+)", text)
@@ -279,13 +284,36 @@ def key_block_loops(sass: str) -> list[tuple[int, int, int, int]]:
             start = next(i for i, (a, _) in enumerate(instructions) if a >= int(branch.group(1), 16))
             loops.append((start, end))
     innermost = [(s, e) for s, e in loops if not any(s <= s2 and e2 <= e and (s2, e2) != (s, e) for s2, e2 in loops)]
+    return [(s, e) for s, e in innermost
+            if any(opcode_of(f"        /*{a:04x}*/ {text}") in PRODUCT_OPCODES for a, text in instructions[s:e + 1])]
+
+
+def key_block_loops(sass: str) -> list[tuple[int, int, int, int]]:
+    """(instructions, products, STL, LDL) of each innermost loop that issues warpgroup products: a consumer's loop
+    over key (or query) blocks, one copy per mask stage and partition (:func:`_product_loops`). A value that changes
+    every block (a tile, a running max) can only be spilled with an ``STL`` inside the loop; a value the loop does
+    not change, spilled before it, is reloaded with ``LDL`` alone: so STL counts what costs every block, LDL what
+    ptxas chose to reload."""
+    instructions = _instructions(sass)
     found = []
-    for start, end in innermost:
+    for start, end in _product_loops(sass):
         ops = [opcode_of(f"        /*{a:04x}*/ {text}") for a, text in instructions[start:end + 1]]
-        products = sum(op in PRODUCT_OPCODES for op in ops)
-        if products:
-            found.append((end - start + 1, products, ops.count("STL"), ops.count("LDL")))
+        found.append((end - start + 1, sum(op in PRODUCT_OPCODES for op in ops), ops.count("STL"), ops.count("LDL")))
     return found
+
+
+def last_product_windows(sass: str) -> list[int]:
+    """For each innermost loop that issues warpgroup products (:func:`key_block_loops`' loops, in their order), the
+    instructions between the issue of its last group of products (its last ``WARPGROUP.ARRIVE``) and the wait for
+    them (the next ``WARPGROUP.DEPBAR``), products left out: the work a consumer does while that group runs."""
+    instructions = [text for _, text in _instructions(sass)]
+    windows = []
+    for start, end in _product_loops(sass):
+        body = instructions[start:end + 1]
+        arrive = max(i for i, text in enumerate(body) if text.startswith("WARPGROUP.ARRIVE"))
+        wait = next((i for i in range(arrive, len(body)) if body[i].startswith("WARPGROUP.DEPBAR")), len(body))
+        windows.append(sum(not body[i].startswith("HGMMA") for i in range(arrive + 1, wait)))
+    return windows
 
 
 def main():
@@ -305,6 +333,9 @@ def main():
                         help="comma list of default, no, yes: the Gluon kernels' loop-invariant first operands (the "
                         "forward's Q; the backward's K and V, or Q and dO) read from shared memory or from registers "
                         "(default: the launcher's choice)")
+    parser.add_argument("--draws-ahead", default="default",
+                        help="comma list of default, no, yes: the Gluon dK/dV kernel's dropout draws drawn a step "
+                        "ahead, during the step before's dK product (default: the launcher's choice)")
     parser.add_argument("--configs", default="128x64",
                         help="comma list of BLOCK_MxBLOCK_N[/stages[/warps]], e.g. 64x64/3/8 (default 128x64; "
                         "stages and warps default to the launcher's choice)")
@@ -327,17 +358,20 @@ def main():
         heads_dims, dropouts = [int(d) for d in args.d.split(",")], [float(p) for p in args.dropout.split(",")]
     except ValueError:
         parser.error(f"--d takes integers and --dropout numbers, comma separated; got {args.d!r} and {args.dropout!r}")
-    operand_places = args.register_operands.split(",")
+    operand_places, draws = args.register_operands.split(","), args.draws_ahead.split(",")
     if any(p not in ("default", "no", "yes") for p in operand_places):
         parser.error(f"--register-operands takes default, no and yes; got {args.register_operands!r}")
+    if any(p not in ("default", "no", "yes") for p in draws):
+        parser.error(f"--draws-ahead takes default, no and yes; got {args.draws_ahead!r}")
     weights = args.fp8_weights.split(",")
     if any(w not in ("shared", "registers") for w in weights) or (args.dtype != "fp8" and weights != ["shared"]):
         parser.error(f"--fp8-weights takes shared and registers, with --dtype fp8; got {args.fp8_weights!r}")
     print(f"triton {triton.__version__}, target sm_90a; {args.dtype}, N = 4096, tma {args.tma}")
     grid = itertools.product(args.kernel.split(","), heads_dims, args.causal.split(","), dropouts, configs, weights,
-                             operand_places)
+                             operand_places, draws)
+    choice = {"default": None, "yes": True, "no": False}
     counted = {}
-    for kernel, d, causal, p, (block_m, block_n, stages, warps), weight_place, in_registers in grid:
+    for kernel, d, causal, p, (block_m, block_n, stages, warps), weight_place, in_registers, ahead in grid:
         if causal not in ("no", "yes"):
             parser.error(f"--causal takes no and yes; got {causal!r}")
         if kernel not in ("fwd", "dkdv", "dq", "jvp", "gluon_fwd", "gluon_dkdv", "gluon_dq"):
@@ -345,7 +379,7 @@ def main():
         spec = AttentionSpec(causal=causal == "yes", dropout_p=p)
         if kernel.startswith("gluon"):
             launches = [gluon_launch(kernel, d, 4096, dtype, causal == "yes", p, weight_place == "shared",
-                                     {"default": None, "yes": True, "no": False}[in_registers])]
+                                     choice[in_registers], choice[ahead])]
         else:
             launches = captured_launches(kernel, d, 4096, dtype, spec, block_m, block_n, args.tma == "host")
         for fn, call_args, call_kwargs in launches:
@@ -353,14 +387,14 @@ def main():
                 compiled = compile_gluon_for_hopper(fn, call_args, call_kwargs)
             else:
                 compiled = compile_for_hopper(fn, call_args, call_kwargs, warps, stages, args.maxnreg)
-            opcodes, resources, among_products, products, loops, first_operands = disassemble(compiled)
-            key = (kernel, d, causal, p, (block_m, block_n, stages, warps), weight_place, in_registers)
+            opcodes, resources, among_products, products, loops, first_operands, windows = disassemble(compiled)
+            key = (kernel, d, causal, p, (block_m, block_n, stages, warps), weight_place, in_registers, ahead)
             counted[key] = opcodes
             spills = opcodes["STL"] + opcodes["LDL"]
             place = f" P from {weight_place}" if args.dtype == "fp8" else ""
             if kernel.startswith("gluon"):  # the Gluon launchers' own blocks and slots
                 tile = f"{call_kwargs['BLOCK_M']}x{call_kwargs['BLOCK_N']} s{call_kwargs['STAGES']}"
-                place += f" register operands {in_registers}"
+                place += f" register operands {in_registers}" + (f" draws ahead {ahead}" if len(draws) > 1 else "")
             elif kernel == "jvp":  # its launcher's own blocks
                 tile = f"{call_kwargs['BLOCK_M']}x{call_kwargs['BLOCK_N']} s{compiled.metadata.num_stages}"
             else:
@@ -376,6 +410,7 @@ def main():
                   f"{first_operands.get('shared', 0)} from shared memory")
             print("    block loops: " + "; ".join(f"{n} instructions, {p} products, {st} STL, {ld} LDL"
                                                  for n, p, st, ld in loops))
+            print("    beside each loop's last products: " + ", ".join(map(str, windows)) + " instructions")
     for (a_key, a), (b_key, b) in itertools.combinations(counted.items(), 2):
         if a_key[0] == b_key[0] and sum(x != y for x, y in zip(a_key, b_key)) == 1:  # one kernel, one option
             changed = sorted(set(a) | set(b), key=lambda op: -abs(b[op] - a[op]))

@@ -125,6 +125,13 @@ DQ_REGISTER_OPERANDS: tuple[int, ...] = ()
 #: K and V from shared memory at every FlashAttention-2 point, gradients bitwise equal (H100, fp16, p = 0.1, session
 #: 64, benchmarks/TUNING.md fifty-seventh finding).
 DKDV_DROPOUT_REGISTER_OPERANDS: tuple[int, ...] = (64,)
+#: Head dims at which the dK/dV kernel with dropout draws each query block's mask one step ahead, while the step
+#: before waits for its dK product (:func:`_dkdv_step`), instead of after its S^T product's wait. Why: that kernel
+#: carries 61-68% of dropout's extra backward time at head_dim 64, and its draws (about 120 integer instructions a
+#: thread a step at 64 x 64 blocks) ran where nothing of this warpgroup's products was in flight (benchmarks/TUNING.md,
+#: fifty-ninth finding); a step's dK product had its wait right after its issue. Written and compiled for sm_90a in
+#: session 67 (sixty-first finding) without a GPU: off until ``gpu_backlog.py draws_ahead`` has checked and timed it.
+DKDV_DRAWS_AHEAD: tuple[int, ...] = ()
 
 if HAVE_GLUON:
 
@@ -176,15 +183,18 @@ if HAVE_GLUON:
                 t += 1
 
     @gluon.jit
-    def _dkdv_step(k_tile, v_tile, q_smem, do_smem, rows_smem, bars, dk, dv, t, m, keys, offset, N_Q, score_scale,
-                   causal, drop, MASKED: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
-                   DROPOUT: gl.constexpr, st_layout: gl.constexpr, acc_layout: gl.constexpr, op_layout: gl.constexpr):
-        """The terms of query block ``m`` (ring position ``t``) added to dK and dV (keys along rows). With
-        ``DROPOUT``, ``drop`` is (stream key, keep threshold, 1 - p, first key) of the forward's draws: the kept
-        weights enter dV and dS unscaled, dS = P (dP - (1 - p) D) for kept weights, and the caller divides dK and
-        dV by 1 - p once, at the end (one multiply a row of D here instead of two a weight). L and D come from
-        ``rows_smem`` (L's and D's slots beside Q's), each read once its product is done, and past N_Q as +inf and
-        0."""
+    def _dkdv_step(k_tile, v_tile, q_smem, do_smem, rows_smem, bars, dk, dv, kept, t, m, keys, offset, N_Q,
+                   score_scale, causal, drop, MASKED: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr,
+                   DROPOUT: gl.constexpr, AHEAD: gl.constexpr, st_layout: gl.constexpr, acc_layout: gl.constexpr,
+                   op_layout: gl.constexpr):
+        """The terms of query block ``m`` (ring position ``t``) added to dK and dV (keys along rows); returns dK,
+        dV and ``kept``. With ``DROPOUT``, ``drop`` is (stream key, keep threshold, 1 - p, first key) of the
+        forward's draws: the kept weights enter dV and dS unscaled, dS = P (dP - (1 - p) D) for kept weights, and
+        the caller divides dK and dV by 1 - p once, at the end (one multiply a row of D here instead of two a
+        weight). The draws of this block are drawn here, or with ``AHEAD`` come in ``kept`` (:func:`kept_words`),
+        drawn by the step before while its dK product ran; this step then draws the next block's (``m +
+        BLOCK_M``) while its own dK product runs, and returns them. L and D come from ``rows_smem`` (L's and D's
+        slots beside Q's), each read once its product is done, and past N_Q as +inf and 0."""
         kv_bar, q_ready, do_ready, q_empty, do_empty = bars[0], bars[1], bars[2], bars[3], bars[4]
         lse_smem, delta_smem = rows_smem
         STAGES: gl.constexpr = q_smem.type.shape[0]
@@ -210,8 +220,10 @@ if HAVE_GLUON:
         mbarrier.wait(do_ready.index(slot), phase)
         do_tile = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
         if DROPOUT:  # dV sums the weights the forward kept (its 1 / (1 - p) comes at the end)
-            kept = kept_words(drop[0], m, drop[3], drop[1], BLOCK_N, BLOCK_M, True)
-            p_op = gl.convert_layout(kept_weights_operand(p_t, kept, q_tile.dtype, BLOCK_N, BLOCK_M, True), op_layout)
+            words = kept
+            if not AHEAD:
+                words = kept_words(drop[0], m, drop[3], drop[1], BLOCK_N, BLOCK_M, True)
+            p_op = gl.convert_layout(kept_weights_operand(p_t, words, q_tile.dtype, BLOCK_N, BLOCK_M, True), op_layout)
         else:
             p_op = gl.convert_layout(p_t.to(q_tile.dtype), op_layout)
         dv = warpgroup_mma(p_op, do_tile, dv, is_async=True)
@@ -223,21 +235,24 @@ if HAVE_GLUON:
             delta = gl.where(rows < N_Q, delta, 0.0)
         mbarrier.arrive(do_empty.index(slot), count=1)
         if DROPOUT:  # dP of the kept weights only, against D scaled by 1 - p
-            dp_t = gl.where(keep_from_words(kept, BLOCK_N, BLOCK_M, True, st_layout), dp_t, 0.0)
+            dp_t = gl.where(keep_from_words(words, BLOCK_N, BLOCK_M, True, st_layout), dp_t, 0.0)
             delta = delta * drop[2]
         ds_op = gl.convert_layout((p_t * (dp_t - delta[None, :])).to(q_tile.dtype), op_layout)
         dk = warpgroup_mma(ds_op, q_tile, dk, is_async=True)
+        if AHEAD:  # the next block's draws, while the tensor cores compute dK
+            kept = kept_words(drop[0], m + BLOCK_M, drop[3], drop[1], BLOCK_N, BLOCK_M, True)
         dk, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ds_op))
         mbarrier.arrive(q_empty.index(slot), count=1)
-        return dk, dv
+        return dk, dv, kept
 
     @gluon.jit
     def _dkdv_consume(descs, smem, bars, coords, counts, sm_scale, causal, dropout, operands, HALF: gl.constexpr,
-                      DROPOUT: gl.constexpr):
+                      DROPOUT: gl.constexpr, AHEAD: gl.constexpr):
         """One warpgroup: dK and dV of the program's ``HALF``-th BLOCK_N keys, summed over the kv head's query
         heads. Block sizes come from the shared memory's shapes (partitions take no constexpr arguments).
-        ``dropout``: (the seed's pointer, p), read with ``DROPOUT`` only; ``operands``
-        (:func:`.attention_fwd_hopper.operands_flag`): whether K and V are read from registers."""
+        ``dropout``: (the seed's pointer, p), read with ``DROPOUT`` only, each block's draws drawn one step ahead
+        with ``AHEAD`` (:func:`_dkdv_step`); ``operands`` (:func:`.attention_fwd_hopper.operands_flag`): whether K
+        and V are read from registers."""
         dk_desc, dv_desc = descs[4], descs[5]
         q_smem, k_smem, v_smem, do_smem = smem[0], smem[1], smem[2], smem[3]
         rows_smem = (smem[4], smem[5])
@@ -269,23 +284,26 @@ if HAVE_GLUON:
         for g in range(KV_GROUP):
             off_h = off_kvh * KV_GROUP + g
             drop = (0, 0, 1.0, key0)  # (stream key, keep threshold, 1 - p, first key)
+            kept = 0
             if DROPOUT:
                 drop = (stream_key(seed, off_b * H + off_h), keep_threshold(dropout[1]), 1.0 - dropout[1], key0)
+                if AHEAD:  # the first block's draws; each step draws the next one's
+                    kept = kept_words(drop[0], lo, drop[3], drop[1], BLOCK_N, BLOCK_M, True)
             # the diagonal's query blocks, then the ones that see every key whole, then the N_Q tail
             for m in range(lo, full_lo, BLOCK_M):
-                dk, dv = _dkdv_step(k_op, v_op, q_smem, do_smem, rows_smem, bars, dk, dv, t, m, keys, offset, N_Q,
-                                    score_scale, causal, drop, True, BLOCK_M, HEAD_DIM, DROPOUT, st_layout,
-                                    acc_layout, op_layout)
+                dk, dv, kept = _dkdv_step(k_op, v_op, q_smem, do_smem, rows_smem, bars, dk, dv, kept, t, m, keys,
+                                          offset, N_Q, score_scale, causal, drop, True, BLOCK_M, HEAD_DIM, DROPOUT,
+                                          AHEAD, st_layout, acc_layout, op_layout)
                 t += 1
             for m in range(full_lo, full_hi, BLOCK_M):
-                dk, dv = _dkdv_step(k_op, v_op, q_smem, do_smem, rows_smem, bars, dk, dv, t, m, keys, offset, N_Q,
-                                    score_scale, causal, drop, False, BLOCK_M, HEAD_DIM, DROPOUT, st_layout,
-                                    acc_layout, op_layout)
+                dk, dv, kept = _dkdv_step(k_op, v_op, q_smem, do_smem, rows_smem, bars, dk, dv, kept, t, m, keys,
+                                          offset, N_Q, score_scale, causal, drop, False, BLOCK_M, HEAD_DIM, DROPOUT,
+                                          AHEAD, st_layout, acc_layout, op_layout)
                 t += 1
             for m in range(full_hi, hi, BLOCK_M):
-                dk, dv = _dkdv_step(k_op, v_op, q_smem, do_smem, rows_smem, bars, dk, dv, t, m, keys, offset, N_Q,
-                                    score_scale, causal, drop, True, BLOCK_M, HEAD_DIM, DROPOUT, st_layout,
-                                    acc_layout, op_layout)
+                dk, dv, kept = _dkdv_step(k_op, v_op, q_smem, do_smem, rows_smem, bars, dk, dv, kept, t, m, keys,
+                                          offset, N_Q, score_scale, causal, drop, True, BLOCK_M, HEAD_DIM, DROPOUT,
+                                          AHEAD, st_layout, acc_layout, op_layout)
                 t += 1
         # dK and dV leave through this half's K and V slots (read by no product now); rows past N_K are dropped.
         dk_scale = sm_scale
@@ -301,33 +319,45 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _dkdv_consume_first_half(descs, smem, bars, coords, counts, sm_scale, causal, dropout, operands):
-        _dkdv_consume(descs, smem, bars, coords, counts, sm_scale, causal, dropout, operands, 0, False)
+        _dkdv_consume(descs, smem, bars, coords, counts, sm_scale, causal, dropout, operands, 0, False, False)
 
     @gluon.jit
     def _dkdv_consume_second_half(descs, smem, bars, coords, counts, sm_scale, causal, dropout, operands):
-        _dkdv_consume(descs, smem, bars, coords, counts, sm_scale, causal, dropout, operands, 1, False)
+        _dkdv_consume(descs, smem, bars, coords, counts, sm_scale, causal, dropout, operands, 1, False, False)
 
     @gluon.jit
     def _dkdv_consume_first_half_dropout(descs, smem, bars, coords, counts, sm_scale, causal, dropout, operands):
-        _dkdv_consume(descs, smem, bars, coords, counts, sm_scale, causal, dropout, operands, 0, True)
+        _dkdv_consume(descs, smem, bars, coords, counts, sm_scale, causal, dropout, operands, 0, True, False)
 
     @gluon.jit
     def _dkdv_consume_second_half_dropout(descs, smem, bars, coords, counts, sm_scale, causal, dropout, operands):
-        _dkdv_consume(descs, smem, bars, coords, counts, sm_scale, causal, dropout, operands, 1, True)
+        _dkdv_consume(descs, smem, bars, coords, counts, sm_scale, causal, dropout, operands, 1, True, False)
+
+    @gluon.jit
+    def _dkdv_consume_first_half_dropout_ahead(descs, smem, bars, coords, counts, sm_scale, causal, dropout,
+                                               operands):
+        _dkdv_consume(descs, smem, bars, coords, counts, sm_scale, causal, dropout, operands, 0, True, True)
+
+    @gluon.jit
+    def _dkdv_consume_second_half_dropout_ahead(descs, smem, bars, coords, counts, sm_scale, causal, dropout,
+                                                operands):
+        _dkdv_consume(descs, smem, bars, coords, counts, sm_scale, causal, dropout, operands, 1, True, True)
 
     @gluon.jit
     def attention_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, lse_desc, delta_desc,
                                          sm_scale, H, KV_GROUP, N_Q, N_K, ROWS_STRIDE, DROPOUT_SEED, dropout_p,
                                          CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                                          HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, DROPOUT: gl.constexpr,
-                                         REGISTER_OPERANDS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                                         LOADER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                                         REGISTER_OPERANDS: gl.constexpr, DRAWS_AHEAD: gl.constexpr,
+                                         CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
+                                         num_warps: gl.constexpr):
         """dK, dV of keys ``2 * BLOCK_N * program_id(0)`` on of (sample, kv head) ``program_id(1)``. Descriptors:
         (B, H, N_q, D) q/do with (1, 1, BLOCK_M, D) tiles, (B, H_kv, N_k, D) k/v/dk/dv with (1, 1, BLOCK_N, D)
         tiles; ``lse_desc``, ``delta_desc`` L and D of (B, H, N_q) flattened, each head's rows ``ROWS_STRIDE``
         after the last one's, in BLOCK_M tiles (:func:`rows_descriptor`). ``DROPOUT``: the forward's dropout of
-        probability ``dropout_p`` from the int64 seed at ``DROPOUT_SEED``. ``REGISTER_OPERANDS``: K and V read
-        from registers (:data:`DKDV_REGISTER_OPERANDS`, :data:`DKDV_DROPOUT_REGISTER_OPERANDS` with dropout)."""
+        probability ``dropout_p`` from the int64 seed at ``DROPOUT_SEED``, with ``DRAWS_AHEAD`` each block's draws
+        drawn during the step before (:data:`DKDV_DRAWS_AHEAD`). ``REGISTER_OPERANDS``: K and V read from registers
+        (:data:`DKDV_REGISTER_OPERANDS`, :data:`DKDV_DROPOUT_REGISTER_OPERANDS` with dropout)."""
         gl.static_assert(num_warps == 4)
         gl.static_assert(BLOCK_M % 4 == 0)  # with ROWS_STRIDE, every block of L and D starts 16-byte aligned
         off_hkv = gl.program_id(1)
@@ -369,7 +399,11 @@ if HAVE_GLUON:
                 (q_smem, k_smem, v_smem, do_smem, lse_smem, delta_smem), (kv_bar, q_ready, do_ready, q_empty, do_empty),
                 (off_b, off_kvh, n0, KV_GROUP, H, N_Q, offset, ROWS_STRIDE), (lo, full_lo, full_hi, hi), sm_scale,
                 causal, (DROPOUT_SEED, dropout_p), operands_flag(REGISTER_OPERANDS))
-        if DROPOUT:
+        if DROPOUT and DRAWS_AHEAD:
+            gl.warp_specialize([(_dkdv_consume_first_half_dropout_ahead, args),
+                                (_dkdv_consume_second_half_dropout_ahead, args),
+                                (_bwd_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+        elif DROPOUT:
             gl.warp_specialize([(_dkdv_consume_first_half_dropout, args), (_dkdv_consume_second_half_dropout, args),
                                 (_bwd_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
         else:
@@ -656,18 +690,22 @@ def rows_descriptor(rows: torch.Tensor, block: int) -> "GluonDescriptor":
 
 
 def launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, *, scale: float, causal: bool, dropout_p: float = 0.0,
-                                 dropout_seed=None, register_operands: bool | None = None) -> None:
+                                 dropout_seed=None, register_operands: bool | None = None,
+                                 draws_ahead: bool | None = None) -> None:
     """Fill dk, dv (B, H_kv, N_k, D) from q, do (B, H, N_q, D), k, v, and lse and delta (B, H, N_q) float32 (any
     strides: :func:`rows_in_aligned_heads` copies them where the copy engine cannot read them in place), for a call
     :func:`.attention_fwd_hopper.can_run` accepts (all six tensors, and head_dim in this module's
     :data:`CONFIGS`, or :data:`DROPOUT_CONFIGS` with dropout): no mask, or a causal one with ``causal``.
     ``dropout_p`` and ``dropout_seed``: the forward's (:func:`.attention_fwd_hopper.launch_attention_forward_hopper`).
     ``register_operands``: K and V read from registers (None: where :data:`DKDV_REGISTER_OPERANDS` says, or
-    :data:`DKDV_DROPOUT_REGISTER_OPERANDS` with dropout)."""
+    :data:`DKDV_DROPOUT_REGISTER_OPERANDS` with dropout). ``draws_ahead``: with dropout, each block's draws drawn
+    during the step before (None: where :data:`DKDV_DRAWS_AHEAD` says)."""
     batch, heads, n_q, head_dim = q.shape
     kv_heads, n_k = k.shape[1], k.shape[2]
     if register_operands is None:
         register_operands = head_dim in (DKDV_DROPOUT_REGISTER_OPERANDS if dropout_p > 0 else DKDV_REGISTER_OPERANDS)
+    if draws_ahead is None:
+        draws_ahead = head_dim in DKDV_DRAWS_AHEAD
     lse, delta, rows_stride = rows_in_aligned_heads(lse, delta)
     block_m, block_n, stages = (DROPOUT_CONFIGS if dropout_p > 0 else CONFIGS)[head_dim]
     grid = (triton.cdiv(n_k, 2 * block_n), batch * kv_heads)
@@ -677,7 +715,8 @@ def launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, *, scale: floa
         rows_descriptor(lse, block_m), rows_descriptor(delta, block_m), scale,
         heads, heads // kv_heads, n_q, n_k, rows_stride, lse if dropout_seed is None else dropout_seed,
         float(dropout_p), CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, STAGES=stages,
-        DROPOUT=dropout_p > 0, REGISTER_OPERANDS=bool(register_operands), CONSUMER_REGS=CONSUMER_REGISTERS,
+        DROPOUT=dropout_p > 0, REGISTER_OPERANDS=bool(register_operands),
+        DRAWS_AHEAD=dropout_p > 0 and bool(draws_ahead), CONSUMER_REGS=CONSUMER_REGISTERS,
         LOADER_REGS=LOADER_REGISTERS, num_warps=4, maxnreg=KERNEL_REGISTERS)
 
 

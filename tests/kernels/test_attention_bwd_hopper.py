@@ -15,7 +15,7 @@ from flashlib.spec import AttentionSpec
 from flashlib.validation import relative_error, tolerance
 from support.attention import DEVICE, ODD_SHAPES, UNCOVERED_CASES, as_bhnd, make_inputs, uncovered_call
 from support.launch import RecordedLaunch
-from support.sass import block_loops, compiled_variants, first_operands, run_sass_counts
+from support.sass import block_loops, compiled_variants, first_operands, last_product_windows, run_sass_counts
 
 
 @pytest.mark.parametrize("head_dim, n_q, n_k, scores, expected", [
@@ -216,6 +216,23 @@ def test_dkdv_launcher_takes_the_measured_blocks_and_operand_placement(monkeypat
     for _, args in kernel.calls:
         assert (args["BLOCK_M"], args["BLOCK_N"], args["STAGES"]) == blocks
         assert args["DROPOUT"] is (dropout_p > 0)
+        assert args["DRAWS_AHEAD"] is False  # DKDV_DRAWS_AHEAD is empty until a GPU has timed it
+
+
+@pytest.mark.parametrize("dropout_p", [0.0, 0.1])
+def test_dkdv_launcher_draws_ahead_only_with_dropout_and_where_asked(monkeypatch, dropout_p):
+    """``draws_ahead`` (or :data:`DKDV_DRAWS_AHEAD` when it is None) draws each block's dropout mask a step ahead;
+    without dropout there is nothing to draw, so the kernel never gets the flag."""
+    kernel = RecordedLaunch(bwd_hopper.attention_bwd_dkdv_hopper_kernel)
+    monkeypatch.setattr(bwd_hopper, "attention_bwd_dkdv_hopper_kernel", kernel)
+    q, k, v, do, dk, dv = (torch.randn(1, 2, 128, 64, dtype=torch.float16) for _ in range(6))
+    lse, delta = torch.randn(1, 2, 128), torch.randn(1, 2, 128)
+    common = dict(scale=0.1, causal=True, dropout_p=dropout_p)
+    for asked in (True, False, None):
+        bwd_hopper.launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, draws_ahead=asked, **common)
+    monkeypatch.setattr(bwd_hopper, "DKDV_DRAWS_AHEAD", (64,))
+    bwd_hopper.launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, **common)
+    assert [args["DRAWS_AHEAD"] for _, args in kernel.calls] == [dropout_p > 0, False, False, dropout_p > 0]
 
 
 def test_compiles_for_hopper_with_warpgroup_mma_the_copy_engine_and_partition_registers():
@@ -284,6 +301,26 @@ def test_register_operands_compile_with_every_product_reading_registers_and_no_s
         else:
             assert from_shared >= from_registers > 0, (header, from_registers, from_shared)
     assert not bwd_hopper.DKDV_REGISTER_OPERANDS, "K and V spill in registers at head_dim 128 and at 64's 128 rows"
+
+
+def test_draws_ahead_compile_beside_the_dk_product_with_no_spill_in_the_loops():
+    """With dropout at head_dim 64, the dK/dV kernel's draws drawn a step ahead land where the consumer waits for its
+    dK product: over 60 instructions sit between the issue of each loop's last products and their wait (3 without),
+    and no loop over blocks stores to the stack either way, with or without the causal mask."""
+    done = run_sass_counts("--kernel", "gluon_dkdv", "--d", "64", "--causal", "no,yes", "--dropout", "0.1",
+                           "--draws-ahead", "no,yes")
+    assert done.returncode == 0, done.stderr[-3000:]
+    variants, loops = compiled_variants(done.stdout, "gluon_dkdv"), block_loops(done.stdout, "gluon_dkdv")
+    windows = last_product_windows(done.stdout)
+    assert len(variants) == len(loops) == len(windows) == 4, done.stdout
+    for (header, _, _), variant_loops, beside in zip(variants, loops, windows):
+        assert variant_loops and len(beside) == len(variant_loops), header
+        _assert_no_stack_stores(header, variant_loops)
+        if "draws ahead yes" in header:
+            assert min(beside) > 60, (header, beside)
+        else:
+            assert max(beside) < 10, (header, beside)
+    assert sum("draws ahead yes" in header for header, _, _ in variants) == 2, done.stdout
 
 
 def _count_launches(monkeypatch) -> list[str]:
@@ -419,6 +456,36 @@ def test_gpu_register_operands_give_the_same_gradients_bitwise(dtype, head_dim, 
             do.double())
         for got, want in zip(grads[True], (q64.grad, k64.grad, v64.grad)):
             assert relative_error(got, want) <= tolerance(dtype)  # also fails on a NaN: every element written
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_draws_ahead_give_the_same_dk_and_dv_bitwise(dtype, head_dim, causal):
+    """The dK/dV kernel's dropout draws drawn a step ahead (``draws_ahead``) drop the same weights from the same
+    products: dK and dV equal the default path's bit for bit (GQA 6/3 so that each program walks two query heads,
+    N_q = 600 / N_k = 700 with the causal mask's three loops, dropout 0.2, outputs NaN-filled first: every element
+    written). The default path is checked against float64 through the kernels' own mask elsewhere
+    (test_gpu_gluon_dropout_gradients_match_float64_with_the_kernels_mask)."""
+    q, k, v, do = make_inputs(2, 6, 3, 600, 700, head_dim, dtype, seed=head_dim + causal, grad_out=True)
+    if not bwd_hopper.can_run(q, k, v, do, k, v, scale=1.0):
+        pytest.skip("needs a Hopper GPU (sm_90) and Gluon")
+    seed = torch.tensor([2026], dtype=torch.int64, device="cuda")
+    spec = AttentionSpec(causal=causal, dropout_p=effective_dropout_p(0.2))
+    o, lse = torch.empty_like(q), torch.empty(q.shape[:3], device="cuda")
+    launch_attention_forward(q, k, v, o, lse, spec, dropout_seed=seed)
+    delta = attention_bwd.launch_attention_backward(q, k, v, o, lse, do, None, None, None, spec, dropout_seed=seed)
+    grads = {}
+    for ahead in (False, True):
+        dk, dv = (torch.full_like(t, float("nan")) for t in (k, v))
+        bwd_hopper.launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, scale=spec.scale(head_dim),
+                                                causal=causal, dropout_p=spec.dropout_p, dropout_seed=seed,
+                                                draws_ahead=ahead)
+        grads[ahead] = (dk, dv)
+    assert not any(t.isnan().any() for t in grads[False])
+    for name, now, ahead in zip("kv", grads[False], grads[True]):
+        assert torch.equal(now, ahead), f"d{name}"
 
 
 @pytest.mark.gpu

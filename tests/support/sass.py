@@ -53,3 +53,10 @@ def first_operands(stdout: str) -> list[tuple[int, int]]:
     and how many from shared memory (``sass_counts.product_first_operands``)."""
     return [tuple(map(int, re.findall(r"(\d+) from", line))) for line in stdout.splitlines()
             if line.strip().startswith("first operand:")]
+
+
+def last_product_windows(stdout: str) -> list[list[int]]:
+    """For every variant the script printed, the instructions beside each block loop's last products
+    (``sass_counts.last_product_windows``: issued between those products and the wait for them)."""
+    return [list(map(int, re.findall(r"\d+", line.split(":", 1)[1]))) for line in stdout.splitlines()
+            if line.strip().startswith("beside each loop's last products:")]
