@@ -10,9 +10,9 @@ the H100, issue 14). The kernel further from it is where a backward faster than 
 With ``--dropout P`` each part is timed again with dropout of probability P (issue 13: at most 1.15x the plain
 backward), and the row says what dropout costs each kernel and which share of its extra time each one carries:
 both kernels recompute the mask, so that share says where a cheaper draw or a different config would pay.
-``--draws-ahead`` also times the dK/dV kernel, and the whole backward, with its draws drawn a step ahead
-(``attention_bwd_hopper.DKDV_DRAWS_AHEAD``, sixty-first finding), after checking that its dK and dV equal the
-default's bit for bit: ``dkdv ahead/now`` above 1 means faster.
+``--draws-ahead`` also times each kernel, and the whole backward, with their draws drawn a step ahead
+(``attention_bwd_hopper.DKDV_DRAWS_AHEAD``, ``DQ_DRAWS_AHEAD``, sixty-first finding), after checking that the
+gradients equal the default's bit for bit: ``dkdv ahead/now`` and ``dq ahead/now`` above 1 mean faster.
 
     PYTHONPATH=.:benchmarks python3 benchmarks/bwd_kernel_split.py [--dtype fp16] [--d 128] [--N 1024,4096,16384]
         [--dropout 0.1 [--draws-ahead]] [--out FILE]
@@ -57,24 +57,26 @@ def part_calls(q, k, v, o, lse, do, grads, delta, spec: AttentionSpec, seed) -> 
 
 
 def ahead_timings(q, k, v, o, lse, do, grads, delta, spec: AttentionSpec, seed) -> dict:
-    """The dK/dV kernel with dropout and the whole backward timed with the draws drawn a step ahead, once its dK and
-    dV are checked bitwise equal to the default path's (``ahead_bitwise``; a row that says False is not timed)."""
-    dq, dk, dv = grads
+    """Each kernel with dropout and the whole backward timed with both kernels' draws drawn a step ahead, once their
+    gradients are checked bitwise equal to the default path's (``ahead_bitwise``; a row that says False is not
+    timed)."""
     parts = part_calls(q, k, v, o, lse, do, grads, delta, spec, seed)
     parts["dkdv"]()
-    now = (dk.clone(), dv.clone())
-    saved = bwd_hopper.DKDV_DRAWS_AHEAD
-    bwd_hopper.DKDV_DRAWS_AHEAD = (q.shape[-1],)
+    parts["dq"]()
+    now = [t.clone() for t in grads]
+    saved = bwd_hopper.DKDV_DRAWS_AHEAD, bwd_hopper.DQ_DRAWS_AHEAD
+    bwd_hopper.DKDV_DRAWS_AHEAD = bwd_hopper.DQ_DRAWS_AHEAD = (q.shape[-1],)
     try:
-        dk.fill_(float("nan"))
-        dv.fill_(float("nan"))
+        for t in grads:
+            t.fill_(float("nan"))
         parts["dkdv"]()
-        row = {"ahead_bitwise": torch.equal(dk, now[0]) and torch.equal(dv, now[1])}
+        parts["dq"]()
+        row = {"ahead_bitwise": all(torch.equal(t, before) for t, before in zip(grads, now))}
         if row["ahead_bitwise"]:
-            for part in ("backward", "dkdv"):
+            for part in ("backward", "dkdv", "dq"):
                 row[f"{part}_dropout_ahead_ms"] = graph_time_ms(parts[part], rep=100)
     finally:
-        bwd_hopper.DKDV_DRAWS_AHEAD = saved
+        bwd_hopper.DKDV_DRAWS_AHEAD, bwd_hopper.DQ_DRAWS_AHEAD = saved
     return row
 
 
@@ -100,7 +102,8 @@ def split_row(name: str, d: int, n: int, causal: bool, batch: int, heads: int, d
         row[f"{part}_product_tflops"] = count * product / row[f"{part}_ms"] * 1e-9
     row["rest_share"] = 1.0 - row["dkdv_share"] - row["dq_share"]  # the preprocess and the launches' gaps
     if "dkdv_dropout_ahead_ms" in row:
-        row["dkdv ahead/now"] = row["dkdv_dropout_ms"] / row["dkdv_dropout_ahead_ms"]
+        for part in PRODUCTS:
+            row[f"{part} ahead/now"] = row[f"{part}_dropout_ms"] / row[f"{part}_dropout_ahead_ms"]
         row["backward_dropout_ahead_cost"] = row["backward_dropout_ahead_ms"] / row["backward_ms"]
     if dropout_p > 0:
         extra = row["backward_dropout_ms"] - row["backward_ms"]
@@ -119,7 +122,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dropout", type=dropout_probability, default=0.0,
                         help="also time each part with dropout of this probability (0: plain only)")
     parser.add_argument("--draws-ahead", action="store_true",
-                        help="with --dropout, also the dK/dV kernel's draws drawn a step ahead (checked, then timed)")
+                        help="with --dropout, also the kernels' draws drawn a step ahead (checked, then timed)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     if args.draws_ahead and not args.dropout:

@@ -623,19 +623,20 @@ STAGES["backward_host"] = (
          "the Gluon and Triton routes; what to make cheaper next, if anything"),
 )
 
-# Session 67 moved the dK/dV kernel's dropout draws a step ahead, into the wait for the step before's dK product
-# (attention_bwd_hopper.DKDV_DRAWS_AHEAD, off): compiled for sm_90a the draws sit there (108-128 instructions beside
-# each loop's last products, 3 before), with no new spill (TUNING.md sixty-first finding). Not yet run on a GPU.
+# Session 67 moved the backward kernels' dropout draws a step ahead, into the wait for the step before's last product
+# (attention_bwd_hopper.DKDV_DRAWS_AHEAD and DQ_DRAWS_AHEAD, off): compiled for sm_90a the draws sit there (91-235
+# instructions beside each loop's last products, 3-7 before), with no new spill (TUNING.md sixty-first finding). Not
+# yet run on a GPU.
 STAGES["draws_ahead"] = (
     Step("draws_ahead_gpu_tests", 150,
          ("-m", "pytest", "-q", "-m", "gpu", "-n", "8", "-p", "no:cacheprovider", "-rs",
           "tests/kernels/test_attention_bwd_hopper.py", "-k", "draws_ahead or dropout"),
-         "whether the draws drawn ahead give dK and dV bitwise equal to the default's (and the dropout tests still "
-         "pass); a failure keeps DKDV_DRAWS_AHEAD empty"),
+         "whether the draws drawn ahead give dQ, dK and dV bitwise equal to the default's (and the dropout tests "
+         "still pass); a failure keeps DKDV_DRAWS_AHEAD and DQ_DRAWS_AHEAD empty"),
     Step("bwd_kernel_split_draws_ahead", 240,
          DROPOUT_SPLIT + ("--draws-ahead", "--out", "{out}/bwd_kernel_split_draws_ahead.json"),
-         "attention_bwd_hopper.DKDV_DRAWS_AHEAD takes a head dim where 'dkdv ahead/now' > 1 at every point and "
-         "ahead_bitwise is True; issue 13's 1.15x is backward_dropout_ahead_cost"),
+         "attention_bwd_hopper.DKDV_DRAWS_AHEAD (DQ_DRAWS_AHEAD) takes a head dim where 'dkdv ahead/now' ('dq "
+         "ahead/now') > 1 at every point and ahead_bitwise is True; issue 13's 1.15x is backward_dropout_ahead_cost"),
 )
 
 # The causal forward at head_dim 64 runs 0.87-0.90x cuDNN (session 66's grid) against 0.96-1.04x without a mask, where
@@ -868,8 +869,10 @@ def decisions(out: Path) -> list:
         lines.append(("bwd_kernel_split_draws_ahead", "dK, dV with the draws ahead differ from the default's",
                       unequal or "none"))
         for d in sorted({row["d"] for row in ahead}):
-            lines.append(("bwd_kernel_split_draws_ahead", f"DKDV_DRAWS_AHEAD gets {d}",
-                          "no: unequal gradients" if unequal else _wins(ahead, d, lambda r: r.get("dkdv ahead/now"))))
+            for part in ("dkdv", "dq"):
+                lines.append(("bwd_kernel_split_draws_ahead", f"{part.upper()}_DRAWS_AHEAD gets {d}",
+                              "no: unequal gradients" if unequal
+                              else _wins(ahead, d, lambda r, part=part: r.get(f"{part} ahead/now"))))
             costs = [r["backward_dropout_ahead_cost"] for r in ahead
                      if r["d"] == d and "backward_dropout_ahead_cost" in r]
             if costs:

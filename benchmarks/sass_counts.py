@@ -112,7 +112,7 @@ def gluon_launch(kernel: str, d: int, n: int, dtype, causal: bool, dropout_p: fl
     float8_e4m3fn (the forward only): q, k, v in FP8, V stored keys innermost, O in bfloat16, per-tensor factors,
     P entering P V from shared memory (``fp8_weights_shared``) or from registers. ``register_operands``: the kernels'
     loop-invariant first operands read from registers (the forward's Q; the backward's K, V or Q, dO); None: the
-    launcher's default. ``draws_ahead``: the dK/dV kernel's dropout draws drawn a step ahead (None: its default)."""
+    launcher's default. ``draws_ahead``: the backward kernels' dropout draws drawn a step ahead (None: the default)."""
     q, k, v, o = (torch.randn(4, 2048 // d, n, d).to(dtype) for _ in range(4))
     rows = torch.empty(4, 2048 // d, n)
     if dtype == torch.float8_e4m3fn:
@@ -131,7 +131,7 @@ def gluon_launch(kernel: str, d: int, n: int, dtype, causal: bool, dropout_p: fl
             attention_fwd_hopper.launch_attention_forward_hopper(q, k, v, o, rows, scale=d ** -0.5, causal=causal,
                                                                  persistent=False, q_in_registers=register_operands,
                                                                  **drop)))  # the grid asks no GPU
-    drop["register_operands"] = register_operands
+    drop.update(register_operands=register_operands, draws_ahead=draws_ahead)
     if kernel == "gluon_dq":
         return captured_gluon_launch(attention_bwd_hopper, "attention_bwd_dq_hopper_kernel", lambda: (
             attention_bwd_hopper.launch_attention_dq_hopper(q, k, v, o, rows, rows, torch.empty_like(q),
@@ -139,7 +139,7 @@ def gluon_launch(kernel: str, d: int, n: int, dtype, causal: bool, dropout_p: fl
     return captured_gluon_launch(attention_bwd_hopper, "attention_bwd_dkdv_hopper_kernel", lambda: (
         attention_bwd_hopper.launch_attention_dkdv_hopper(q, k, v, o, rows, rows, torch.empty_like(k),
                                                           torch.empty_like(v), scale=d ** -0.5, causal=causal,
-                                                          draws_ahead=draws_ahead, **drop)))
+                                                          **drop)))
 
 
 def compile_gluon_for_hopper(fn, args, kwargs):
@@ -334,8 +334,8 @@ def main():
                         "forward's Q; the backward's K and V, or Q and dO) read from shared memory or from registers "
                         "(default: the launcher's choice)")
     parser.add_argument("--draws-ahead", default="default",
-                        help="comma list of default, no, yes: the Gluon dK/dV kernel's dropout draws drawn a step "
-                        "ahead, during the step before's dK product (default: the launcher's choice)")
+                        help="comma list of default, no, yes: the Gluon dK/dV and dQ kernels' dropout draws drawn a "
+                        "step ahead, during the step before's last product (default: the launcher's choice)")
     parser.add_argument("--configs", default="128x64",
                         help="comma list of BLOCK_MxBLOCK_N[/stages[/warps]], e.g. 64x64/3/8 (default 128x64; "
                         "stages and warps default to the launcher's choice)")

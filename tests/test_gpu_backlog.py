@@ -351,11 +351,12 @@ def test_the_summary_answers_the_gluon_launch_stage(tmp_path):
 
 
 def test_the_summary_answers_the_draws_ahead_stage(tmp_path):
-    """draws_ahead: a head dim takes the draws ahead only where the dK/dV kernel ran faster with them at every point,
-    and none does where a row found unequal gradients; the backward's dropout cost with them is reported."""
+    """draws_ahead: a head dim takes each kernel's draws ahead only where that kernel ran faster with them at every
+    point, and none does where a row found unequal gradients; the backward's dropout cost with them is reported."""
     def row(d, n, ratio, bitwise=True):
         timed = dict(backward_dropout_ms=1.2, dkdv_dropout_ms=0.8, dq_dropout_ms=0.4, backward_ms=1.0,
-                     backward_dropout_ahead_ms=1.1, **{"dkdv ahead/now": ratio, "backward_dropout_ahead_cost": 1.1})
+                     backward_dropout_ahead_ms=1.1, **{"dkdv ahead/now": ratio, "dq ahead/now": 2 - ratio,
+                                                       "backward_dropout_ahead_cost": 1.1})
         return dict(dtype="fp16", d=d, N=n, causal=False, ahead_bitwise=bitwise, **timed)
     _write_log(tmp_path, "bwd_kernel_split_draws_ahead", [row(64, 4096, 1.08), row(64, 16384, 1.05),
                                                           row(128, 4096, 1.02), row(128, 16384, 0.99)])
@@ -363,6 +364,8 @@ def test_the_summary_answers_the_draws_ahead_stage(tmp_path):
     assert answers[("bwd_kernel_split_draws_ahead", "dK, dV with the draws ahead differ from the default's")] == "none"
     assert answers[("bwd_kernel_split_draws_ahead", "DKDV_DRAWS_AHEAD gets 64")].startswith("yes (1.050-1.080")
     assert answers[("bwd_kernel_split_draws_ahead", "DKDV_DRAWS_AHEAD gets 128")].startswith("no (0.990-1.020")
+    assert answers[("bwd_kernel_split_draws_ahead", "DQ_DRAWS_AHEAD gets 64")].startswith("no (0.920-0.950")
+    assert answers[("bwd_kernel_split_draws_ahead", "DQ_DRAWS_AHEAD gets 128")].startswith("no (0.980-1.010")
     assert answers[("bwd_kernel_split_draws_ahead", "D = 64: backward_dropout_ahead_cost (issue 13: 1.15)")
                    ] == "1.100-1.100"
     _write_log(tmp_path, "bwd_kernel_split_draws_ahead", [row(64, 4096, 1.08, bitwise=False), row(64, 16384, 1.05)])

@@ -132,6 +132,9 @@ DKDV_DROPOUT_REGISTER_OPERANDS: tuple[int, ...] = (64,)
 #: fifty-ninth finding); a step's dK product had its wait right after its issue. Written and compiled for sm_90a in
 #: session 67 (sixty-first finding) without a GPU: off until ``gpu_backlog.py draws_ahead`` has checked and timed it.
 DKDV_DRAWS_AHEAD: tuple[int, ...] = ()
+#: The same for the dQ kernel with dropout: each key block's draws drawn while the step before waits for its dQ
+#: product. It carries the other 32-39% of dropout's extra backward time at head_dim 64. Off, as above.
+DQ_DRAWS_AHEAD: tuple[int, ...] = ()
 
 if HAVE_GLUON:
 
@@ -439,12 +442,15 @@ if HAVE_GLUON:
             tma_load(v_desc, [off_b, off_kvh, n, 0], v_ready.index(slot), v_smem.index(slot))
 
     @gluon.jit
-    def _dq_step(q_tile, do_tile, k_smem, v_smem, bars, dq, n, rows, lse2, delta, offset, N_K, score_scale, causal,
-                 drop, MASKED: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, DROPOUT: gl.constexpr,
-                 s_layout: gl.constexpr, op_layout: gl.constexpr):
-        """The terms of key block ``n`` added to dQ (queries along rows). With ``DROPOUT``, ``drop`` is (stream
-        key, keep threshold, 1 - p, first query row) of the forward's draws, ``delta`` is D scaled by 1 - p, and
-        the caller divides dQ by 1 - p at the end: dS = P (dP - (1 - p) D) for kept weights."""
+    def _dq_step(q_tile, do_tile, k_smem, v_smem, bars, dq, kept, n, rows, lse2, delta, offset, N_K, score_scale,
+                 causal, drop, MASKED: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                 DROPOUT: gl.constexpr, AHEAD: gl.constexpr, s_layout: gl.constexpr, op_layout: gl.constexpr):
+        """The terms of key block ``n`` added to dQ (queries along rows); returns dQ and ``kept``. With ``DROPOUT``,
+        ``drop`` is (stream key, keep threshold, 1 - p, first query row) of the forward's draws, ``delta`` is D
+        scaled by 1 - p, and the caller divides dQ by 1 - p at the end: dS = P (dP - (1 - p) D) for kept weights.
+        With ``AHEAD`` the block's draws come in ``kept`` (:func:`kept_words`), drawn by the step before while its
+        dQ product ran, and this step draws the next block's (``n + BLOCK_N``) while its own runs, as
+        :func:`_dkdv_step` does."""
         k_ready, v_ready, k_empty, v_empty = bars[1], bars[2], bars[3], bars[4]
         STAGES: gl.constexpr = k_smem.type.shape[0]
         BLOCK_M: gl.constexpr = q_tile.type.shape[0]
@@ -469,22 +475,30 @@ if HAVE_GLUON:
         dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
         mbarrier.arrive(v_empty.index(slot), count=1)
         if DROPOUT:  # dP of the kept weights only (their 1 / (1 - p) comes at the end)
-            if HEAD_DIM == DQ_ZERO_DROPPED_HEAD_DIM:
+            if AHEAD:
+                if HEAD_DIM == DQ_ZERO_DROPPED_HEAD_DIM:
+                    dp = zero_dropped(dp, kept, BLOCK_M, BLOCK_N, False)
+                else:
+                    dp = gl.where(keep_from_words(kept, BLOCK_M, BLOCK_N, False, s_layout), dp, 0.0)
+            elif HEAD_DIM == DQ_ZERO_DROPPED_HEAD_DIM:
                 dp = zero_dropped(dp, kept_words(drop[0], drop[3], n, drop[1], BLOCK_M, BLOCK_N, False), BLOCK_M,
                                   BLOCK_N, False)
             else:
                 dp = gl.where(dropout_keep(drop[0], drop[3], n, drop[1], BLOCK_M, BLOCK_N, False, s_layout), dp, 0.0)
         ds_op = gl.convert_layout((p * (dp - delta[:, None])).to(q_tile.dtype), op_layout)
         dq = warpgroup_mma(ds_op, k_tile, dq, is_async=True)
+        if AHEAD:  # the next block's draws, while the tensor cores compute dQ
+            kept = kept_words(drop[0], drop[3], n + BLOCK_N, drop[1], BLOCK_M, BLOCK_N, False)
         dq, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ds_op))
         mbarrier.arrive(k_empty.index(slot), count=1)
-        return dq
+        return dq, kept
 
     @gluon.jit
     def _dq_consume(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout, operands,
-                    HALF: gl.constexpr, DROPOUT: gl.constexpr):
+                    HALF: gl.constexpr, DROPOUT: gl.constexpr, AHEAD: gl.constexpr):
         """One warpgroup: dQ of the program's ``HALF``-th BLOCK_M query rows. ``dropout``: (the seed's pointer,
-        p), read with ``DROPOUT`` only; ``operands`` (:func:`.attention_fwd_hopper.operands_flag`): whether Q and dO
+        p), read with ``DROPOUT`` only, each block's draws drawn one step ahead with ``AHEAD`` (:func:`_dq_step`);
+        ``operands`` (:func:`.attention_fwd_hopper.operands_flag`): whether Q and dO
         are read from registers."""
         dq_desc = descs[4]
         q_smem, k_smem, v_smem, do_smem = smem
@@ -518,17 +532,22 @@ if HAVE_GLUON:
                     m)
             delta = delta * (1.0 - dropout[1])
             dq_scale = sm_scale / (1.0 - dropout[1])
+        kept = 0
+        if AHEAD:  # the first block's draws; each step draws the next one's
+            kept = kept_words(drop[0], drop[3], 0, drop[1], BLOCK_M, BLOCK_N, False)
         dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
         mbarrier.wait(qdo_bar, 0)
         q_tile = q_smem.index(HALF).reshape([BLOCK_M, HEAD_DIM])
         do_tile = do_smem.index(HALF).reshape([BLOCK_M, HEAD_DIM])
         q_op, do_op = _first_operands(q_tile, do_tile, operands, s_layout)
         for n in range(0, full, BLOCK_N):
-            dq = _dq_step(q_op, do_op, k_smem, v_smem, bars, dq, n, rows, lse2, delta, offset, N_K, score_scale,
-                          causal, drop, False, BLOCK_N, HEAD_DIM, DROPOUT, s_layout, op_layout)
+            dq, kept = _dq_step(q_op, do_op, k_smem, v_smem, bars, dq, kept, n, rows, lse2, delta, offset, N_K,
+                                score_scale, causal, drop, False, BLOCK_N, HEAD_DIM, DROPOUT, AHEAD, s_layout,
+                                op_layout)
         for n in range(full, hi, BLOCK_N):
-            dq = _dq_step(q_op, do_op, k_smem, v_smem, bars, dq, n, rows, lse2, delta, offset, N_K, score_scale,
-                          causal, drop, True, BLOCK_N, HEAD_DIM, DROPOUT, s_layout, op_layout)
+            dq, kept = _dq_step(q_op, do_op, k_smem, v_smem, bars, dq, kept, n, rows, lse2, delta, offset, N_K,
+                                score_scale, causal, drop, True, BLOCK_N, HEAD_DIM, DROPOUT, AHEAD, s_layout,
+                                op_layout)
         for n in range(hi, hi_all, BLOCK_N):
             t = n // BLOCK_N
             slot = t % STAGES
@@ -546,35 +565,46 @@ if HAVE_GLUON:
     @gluon.jit
     def _dq_consume_first_half(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout,
                                operands):
-        _dq_consume(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout, operands, 0, False)
+        _dq_consume(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout, operands, 0, False, False)
 
     @gluon.jit
     def _dq_consume_second_half(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout,
                                 operands):
-        _dq_consume(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout, operands, 1, False)
+        _dq_consume(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout, operands, 1, False, False)
 
     @gluon.jit
     def _dq_consume_first_half_dropout(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout,
                                        operands):
-        _dq_consume(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout, operands, 0, True)
+        _dq_consume(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout, operands, 0, True, False)
 
     @gluon.jit
     def _dq_consume_second_half_dropout(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout,
                                         operands):
-        _dq_consume(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout, operands, 1, True)
+        _dq_consume(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout, operands, 1, True, False)
+
+    @gluon.jit
+    def _dq_consume_first_half_dropout_ahead(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal,
+                                             dropout, operands):
+        _dq_consume(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout, operands, 0, True, True)
+
+    @gluon.jit
+    def _dq_consume_second_half_dropout_ahead(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal,
+                                              dropout, operands):
+        _dq_consume(descs, smem, bars, coords, bounds, LSE, DELTA, sm_scale, causal, dropout, operands, 1, True, True)
 
     @gluon.jit
     def attention_bwd_dq_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, sm_scale, H,
                                        KV_GROUP, N_Q, N_K, DROPOUT_SEED, dropout_p, CAUSAL: gl.constexpr,
                                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                                        STAGES: gl.constexpr, DROPOUT: gl.constexpr, REGISTER_OPERANDS: gl.constexpr,
-                                       CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
-                                       num_warps: gl.constexpr):
+                                       DRAWS_AHEAD: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                                       LOADER_REGS: gl.constexpr, num_warps: gl.constexpr):
         """dQ of query rows ``2 * BLOCK_M`` times a query tile on of (sample, head) ``program_id(1)``; under a
         causal mask the longest tiles (the last rows) first. Descriptors: (B, H, N_q, D) q/do/dq with
         (1, 1, BLOCK_M, D) tiles, (B, H_kv, N_k, D) k/v with (1, 1, BLOCK_N, D) tiles; LSE, DELTA (B, H, N_q)
         float32 contiguous. ``DROPOUT``: the forward's dropout of probability ``dropout_p`` from the int64 seed at
-        ``DROPOUT_SEED``. ``REGISTER_OPERANDS``: Q and dO read from registers (:data:`DQ_REGISTER_OPERANDS`)."""
+        ``DROPOUT_SEED``, with ``DRAWS_AHEAD`` each block's draws drawn during the step before
+        (:data:`DQ_DRAWS_AHEAD`). ``REGISTER_OPERANDS``: Q and dO read from registers (:data:`DQ_REGISTER_OPERANDS`)."""
         gl.static_assert(num_warps == 4)
         off_bh = gl.program_id(1)
         off_b = off_bh // H
@@ -617,7 +647,11 @@ if HAVE_GLUON:
                 (qdo_bar, k_ready, v_ready, k_empty, v_empty), (off_b, off_h, off_kvh, m0, H, N_Q, N_K, offset),
                 (full0, hi0, full1, hi1), LSE, DELTA, sm_scale, causal, (DROPOUT_SEED, dropout_p),
                 operands_flag(REGISTER_OPERANDS))
-        if DROPOUT:
+        if DROPOUT and DRAWS_AHEAD:
+            gl.warp_specialize([(_dq_consume_first_half_dropout_ahead, args),
+                                (_dq_consume_second_half_dropout_ahead, args),
+                                (_dq_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+        elif DROPOUT:
             gl.warp_specialize([(_dq_consume_first_half_dropout, args), (_dq_consume_second_half_dropout, args),
                                 (_dq_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
         else:
@@ -721,16 +755,20 @@ def launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, *, scale: floa
 
 
 def launch_attention_dq_hopper(q, k, v, do, lse, delta, dq, *, scale: float, causal: bool, dropout_p: float = 0.0,
-                               dropout_seed=None, register_operands: bool | None = None) -> None:
+                               dropout_seed=None, register_operands: bool | None = None,
+                               draws_ahead: bool | None = None) -> None:
     """Fill dq (B, H, N_q, D) from q, do (B, H, N_q, D), k, v (B, H_kv, N_k, D), lse and delta (B, H, N_q) float32
     contiguous, for a call :func:`.attention_fwd_hopper.can_run` accepts (all six tensors, and head_dim in
     :data:`DQ_CONFIGS`): no mask, or a causal one with ``causal``. ``dropout_p`` and ``dropout_seed``: the
     forward's. ``register_operands``: Q and dO read from registers (None: where :data:`DQ_REGISTER_OPERANDS`
-    says)."""
+    says). ``draws_ahead``: with dropout, each block's draws drawn during the step before (None: where
+    :data:`DQ_DRAWS_AHEAD` says)."""
     batch, heads, n_q, head_dim = q.shape
     kv_heads, n_k = k.shape[1], k.shape[2]
     if register_operands is None:
         register_operands = head_dim in DQ_REGISTER_OPERANDS
+    if draws_ahead is None:
+        draws_ahead = head_dim in DQ_DRAWS_AHEAD
     block_m, block_n, stages = DQ_CONFIGS[head_dim]
     grid = (triton.cdiv(n_q, 2 * block_m), batch * heads)
     launch(attention_bwd_dq_hopper_kernel, grid,
@@ -738,5 +776,5 @@ def launch_attention_dq_hopper(q, k, v, do, lse, delta, dq, *, scale: float, cau
         tile_descriptor(do, block_m), tile_descriptor(dq, block_m), lse, delta, scale,
         heads, heads // kv_heads, n_q, n_k, lse if dropout_seed is None else dropout_seed, float(dropout_p),
         CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, STAGES=stages, DROPOUT=dropout_p > 0,
-        REGISTER_OPERANDS=bool(register_operands), CONSUMER_REGS=CONSUMER_REGISTERS, LOADER_REGS=LOADER_REGISTERS,
-        num_warps=4, maxnreg=KERNEL_REGISTERS)
+        REGISTER_OPERANDS=bool(register_operands), DRAWS_AHEAD=dropout_p > 0 and bool(draws_ahead),
+        CONSUMER_REGS=CONSUMER_REGISTERS, LOADER_REGS=LOADER_REGISTERS, num_warps=4, maxnreg=KERNEL_REGISTERS)

@@ -220,18 +220,26 @@ def test_dkdv_launcher_takes_the_measured_blocks_and_operand_placement(monkeypat
 
 
 @pytest.mark.parametrize("dropout_p", [0.0, 0.1])
-def test_dkdv_launcher_draws_ahead_only_with_dropout_and_where_asked(monkeypatch, dropout_p):
-    """``draws_ahead`` (or :data:`DKDV_DRAWS_AHEAD` when it is None) draws each block's dropout mask a step ahead;
-    without dropout there is nothing to draw, so the kernel never gets the flag."""
-    kernel = RecordedLaunch(bwd_hopper.attention_bwd_dkdv_hopper_kernel)
-    monkeypatch.setattr(bwd_hopper, "attention_bwd_dkdv_hopper_kernel", kernel)
-    q, k, v, do, dk, dv = (torch.randn(1, 2, 128, 64, dtype=torch.float16) for _ in range(6))
+@pytest.mark.parametrize("kernel_name, setting", [("dkdv", "DKDV_DRAWS_AHEAD"), ("dq", "DQ_DRAWS_AHEAD")])
+def test_launchers_draw_ahead_only_with_dropout_and_where_asked(monkeypatch, dropout_p, kernel_name, setting):
+    """``draws_ahead`` (or the kernel's setting when it is None, empty until a GPU has timed it) draws each block's
+    dropout mask a step ahead; without dropout there is nothing to draw, so the kernel never gets the flag."""
+    kernel = RecordedLaunch(getattr(bwd_hopper, f"attention_bwd_{kernel_name}_hopper_kernel"))
+    monkeypatch.setattr(bwd_hopper, f"attention_bwd_{kernel_name}_hopper_kernel", kernel)
+    q, k, v, do, dq, dk, dv = (torch.randn(1, 2, 128, 64, dtype=torch.float16) for _ in range(7))
     lse, delta = torch.randn(1, 2, 128), torch.randn(1, 2, 128)
     common = dict(scale=0.1, causal=True, dropout_p=dropout_p)
+
+    def call(**kwargs):
+        if kernel_name == "dkdv":
+            bwd_hopper.launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, **common, **kwargs)
+        else:
+            bwd_hopper.launch_attention_dq_hopper(q, k, v, do, lse, delta, dq, **common, **kwargs)
+    assert getattr(bwd_hopper, setting) == ()
     for asked in (True, False, None):
-        bwd_hopper.launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, draws_ahead=asked, **common)
-    monkeypatch.setattr(bwd_hopper, "DKDV_DRAWS_AHEAD", (64,))
-    bwd_hopper.launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, **common)
+        call(draws_ahead=asked)
+    monkeypatch.setattr(bwd_hopper, setting, (64,))
+    call()
     assert [args["DRAWS_AHEAD"] for _, args in kernel.calls] == [dropout_p > 0, False, False, dropout_p > 0]
 
 
@@ -303,14 +311,16 @@ def test_register_operands_compile_with_every_product_reading_registers_and_no_s
     assert not bwd_hopper.DKDV_REGISTER_OPERANDS, "K and V spill in registers at head_dim 128 and at 64's 128 rows"
 
 
-def test_draws_ahead_compile_beside_the_dk_product_with_no_spill_in_the_loops():
-    """With dropout at head_dim 64, the dK/dV kernel's draws drawn a step ahead land where the consumer waits for its
-    dK product: over 60 instructions sit between the issue of each loop's last products and their wait (3 without),
-    and no loop over blocks stores to the stack either way, with or without the causal mask."""
-    done = run_sass_counts("--kernel", "gluon_dkdv", "--d", "64", "--causal", "no,yes", "--dropout", "0.1",
+@pytest.mark.parametrize("kernel", ["gluon_dkdv", "gluon_dq"])
+def test_draws_ahead_compile_beside_the_last_product_with_no_spill_in_the_loops(kernel):
+    """With dropout at head_dim 64, each backward kernel's draws drawn a step ahead land where the consumer waits for
+    its last product (dK, or dQ): over 60 instructions sit between the issue of each loop's last products and their
+    wait (3-7 without them with Triton 3.6, up to 14 with 3.9; under 30 asserted), and no loop over blocks stores
+    to the stack either way, with or without the causal mask."""
+    done = run_sass_counts("--kernel", kernel, "--d", "64", "--causal", "no,yes", "--dropout", "0.1",
                            "--draws-ahead", "no,yes")
     assert done.returncode == 0, done.stderr[-3000:]
-    variants, loops = compiled_variants(done.stdout, "gluon_dkdv"), block_loops(done.stdout, "gluon_dkdv")
+    variants, loops = compiled_variants(done.stdout, kernel), block_loops(done.stdout, kernel)
     windows = last_product_windows(done.stdout)
     assert len(variants) == len(loops) == len(windows) == 4, done.stdout
     for (header, _, _), variant_loops, beside in zip(variants, loops, windows):
@@ -319,7 +329,7 @@ def test_draws_ahead_compile_beside_the_dk_product_with_no_spill_in_the_loops():
         if "draws ahead yes" in header:
             assert min(beside) > 60, (header, beside)
         else:
-            assert max(beside) < 10, (header, beside)
+            assert max(beside) < 30, (header, beside)
     assert sum("draws ahead yes" in header for header, _, _ in variants) == 2, done.stdout
 
 
@@ -462,11 +472,11 @@ def test_gpu_register_operands_give_the_same_gradients_bitwise(dtype, head_dim, 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
-def test_gpu_draws_ahead_give_the_same_dk_and_dv_bitwise(dtype, head_dim, causal):
-    """The dK/dV kernel's dropout draws drawn a step ahead (``draws_ahead``) drop the same weights from the same
-    products: dK and dV equal the default path's bit for bit (GQA 6/3 so that each program walks two query heads,
-    N_q = 600 / N_k = 700 with the causal mask's three loops, dropout 0.2, outputs NaN-filled first: every element
-    written). The default path is checked against float64 through the kernels' own mask elsewhere
+def test_gpu_draws_ahead_give_the_same_gradients_bitwise(dtype, head_dim, causal):
+    """Both backward kernels' dropout draws drawn a step ahead (``draws_ahead``) drop the same weights from the
+    same products: dQ, dK and dV equal the default path's bit for bit (GQA 6/3 so that each dK/dV program walks two
+    query heads, N_q = 600 / N_k = 700 with every loop of the causal mask, dropout 0.2, outputs NaN-filled first:
+    every element written). The default path is checked against float64 through the kernels' own mask elsewhere
     (test_gpu_gluon_dropout_gradients_match_float64_with_the_kernels_mask)."""
     q, k, v, do = make_inputs(2, 6, 3, 600, 700, head_dim, dtype, seed=head_dim + causal, grad_out=True)
     if not bwd_hopper.can_run(q, k, v, do, k, v, scale=1.0):
@@ -478,13 +488,14 @@ def test_gpu_draws_ahead_give_the_same_dk_and_dv_bitwise(dtype, head_dim, causal
     delta = attention_bwd.launch_attention_backward(q, k, v, o, lse, do, None, None, None, spec, dropout_seed=seed)
     grads = {}
     for ahead in (False, True):
-        dk, dv = (torch.full_like(t, float("nan")) for t in (k, v))
-        bwd_hopper.launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, scale=spec.scale(head_dim),
-                                                causal=causal, dropout_p=spec.dropout_p, dropout_seed=seed,
-                                                draws_ahead=ahead)
-        grads[ahead] = (dk, dv)
+        dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+        common = dict(scale=spec.scale(head_dim), causal=causal, dropout_p=spec.dropout_p, dropout_seed=seed,
+                      draws_ahead=ahead)
+        bwd_hopper.launch_attention_dq_hopper(q, k, v, do, lse, delta, dq, **common)
+        bwd_hopper.launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, **common)
+        grads[ahead] = (dq, dk, dv)
     assert not any(t.isnan().any() for t in grads[False])
-    for name, now, ahead in zip("kv", grads[False], grads[True]):
+    for name, now, ahead in zip("qkv", grads[False], grads[True]):
         assert torch.equal(now, ahead), f"d{name}"
 
 
