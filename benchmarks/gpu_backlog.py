@@ -150,6 +150,12 @@ class Step:
     pythonpath: str = ".:benchmarks:tests"
 
 
+def gpu_pytest(*args: str, workers: int = 8) -> tuple:
+    """A step's argv for pytest over the GPU-marked tests of ``args`` (files, then options such as ``-k``), with
+    ``workers`` pytest-xdist workers, quiet, no cache, skips reported with their reasons."""
+    return ("-m", "pytest", "-q", "-m", "gpu", "-n", str(workers), "-p", "no:cacheprovider", "-rs") + args
+
+
 #: The PYTHONPATH entries that are the tree itself; any other must hold a copy of flashlib (:attr:`Step.pythonpath`).
 TREE_PATHS = (".", "benchmarks", "tests")
 
@@ -427,8 +433,7 @@ STAGES["bwd_counters"] = (
 # NaN past N_q).
 STAGES["bwd_gpu_tests"] = (
     Step("bwd_hopper_gpu_tests", 300,
-         ("-m", "pytest", "-q", "-m", "gpu", "-n", "8", "-p", "no:cacheprovider", "-rs",
-          "tests/kernels/test_attention_bwd_hopper.py"),
+         gpu_pytest("tests/kernels/test_attention_bwd_hopper.py"),
          "whether the Gluon backward with L and D from shared memory passes every GPU test (fp16 and bf16, odd "
          "lengths, GQA, dropout, register operands, the front door's bitwise repeats)"),
 )
@@ -575,8 +580,7 @@ STAGES["dropout_split"] = (
 # dK/dV kernel 0.98-0.99x at 64, 0.99-1.05x at 128; so only the dQ kernel at D = 64 keeps it (DQ_ZERO_DROPPED_HEAD_DIM).
 STAGES["dropout_zero"] = (
     Step("dropout_gpu_tests", 150,
-         ("-m", "pytest", "-q", "-m", "gpu", "-n", "8", "-p", "no:cacheprovider", "-rs",
-          "tests/kernels/test_attention_bwd_hopper.py", "-k", "dropout or register_operands"),
+         gpu_pytest("tests/kernels/test_attention_bwd_hopper.py", "-k", "dropout or register_operands"),
          "whether zero_dropped drops exactly the forward's weights: the Gluon backward with dropout against float64 "
          "through the kernels' own mask and against the Triton kernels, and the register placements bitwise"),
     Step("bwd_kernel_split_dropout_before", 170, DROPOUT_SPLIT + ("--out", "{out}/bwd_kernel_split_before.json"),
@@ -629,8 +633,7 @@ STAGES["backward_host"] = (
 # yet run on a GPU.
 STAGES["draws_ahead"] = (
     Step("draws_ahead_gpu_tests", 150,
-         ("-m", "pytest", "-q", "-m", "gpu", "-n", "8", "-p", "no:cacheprovider", "-rs",
-          "tests/kernels/test_attention_bwd_hopper.py", "-k", "draws_ahead or dropout"),
+         gpu_pytest("tests/kernels/test_attention_bwd_hopper.py", "-k", "draws_ahead or dropout"),
          "whether the draws drawn ahead give dQ, dK and dV bitwise equal to the default's (and the dropout tests "
          "still pass); a failure keeps DKDV_DRAWS_AHEAD and DQ_DRAWS_AHEAD empty"),
     Step("bwd_kernel_split_draws_ahead", 240,
