@@ -41,9 +41,11 @@ def host_us_drained(call, calls: int, profile: cProfile.Profile | None = None) -
         start = time.perf_counter()
         if profile is not None:
             profile.enable()
-        call()
-        if profile is not None:
-            profile.disable()
+        try:
+            call()
+        finally:
+            if profile is not None:
+                profile.disable()
         total += time.perf_counter() - start
     torch.cuda.synchronize()
     return total / calls * 1e6

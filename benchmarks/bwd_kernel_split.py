@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from unittest import mock
 
 import torch
 
@@ -64,9 +65,9 @@ def ahead_timings(q, k, v, o, lse, do, grads, delta, spec: AttentionSpec, seed) 
     parts["dkdv"]()
     parts["dq"]()
     now = [t.clone() for t in grads]
-    saved = bwd_hopper.DKDV_DRAWS_AHEAD, bwd_hopper.DQ_DRAWS_AHEAD
-    bwd_hopper.DKDV_DRAWS_AHEAD = bwd_hopper.DQ_DRAWS_AHEAD = (q.shape[-1],)
-    try:
+    head_dim = (q.shape[-1],)
+    with mock.patch.object(bwd_hopper, "DKDV_DRAWS_AHEAD", head_dim), mock.patch.object(bwd_hopper, "DQ_DRAWS_AHEAD",
+                                                                                        head_dim):
         for t in grads:
             t.fill_(float("nan"))
         parts["dkdv"]()
@@ -75,8 +76,6 @@ def ahead_timings(q, k, v, o, lse, do, grads, delta, spec: AttentionSpec, seed) 
         if row["ahead_bitwise"]:
             for part in ("backward", "dkdv", "dq"):
                 row[f"{part}_dropout_ahead_ms"] = graph_time_ms(parts[part], rep=100)
-    finally:
-        bwd_hopper.DKDV_DRAWS_AHEAD, bwd_hopper.DQ_DRAWS_AHEAD = saved
     return row
 
 

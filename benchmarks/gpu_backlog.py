@@ -77,7 +77,8 @@ then the GPU suite again with the allocator released after each test.
 Session 67 (one H100) ran ``gluon_launch`` (tests passed; an eager backward's host time 0.75-0.84x from the cache,
 so ``launch.GLUON_DESCRIPTORS`` is on), ``causal64_capped`` (the capped forward config in causal grids: no gain in
 the grid, reverted), the GPU suite (388 passed, no out-of-memory) and the grid again (TUNING.md sixtieth finding).
-Queued: ``draws_ahead`` (the dK/dV kernel's dropout draws a step ahead: bitwise test, then timed), ``backward_host``
+Queued: ``draws_ahead`` (the dK/dV and dQ kernels' dropout draws a step ahead: bitwise test, then timed),
+``backward_host``
 (where an eager backward's host time goes), and ``suite`` on the next tree that changes a kernel.
 
 The grid measures the forward and backward with the settings the timings decide. A machine is given back 30 s
@@ -150,10 +151,13 @@ class Step:
     pythonpath: str = ".:benchmarks:tests"
 
 
-def gpu_pytest(*args: str, workers: int = 8) -> tuple:
-    """A step's argv for pytest over the GPU-marked tests of ``args`` (files, then options such as ``-k``), with
-    ``workers`` pytest-xdist workers, quiet, no cache, skips reported with their reasons."""
-    return ("-m", "pytest", "-q", "-m", "gpu", "-n", str(workers), "-p", "no:cacheprovider", "-rs") + args
+def gpu_pytest(*args: str, workers: int | None = 8, verbose: bool = False, worksteal: bool = False) -> tuple:
+    """A step's argv for pytest over the GPU-marked tests of ``args`` (files and options such as ``-k``), with
+    ``workers`` pytest-xdist workers (None: one process; ``worksteal``: idle workers take queued tests), quiet or
+    ``verbose`` (each outcome named as it ends, so a step cut short still says what passed), no cache, skips reported
+    with their reasons."""
+    return (("-m", "pytest", "-v" if verbose else "-q", "-m", "gpu") + (("-n", str(workers)) if workers else ())
+            + (("--dist", "worksteal") if worksteal else ()) + ("-p", "no:cacheprovider", "-rs") + args)
 
 
 #: The PYTHONPATH entries that are the tree itself; any other must hold a copy of flashlib (:attr:`Step.pythonpath`).
@@ -171,13 +175,12 @@ STAGES = {
         # Session 49 (H200, cold caches): the first step ran 169 of its 194 tests in 260 s, the second all of its
         # 174 in 210 s; hence 310 / 250, and -v, so that a step cut short still names each test that passed.
         Step("gpu_tests", 310,
-             ("-m", "pytest", "-v", "-m", "gpu", "-n", "12", "-p", "no:cacheprovider", "-rs") + CHANGED_KERNEL_TESTS,
+             gpu_pytest(*CHANGED_KERNEL_TESTS, workers=12, verbose=True),
              "whether sessions 46-48's kernels are correct on the GPU: the Gluon FP8 forward with P through shared "
              "memory and Q in registers, the register operands of the Gluon backward, dropout's 1 / (1 - p) in the "
              "epilogues, the forward-mode (JVP) kernel. A failure here comes before any timing."),
         Step("gpu_tests_rest", 250,
-             ("-m", "pytest", "-q", "-m", "gpu", "-n", "16", "--dist", "worksteal", "-p", "no:cacheprovider", "-rs")
-             + other_gpu_tests(),
+             gpu_pytest(*other_gpu_tests(), workers=16, worksteal=True),
              "the rest of the GPU suite (decoding, front door, model, bench, distributed): nothing there changed "
              "since session 45, so a failure here is the GPU machine's or an older bug's"),
     ),
@@ -264,7 +267,7 @@ STAGES["hf"] = (
     # Session 55 (an H100): eager steps ran at 0.49x sdpa's tokens/s; then every decoding step took the split-KV
     # kernel with no host read, unmeasured, and a GPU test of that (CUDA's sync debug mode) has not run yet
     Step("hf_gpu_tests", 150,
-         ("-m", "pytest", "-v", "-m", "gpu", "-p", "no:cacheprovider", "-rs", "tests/test_hf.py"),
+         gpu_pytest("tests/test_hf.py", workers=None, verbose=True),
          "whether Transformers models on flashlib pass on the GPU's torch (2.11 there, 2.13 on the CPU: Dynamo "
          "differs), the new test_gpu_eager_decoding_step_reads_nothing_on_the_host among them"),
 )
@@ -292,9 +295,8 @@ DROPOUT_AB = ("benchmarks/gluon_dropout_ab.py", "--dtype", "fp16", "--d", "128",
               "--routes", "plain,gluon")
 STAGES["dropout_words"] = (
     Step("dropout_gpu_tests", 200,
-         ("-m", "pytest", "-v", "-m", "gpu", "-n", "8", "-p", "no:cacheprovider", "-rs", "-k", "dropout",
-          "tests/kernels/test_attention_fwd_hopper.py", "tests/kernels/test_attention_bwd_hopper.py",
-          "tests/kernels/test_score_modifiers.py"),
+         gpu_pytest("-k", "dropout", "tests/kernels/test_attention_fwd_hopper.py",
+                    "tests/kernels/test_attention_bwd_hopper.py", "tests/kernels/test_score_modifiers.py", verbose=True),
          "whether the Gluon kernels' new dropout path drops exactly the Triton kernels' weights (forward against "
          "float64 with dropout_mask's mask and against the Triton forward; gradients against float64)"),
     Step("gluon_dropout_words", 170, DROPOUT_AB,
@@ -596,10 +598,11 @@ STAGES["dropout_zero"] = (
 # time a call against 0.55-0.88 ms of GPU work, 250-460 µs more than at one head of 128 rows, where the Triton
 # kernels run (TUNING.md, fifty-ninth finding). Its two Gluon kernels launch through JITFunction.run, which encodes
 # their 13 host descriptors again on every call, the likely difference; launch.GLUON_DESCRIPTORS sends them through
-# the compiled-binary cache instead, off until this stage has timed the host with it and without it.
+# the compiled-binary cache instead. Session 67 ran this stage (tests passed; 0.75-0.84x the backward's host time):
+# the cache is on since.
 STAGES["gluon_launch"] = (
     Step("gluon_launch_gpu_tests", 200,
-         ("-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-rs", "tests/kernels/test_launch.py"),
+         gpu_pytest("tests/kernels/test_launch.py", workers=None),
          "whether the Gluon forward, dK/dV and dQ kernels launched from the cache give bitwise the results of "
          "Triton's own path (test_gpu_gluon_kernels_from_the_cache_give_triton_paths_bits)"),
     Step("gluon_launch_host", 300,
@@ -613,9 +616,7 @@ STAGES["gluon_launch"] = (
 # The whole GPU suite in one call (session 67, H100: 388 passed, 1 skipped in about 418 s with each worker's allocator
 # cache emptied after a GPU test; a 420 s timeout cut pytest's summary). -v names each outcome as it ends.
 STAGES["suite"] = (
-    Step("gpu_suite", 540,
-         ("-m", "pytest", "-v", "-m", "gpu", "-n", "16", "--dist", "worksteal", "-p", "no:cacheprovider", "-rs",
-          "tests/"),
+    Step("gpu_suite", 540, gpu_pytest("tests/", workers=16, verbose=True, worksteal=True),
          "whether every GPU test passes on the tree as it is; a failure names what to fix before any timing"),
 )
 
@@ -628,9 +629,10 @@ STAGES["backward_host"] = (
 )
 
 # Session 67 moved the backward kernels' dropout draws a step ahead, into the wait for the step before's last product
-# (attention_bwd_hopper.DKDV_DRAWS_AHEAD and DQ_DRAWS_AHEAD, off): compiled for sm_90a the draws sit there (91-235
-# instructions beside each loop's last products, 3-7 before), with no new spill (TUNING.md sixty-first finding). Not
-# yet run on a GPU.
+# (attention_bwd_hopper.DKDV_DRAWS_AHEAD and DQ_DRAWS_AHEAD, off): compiled for sm_90a the draws sit there (at D = 64
+# 91-235 instructions beside each loop's last products, 3-7 before; at 128 84-119 beside the unmasked loops'), with no
+# new spill (TUNING.md sixty-first finding). Not yet run on a GPU. apply does not write these settings: a person adds
+# the head dims the summary says yes to.
 STAGES["draws_ahead"] = (
     Step("draws_ahead_gpu_tests", 150,
          gpu_pytest("tests/kernels/test_attention_bwd_hopper.py", "-k", "draws_ahead or dropout"),
@@ -642,11 +644,13 @@ STAGES["draws_ahead"] = (
          "ahead/now') > 1 at every point and ahead_bitwise is True; issue 13's 1.15x is backward_dropout_ahead_cost"),
 )
 
-# The causal forward at head_dim 64 runs 0.87-0.90x cuDNN (session 66's grid) against 0.96-1.04x without a mask, where
+# The causal forward at head_dim 64 ran 0.87-0.96x cuDNN (session 66's grid) against 0.93-1.04x without a mask, where
 # 128 x 128 tiles capped at 128 registers put two programs on an SM (twenty-seventh finding). Causal grids were kept
-# from that config because it spilled 8 registers there (session 27); compiled for sm_90a by Triton 3.6 today it
-# takes 128 registers without a spill (sass_counts.py --kernel fwd --d 64 --causal yes --configs 128x128/2/8
-# --maxnreg 128). Each config alone in a CUDA graph against the forward as routed, the same process.
+# from that config because it spilled 8 registers there (session 27); compiled offline by Triton 3.6 it took 128
+# registers without a spill (sass_counts.py --kernel fwd --d 64 --causal yes --configs 128x128/2/8 --maxnreg 128).
+# Each config alone in a CUDA graph against the forward as routed, the same process. Ran in session 67: the machine's
+# ptxas spilled 8 registers; 1.01-1.05x from 4k, 0.90x at 1k; offered to the autotuner the grid did not move, so
+# causal grids still go without it (TUNING.md sixtieth finding).
 STAGES["causal64_capped"] = (
     Step("fwd_causal64_capped", 150,
          ("benchmarks/fwd_two_per_sm.py", "--d", "64", "--causal", "yes", "--N", "1024,2048,4096,8192,16384",
@@ -764,6 +768,12 @@ def _wins(rows, d, ratio) -> str:
     return f"{verdict} ({min(values):.3f}-{max(values):.3f} over {len(values)} points)"
 
 
+def _cached_over_run(row):
+    """A probe row's host time with the Gluon launches from the cache over through ``JITFunction.run``, or None;
+    session 67's log names it "gluon cached/host" (the default was through run then)."""
+    return row.get("gluon cached/run", row.get("gluon cached/host"))
+
+
 def _dropout_split_rows(log: Path) -> list:
     """The rows of a ``bwd_kernel_split.py --dropout`` log that timed every part with dropout."""
     return [row for row in log_rows(log) if all(f"{part}_dropout_ms" in row for part in ("backward", "dkdv", "dq"))]
@@ -869,7 +879,7 @@ def decisions(out: Path) -> list:
     ahead = _dropout_split_rows(out / "bwd_kernel_split_draws_ahead.log")
     if ahead:
         unequal = [f"D={r['d']} N={r['N']} causal={r['causal']}" for r in ahead if r.get("ahead_bitwise") is False]
-        lines.append(("bwd_kernel_split_draws_ahead", "dK, dV with the draws ahead differ from the default's",
+        lines.append(("bwd_kernel_split_draws_ahead", "dQ, dK, dV with the draws ahead differ from the default's",
                       unequal or "none"))
         for d in sorted({row["d"] for row in ahead}):
             for part in ("dkdv", "dq"):
@@ -911,9 +921,9 @@ def decisions(out: Path) -> list:
     if m32:
         lines.append(("gluon_dropout_m32", "the dK/dV kernel with dropout takes 32 query rows a step at D = 128",
                       _wins(m32, 128, lambda r: _ratio(r, "bwd_gluon_ms", "bwd_gluon_m32_ms"))))
-    host = [row for row in log_rows(out / "gluon_launch_host.log") if "gluon cached/run" in row]
+    host = [row for row in log_rows(out / "gluon_launch_host.log") if _cached_over_run(row) is not None]
     for mode in ("fwd", "bwd"):
-        ratios = [row["gluon cached/run"] for row in host if row["mode"] == mode]
+        ratios = [_cached_over_run(row) for row in host if row["mode"] == mode]
         if ratios:
             lines.append(("gluon_launch_host", f"{mode}: host time a call, Gluon kernels from the cache / through run",
                           f"{min(ratios):.3f}-{max(ratios):.3f} over {len(ratios)} points"))

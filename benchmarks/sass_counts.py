@@ -32,6 +32,7 @@ import os
 import re
 import subprocess
 import tempfile
+from unittest import mock
 
 os.environ.setdefault("TRITON_INTERPRET", "0")  # flashlib respects a choice made before it is imported
 
@@ -92,14 +93,10 @@ def captured_gluon_launch(module, kernel_name: str, launcher) -> tuple:
         def __getitem__(self, grid):
             return lambda *args, **kwargs: calls.append((args, kwargs))
 
-    real, cached = getattr(module, kernel_name), launch_module.COMPILED_CACHE
-    setattr(module, kernel_name, Recorder())
-    launch_module.COMPILED_CACHE = False  # straight to the recorder: the cache would ask a driver for a stream
-    try:
+    real = getattr(module, kernel_name)
+    # straight to the recorder: the compiled-binary cache would ask a driver for a stream
+    with mock.patch.object(module, kernel_name, Recorder()), mock.patch.object(launch_module, "COMPILED_CACHE", False):
         launcher()
-    finally:
-        setattr(module, kernel_name, real)
-        launch_module.COMPILED_CACHE = cached
     args, kwargs = calls[0]
     return real, args, kwargs
 
@@ -273,10 +270,14 @@ def _instructions(sass: str) -> list[tuple[int, str]]:
     return found
 
 
-def _product_loops(sass: str) -> list[tuple[int, int]]:
-    """(first, last) indexes into :func:`_instructions` of each innermost loop that issues warpgroup products. A loop
-    is a backward branch's span, innermost when no other backward branch lies in it."""
-    instructions = _instructions(sass)
+def _opcode(address: int, text: str) -> str | None:
+    """:func:`opcode_of` an instruction of :func:`_instructions`."""
+    return opcode_of(f"        /*{address:04x}*/ {text}")
+
+
+def _product_loops(instructions: list[tuple[int, str]]) -> list[tuple[int, int]]:
+    """(first, last) indexes into ``instructions`` (:func:`_instructions`) of each innermost loop that issues
+    warpgroup products. A loop is a backward branch's span, innermost when no other backward branch lies in it."""
     loops = []
     for end, (address, text) in enumerate(instructions):
         branch = re.match(r"BRA\b[^;]*?(0x[0-9a-f]+)", text)
@@ -284,8 +285,7 @@ def _product_loops(sass: str) -> list[tuple[int, int]]:
             start = next(i for i, (a, _) in enumerate(instructions) if a >= int(branch.group(1), 16))
             loops.append((start, end))
     innermost = [(s, e) for s, e in loops if not any(s <= s2 and e2 <= e and (s2, e2) != (s, e) for s2, e2 in loops)]
-    return [(s, e) for s, e in innermost
-            if any(opcode_of(f"        /*{a:04x}*/ {text}") in PRODUCT_OPCODES for a, text in instructions[s:e + 1])]
+    return [(s, e) for s, e in innermost if any(_opcode(*ins) in PRODUCT_OPCODES for ins in instructions[s:e + 1])]
 
 
 def key_block_loops(sass: str) -> list[tuple[int, int, int, int]]:
@@ -296,8 +296,8 @@ def key_block_loops(sass: str) -> list[tuple[int, int, int, int]]:
     ptxas chose to reload."""
     instructions = _instructions(sass)
     found = []
-    for start, end in _product_loops(sass):
-        ops = [opcode_of(f"        /*{a:04x}*/ {text}") for a, text in instructions[start:end + 1]]
+    for start, end in _product_loops(instructions):
+        ops = [_opcode(*ins) for ins in instructions[start:end + 1]]
         found.append((end - start + 1, sum(op in PRODUCT_OPCODES for op in ops), ops.count("STL"), ops.count("LDL")))
     return found
 
@@ -305,14 +305,18 @@ def key_block_loops(sass: str) -> list[tuple[int, int, int, int]]:
 def last_product_windows(sass: str) -> list[int]:
     """For each innermost loop that issues warpgroup products (:func:`key_block_loops`' loops, in their order), the
     instructions between the issue of its last group of products (its last ``WARPGROUP.ARRIVE``) and the wait for
-    them (the next ``WARPGROUP.DEPBAR``), products left out: the work a consumer does while that group runs."""
-    instructions = [text for _, text in _instructions(sass)]
+    them (the next ``WARPGROUP.DEPBAR``), products left out: the work a consumer does while that group runs. A loop
+    with no ``WARPGROUP.ARRIVE`` counts 0."""
+    instructions = _instructions(sass)
     windows = []
-    for start, end in _product_loops(sass):
+    for start, end in _product_loops(instructions):
         body = instructions[start:end + 1]
-        arrive = max(i for i, text in enumerate(body) if text.startswith("WARPGROUP.ARRIVE"))
-        wait = next((i for i in range(arrive, len(body)) if body[i].startswith("WARPGROUP.DEPBAR")), len(body))
-        windows.append(sum(not body[i].startswith("HGMMA") for i in range(arrive + 1, wait)))
+        arrive = max((i for i, (_, text) in enumerate(body) if text.startswith("WARPGROUP.ARRIVE")), default=None)
+        if arrive is None:
+            windows.append(0)
+            continue
+        wait = next((i for i in range(arrive, len(body)) if body[i][1].startswith("WARPGROUP.DEPBAR")), len(body))
+        windows.append(sum(_opcode(*body[i]) not in PRODUCT_OPCODES for i in range(arrive + 1, wait)))
     return windows
 
 
@@ -363,6 +367,8 @@ def main():
         parser.error(f"--register-operands takes default, no and yes; got {args.register_operands!r}")
     if any(p not in ("default", "no", "yes") for p in draws):
         parser.error(f"--draws-ahead takes default, no and yes; got {args.draws_ahead!r}")
+    if draws != ["default"] and not set(args.kernel.split(",")) <= {"gluon_dkdv", "gluon_dq"}:
+        parser.error("--draws-ahead is an option of the Gluon backward kernels: --kernel gluon_dkdv and gluon_dq only")
     weights = args.fp8_weights.split(",")
     if any(w not in ("shared", "registers") for w in weights) or (args.dtype != "fp8" and weights != ["shared"]):
         parser.error(f"--fp8-weights takes shared and registers, with --dtype fp8; got {args.fp8_weights!r}")

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from unittest import mock
 
 import torch
 from front_door import host_us
@@ -99,12 +100,8 @@ def gpu_ms(mode: str, causal: bool, dtype: torch.dtype, n: int, d: int, batch: i
 def host_us_gluon(call, calls: int, cached: bool) -> float:
     """:func:`host_us_per_call` with the Gluon kernels launched from the compiled-binary cache (``cached``) or
     through ``JITFunction.run`` (``flashlib.kernels.launch.GLUON_DESCRIPTORS``); the switch is put back after."""
-    before = launch_module.GLUON_DESCRIPTORS
-    launch_module.GLUON_DESCRIPTORS = cached
-    try:
+    with mock.patch.object(launch_module, "GLUON_DESCRIPTORS", cached):
         return host_us_per_call(call, calls)
-    finally:
-        launch_module.GLUON_DESCRIPTORS = before
 
 
 def probe(dtype: str, mode: str, causal: bool, n: int, d: int, rounds: int, calls: int,

@@ -25,7 +25,6 @@ def test_the_probe_refuses_the_interpreter(capsys):
 def test_the_gluon_measurements_set_the_switch_only_while_they_measure(monkeypatch, cached):
     """Each of the two measurements runs with the Gluon launches as it names them, whatever the default, and puts
     the switch back, after a failure too."""
-    default = launch_module.GLUON_DESCRIPTORS
     seen = []
     monkeypatch.setattr(short_rows_probe, "host_us_per_call",
                         lambda call, calls: seen.append((launch_module.GLUON_DESCRIPTORS, calls)) or 12.5)
@@ -41,4 +40,3 @@ def test_the_gluon_measurements_set_the_switch_only_while_they_measure(monkeypat
     with pytest.raises(RuntimeError):
         short_rows_probe.host_us_gluon(lambda: None, 7, cached=cached)
     assert launch_module.GLUON_DESCRIPTORS is (not cached), "put back after a failure too"
-    monkeypatch.setattr(launch_module, "GLUON_DESCRIPTORS", default)

@@ -475,14 +475,14 @@ if HAVE_GLUON:
         dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp, ))
         mbarrier.arrive(v_empty.index(slot), count=1)
         if DROPOUT:  # dP of the kept weights only (their 1 / (1 - p) comes at the end)
-            if AHEAD:
+            if AHEAD or HEAD_DIM == DQ_ZERO_DROPPED_HEAD_DIM:  # the draws as words, one bit a weight
+                words = kept
+                if not AHEAD:
+                    words = kept_words(drop[0], drop[3], n, drop[1], BLOCK_M, BLOCK_N, False)
                 if HEAD_DIM == DQ_ZERO_DROPPED_HEAD_DIM:
-                    dp = zero_dropped(dp, kept, BLOCK_M, BLOCK_N, False)
+                    dp = zero_dropped(dp, words, BLOCK_M, BLOCK_N, False)
                 else:
-                    dp = gl.where(keep_from_words(kept, BLOCK_M, BLOCK_N, False, s_layout), dp, 0.0)
-            elif HEAD_DIM == DQ_ZERO_DROPPED_HEAD_DIM:
-                dp = zero_dropped(dp, kept_words(drop[0], drop[3], n, drop[1], BLOCK_M, BLOCK_N, False), BLOCK_M,
-                                  BLOCK_N, False)
+                    dp = gl.where(keep_from_words(words, BLOCK_M, BLOCK_N, False, s_layout), dp, 0.0)
             else:
                 dp = gl.where(dropout_keep(drop[0], drop[3], n, drop[1], BLOCK_M, BLOCK_N, False, s_layout), dp, 0.0)
         ds_op = gl.convert_layout((p * (dp - delta[:, None])).to(q_tile.dtype), op_layout)

@@ -68,7 +68,7 @@ DIRECT_LAUNCH = True
 #: ``JITFunction.run``, which binds every argument and has Triton 3.6's wrapper encode every descriptor again on each
 #: call (8 for the dK/dV kernel, 5 for dQ). Timed on an H100 (head_dim 128, N = 1024, fp16 and bf16, session 67,
 #: benchmarks/TUNING.md sixtieth finding): from the cache an eager backward where both Gluon kernels run takes
-#: 0.75-0.84x the host time (96-188 µs a call less) and a Gluon forward 0.78-0.81x (32-49 µs less), with bitwise
+#: 0.75-0.84x the host time (96-187 µs a call less) and a Gluon forward 0.78-0.81x (32-49 µs less), with bitwise
 #: the same results (``test_gpu_gluon_kernels_from_the_cache_give_triton_paths_bits``). False sends them back
 #: through ``JITFunction.run``.
 GLUON_DESCRIPTORS = True

@@ -216,13 +216,13 @@ def test_dkdv_launcher_takes_the_measured_blocks_and_operand_placement(monkeypat
     for _, args in kernel.calls:
         assert (args["BLOCK_M"], args["BLOCK_N"], args["STAGES"]) == blocks
         assert args["DROPOUT"] is (dropout_p > 0)
-        assert args["DRAWS_AHEAD"] is False  # DKDV_DRAWS_AHEAD is empty until a GPU has timed it
+        assert args["DRAWS_AHEAD"] is (dropout_p > 0 and head_dim in bwd_hopper.DKDV_DRAWS_AHEAD)
 
 
 @pytest.mark.parametrize("dropout_p", [0.0, 0.1])
 @pytest.mark.parametrize("kernel_name, setting", [("dkdv", "DKDV_DRAWS_AHEAD"), ("dq", "DQ_DRAWS_AHEAD")])
 def test_launchers_draw_ahead_only_with_dropout_and_where_asked(monkeypatch, dropout_p, kernel_name, setting):
-    """``draws_ahead`` (or the kernel's setting when it is None, empty until a GPU has timed it) draws each block's
+    """``draws_ahead`` (or, when it is None, whether the head dim is in the kernel's setting) draws each block's
     dropout mask a step ahead; without dropout there is nothing to draw, so the kernel never gets the flag."""
     kernel = RecordedLaunch(getattr(bwd_hopper, f"attention_bwd_{kernel_name}_hopper_kernel"))
     monkeypatch.setattr(bwd_hopper, f"attention_bwd_{kernel_name}_hopper_kernel", kernel)
@@ -235,11 +235,11 @@ def test_launchers_draw_ahead_only_with_dropout_and_where_asked(monkeypatch, dro
             bwd_hopper.launch_attention_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, **common, **kwargs)
         else:
             bwd_hopper.launch_attention_dq_hopper(q, k, v, do, lse, delta, dq, **common, **kwargs)
-    assert getattr(bwd_hopper, setting) == ()
-    for asked in (True, False, None):
+    for asked in (True, False):
         call(draws_ahead=asked)
-    monkeypatch.setattr(bwd_hopper, setting, (64,))
-    call()
+    for chosen in ((), (64,)):
+        monkeypatch.setattr(bwd_hopper, setting, chosen)
+        call()
     assert [args["DRAWS_AHEAD"] for _, args in kernel.calls] == [dropout_p > 0, False, False, dropout_p > 0]
 
 
