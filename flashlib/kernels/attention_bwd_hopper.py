@@ -498,8 +498,7 @@ if HAVE_GLUON:
                     HALF: gl.constexpr, DROPOUT: gl.constexpr, AHEAD: gl.constexpr):
         """One warpgroup: dQ of the program's ``HALF``-th BLOCK_M query rows. ``dropout``: (the seed's pointer,
         p), read with ``DROPOUT`` only, each block's draws drawn one step ahead with ``AHEAD`` (:func:`_dq_step`);
-        ``operands`` (:func:`.attention_fwd_hopper.operands_flag`): whether Q and dO
-        are read from registers."""
+        ``operands`` (:func:`.attention_fwd_hopper.operands_flag`): whether Q and dO are read from registers."""
         dq_desc = descs[4]
         q_smem, k_smem, v_smem, do_smem = smem
         qdo_bar, k_ready, v_ready, k_empty, v_empty = bars[0], bars[1], bars[2], bars[3], bars[4]
