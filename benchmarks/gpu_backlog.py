@@ -295,7 +295,8 @@ DROPOUT_AB = ("benchmarks/gluon_dropout_ab.py", "--dtype", "fp16", "--d", "128",
 STAGES["dropout_words"] = (
     Step("dropout_gpu_tests", 200,
          gpu_pytest("-k", "dropout", "tests/kernels/test_attention_fwd_hopper.py",
-                    "tests/kernels/test_attention_bwd_hopper.py", "tests/kernels/test_score_modifiers.py", verbose=True),
+                    "tests/kernels/test_attention_bwd_hopper.py", "tests/kernels/test_score_modifiers.py",
+                    verbose=True),
          "whether the Gluon kernels' new dropout path drops exactly the Triton kernels' weights (forward against "
          "float64 with dropout_mask's mask and against the Triton forward; gradients against float64)"),
     Step("gluon_dropout_words", 170, DROPOUT_AB,
