@@ -164,11 +164,12 @@ def config_variants(text: str, flags: tuple[str, ...] = ()) -> dict[str, tuple[i
     return variants
 
 
-def parse_variants(text: str) -> dict[str, tuple[int, tuple[int, int, int], bool, bool]]:
-    """{name: (head_dim, (BLOCK_M, BLOCK_N, STAGES), pingpong, persistent)} from
-    'NAME=D:BLOCK_M,BLOCK_N,STAGES[:nopp][:nopersist];...'."""
-    return {name: (d, config, "nopp" not in given, "nopersist" not in given)
-            for name, (d, config, given) in config_variants(text, ("nopp", "nopersist")).items()}
+def parse_variants(text: str) -> dict[str, tuple[int, tuple[int, int, int], bool, bool, int]]:
+    """{name: (head_dim, (BLOCK_M, BLOCK_N, STAGES), pingpong, persistent, consumers)} from
+    'NAME=D:BLOCK_M,BLOCK_N,STAGES[:nopp][:nopersist][:three];...' (``three``: three consumer warpgroups, each of
+    BLOCK_M rows, rather than two)."""
+    return {name: (d, config, "nopp" not in given, "nopersist" not in given, 3 if "three" in given else 2)
+            for name, (d, config, given) in config_variants(text, ("nopp", "nopersist", "three")).items()}
 
 
 def eager_shapes(text: str) -> list[tuple[int, int, int, int]]:
@@ -213,11 +214,11 @@ def operand_placements(call, module, name: str, head_dim: int) -> tuple:
     return placed(False), placed(True)
 
 
-def run_variant(config, pingpong, persistent, q, k, v, causal):
+def run_variant(config, pingpong, persistent, q, k, v, causal, consumers=2):
     """The Gluon forward with ``config`` in place of its own for this head_dim, ping-pong and persistence on or
-    off."""
+    off, with two or three ``consumers``."""
     with config_in_place(hopper.CONFIGS, q.shape[-1], config):
-        return run_gluon(q, k, v, causal, pingpong=pingpong, persistent=persistent)
+        return run_gluon(q, k, v, causal, pingpong=pingpong, persistent=persistent, consumers=consumers)
 
 
 def print_row(row: dict, digits: int = 4) -> None:
@@ -285,10 +286,10 @@ def timings(dtypes, dims, lengths, variants=None) -> list[dict]:
             "triton": lambda: run_triton(q, k, v, causal),
             "cudnn": lambda: ATTENTION_IMPLS["sdpa_cudnn"](q, k, v, causal),
         }
-        for name_, (vd, config, pingpong, persistent) in (variants or {}).items():
+        for name_, (vd, config, pingpong, persistent, consumers) in (variants or {}).items():
             if vd == d:
-                calls[name_] = lambda config=config, pp=pingpong, ps=persistent: run_variant(config, pp, ps, q, k, v,
-                                                                                           causal)
+                calls[name_] = lambda config=config, pp=pingpong, ps=persistent, c=consumers: run_variant(
+                    config, pp, ps, q, k, v, causal, c)
                 # a variant's time counts only with its output right: a wrong one marks its row and fails the run
                 o_variant, lse_variant = calls[name_]()
                 row[f"o_{name_}_vs_triton"] = relative_error(o_variant, o_triton)
@@ -343,7 +344,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-checks", action="store_true")
     parser.add_argument("--variants", type=parse_variants, default="",
                         help="extra Gluon configs timed beside the others: "
-                             "'NAME=D:BLOCK_M,BLOCK_N,STAGES[:nopp][:nopersist];...'")
+                             "'NAME=D:BLOCK_M,BLOCK_N,STAGES[:nopp][:nopersist][:three];...'")
     parser.add_argument("--eager", type=eager_shapes, default="",
                         help="also time eager calls, wall clock per call, at 'B,H,N,D;...' (the Gluon route and the "
                              "Triton one)")

@@ -660,6 +660,26 @@ STAGES["causal64_capped"] = (
          "offered to the autotuner it left the grid where it was, so it stays out)"),
 )
 
+# The Gluon forward at head_dim 64 runs 0.77-1.04x the Triton forward with two consumer warpgroups, and the causal
+# grid's forward at 64 (Triton) stays at 0.87-0.93x cuDNN. FlashAttention-3 runs three consumers of 64 rows there
+# (192-row tiles): a key block's products at 64 take half their time at 128 against the same exponentials.
+# Session 68 built consumers=3 (round-robin turns, Q from shared memory; compiled for sm_90a with no spill in the
+# loops over whole blocks, TUNING.md sixty-second finding). Each variant's output is checked against the Triton
+# forward's as it is timed; a wrong one marks its row.
+STAGES["three_consumers"] = (
+    Step("three_consumers_gpu_tests", 150,
+         gpu_pytest("tests/kernels/test_attention_fwd_hopper.py", "-k", "three_consumers"),
+         "whether three consumers match float64, write every output and equal two consumers bitwise without a "
+         "mask (persistent or not, ping-pong or not); a failure keeps THREE_CONSUMER_HEAD_DIMS empty"),
+    Step("gluon_fwd_three_consumers", 300,
+         ("benchmarks/gluon_fwd_ab.py", "--no-checks", "--d", "64", "--dtype", "fp16,bf16", "--N", FA2_N,
+          "--variants", "three=64:64,128,3:three;three_nopp=64:64,128,3:three:nopp;three_s2=64:64,128,2:three",
+          "--out", "{out}/gluon_fwd_three_consumers.json"),
+         "attention_fwd_hopper.THREE_CONSUMER_HEAD_DIMS takes 64 where a three-consumer variant beats the two "
+         "consumers' default at every point; the forward's route (ROUTED_HEAD_DIMS, MIN_ROWS) takes 64 where it "
+         "also beats the Triton forward ('three over triton'), and issue 14's bar is 'three over cudnn' >= 0.90"),
+)
+
 
 def command(step: Step, out: Path) -> list:
     """The step's command line, ``{out}`` filled in."""
@@ -815,7 +835,7 @@ def decisions(out: Path) -> list:
     step's ``decides`` states."""
     lines = []
     for name in ("gpu_tests", "gpu_tests_rest", "dropout_gpu_tests", "gluon_launch_gpu_tests", "gpu_suite",
-                 "draws_ahead_gpu_tests"):
+                 "draws_ahead_gpu_tests", "three_consumers_gpu_tests"):
         if (out / f"{name}.log").exists():
             text = (out / f"{name}.log").read_text().splitlines()
             summary = [line for line in text if " passed" in line or " failed" in line]
@@ -928,6 +948,14 @@ def decisions(out: Path) -> list:
         if ratios:
             lines.append(("gluon_launch_host", f"{mode}: host time a call, Gluon kernels from the cache / through run",
                           f"{min(ratios):.3f}-{max(ratios):.3f} over {len(ratios)} points"))
+    for log in sorted(out.glob("gluon_fwd_*.log")):  # the steps that time other forward variants under own names
+        if log.name != "gluon_fwd_ab.log":  # answered below
+            timed = [row for row in log_rows(log) if "N" in row]
+            wrong = sorted({f"{name} at D={r['d']} N={r['N']} causal={r['causal']}"
+                            for r in timed for name in r.get("wrong_variants", [])})
+            lines.append((log.stem, "variants whose output differs from the Triton forward's", wrong or "none"))
+            lines += _variants_over(log.stem, timed, ("gluon_tflops", "triton_tflops", "cudnn_tflops"),
+                                    {"gluon_qshared_tflops", "gluon_qregs_tflops"})
     fwd = log_rows(out / "gluon_fwd_ab.log")
     for d in (128, 64):
         if fwd:

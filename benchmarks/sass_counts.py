@@ -103,13 +103,14 @@ def captured_gluon_launch(module, kernel_name: str, launcher) -> tuple:
 
 def gluon_launch(kernel: str, d: int, n: int, dtype, causal: bool, dropout_p: float = 0.0,
                  fp8_weights_shared: bool = True, register_operands: bool | None = None,
-                 draws_ahead: bool | None = None) -> tuple:
+                 draws_ahead: bool | None = None, consumers: int | None = None) -> tuple:
     """The launch of the Gluon forward (``gluon_fwd``), dK/dV (``gluon_dkdv``) or dQ kernel (``gluon_dq``) for the
     FlashAttention-2 benchmark's shape (H = 2048 / D, B = 4), captured (``--configs`` does not apply). ``dtype``
     float8_e4m3fn (the forward only): q, k, v in FP8, V stored keys innermost, O in bfloat16, per-tensor factors,
     P entering P V from shared memory (``fp8_weights_shared``) or from registers. ``register_operands``: the kernels'
     loop-invariant first operands read from registers (the forward's Q; the backward's K, V or Q, dO); None: the
-    launcher's default. ``draws_ahead``: the backward kernels' dropout draws drawn a step ahead (None: the default)."""
+    launcher's default. ``draws_ahead``: the backward kernels' dropout draws drawn a step ahead (None: the default).
+    ``consumers``: the forward's consumer warpgroups a program, 2 or 3 (None: the launcher's default)."""
     q, k, v, o = (torch.randn(4, 2048 // d, n, d).to(dtype) for _ in range(4))
     rows = torch.empty(4, 2048 // d, n)
     if dtype == torch.float8_e4m3fn:
@@ -127,7 +128,7 @@ def gluon_launch(kernel: str, d: int, n: int, dtype, causal: bool, dropout_p: fl
         return captured_gluon_launch(attention_fwd_hopper, "attention_fwd_hopper_kernel", lambda: (
             attention_fwd_hopper.launch_attention_forward_hopper(q, k, v, o, rows, scale=d ** -0.5, causal=causal,
                                                                  persistent=False, q_in_registers=register_operands,
-                                                                 **drop)))  # the grid asks no GPU
+                                                                 consumers=consumers, **drop)))  # the grid asks no GPU
     drop.update(register_operands=register_operands, draws_ahead=draws_ahead)
     if kernel == "gluon_dq":
         return captured_gluon_launch(attention_bwd_hopper, "attention_bwd_dq_hopper_kernel", lambda: (
@@ -340,6 +341,9 @@ def main():
     parser.add_argument("--draws-ahead", default="default",
                         help="comma list of default, no, yes: the Gluon dK/dV and dQ kernels' dropout draws drawn a "
                         "step ahead, during the step before's last product (default: the launcher's choice)")
+    parser.add_argument("--consumers", default="default",
+                        help="comma list of default, 2, 3: the Gluon forward's consumer warpgroups a program "
+                        "(default: the launcher's choice)")
     parser.add_argument("--configs", default="128x64",
                         help="comma list of BLOCK_MxBLOCK_N[/stages[/warps]], e.g. 64x64/3/8 (default 128x64; "
                         "stages and warps default to the launcher's choice)")
@@ -367,6 +371,11 @@ def main():
         parser.error(f"--register-operands takes default, no and yes; got {args.register_operands!r}")
     if any(p not in ("default", "no", "yes") for p in draws):
         parser.error(f"--draws-ahead takes default, no and yes; got {args.draws_ahead!r}")
+    consumer_counts = args.consumers.split(",")
+    if any(c not in ("default", "2", "3") for c in consumer_counts):
+        parser.error(f"--consumers takes default, 2 and 3; got {args.consumers!r}")
+    if consumer_counts != ["default"] and set(args.kernel.split(",")) != {"gluon_fwd"}:
+        parser.error("--consumers is an option of the Gluon forward: --kernel gluon_fwd only")
     if draws != ["default"] and not set(args.kernel.split(",")) <= {"gluon_dkdv", "gluon_dq"}:
         parser.error("--draws-ahead is an option of the Gluon backward kernels: --kernel gluon_dkdv and gluon_dq only")
     weights = args.fp8_weights.split(",")
@@ -374,10 +383,10 @@ def main():
         parser.error(f"--fp8-weights takes shared and registers, with --dtype fp8; got {args.fp8_weights!r}")
     print(f"triton {triton.__version__}, target sm_90a; {args.dtype}, N = 4096, tma {args.tma}")
     grid = itertools.product(args.kernel.split(","), heads_dims, args.causal.split(","), dropouts, configs, weights,
-                             operand_places, draws)
+                             operand_places, draws, consumer_counts)
     choice = {"default": None, "yes": True, "no": False}
     counted = {}
-    for kernel, d, causal, p, (block_m, block_n, stages, warps), weight_place, in_registers, ahead in grid:
+    for kernel, d, causal, p, (block_m, block_n, stages, warps), weight_place, in_registers, ahead, crew in grid:
         if causal not in ("no", "yes"):
             parser.error(f"--causal takes no and yes; got {causal!r}")
         if kernel not in ("fwd", "dkdv", "dq", "jvp", "gluon_fwd", "gluon_dkdv", "gluon_dq"):
@@ -385,7 +394,7 @@ def main():
         spec = AttentionSpec(causal=causal == "yes", dropout_p=p)
         if kernel.startswith("gluon"):
             launches = [gluon_launch(kernel, d, 4096, dtype, causal == "yes", p, weight_place == "shared",
-                                     choice[in_registers], choice[ahead])]
+                                     choice[in_registers], choice[ahead], None if crew == "default" else int(crew))]
         else:
             launches = captured_launches(kernel, d, 4096, dtype, spec, block_m, block_n, args.tma == "host")
         for fn, call_args, call_kwargs in launches:
@@ -394,13 +403,14 @@ def main():
             else:
                 compiled = compile_for_hopper(fn, call_args, call_kwargs, warps, stages, args.maxnreg)
             opcodes, resources, among_products, products, loops, first_operands, windows = disassemble(compiled)
-            key = (kernel, d, causal, p, (block_m, block_n, stages, warps), weight_place, in_registers, ahead)
+            key = (kernel, d, causal, p, (block_m, block_n, stages, warps), weight_place, in_registers, ahead, crew)
             counted[key] = opcodes
             spills = opcodes["STL"] + opcodes["LDL"]
             place = f" P from {weight_place}" if args.dtype == "fp8" else ""
             if kernel.startswith("gluon"):  # the Gluon launchers' own blocks and slots
                 tile = f"{call_kwargs['BLOCK_M']}x{call_kwargs['BLOCK_N']} s{call_kwargs['STAGES']}"
                 place += f" register operands {in_registers}" + (f" draws ahead {ahead}" if len(draws) > 1 else "")
+                place += f" consumers {call_kwargs['CONSUMERS']}" if "CONSUMERS" in call_kwargs else ""
             elif kernel == "jvp":  # its launcher's own blocks
                 tile = f"{call_kwargs['BLOCK_M']}x{call_kwargs['BLOCK_N']} s{compiled.metadata.num_stages}"
             else:

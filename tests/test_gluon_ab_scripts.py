@@ -17,8 +17,9 @@ import gluon_fwd_ab  # noqa: E402
 
 
 def test_variants_parse_with_their_flags():
-    assert gluon_fwd_ab.parse_variants("a=128:64,128,2:nopersist;b=64:64,128,3:nopp") == {
-        "a": (128, (64, 128, 2), True, False), "b": (64, (64, 128, 3), False, True)}
+    assert gluon_fwd_ab.parse_variants("a=128:64,128,2:nopersist;b=64:64,128,3:nopp;c=64:64,128,2:three") == {
+        "a": (128, (64, 128, 2), True, False, 2), "b": (64, (64, 128, 3), False, True, 2),
+        "c": (64, (64, 128, 2), True, True, 3)}
     assert gluon_fwd_ab.config_variants("v=128:64,64,2") == {"v": (128, (64, 64, 2), set())}
 
 

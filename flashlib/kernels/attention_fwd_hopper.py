@@ -19,7 +19,9 @@ warps do what, and how many registers each group of warps gets. A program here h
                 wait for O; release V_{j-1}
 
   and take turns issuing their rounds (**ping-pong**, :data:`PINGPONG`), so one warpgroup's products
-  run while the other computes its softmax.
+  run while the other computes its softmax. A program may run three consumers instead (``consumers=3``,
+  :data:`THREE_CONSUMER_HEAD_DIMS`: 192-row tiles, turns taken round robin, 160 registers each), as
+  FlashAttention-3 does at head_dim 64.
 
 A program is **persistent** (:data:`PERSISTENT`): one per SM, it walks work items of 2 x 64 query rows (under a
 causal mask, a long tile paired with a short one, :func:`_item_head_and_tiles`), and the loader's ring runs on from one
@@ -93,6 +95,15 @@ Q_IN_REGISTERS_HEAD_DIMS: tuple[int, ...] = (64,)
 #: the loading warp only addresses. The kernel is capped at KERNEL_REGISTERS so that its three warpgroups
 #: fit the SM's 64K registers; the first consumer (the default partition) gets what the others leave.
 CONSUMER_REGISTERS, LOADER_REGISTERS, KERNEL_REGISTERS = 240, 24, 168
+#: The head dims whose programs run three consumer warpgroups (192-row tiles) rather than two, as FlashAttention-3
+#: does at head_dim 64 (16-bit inputs without dropout). At 64 a key block's two products take half the tensor cores'
+#: time they take at 128 against the same exponentials, so with two consumers each one's softmax outlasts the other's
+#: products; a third warpgroup has its products ready to issue in that gap (benchmarks/TUNING.md, sixty-second
+#: finding). Empty: compiled for sm_90a, not yet timed on a GPU. The launcher's ``consumers`` takes either.
+THREE_CONSUMER_HEAD_DIMS: tuple[int, ...] = ()
+#: Registers a thread with three consumers: four warpgroups (the loading warp's own included) share the SM's 64K, so
+#: the kernel starts at 128 and each consumer holds 160 (FlashAttention-3's split at head_dim 64).
+THREE_CONSUMER_REGISTERS, THREE_KERNEL_REGISTERS = 160, 128
 #: Whether the two consumers take turns issuing their products (FlashAttention-3's ping-pong).
 PINGPONG = True
 #: Whether one program per SM walks the query tiles (the loading warp then fetches the next tile's Q, K and V
@@ -191,26 +202,27 @@ if HAVE_GLUON:
         return _item_head_and_tiles(item, sched, causal)[3]
 
     @gluon.jit
-    def _item_tile(item, sub, sched, causal, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    def _item_tile(item, sub, sched, causal, TILE_M: gl.constexpr, BLOCK_N: gl.constexpr):
         """The ``sub``-th query tile of work item ``item``: its (batch, head) index and :func:`_tile`'s place."""
         hz, first, second, n_sub = _item_head_and_tiles(item, sched, causal)
         off_b, off_h, off_kvh, m0, n_blocks, n_full = _tile(hz, first - sub * (first - second), sched, causal,
-                                                            BLOCK_M, BLOCK_N)
+                                                            TILE_M, BLOCK_N)
         return hz, off_b, off_h, off_kvh, m0, n_blocks, n_full
 
     @gluon.jit
-    def _tile(hz, tile, sched, causal, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-        """Where query tile ``tile`` of (batch, head) ``hz`` reads and writes: (b, h, kv head, first row), and its
-        key blocks: [0, n_blocks) hold a key some row sees, [0, n_full) are seen whole by every row."""
+    def _tile(hz, tile, sched, causal, TILE_M: gl.constexpr, BLOCK_N: gl.constexpr):
+        """Where query tile ``tile`` (``TILE_M`` rows: BLOCK_M for each consumer) of (batch, head) ``hz`` reads and
+        writes: (b, h, kv head, first row), and its key blocks: [0, n_blocks) hold a key some row sees, [0, n_full)
+        are seen whole by every row."""
         H, KV_GROUP, N_Q, N_K = sched[3], sched[4], sched[5], sched[6]
         off_b = hz // H
         off_h = hz % H
-        m0 = tile * 2 * BLOCK_M
+        m0 = tile * TILE_M
         offset = N_K - N_Q  # query row i sits at key position i + offset
         hi = N_K
         n_full = N_K // BLOCK_N
         if causal:
-            hi = gl.minimum(N_K, gl.maximum(m0 + 2 * BLOCK_M + offset, 0))
+            hi = gl.minimum(N_K, gl.maximum(m0 + TILE_M + offset, 0))
             n_full = gl.maximum(m0 + offset + 1, 0) // BLOCK_N
         n_blocks = gl.cdiv(hi, BLOCK_N)
         n_full = gl.minimum(n_full, n_blocks)
@@ -218,13 +230,14 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _load_partition(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale, operands):
-        """One warp: for each query tile of the program, its Q tiles once both consumers released the last ones,
-        then K and V of every key block into the ring of ``STAGES`` slots, each slot refilled once both consumers
-        have released it. The ring runs on across tiles, so the next tile's first blocks load during this
+        """One warp: for each query tile of the program, its Q tiles once the consumers released the last ones,
+        then K and V of every key block into the ring of ``STAGES`` slots, each slot refilled once every consumer
+        has released it. The ring runs on across tiles, so the next tile's first blocks load during this
         tile's last products and its epilogue. FP8 V tiles are (HEAD_DIM, BLOCK_N), keys innermost."""
         q_desc, k_desc, v_desc = descs[0], descs[1], descs[2]
         q_smem, k_smem, v_smem = smem[0], smem[1], smem[2]
         q_ready, q_empty, k_ready, v_ready, k_empty, v_empty = bars[0], bars[1], bars[2], bars[3], bars[4], bars[5]
+        CONSUMERS: gl.constexpr = q_smem.type.shape[0]
         BLOCK_M: gl.constexpr = q_smem.type.shape[3]
         STAGES: gl.constexpr = k_smem.type.shape[0]
         BLOCK_N: gl.constexpr = k_smem.type.shape[3]
@@ -234,9 +247,9 @@ if HAVE_GLUON:
         n_items, first_item, item_stride = sched[0], sched[7], sched[8]
         for item in range(first_item, n_items, item_stride):
             for sub in range(_item_tile_count(item, sched, causal)):
-                hz, off_b, off_h, off_kvh, m0, n_blocks, n_full = _item_tile(item, sub, sched, causal, BLOCK_M,
-                                                                             BLOCK_N)
-                for half in gl.static_range(2):
+                hz, off_b, off_h, off_kvh, m0, n_blocks, n_full = _item_tile(item, sub, sched, causal,
+                                                                             CONSUMERS * BLOCK_M, BLOCK_N)
+                for half in gl.static_range(CONSUMERS):
                     # A fresh barrier counts as having completed the phase before its first: the first lap passes.
                     mbarrier.wait(q_empty.index(half), (tiles & 1) ^ 1)
                     mbarrier.expect(q_ready.index(half), q_desc.block_type.nbytes)
@@ -280,17 +293,22 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _wait_turn(turns, t, pingpong, HALF: gl.constexpr):
-        """Ping-pong (FlashAttention-3): a consumer issues its ``t``-th round of products only after the other
-        consumer issued its own, so one warpgroup's products run while the other computes its softmax. The
-        first consumer's barrier is fresh for its first round (which passes), the second's waits for it."""
+        """Ping-pong (FlashAttention-3): a consumer issues its ``t``-th round of products only after the consumer
+        before it (``HALF - 1``, the last one before the first) issued its own, so one warpgroup's products run
+        while the others compute their softmax. The first consumer's barrier is fresh for its first round (which
+        passes); each other one waits for the one before it."""
         if pingpong:
-            mbarrier.wait(turns.index(HALF), (t & 1) ^ (1 - HALF))
+            phase = t & 1
+            if HALF == 0:
+                phase = phase ^ 1
+            mbarrier.wait(turns.index(HALF), phase)
 
     @gluon.jit
     def _pass_turn(turns, pingpong, HALF: gl.constexpr):
-        """Let the other consumer issue its round of products."""
+        """Let the next consumer (round robin over ``turns``, one barrier a consumer) issue its round of products."""
+        CONSUMERS: gl.constexpr = turns.type.shape[0]
         if pingpong:
-            mbarrier.arrive(turns.index(1 - HALF), count=1)
+            mbarrier.arrive(turns.index((HALF + 1) % CONSUMERS), count=1)
 
     @gluon.jit
     def _overlapped_step(q_tile, k_smem, v_smem, bars, o, p, p_slot, alpha, m_i, l_i, j, ring, turn, rows, offset,
@@ -446,6 +464,7 @@ if HAVE_GLUON:
         the shared memory's shapes, FP8 from its type, and ``causal`` is a value. ``dropout``: (the seed's
         pointer, p), read with ``DROPOUT`` only; ``descale``: (DESCALE, DESCALE_STRIDE) of FP8 inputs."""
         q_smem, k_smem = smem[0], smem[1]
+        CONSUMERS: gl.constexpr = q_smem.type.shape[0]
         BLOCK_M: gl.constexpr = q_smem.type.shape[3]
         HEAD_DIM: gl.constexpr = q_smem.type.shape[4]
         BLOCK_N: gl.constexpr = k_smem.type.shape[3]
@@ -460,8 +479,8 @@ if HAVE_GLUON:
         n_items, first_item, item_stride = sched[0], sched[7], sched[8]
         for item in range(first_item, n_items, item_stride):
             for sub in range(_item_tile_count(item, sched, causal)):
-                hz, off_b, off_h, off_kvh, m0, n_blocks, n_full = _item_tile(item, sub, sched, causal, BLOCK_M,
-                                                                             BLOCK_N)
+                hz, off_b, off_h, off_kvh, m0, n_blocks, n_full = _item_tile(item, sub, sched, causal,
+                                                                             CONSUMERS * BLOCK_M, BLOCK_N)
                 tile_at = (off_b, off_h, hz, m0, n_blocks, n_full, N_K - N_Q, N_Q, N_K)
                 descale_at = (descale[0], descale[1], off_b * (sched[3] // sched[4]) + off_kvh)
                 _consume_tile(descs, smem, bars, q_tile, tile_at, ring, turn, tiles, LSE, qk_scale, descale_at,
@@ -482,6 +501,10 @@ if HAVE_GLUON:
         _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale, operands, 1, False)
 
     @gluon.jit
+    def _consume_third(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale, operands):
+        _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale, operands, 2, False)
+
+    @gluon.jit
     def _consume_first_half_dropout(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale,
                                     operands):
         _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale, operands, 0, True)
@@ -497,10 +520,12 @@ if HAVE_GLUON:
                                     DESCALE, DESCALE_STRIDE, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
                                     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
                                     DROPOUT: gl.constexpr, P_SHARED: gl.constexpr, Q_IN_REGISTERS: gl.constexpr,
-                                    CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                                    CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
+                                    num_warps: gl.constexpr):
         """O and LSE of work items ``program_id(0)``, ``program_id(0) + num_programs(0)``, ... of ``n_items``
         (:func:`_item_head_and_tiles`: ``items_per_head`` per (batch, head), over ``n_tiles`` query tiles of
-        2 x BLOCK_M rows each), two consumer warpgroups of BLOCK_M rows each and one loading warp. A grid of one
+        CONSUMERS x BLOCK_M rows each), ``CONSUMERS`` consumer warpgroups (2, or 3 for 16-bit inputs without
+        dropout) of BLOCK_M rows each and one loading warp. A grid of one
         program per item runs each program once; a grid of one program per SM is persistent. q/k/v/o_desc:
         (B, H, N, D) descriptors with (1, 1, rows, D) tiles (K and V with ``H // KV_GROUP`` heads);
         LSE (B, H, N_Q) float32; ``qk_scale`` = scale * log2(e) > 0. With ``DROPOUT``, weights are dropped with
@@ -511,34 +536,36 @@ if HAVE_GLUON:
         ``P_SHARED``, else from registers. ``Q_IN_REGISTERS``: each consumer holds its Q in registers for the tile
         (:data:`FP8_Q_IN_REGISTERS`, :data:`Q_IN_REGISTERS_HEAD_DIMS`)."""
         gl.static_assert(num_warps == 4)
-        q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
-        o_smem = gl.allocate_shared_memory(o_desc.dtype, [2, 1, 1, BLOCK_M, HEAD_DIM], o_desc.layout)
+        gl.static_assert(CONSUMERS == 2 or (CONSUMERS == 3 and not DROPOUT and not q_desc.dtype.is_fp8()),
+                         "three consumers take 16-bit inputs without dropout")
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, 1, 1, BLOCK_M, HEAD_DIM], q_desc.layout)
+        o_smem = gl.allocate_shared_memory(o_desc.dtype, [CONSUMERS, 1, 1, BLOCK_M, HEAD_DIM], o_desc.layout)
         p_smem = o_smem  # a stand-in of another shape: P stays in registers (:func:`_weights_operand`)
         if P_SHARED:
             gl.static_assert(q_desc.dtype.is_fp8(), "P goes through shared memory for FP8 inputs only")
-            p_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BLOCK_M, BLOCK_N],
+            p_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, BLOCK_M, BLOCK_N],
                                                gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], q_desc.dtype))
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
         if q_desc.dtype.is_fp8():
             v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, 1, 1, HEAD_DIM, BLOCK_N], v_desc.layout)
         else:
             v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, 1, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
-        q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(2):
+        turns = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(CONSUMERS):
             mbarrier.init(q_ready.index(i), count=1)
             mbarrier.init(q_empty.index(i), count=1)  # released by its consumer
             mbarrier.init(turns.index(i), count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=2)  # released by both consumers
-            mbarrier.init(v_empty.index(i), count=2)
+            mbarrier.init(k_empty.index(i), count=CONSUMERS)  # released by every consumer
+            mbarrier.init(v_empty.index(i), count=CONSUMERS)
 
         CAUSAL_FLAG = gl.to_tensor(CAUSAL)
         # sched: the work items (how many, per head, over how many query tiles), the sizes, and this program's
@@ -548,7 +575,10 @@ if HAVE_GLUON:
                 (n_items, items_per_head, n_tiles, H, KV_GROUP, N_Q, N_K, gl.program_id(0), gl.num_programs(0)),
                 LSE, qk_scale, CAUSAL_FLAG, pingpong, (DROPOUT_SEED, dropout_p), (DESCALE, DESCALE_STRIDE),
                 operands_flag(Q_IN_REGISTERS))
-        if DROPOUT:
+        if CONSUMERS == 3:
+            gl.warp_specialize([(_consume_first_half, args), (_consume_second_half, args), (_consume_third, args),
+                                (_load_partition, args)], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
+        elif DROPOUT:
             gl.warp_specialize([(_consume_first_half_dropout, args), (_consume_second_half_dropout, args),
                                 (_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
         else:
@@ -647,7 +677,8 @@ def launch_attention_forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.T
                                     persistent: bool = PERSISTENT, dropout_p: float = 0.0,
                                     dropout_seed: torch.Tensor | None = None,
                                     descale: torch.Tensor | None = None,
-                                    fp8_weights_shared: bool | None = None, q_in_registers: bool | None = None) -> None:
+                                    fp8_weights_shared: bool | None = None, q_in_registers: bool | None = None,
+                                    consumers: int | None = None) -> None:
     """Fill o (B, H, N_q, D) and lse (B, H, N_q) float32 contiguous from q, k, v ((B, H[_kv], N, D)), a call
     :func:`can_run` accepts: no mask, or a causal one (bottom-right aligned) with ``causal``. ``pingpong``: the
     consumers take turns (:data:`PINGPONG`); ``persistent``: one program per SM walks the work items
@@ -658,18 +689,26 @@ def launch_attention_forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.T
     bfloat16, descale the (3, B, H_kv) float32 factors of q, k and v (:mod:`flashlib.fp8` checks them);
     ``fp8_weights_shared``: P enters P V from shared memory, else from registers (None: :data:`FP8_WEIGHTS_SHARED`).
     ``q_in_registers``: each consumer holds Q in registers (None: :data:`FP8_Q_IN_REGISTERS` for FP8,
-    :data:`Q_IN_REGISTERS_HEAD_DIMS` for 16 bits without dropout)."""
+    :data:`Q_IN_REGISTERS_HEAD_DIMS` for 16 bits without dropout). ``consumers``: consumer warpgroups a program, 2
+    or 3 (16 bits without dropout only; None: 3 at :data:`THREE_CONSUMER_HEAD_DIMS` where allowed, else 2)."""
     batch, heads, n_q, head_dim = q.shape
     fp8 = descale is not None
     if fp8_weights_shared is None:
         fp8_weights_shared = FP8_WEIGHTS_SHARED
-    if q_in_registers is None:
-        q_in_registers = FP8_Q_IN_REGISTERS if fp8 else head_dim in Q_IN_REGISTERS_HEAD_DIMS and not dropout_p > 0
+    three_allowed = not fp8 and not dropout_p > 0
+    if consumers is None:
+        consumers = 3 if three_allowed and head_dim in THREE_CONSUMER_HEAD_DIMS else 2
+    if consumers not in (2, 3) or (consumers == 3 and not three_allowed):
+        raise ValueError(f"consumers: expected 2, or 3 for 16-bit inputs without dropout; got {consumers!r} "
+                         f"({'fp8' if fp8 else q.dtype}, dropout_p={dropout_p})")
+    if q_in_registers is None:  # three consumers' 160 registers leave no room for Q (it spills)
+        q_in_registers = FP8_Q_IN_REGISTERS if fp8 else (head_dim in Q_IN_REGISTERS_HEAD_DIMS and not dropout_p > 0
+                                                          and consumers == 2)
     block_m, block_n, stages = (FP8_CONFIGS if fp8 else CONFIGS)[head_dim]
     if dropout_p > 0 and causal:
         block_m, block_n, stages = DROPOUT_CAUSAL_CONFIGS.get(head_dim, (block_m, block_n, stages))
     v_tiles = tile_descriptor(v.transpose(2, 3), head_dim, block_n) if fp8 else tile_descriptor(v, block_n)
-    n_tiles = triton.cdiv(n_q, 2 * block_m)
+    n_tiles = triton.cdiv(n_q, consumers * block_m)
     items_per_head = (n_tiles + 1) // 2 if causal else n_tiles
     n_items = batch * heads * items_per_head
     grid = (n_items, )
@@ -681,5 +720,6 @@ def launch_attention_forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.T
         int(pingpong), lse if dropout_seed is None else dropout_seed, float(dropout_p),
         lse if descale is None else descale, batch * k.shape[1], CAUSAL=causal,
         BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, STAGES=stages, DROPOUT=dropout_p > 0,
-        P_SHARED=fp8 and fp8_weights_shared, Q_IN_REGISTERS=bool(q_in_registers), CONSUMER_REGS=CONSUMER_REGISTERS,
-        LOADER_REGS=LOADER_REGISTERS, num_warps=4, maxnreg=KERNEL_REGISTERS)
+        P_SHARED=fp8 and fp8_weights_shared, Q_IN_REGISTERS=bool(q_in_registers), CONSUMERS=consumers,
+        CONSUMER_REGS=CONSUMER_REGISTERS if consumers == 2 else THREE_CONSUMER_REGISTERS, LOADER_REGS=LOADER_REGISTERS,
+        num_warps=4, maxnreg=KERNEL_REGISTERS if consumers == 2 else THREE_KERNEL_REGISTERS)

@@ -189,6 +189,45 @@ def test_q_in_registers_compiles_with_every_product_reading_registers_and_no_spi
     assert all(stores == 0 for _, _, stores, _ in loops[0]), (registers_header, loops[0])
 
 
+def test_three_consumers_compile_with_six_block_loops_and_none_spilled_in_the_whole_blocks():
+    """Three consumer warpgroups (``consumers=3``, head_dim 64, FlashAttention-3's 192-row tiles): each runs its
+    loop of whole blocks and its loop of masked ones (six loops, 12 products a block: 4 steps of 16 head dims for S
+    and 8 of 16 keys for P V), the registers are set per partition (four warpgroups share the SM's 64K: the kernel
+    starts at 128) and Q is read from shared memory by default (160 registers leave it no room). No loop over whole
+    blocks touches the stack (Triton 3.6 and 3.9); with Triton 3.9 a masked block reloads a few values (its key
+    indices and visibility tests), a block or two a tile at the diagonal."""
+    done = run_sass_counts("--kernel", "gluon_fwd", "--d", "64", "--causal", "no,yes", "--consumers", "3",
+                           "--top", "300")
+    assert done.returncode == 0, done.stderr[-3000:]
+    variants = compiled_variants(done.stdout, "gluon_fwd")
+    loops = block_loops(done.stdout, "gluon_fwd")
+    first = first_operands(done.stdout)
+    assert len(variants) == len(loops) == len(first) == 2, done.stdout
+    for (header, _, opcodes), variant_loops, (_, from_shared) in zip(variants, loops, first):
+        assert "consumers 3" in header and "registers 128" in header and "register operands default" in header
+        assert opcodes.get("HGMMA", 0) > 0 and opcodes.get("USETMAXREG", 0) > 0, header
+        assert from_shared > 0, (header, first)  # S reads Q from shared memory
+        assert len(variant_loops) == 6, (header, variant_loops)
+        assert all(products == 64 // 16 + 128 // 16 for _, products, _, _ in variant_loops), variant_loops
+        whole_blocks = variant_loops[0::2]
+        assert all(stores == loads == 0 for _, _, stores, loads in whole_blocks), (header, variant_loops)
+
+
+@pytest.mark.parametrize("consumers, dropout_p, dtype", [(4, 0.0, torch.float16), (1, 0.0, torch.float16),
+                                                        (3, 0.1, torch.float16), (3, 0.0, torch.float8_e4m3fn)])
+def test_three_consumers_are_refused_by_name_where_the_kernel_has_no_such_variant(consumers, dropout_p, dtype):
+    """Three consumers take 16-bit inputs without dropout; any other count, or three with dropout or FP8, stops
+    the launcher before any descriptor or launch, naming ``consumers``, what it takes and what came in."""
+    q, k, v, o = (torch.randn(1, 2, 64, 64).to(dtype) for _ in range(4))
+    lse = torch.empty(1, 2, 64)
+    fp8 = dict(descale=torch.ones(3, 1, 2)) if dtype == torch.float8_e4m3fn else {}
+    drop = dict(dropout_p=dropout_p, dropout_seed=torch.zeros(1, dtype=torch.int64)) if dropout_p else {}
+    with pytest.raises(ValueError, match=rf"consumers: expected 2, or 3 for 16-bit inputs without dropout; "
+                                         rf"got {consumers}"):
+        hopper.launch_attention_forward_hopper(q, k, v, o.to(torch.float16), lse, scale=0.125, causal=False,
+                                               consumers=consumers, **fp8, **drop)
+
+
 def test_fp8_compiles_for_hopper_with_e4m3_products_and_no_tile_spilled_in_its_loops():
     """The FP8 path compiles for sm_90a (D = 128 and 64, causal or not, P entering P V from shared memory or from
     registers): both products run on FP8 tensor cores (``QGMMA ... E4M3.E4M3``, 32 keys or head dims a step), K,
@@ -411,3 +450,36 @@ def test_gpu_q_in_registers_gives_the_same_output_bitwise(dtype, head_dim, causa
     assert relative_error(o, ref_o) <= tolerance(dtype)  # also fails on a NaN: every element written
     seen = torch.isfinite(ref_lse)
     assert relative_error(lse[seen], ref_lse[seen]) <= tolerance(torch.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("persistent, pingpong", [(True, True), (False, True), (True, False)])
+def test_gpu_three_consumers_match_float64_and_two_consumers_bitwise_without_a_mask(dtype, causal, persistent,
+                                                                                    pingpong):
+    """Three consumer warpgroups (192-row tiles, turns taken round robin) over programs that walk several tiles
+    (GQA 48/12, N_q = 600 and N_k = 700: a last tile cut short, a causal pair and a tile alone), and over odd
+    lengths and N_q != N_k both ways: O and L match float64 and every element is written. Without a mask a row's
+    key blocks and their order do not depend on the tile's height, so O and L equal two consumers' bit for bit
+    (under the causal mask a taller tile moves where the masked blocks begin, and rounding with it)."""
+    shapes = [(4, 48, 12, 600, 700), (1, 2, 2, 1, 300), (2, 3, 1, 451, 97), (1, 4, 2, 97, 451)]
+    for batch, heads, kv_heads, n_q, n_k in shapes:
+        q, k, v = make_inputs(batch, heads, kv_heads, n_q, n_k, 64, dtype, seed=n_q + causal)
+        if not hopper.can_run(q, k, v, q, scale=1.0):
+            pytest.skip("needs a Hopper GPU (sm_90) and Gluon")
+        outputs = {}
+        for consumers in (2, 3):
+            o = torch.full_like(q, float("nan"))
+            lse = torch.full(q.shape[:3], float("nan"), device="cuda")
+            hopper.launch_attention_forward_hopper(q, k, v, o, lse, scale=64 ** -0.5, causal=causal,
+                                                   persistent=persistent, pingpong=pingpong, consumers=consumers)
+            outputs[consumers] = (o, lse)
+        o, lse = outputs[3]
+        ref_o, ref_lse = _reference(q, k, v, causal)
+        assert relative_error(o, ref_o) <= tolerance(dtype), (batch, heads, n_q, n_k)  # NaN fails: all written
+        seen = torch.isfinite(ref_lse)  # rows that see no key (causal, N_q > N_k): O = 0 and L = -inf
+        assert bool((lse[~seen] == float("-inf")).all()) and bool((o[~seen] == 0).all())
+        assert relative_error(lse[seen], ref_lse[seen]) <= tolerance(torch.float32)
+        if not causal:
+            assert torch.equal(o, outputs[2][0]) and torch.equal(lse, outputs[2][1]), (batch, heads, n_q, n_k)
