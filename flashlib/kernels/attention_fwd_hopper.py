@@ -99,7 +99,9 @@ CONSUMER_REGISTERS, LOADER_REGISTERS, KERNEL_REGISTERS = 240, 24, 168
 #: does at head_dim 64 (16-bit inputs without dropout). At 64 a key block's two products take half the tensor cores'
 #: time they take at 128 against the same exponentials, so with two consumers each one's softmax outlasts the other's
 #: products; a third warpgroup has its products ready to issue in that gap (benchmarks/TUNING.md, sixty-second
-#: finding). Empty: compiled for sm_90a, not yet timed on a GPU. The launcher's ``consumers`` takes either.
+#: finding). Timed on an H100 (session 68, each call alone in a CUDA graph, fp16 and bf16): 1.05-1.09x the two
+#: consumers at N = 16384 without a mask (1.02-1.06x cuDNN), but 0.95x at 1024 and 0.55x under the causal mask at
+#: 1024, so no head dim takes it by default. The launcher's ``consumers`` takes either.
 THREE_CONSUMER_HEAD_DIMS: tuple[int, ...] = ()
 #: Registers a thread with three consumers: four warpgroups (the loading warp's own included) share the SM's 64K, so
 #: the kernel starts at 128 and each consumer holds 160 (FlashAttention-3's split at head_dim 64).
