@@ -682,6 +682,24 @@ STAGES["three_consumers"] = (
          "also beats the Triton forward ('three over triton'), and issue 14's bar is 'three over cudnn' >= 0.90"),
 )
 
+# Session 68 rewrote the Gluon forward's mask test of a masked block as one compare a score (each row's last visible
+# key, counted from the block's first, against the block's key index): compiled for sm_90a (Triton 3.6) its masked
+# loops are 98-136 instructions a block shorter at head_dim 128 and 64 with two consumers, no loop spilling (TUNING.md
+# sixty-fourth finding). Not run on a GPU: it waits on branch session68-relative-mask. To run: merge the branch, put
+# the tree before it in .old (mkdir -p .old && git archive <main before the merge> flashlib | tar -x -C .old) and
+# carry .old; the GPU tests run first, then the same timings on either tree, the same call.
+FWD_MASK_TIMES = ("benchmarks/gluon_fwd_ab.py", "--no-checks", "--d", "128,64", "--dtype", "fp16", "--N", FA2_N)
+STAGES["relative_mask"] = (
+    Step("fwd_hopper_gpu_tests", 200, gpu_pytest("tests/kernels/test_attention_fwd_hopper.py"),
+         "whether the Gluon forward with the relative mask test still matches float64, writes every output and "
+         "agrees with the Triton forward (every mask, both head dims, dropout, FP8); a failure reverts the merge"),
+    Step("fwd_masks_before", 160, FWD_MASK_TIMES + ("--out", "{out}/fwd_masks_before.json"),
+         "the Gluon forward's times on the tree before, in the same call", pythonpath=".old:benchmarks:tests"),
+    Step("fwd_masks_after", 160, FWD_MASK_TIMES + ("--out", "{out}/fwd_masks_after.json"),
+         "the relative mask test stays where the tests passed and the Gluon forward is not slower than the tree "
+         "before at any point ('the Gluon forward faster than the tree before', causal points first)"),
+)
+
 
 def command(step: Step, out: Path) -> list:
     """The step's command line, ``{out}`` filled in."""
@@ -958,6 +976,13 @@ def decisions(out: Path) -> list:
             lines.append((log.stem, "variants whose output differs from the Triton forward's", wrong or "none"))
             lines += _variants_over(log.stem, timed, ("gluon_tflops", "triton_tflops", "cudnn_tflops"),
                                     {"gluon_qshared_tflops", "gluon_qregs_tflops"})
+    before = {_point(row): row for row in log_rows(out / "fwd_masks_before.log") if "N" in row}
+    pairs = [dict(after, ratio=after["gluon_tflops"] / before[_point(after)]["gluon_tflops"])
+             for after in log_rows(out / "fwd_masks_after.log") if "N" in after and _point(after) in before]
+    for d in sorted({row["d"] for row in pairs}):  # the tree before a change of the forward against the tree after
+        for causal in (False, True):
+            lines.append(("fwd_masks_after", f"D = {d}, causal={causal}: the Gluon forward faster than the tree before",
+                          _wins([r for r in pairs if r["causal"] == causal], d, lambda r: r["ratio"])))
     fwd = log_rows(out / "gluon_fwd_ab.log")
     for d in (128, 64):
         if fwd:

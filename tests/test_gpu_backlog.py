@@ -372,3 +372,40 @@ def test_the_summary_answers_the_draws_ahead_stage(tmp_path):
     _write_log(tmp_path, "bwd_kernel_split_draws_ahead", [row(64, 4096, 1.08, bitwise=False), row(64, 16384, 1.05)])
     answers = _summary(tmp_path)
     assert answers[("bwd_kernel_split_draws_ahead", "DKDV_DRAWS_AHEAD gets 64")] == "no: unequal gradients"
+
+
+def test_the_summary_answers_the_three_consumers_stage(tmp_path):
+    """A forward log of variants (three consumers): which variants gave a wrong output, and each variant against
+    the two consumers' default, the Triton forward and cuDNN, at every point of its head dim."""
+    def row(n, causal, three, wrong=()):
+        timed = dict(gluon_tflops=400.0, gluon_qshared_tflops=390.0, triton_tflops=410.0, cudnn_tflops=420.0,
+                     three_tflops=three)
+        return dict(dtype="fp16", d=64, N=n, causal=causal, **timed, **({"wrong_variants": list(wrong)} if wrong else {}))
+    _write_log(tmp_path, "gluon_fwd_three_consumers", [row(1024, False, 380.0), row(16384, False, 440.0)])
+    answers = _summary(tmp_path)
+    step = "gluon_fwd_three_consumers"
+    assert answers[(step, "variants whose output differs from the Triton forward's")] == "none"
+    assert answers[(step, "D = 64: three over gluon")] == "no (0.950-1.100 over 2 points)"
+    assert answers[(step, "D = 64: three over cudnn")].startswith("no (0.905-1.048")
+    assert (step, "D = 64: gluon_qshared over gluon") not in answers  # a placement, not a variant
+    _write_log(tmp_path, step, [row(16384, True, 450.0, wrong=["three"]), row(16384, False, 450.0)])
+    answers = _summary(tmp_path)
+    assert answers[(step, "variants whose output differs from the Triton forward's")] == [
+        "three at D=64 N=16384 causal=True"]
+    assert answers[(step, "D = 64: three over gluon")].startswith("yes (1.125-1.125")
+
+
+def test_the_summary_compares_the_forward_with_the_tree_before_per_mask(tmp_path):
+    """relative_mask: the Gluon forward on the tree after a change against the tree before, point by point, apart
+    for each mask; a point timed on one tree only decides nothing."""
+    def row(n, causal, tflops):
+        return dict(dtype="fp16", d=128, N=n, causal=causal, gluon_tflops=tflops)
+    _write_log(tmp_path, "fwd_masks_before", [row(1024, False, 500.0), row(1024, True, 400.0),
+                                               row(4096, True, 450.0)])
+    _write_log(tmp_path, "fwd_masks_after", [row(1024, False, 495.0), row(1024, True, 440.0), row(4096, True, 459.0),
+                                              row(16384, True, 1.0)])
+    answers = _summary(tmp_path)
+    assert answers[("fwd_masks_after", "D = 128, causal=False: the Gluon forward faster than the tree before")
+                   ] == "no (0.990-0.990 over 1 points)"
+    assert answers[("fwd_masks_after", "D = 128, causal=True: the Gluon forward faster than the tree before")
+                   ] == "yes (1.020-1.100 over 2 points)"
