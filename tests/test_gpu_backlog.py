@@ -380,7 +380,8 @@ def test_the_summary_answers_the_three_consumers_stage(tmp_path):
     def row(n, causal, three, wrong=()):
         timed = dict(gluon_tflops=400.0, gluon_qshared_tflops=390.0, triton_tflops=410.0, cudnn_tflops=420.0,
                      three_tflops=three)
-        return dict(dtype="fp16", d=64, N=n, causal=causal, **timed, **({"wrong_variants": list(wrong)} if wrong else {}))
+        marks = {"wrong_variants": list(wrong)} if wrong else {}
+        return dict(dtype="fp16", d=64, N=n, causal=causal, **timed, **marks)
     _write_log(tmp_path, "gluon_fwd_three_consumers", [row(1024, False, 380.0), row(16384, False, 440.0)])
     answers = _summary(tmp_path)
     step = "gluon_fwd_three_consumers"
