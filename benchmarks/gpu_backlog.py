@@ -80,6 +80,13 @@ the grid, reverted), the GPU suite (388 passed, no out-of-memory) and the grid a
 Queued: ``draws_ahead`` (the dK/dV and dQ kernels' dropout draws a step ahead: bitwise test, then timed),
 ``backward_host`` (where an eager backward's host time goes), and ``suite`` on the next tree that changes a kernel.
 
+Session 68 (one H100, after five calls found no machine) ran ``three_consumers`` (the Gluon forward with three
+consumer warpgroups: correct, 1.05-1.09x at 16k without a mask, 0.55-0.95x at 1k and causal: off) and
+``draws_ahead`` (bitwise equal, no faster: off; the call's limit cut its timings after five points; TUNING.md
+sixty-second and sixty-third findings). Queued: ``relative_mask`` (the Gluon forward's masked blocks with one
+compare a score, on branch session68-relative-mask: merge it, put the tree before in .old, carry it), then
+``backward_host`` and ``suite``.
+
 The grid measures the forward and backward with the settings the timings decide. A machine is given back 30 s
 after a call, too soon to edit those settings by hand between the two calls, so the timings call also copies its
 logs to ``build/backlog`` (ignored by git, so kept on the machine between calls) and the grid call first writes
