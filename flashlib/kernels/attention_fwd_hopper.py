@@ -251,12 +251,12 @@ if HAVE_GLUON:
             for sub in range(_item_tile_count(item, sched, causal)):
                 hz, off_b, off_h, off_kvh, m0, n_blocks, n_full = _item_tile(item, sub, sched, causal,
                                                                              CONSUMERS * BLOCK_M, BLOCK_N)
-                for half in gl.static_range(CONSUMERS):
+                for consumer in gl.static_range(CONSUMERS):
                     # A fresh barrier counts as having completed the phase before its first: the first lap passes.
-                    mbarrier.wait(q_empty.index(half), (tiles & 1) ^ 1)
-                    mbarrier.expect(q_ready.index(half), q_desc.block_type.nbytes)
-                    tma_load(q_desc, [off_b, off_h, m0 + half * BLOCK_M, 0], q_ready.index(half),
-                             q_smem.index(half))
+                    mbarrier.wait(q_empty.index(consumer), (tiles & 1) ^ 1)
+                    mbarrier.expect(q_ready.index(consumer), q_desc.block_type.nbytes)
+                    tma_load(q_desc, [off_b, off_h, m0 + consumer * BLOCK_M, 0], q_ready.index(consumer),
+                             q_smem.index(consumer))
                 for j in range(n_blocks):
                     slot = ring % STAGES
                     phase = (ring // STAGES) & 1
@@ -294,27 +294,27 @@ if HAVE_GLUON:
         return warpgroup_mma(p, v_tile, o, is_async=True)
 
     @gluon.jit
-    def _wait_turn(turns, t, pingpong, HALF: gl.constexpr):
+    def _wait_turn(turns, t, pingpong, CONSUMER: gl.constexpr):
         """Ping-pong (FlashAttention-3): a consumer issues its ``t``-th round of products only after the consumer
-        before it (``HALF - 1``, the last one before the first) issued its own, so one warpgroup's products run
+        before it (``CONSUMER - 1``, the last one before the first) issued its own, so one warpgroup's products run
         while the others compute their softmax. The first consumer's barrier is fresh for its first round (which
         passes); each other one waits for the one before it."""
         if pingpong:
             phase = t & 1
-            if HALF == 0:
+            if CONSUMER == 0:
                 phase = phase ^ 1
-            mbarrier.wait(turns.index(HALF), phase)
+            mbarrier.wait(turns.index(CONSUMER), phase)
 
     @gluon.jit
-    def _pass_turn(turns, pingpong, HALF: gl.constexpr):
+    def _pass_turn(turns, pingpong, CONSUMER: gl.constexpr):
         """Let the next consumer (round robin over ``turns``, one barrier a consumer) issue its round of products."""
         CONSUMERS: gl.constexpr = turns.type.shape[0]
         if pingpong:
-            mbarrier.arrive(turns.index((HALF + 1) % CONSUMERS), count=1)
+            mbarrier.arrive(turns.index((CONSUMER + 1) % CONSUMERS), count=1)
 
     @gluon.jit
     def _overlapped_step(q_tile, k_smem, v_smem, bars, o, p, p_slot, alpha, m_i, l_i, j, ring, turn, rows, offset,
-                         N_K, qk_scale, pingpong, drop, HALF: gl.constexpr, MASKED: gl.constexpr, causal,
+                         N_K, qk_scale, pingpong, drop, CONSUMER: gl.constexpr, MASKED: gl.constexpr, causal,
                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
                          DROPOUT: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
                          o_layout: gl.constexpr):
@@ -323,11 +323,11 @@ if HAVE_GLUON:
         shared-memory slot ``p_slot`` (:func:`_weights_operand`); ``alpha``: O's rescale to that block's max, applied
         while S is on the tensor cores). Returns O (through block j - 1), block j's weights and rescale, m and l."""
         k_ready, v_ready, k_empty, v_empty, turns = bars[2], bars[3], bars[4], bars[5], bars[6]
-        _wait_turn(turns, turn + j, pingpong, HALF)
+        _wait_turn(turns, turn + j, pingpong, CONSUMER)
         s = _scores(q_tile, k_smem, k_ready, ring + j, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, s_layout)
         o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         o = _add_pv(o, p, v_smem, v_ready, ring + j - 1, BLOCK_N, HEAD_DIM, STAGES)
-        _pass_turn(turns, pingpong, HALF)
+        _pass_turn(turns, pingpong, CONSUMER)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
         mbarrier.arrive(k_empty.index((ring + j) % STAGES), count=1)
         p_f32, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, j * BLOCK_N, rows, offset, N_K, qk_scale,
@@ -344,22 +344,22 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _overlapped_blocks(q_tile, k_smem, v_smem, bars, o, p, p_slot, alpha, m_i, l_i, first, last, ring, turn,
-                           rows, offset, N_K, qk_scale, pingpong, drop, HALF: gl.constexpr, MASKED: gl.constexpr,
+                           rows, offset, N_K, qk_scale, pingpong, drop, CONSUMER: gl.constexpr, MASKED: gl.constexpr,
                            causal, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                            STAGES: gl.constexpr, DROPOUT: gl.constexpr, s_layout: gl.constexpr,
                            p_layout: gl.constexpr, o_layout: gl.constexpr):
         """Key blocks ``first`` to ``last - 1``."""
         for j in range(first, last):
             o, p, alpha, m_i, l_i = _overlapped_step(q_tile, k_smem, v_smem, bars, o, p, p_slot, alpha, m_i, l_i, j,
-                                                     ring, turn, rows, offset, N_K, qk_scale, pingpong, drop, HALF,
+                                                     ring, turn, rows, offset, N_K, qk_scale, pingpong, drop, CONSUMER,
                                                      MASKED, causal, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, DROPOUT,
                                                      s_layout, p_layout, o_layout)
         return o, p, alpha, m_i, l_i
 
     @gluon.jit
     def _consume_tile(descs, smem, bars, q_tile, tile_at, ring, turn, tiles, LSE, qk_scale, descale_at, causal,
-                      pingpong, dropout, operands, HALF: gl.constexpr, DROPOUT: gl.constexpr):
-        """O and LSE of the ``HALF``-th BLOCK_M query rows of one query tile (``tile_at``: its place from
+                      pingpong, dropout, operands, CONSUMER: gl.constexpr, DROPOUT: gl.constexpr):
+        """O and LSE of the ``CONSUMER``-th BLOCK_M query rows of one query tile (``tile_at``: its place from
         :func:`_tile` and its (batch, head) ``hz``), whose key blocks start at place ``ring`` of the K/V ring and
         round ``turn`` of the ping-pong; ``tiles``: query tiles this consumer finished before. With ``DROPOUT``,
         ``dropout`` is (seed, p): the weights P V sums are dropped as :mod:`.dropout` draws them. FP8 inputs fold
@@ -386,7 +386,7 @@ if HAVE_GLUON:
         FP8: gl.constexpr = q_tile.dtype.is_fp8()
         if FP8:
             qk_scale = qk_scale * _descale_factor(descale_at, 0) * _descale_factor(descale_at, 1)
-        row0 = m0 + HALF * BLOCK_M
+        row0 = m0 + CONSUMER * BLOCK_M
         rows_s = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         drop = (0, 0, row0)  # (stream key, keep threshold, first row) of the draws
         if DROPOUT:
@@ -394,46 +394,46 @@ if HAVE_GLUON:
         m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
         l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
         o = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
-        mbarrier.wait(q_ready.index(HALF), tiles & 1)
+        mbarrier.wait(q_ready.index(CONSUMER), tiles & 1)
         q_slot = q_tile
         Q_IN_REGISTERS: gl.constexpr = operands.dtype == gl.int8
         if Q_IN_REGISTERS:  # once a tile; the slot is free for the loader to bring the next tile's Q at once
             q_tile = register_operand(q_slot, s_layout)
             fence_async_shared()  # these reads (generic proxy) before the copy engine's next write (async proxy)
-            mbarrier.arrive(q_empty.index(HALF), count=1)
+            mbarrier.arrive(q_empty.index(CONSUMER), count=1)
 
         if n_blocks > 0:
             # Block 0: its scores alone (always through the mask: cheap once, right for every block).
-            _wait_turn(turns, turn, pingpong, HALF)
+            _wait_turn(turns, turn, pingpong, CONSUMER)
             s = _scores(q_tile, k_smem, k_ready, ring, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, s_layout)
-            _pass_turn(turns, pingpong, HALF)
+            _pass_turn(turns, pingpong, CONSUMER)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
             mbarrier.arrive(k_empty.index(ring % STAGES), count=1)
             p_f32, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, 0, rows_s, offset, N_K, qk_scale,
                                                    True, causal, BLOCK_N, s_layout)
-            p_slot = smem[4].index(HALF)
+            p_slot = smem[4].index(CONSUMER)
             p = _weights_operand(p_f32, p_slot, q_tile.dtype, p_layout, drop, 0, DROPOUT)
             # Blocks every row of the program sees whole, then the ones cut by the diagonal or N_K.
             split = gl.maximum(n_full, 1)
             o, p, alpha, m_i, l_i = _overlapped_blocks(q_tile, k_smem, v_smem, bars, o, p, p_slot, alpha, m_i, l_i,
                                                        1, split, ring, turn, rows_s, offset, N_K, qk_scale, pingpong,
-                                                       drop, HALF, False, causal, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                                                       DROPOUT, s_layout, p_layout, o_layout)
+                                                       drop, CONSUMER, False, causal, BLOCK_M, BLOCK_N, HEAD_DIM,
+                                                       STAGES, DROPOUT, s_layout, p_layout, o_layout)
             o, p, alpha, m_i, l_i = _overlapped_blocks(q_tile, k_smem, v_smem, bars, o, p, p_slot, alpha, m_i, l_i,
                                                        split, n_blocks, ring, turn, rows_s, offset, N_K, qk_scale,
-                                                       pingpong, drop, HALF, True, causal, BLOCK_M, BLOCK_N, HEAD_DIM,
-                                                       STAGES, DROPOUT, s_layout, p_layout, o_layout)
+                                                       pingpong, drop, CONSUMER, True, causal, BLOCK_M, BLOCK_N,
+                                                       HEAD_DIM, STAGES, DROPOUT, s_layout, p_layout, o_layout)
             if not Q_IN_REGISTERS:  # Q is read by no more product: the loader may bring the next tile's.
-                mbarrier.arrive(q_empty.index(HALF), count=1)
+                mbarrier.arrive(q_empty.index(CONSUMER), count=1)
             # P V of the last block.
             o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-            _wait_turn(turns, turn + n_blocks, pingpong, HALF)
+            _wait_turn(turns, turn + n_blocks, pingpong, CONSUMER)
             o = _add_pv(o, p, v_smem, v_ready, ring + n_blocks - 1, BLOCK_N, HEAD_DIM, STAGES)
-            _pass_turn(turns, pingpong, HALF)
+            _pass_turn(turns, pingpong, CONSUMER)
             o = warpgroup_mma_wait(num_outstanding=0, deps=(o, ))
             mbarrier.arrive(v_empty.index((ring + n_blocks - 1) % STAGES), count=1)
         elif not Q_IN_REGISTERS:
-            mbarrier.arrive(q_empty.index(HALF), count=1)
+            mbarrier.arrive(q_empty.index(CONSUMER), count=1)
 
         # Rows with no visible key (l = 0): O = 0, L = -inf. A NaN score makes l NaN and reaches O and L.
         valid = l_i != 0.0
@@ -448,9 +448,9 @@ if HAVE_GLUON:
         # O leaves through this consumer's O slot, once the copy engine has read the last tile's out of it; the
         # store runs on while the next tile begins. The copy engine drops rows past N_Q.
         tma.store_wait(pendings=0)
-        o_smem.index(HALF).reshape([BLOCK_M, HEAD_DIM]).store(out.to(o_desc.dtype))
+        o_smem.index(CONSUMER).reshape([BLOCK_M, HEAD_DIM]).store(out.to(o_desc.dtype))
         fence_async_shared()
-        tma_store(o_desc, [off_b, off_h, row0, 0], o_smem.index(HALF))
+        tma_store(o_desc, [off_b, off_h, row0, 0], o_smem.index(CONSUMER))
 
     @gluon.jit
     def _descale_factor(descale_at, which: gl.constexpr):
@@ -460,8 +460,8 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale, operands,
-                 HALF: gl.constexpr, DROPOUT: gl.constexpr):
-        """One warpgroup: O and LSE of the ``HALF``-th BLOCK_M query rows of each of the program's query tiles.
+                 CONSUMER: gl.constexpr, DROPOUT: gl.constexpr):
+        """One warpgroup: O and LSE of the ``CONSUMER``-th BLOCK_M query rows of each of the program's query tiles.
         Partitions take no constexpr arguments (Triton 3.6 turns them into values), so the block sizes come from
         the shared memory's shapes, FP8 from its type, and ``causal`` is a value. ``dropout``: (the seed's
         pointer, p), read with ``DROPOUT`` only; ``descale``: (DESCALE, DESCALE_STRIDE) of FP8 inputs."""
@@ -471,7 +471,7 @@ if HAVE_GLUON:
         HEAD_DIM: gl.constexpr = q_smem.type.shape[4]
         BLOCK_N: gl.constexpr = k_smem.type.shape[3]
         N_Q, N_K = sched[5], sched[6]
-        q_tile = q_smem.index(HALF).reshape([BLOCK_M, HEAD_DIM])
+        q_tile = q_smem.index(CONSUMER).reshape([BLOCK_M, HEAD_DIM])
         ring = 0  # K/V blocks consumed so far
         turn = 0  # ping-pong rounds so far
         tiles = 0
@@ -486,33 +486,33 @@ if HAVE_GLUON:
                 tile_at = (off_b, off_h, hz, m0, n_blocks, n_full, N_K - N_Q, N_Q, N_K)
                 descale_at = (descale[0], descale[1], off_b * (sched[3] // sched[4]) + off_kvh)
                 _consume_tile(descs, smem, bars, q_tile, tile_at, ring, turn, tiles, LSE, qk_scale, descale_at,
-                              causal, pingpong, seed_and_p, operands, HALF, DROPOUT)
+                              causal, pingpong, seed_and_p, operands, CONSUMER, DROPOUT)
                 ring += n_blocks
                 turn += n_blocks + (n_blocks > 0).to(gl.int32)
                 tiles += 1
         tma.store_wait(pendings=0)
 
     @gluon.jit
-    def _consume_first_half(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale,
+    def _first_consumer(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale,
                             operands):
         _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale, operands, 0, False)
 
     @gluon.jit
-    def _consume_second_half(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale,
+    def _second_consumer(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale,
                              operands):
         _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale, operands, 1, False)
 
     @gluon.jit
-    def _consume_third(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale, operands):
+    def _third_consumer(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale, operands):
         _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale, operands, 2, False)
 
     @gluon.jit
-    def _consume_first_half_dropout(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale,
+    def _first_consumer_dropout(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale,
                                     operands):
         _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale, operands, 0, True)
 
     @gluon.jit
-    def _consume_second_half_dropout(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale,
+    def _second_consumer_dropout(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale,
                                      operands):
         _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale, operands, 1, True)
 
@@ -578,13 +578,13 @@ if HAVE_GLUON:
                 LSE, qk_scale, CAUSAL_FLAG, pingpong, (DROPOUT_SEED, dropout_p), (DESCALE, DESCALE_STRIDE),
                 operands_flag(Q_IN_REGISTERS))
         if CONSUMERS == 3:
-            gl.warp_specialize([(_consume_first_half, args), (_consume_second_half, args), (_consume_third, args),
+            gl.warp_specialize([(_first_consumer, args), (_second_consumer, args), (_third_consumer, args),
                                 (_load_partition, args)], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
         elif DROPOUT:
-            gl.warp_specialize([(_consume_first_half_dropout, args), (_consume_second_half_dropout, args),
+            gl.warp_specialize([(_first_consumer_dropout, args), (_second_consumer_dropout, args),
                                 (_load_partition, args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
         else:
-            gl.warp_specialize([(_consume_first_half, args), (_consume_second_half, args), (_load_partition, args)],
+            gl.warp_specialize([(_first_consumer, args), (_second_consumer, args), (_load_partition, args)],
                                [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
