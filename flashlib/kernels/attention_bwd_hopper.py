@@ -131,11 +131,12 @@ DKDV_DROPOUT_REGISTER_OPERANDS: tuple[int, ...] = (64,)
 #: thread a step at 64 x 64 blocks) ran where nothing of this warpgroup's products was in flight (benchmarks/TUNING.md,
 #: fifty-ninth finding); a step's dK product had its wait right after its issue. Written and compiled for sm_90a in
 #: session 67 (sixty-first finding); checked and timed on an H100 in session 68 (sixty-third finding): the gradients
-#: are bitwise the default's, but the kernel ran 0.990-1.010x its default time at 64 and 0.987x at 128, so it is off.
+#: are bitwise the default's, but the kernel ran at 0.990-1.010x the default's speed at 64 and 0.987x (slower) at
+#: 128, so it is off.
 DKDV_DRAWS_AHEAD: tuple[int, ...] = ()
 #: The same for the dQ kernel with dropout: each key block's draws drawn while the step before waits for its dQ
 #: product. It carries the other 32-39% of dropout's extra backward time at head_dim 64. Timed as above: 0.955-0.989x
-#: the default's time at 64 (slower), 1.015x at the one point measured at 128; off.
+#: the default's speed at 64 (slower), 1.015x at the one point measured at 128; off.
 DQ_DRAWS_AHEAD: tuple[int, ...] = ()
 
 if HAVE_GLUON:

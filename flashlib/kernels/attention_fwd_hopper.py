@@ -10,7 +10,7 @@ Gluon, Triton's lower-level language, lets a kernel say when each product is wai
 warps do what, and how many registers each group of warps gets. A program here has three partitions:
 
 * a **loading warp** issues the copy engine's (TMA) loads: the Q tiles, then K and V of every key
-  block into a ring of ``STAGES`` shared-memory slots, each refilled once both consumers released it
+  block into a ring of ``STAGES`` shared-memory slots, each refilled once every consumer released it
   ("full" and "empty" barriers per slot, ``mbarrier``);
 * two **consumer warpgroups**, 64 query rows each (240 registers a thread), run the online softmax::
 
@@ -20,10 +20,10 @@ warps do what, and how many registers each group of warps gets. A program here h
 
   and take turns issuing their rounds (**ping-pong**, :data:`PINGPONG`), so one warpgroup's products
   run while the other computes its softmax. A program may run three consumers instead (``consumers=3``,
-  :data:`THREE_CONSUMER_HEAD_DIMS`: 192-row tiles, turns taken round robin, 160 registers each), as
+  :data:`THREE_CONSUMER_HEAD_DIMS`: 192-row tiles, turns taken round robin, 160-168 registers each), as
   FlashAttention-3 does at head_dim 64.
 
-A program is **persistent** (:data:`PERSISTENT`): one per SM, it walks work items of 2 x 64 query rows (under a
+A program is **persistent** (:data:`PERSISTENT`): one per SM, it walks work items of 2 (or 3) x 64 query rows (under a
 causal mask, a long tile paired with a short one, :func:`_item_head_and_tiles`), and the loader's ring runs on from one
 tile into the next, so the next tile's Q, K and V arrive while this tile's last products and its epilogue run
 (O leaves through its own shared-memory slot, not Q's). At 1024 rows a program walks only 8 key blocks, and
@@ -31,7 +31,7 @@ those ends were a tenth of its time (benchmarks/TUNING.md, thirty-second finding
 
 The wait for O inside a round is where FlashAttention-3's *intra*-warpgroup overlap would come from;
 ptxas moves that wait above the exponentials (TUNING.md, thirty-first finding), so the overlap that
-counts here is the one between the two consumers, which the SM's warp schedulers make.
+counts here is the one between the consumers, which the SM's warp schedulers make.
 
 Scope: the plain forward (no mask or a causal one, bottom-right aligned as everywhere in
 flashlib; GQA/MQA; 2-byte types; head_dim 64 or 128; a positive scale) and its dropout, whose draws
@@ -70,7 +70,7 @@ except ImportError:  # pragma: no cover - older Triton
     HAVE_GLUON = False
 
 
-#: (BLOCK_M, BLOCK_N, STAGES) per head_dim: BLOCK_M query rows for each of the two consumer warpgroups, BLOCK_N
+#: (BLOCK_M, BLOCK_N, STAGES) per head_dim: BLOCK_M query rows for each consumer warpgroup, BLOCK_N
 #: keys a block, STAGES slots of K and V.
 CONFIGS = {64: (64, 128, 3), 128: (64, 128, 2)}
 #: The same for FP8 inputs: their K and V tiles take half the bytes, which leaves room for more slots.
@@ -99,14 +99,16 @@ CONSUMER_REGISTERS, LOADER_REGISTERS, KERNEL_REGISTERS = 240, 24, 168
 #: does at head_dim 64 (16-bit inputs without dropout). At 64 a key block's two products take half the tensor cores'
 #: time they take at 128 against the same exponentials, so with two consumers each one's softmax outlasts the other's
 #: products; a third warpgroup has its products ready to issue in that gap (benchmarks/TUNING.md, sixty-second
-#: finding). Timed on an H100 (session 68, each call alone in a CUDA graph, fp16 and bf16): 1.05-1.09x the two
-#: consumers at N = 16384 without a mask (1.02-1.06x cuDNN), but 0.95x at 1024 and 0.55x under the causal mask at
-#: 1024, so no head dim takes it by default. The launcher's ``consumers`` takes either.
+#: finding). Timed on an H100 (session 68, each call alone in a CUDA graph, fp16 and bf16): at N = 16384 without a
+#: mask 1.05x the two consumers with turns and 1.09x without turns (then 1.05-1.06x cuDNN), but 0.95x at 1024 and
+#: 0.55x under the causal mask at 1024, so no head dim takes it by default. The launcher's ``consumers`` takes
+#: either at 64.
 THREE_CONSUMER_HEAD_DIMS: tuple[int, ...] = ()
 #: Registers a thread with three consumers: four warpgroups (the loading warp's own included) share the SM's 64K, so
-#: the kernel starts at 128 and each consumer holds 160 (FlashAttention-3's split at head_dim 64).
+#: the kernel starts at 128: the second and third consumers hold 160, the loading warp 24 and the first consumer the
+#: 168 they leave (FlashAttention-3's split at head_dim 64).
 THREE_CONSUMER_REGISTERS, THREE_KERNEL_REGISTERS = 160, 128
-#: Whether the two consumers take turns issuing their products (FlashAttention-3's ping-pong).
+#: Whether the consumers take turns issuing their products (FlashAttention-3's ping-pong).
 PINGPONG = True
 #: Whether one program per SM walks the query tiles (the loading warp then fetches the next tile's Q, K and V
 #: during this tile's last products and its epilogue) rather than one program per work item.
@@ -186,10 +188,10 @@ if HAVE_GLUON:
     @gluon.jit
     def _item_head_and_tiles(item, sched, causal):
         """The (batch, head) index of work item ``item``, its first query tile, its second and how many it holds.
-        Without a mask an item is one tile (2 x BLOCK_M query rows). Under a causal mask tile ``t`` of ``n`` costs
-        about ``t + 1`` key blocks, so an item pairs tile ``n - 1 - k`` with tile ``k`` (one tile where they meet):
-        every item costs about the same, and a static round-robin over the items balances the persistent programs
-        (FlashAttention-3 takes a dynamic scheduler for this)."""
+        Without a mask an item is one tile (CONSUMERS x BLOCK_M query rows). Under a causal mask tile ``t`` of ``n``
+        costs about ``t + 1`` key blocks, so an item pairs tile ``n - 1 - k`` with tile ``k`` (one tile where they
+        meet): every item costs about the same, and a static round-robin over the items balances the persistent
+        programs (FlashAttention-3 takes a dynamic scheduler for this)."""
         items_per_head, n_tiles = sched[1], sched[2]
         hz = item // items_per_head
         k = item % items_per_head
@@ -493,13 +495,11 @@ if HAVE_GLUON:
         tma.store_wait(pendings=0)
 
     @gluon.jit
-    def _first_consumer(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale,
-                            operands):
+    def _first_consumer(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale, operands):
         _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale, operands, 0, False)
 
     @gluon.jit
-    def _second_consumer(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale,
-                             operands):
+    def _second_consumer(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale, operands):
         _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale, operands, 1, False)
 
     @gluon.jit
@@ -507,13 +507,11 @@ if HAVE_GLUON:
         _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale, operands, 2, False)
 
     @gluon.jit
-    def _first_consumer_dropout(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale,
-                                    operands):
+    def _first_consumer_dropout(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale, operands):
         _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale, operands, 0, True)
 
     @gluon.jit
-    def _second_consumer_dropout(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale,
-                                     operands):
+    def _second_consumer_dropout(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale, operands):
         _consume(descs, smem, bars, sched, LSE, qk_scale, causal, pingpong, dropout, descale, operands, 1, True)
 
     @gluon.jit
@@ -527,8 +525,8 @@ if HAVE_GLUON:
         """O and LSE of work items ``program_id(0)``, ``program_id(0) + num_programs(0)``, ... of ``n_items``
         (:func:`_item_head_and_tiles`: ``items_per_head`` per (batch, head), over ``n_tiles`` query tiles of
         CONSUMERS x BLOCK_M rows each), ``CONSUMERS`` consumer warpgroups (2, or 3 for 16-bit inputs without
-        dropout) of BLOCK_M rows each and one loading warp. A grid of one
-        program per item runs each program once; a grid of one program per SM is persistent. q/k/v/o_desc:
+        dropout, at head_dim 64) of BLOCK_M rows each and one loading warp. A grid of one program per item runs
+        each program once; a grid of one program per SM is persistent. q/k/v/o_desc:
         (B, H, N, D) descriptors with (1, 1, rows, D) tiles (K and V with ``H // KV_GROUP`` heads);
         LSE (B, H, N_Q) float32; ``qk_scale`` = scale * log2(e) > 0. With ``DROPOUT``, weights are dropped with
         probability ``dropout_p`` (a multiple of 1/256) from the int64 seed at ``DROPOUT_SEED`` (:mod:`.dropout`).
@@ -692,17 +690,20 @@ def launch_attention_forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.T
     ``fp8_weights_shared``: P enters P V from shared memory, else from registers (None: :data:`FP8_WEIGHTS_SHARED`).
     ``q_in_registers``: each consumer holds Q in registers (None: :data:`FP8_Q_IN_REGISTERS` for FP8,
     :data:`Q_IN_REGISTERS_HEAD_DIMS` for 16 bits without dropout). ``consumers``: consumer warpgroups a program, 2
-    or 3 (16 bits without dropout only; None: 3 at :data:`THREE_CONSUMER_HEAD_DIMS` where allowed, else 2)."""
+    or 3 (16 bits without dropout at head_dim 64 only; None: 3 at :data:`THREE_CONSUMER_HEAD_DIMS` where allowed,
+    else 2)."""
     batch, heads, n_q, head_dim = q.shape
     fp8 = descale is not None
     if fp8_weights_shared is None:
         fp8_weights_shared = FP8_WEIGHTS_SHARED
-    three_allowed = not fp8 and not dropout_p > 0
+    # Three consumers were compiled and checked at head_dim 64 only: at 128 their O and S alone fill 128 of the 160
+    # registers and their slots most of shared memory.
+    three_allowed = not fp8 and not dropout_p > 0 and head_dim == 64
     if consumers is None:
         consumers = 3 if three_allowed and head_dim in THREE_CONSUMER_HEAD_DIMS else 2
     if consumers not in (2, 3) or (consumers == 3 and not three_allowed):
-        raise ValueError(f"consumers: expected 2, or 3 for 16-bit inputs without dropout; got {consumers!r} "
-                         f"({'fp8' if fp8 else q.dtype}, dropout_p={dropout_p})")
+        raise ValueError(f"consumers: expected 2, or 3 for 16-bit inputs without dropout at head_dim 64; got "
+                         f"{consumers!r} ({'fp8' if fp8 else q.dtype}, dropout_p={dropout_p}, head_dim={head_dim})")
     if q_in_registers is None:  # three consumers' 160 registers leave no room for Q (it spills)
         q_in_registers = FP8_Q_IN_REGISTERS if fp8 else (head_dim in Q_IN_REGISTERS_HEAD_DIMS and not dropout_p > 0
                                                           and consumers == 2)

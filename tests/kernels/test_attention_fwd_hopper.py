@@ -213,17 +213,20 @@ def test_three_consumers_compile_with_six_block_loops_and_none_spilled_in_the_wh
         assert all(stores == loads == 0 for _, _, stores, loads in whole_blocks), (header, variant_loops)
 
 
-@pytest.mark.parametrize("consumers, dropout_p, dtype", [(4, 0.0, torch.float16), (1, 0.0, torch.float16),
-                                                        (3, 0.1, torch.float16), (3, 0.0, torch.float8_e4m3fn)])
-def test_three_consumers_are_refused_by_name_where_the_kernel_has_no_such_variant(consumers, dropout_p, dtype):
-    """Three consumers take 16-bit inputs without dropout; any other count, or three with dropout or FP8, stops
-    the launcher before any descriptor or launch, naming ``consumers``, what it takes and what came in."""
-    q, k, v, o = (torch.randn(1, 2, 64, 64).to(dtype) for _ in range(4))
+@pytest.mark.parametrize("consumers, dropout_p, dtype, head_dim", [
+    (4, 0.0, torch.float16, 64), (1, 0.0, torch.float16, 64), (3, 0.1, torch.float16, 64),
+    (3, 0.0, torch.float8_e4m3fn, 64), (3, 0.0, torch.float16, 128)])
+def test_three_consumers_are_refused_by_name_where_the_kernel_has_no_such_variant(consumers, dropout_p, dtype,
+                                                                                   head_dim):
+    """Three consumers take 16-bit inputs without dropout at head_dim 64 (compiled and checked there only); any
+    other count, or three with dropout, FP8 or another head_dim, stops the launcher before any descriptor or
+    launch, naming ``consumers``, what it takes and what came in."""
+    q, k, v, o = (torch.randn(1, 2, 64, head_dim).to(dtype) for _ in range(4))
     lse = torch.empty(1, 2, 64)
     fp8 = dict(descale=torch.ones(3, 1, 2)) if dtype == torch.float8_e4m3fn else {}
     drop = dict(dropout_p=dropout_p, dropout_seed=torch.zeros(1, dtype=torch.int64)) if dropout_p else {}
-    with pytest.raises(ValueError, match=rf"consumers: expected 2, or 3 for 16-bit inputs without dropout; "
-                                         rf"got {consumers}"):
+    with pytest.raises(ValueError, match=rf"consumers: expected 2, or 3 for 16-bit inputs without dropout at "
+                                         rf"head_dim 64; got {consumers} .*head_dim={head_dim}"):
         hopper.launch_attention_forward_hopper(q, k, v, o.to(torch.float16), lse, scale=0.125, causal=False,
                                                consumers=consumers, **fp8, **drop)
 
@@ -459,8 +462,8 @@ def test_gpu_q_in_registers_gives_the_same_output_bitwise(dtype, head_dim, causa
 def test_gpu_three_consumers_match_float64_and_two_consumers_bitwise_without_a_mask(dtype, causal, persistent,
                                                                                     pingpong):
     """Three consumer warpgroups (192-row tiles, turns taken round robin) over programs that walk several tiles
-    (GQA 48/12, N_q = 600 and N_k = 700: a last tile cut short, a causal pair and a tile alone), and over odd
-    lengths and N_q != N_k both ways: O and L match float64 and every element is written. Without a mask a row's
+    (GQA 48/12, N_q = 600 and N_k = 700: four tiles, the last cut short, two causal pairs; N_q = 451: three tiles,
+    a pair and a tile alone), and over odd lengths and N_q != N_k both ways: O and L match float64 and every element is written. Without a mask a row's
     key blocks and their order do not depend on the tile's height, so O and L equal two consumers' bit for bit
     (under the causal mask a taller tile moves where the masked blocks begin, and rounding with it)."""
     shapes = [(4, 48, 12, 600, 700), (1, 2, 2, 1, 300), (2, 3, 1, 451, 97), (1, 4, 2, 97, 451)]
