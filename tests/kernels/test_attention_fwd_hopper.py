@@ -463,9 +463,10 @@ def test_gpu_three_consumers_match_float64_and_two_consumers_bitwise_without_a_m
                                                                                     pingpong):
     """Three consumer warpgroups (192-row tiles, turns taken round robin) over programs that walk several tiles
     (GQA 48/12, N_q = 600 and N_k = 700: four tiles, the last cut short, two causal pairs; N_q = 451: three tiles,
-    a pair and a tile alone), and over odd lengths and N_q != N_k both ways: O and L match float64 and every element is written. Without a mask a row's
-    key blocks and their order do not depend on the tile's height, so O and L equal two consumers' bit for bit
-    (under the causal mask a taller tile moves where the masked blocks begin, and rounding with it)."""
+    a pair and a tile alone), and over odd lengths and N_q != N_k both ways: O and L match float64 and every
+    element is written. Without a mask a row's key blocks and their order do not depend on the tile's height, so O
+    and L equal two consumers' bit for bit (under the causal mask a taller tile moves where the masked blocks
+    begin, and rounding with it)."""
     shapes = [(4, 48, 12, 600, 700), (1, 2, 2, 1, 300), (2, 3, 1, 451, 97), (1, 4, 2, 97, 451)]
     for batch, heads, kv_heads, n_q, n_k in shapes:
         q, k, v = make_inputs(batch, heads, kv_heads, n_q, n_k, 64, dtype, seed=n_q + causal)
