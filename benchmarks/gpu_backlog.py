@@ -839,6 +839,13 @@ def _failed_checks(rows) -> list:
             for row in rows if "case" in row and row.get("status") not in ("ok", "not supported")]
 
 
+def _paired_with_tree_before(before_rows, after_rows) -> list:
+    """(the tree before's row, the tree after's row) of every point (:func:`_point`) both trees timed, in the
+    order of ``after_rows``: a point timed on one tree only decides nothing."""
+    before = {_point(row): row for row in before_rows}
+    return [(before[_point(row)], row) for row in after_rows if _point(row) in before]
+
+
 def _ratio(row, num, den):
     return row[num] / row[den] if num in row and den in row else None
 
@@ -918,8 +925,7 @@ def decisions(out: Path) -> list:
             values = [row[what] for row in at_d if row.get(what) is not None]
             if values:
                 lines.append(("bwd_kernel_split_dropout", f"D = {d}: {what}", f"{min(values):.3f}-{max(values):.3f}"))
-    before = {_point(row): row for row in _dropout_split_rows(out / "bwd_kernel_split_dropout_before.log")}
-    pairs = [(before[_point(row)], row) for row in split if _point(row) in before]
+    pairs = _paired_with_tree_before(_dropout_split_rows(out / "bwd_kernel_split_dropout_before.log"), split)
     for d in sorted({after["d"] for _, after in pairs}):  # the tree before a change against the tree after
         for part in ("backward", "dkdv", "dq"):
             lines.append(("bwd_kernel_split_dropout", f"D = {d}: {part} with dropout faster than the tree before",
@@ -990,9 +996,10 @@ def decisions(out: Path) -> list:
             lines += [(log.stem, f"D = {d}: {key.removesuffix('_tflops')} over {base.removesuffix('_tflops')}",
                        "no: its output differs") for d in sorted({r["d"] for r in timed}) for key in sorted(dropped)
                       for base in bases]
-    before = {_point(row): row for row in log_rows(out / "fwd_masks_before.log") if "N" in row}
-    pairs = [dict(after, ratio=after["gluon_tflops"] / before[_point(after)]["gluon_tflops"])
-             for after in log_rows(out / "fwd_masks_after.log") if "N" in after and _point(after) in before]
+    timed_before, timed_after = ([row for row in log_rows(out / f"fwd_masks_{tree}.log") if "N" in row]
+                                 for tree in ("before", "after"))
+    pairs = [dict(after, ratio=after["gluon_tflops"] / before["gluon_tflops"])
+             for before, after in _paired_with_tree_before(timed_before, timed_after)]
     for d in sorted({row["d"] for row in pairs}):  # the tree before a change of the forward against the tree after
         for causal in (False, True):
             lines.append(("fwd_masks_after", f"D = {d}, causal={causal}: the Gluon forward faster than the tree before",
