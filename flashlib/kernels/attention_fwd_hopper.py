@@ -143,8 +143,13 @@ if HAVE_GLUON:
         ``MASKED`` blocks hide keys past N_K and, if ``causal``, keys right of the diagonal; a row
         that has seen no key yet keeps m = -inf and gets p = alpha = 0 (never exp2(-inf + inf))."""
         if MASKED:
-            cols = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-            visible = (cols[None, :] < N_K) & ((cols[None, :] <= rows[:, None] + offset) | (causal == 0))
+            # One compare a score: each row's last visible key, counted from the block's first, against the
+            # block's key index (the same for every block; ptxas folds it into the lanes' constants).
+            keys = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            last = N_K - 1 - start_n + rows * 0
+            if causal:
+                last = gl.minimum(last, rows + offset - start_n)
+            visible = keys[None, :] <= last[:, None]
             s = gl.where(visible, s * qk_scale, float("-inf"))
             m_new = gl.maximum(m_i, gl.max(s, 1))
             m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
