@@ -88,6 +88,13 @@ sixty-second and sixty-third findings). Queued: ``relative_mask`` (the Gluon for
 compare a score, on branch session68-relative-mask: merge it, put the tree before in .old, carry it), then
 ``backward_host`` and ``suite``.
 
+Session 69 (one H100) ran ``relative_mask`` (tests passed; causal 1.03x at D = 128, N = 1k and 1.08x at D = 64,
+N = 1k, no loss: kept on main; the call's limit stopped the tree before after 8 of 12 points), ``backward_host``
+(no one function: about 500 Python calls a backward), ``suite`` (408 GPU tests passed; 6 CPU-only modules could not
+be collected without nbformat and pyflakes) and the three consumers at 2k-16k (TUNING.md sixty-fifth to
+sixty-seventh findings): head_dim 64's unmasked forward from 8k rows now takes three consumers without turns.
+Queued: ``three_consumers_route`` (its GPU tests through the front door, then the D = 64 grid).
+
 The grid measures the forward and backward with the settings the timings decide. A machine is given back 30 s
 after a call, too soon to edit those settings by hand between the two calls, so the timings call also copies its
 logs to ``build/backlog`` (ignored by git, so kept on the machine between calls) and the grid call first writes
@@ -675,19 +682,20 @@ STAGES["causal64_capped"] = (
 # Session 68 built consumers=3 (round-robin turns, Q from shared memory; compiled for sm_90a with no spill in the
 # loops over whole blocks, TUNING.md sixty-second finding). Each variant's output is checked against the Triton
 # forward's as it is timed; a wrong one marks its row. Ran in session 68 (H100): tests passed (12); 1.05-1.09x the
-# two consumers at 16k without a mask, 0.95x at 1k, 0.55x causal at 1k: THREE_CONSUMER_HEAD_DIMS stays empty.
+# two consumers at 16k without a mask, 0.95x at 1k, 0.55x causal at 1k: no head dim took them (the setting was then
+# THREE_CONSUMER_HEAD_DIMS; session 69's own run at 2k-16k gave THREE_CONSUMER_MIN_ROWS = {64: 8192}).
 STAGES["three_consumers"] = (
     Step("three_consumers_gpu_tests", 150,
          gpu_pytest("tests/kernels/test_attention_fwd_hopper.py", "-k", "three_consumers"),
          "whether three consumers match float64, write every output and equal two consumers bitwise without a "
-         "mask (persistent or not, ping-pong or not); a failure keeps THREE_CONSUMER_HEAD_DIMS empty"),
+         "mask (persistent or not, ping-pong or not); a failure empties THREE_CONSUMER_MIN_ROWS"),
     Step("gluon_fwd_three_consumers", 300,
          ("benchmarks/gluon_fwd_ab.py", "--no-checks", "--d", "64", "--dtype", "fp16,bf16", "--N", FA2_N,
           "--variants", "three=64:64,128,3:three;three_nopp=64:64,128,3:three:nopp;three_s2=64:64,128,2:three",
           "--out", "{out}/gluon_fwd_three_consumers.json"),
-         "attention_fwd_hopper.THREE_CONSUMER_HEAD_DIMS takes 64 where a three-consumer variant beats the two "
-         "consumers' default at every point; the forward's route (ROUTED_HEAD_DIMS, MIN_ROWS) takes 64 where it "
-         "also beats the Triton forward ('three over triton'); issue 14's bar is the least 'three over cudnn' >= 0.90"),
+         "attention_fwd_hopper.THREE_CONSUMER_MIN_ROWS takes 64 from the rows where a three-consumer variant "
+         "beats the two consumers and the Triton forward ('three over triton') at every point after; issue 14's "
+         "bar is the least 'three over cudnn' >= 0.90"),
 )
 
 # Session 68 rewrote the Gluon forward's mask test of a masked block as one compare a score (each row's last visible
@@ -695,7 +703,9 @@ STAGES["three_consumers"] = (
 # loops are 57-136 instructions a block shorter at head_dim 128 and 64 with two consumers, no loop spilling (TUNING.md
 # sixty-fourth finding). Not run on a GPU: it waits on branch session68-relative-mask. To run: merge the branch, put
 # the tree before it in .old (mkdir -p .old && git archive <main before the merge> flashlib | tar -x -C .old) and
-# carry .old; the GPU tests run first, then the same timings on either tree, the same call.
+# carry .old; the GPU tests run first, then the same timings on either tree, the same call. Ran in session 69 (H100):
+# 92 tests passed; causal 1.002-1.033x at D = 128 and 1.08x at D = 64, N = 1k (the tree before's other D = 64 points
+# cut by the step's limit); merged to main (TUNING.md sixty-fifth finding).
 FWD_MASK_TIMES = ("benchmarks/gluon_fwd_ab.py", "--no-checks", "--d", "128,64", "--dtype", "fp16", "--N", FA2_N)
 STAGES["relative_mask"] = (
     Step("fwd_hopper_gpu_tests", 200, gpu_pytest("tests/kernels/test_attention_fwd_hopper.py"),
@@ -706,6 +716,25 @@ STAGES["relative_mask"] = (
     Step("fwd_masks_after", 160, FWD_MASK_TIMES + ("--out", "{out}/fwd_masks_after.json"),
          "the relative mask test stays where the tests passed and the Gluon forward is not slower than the tree "
          "before at any point ('the Gluon forward faster than the tree before', causal points first)"),
+)
+
+
+# Session 69 routed head_dim 64's unmasked forward from 8192 rows and 2^32 scores to three consumers without turns
+# (attention_fwd_hopper.THREE_CONSUMER_MIN_ROWS, three_consumers_preferred): timed at 2k-16k in fp16 and bf16 (1.06-
+# 1.08x the two consumers, 1.06-1.07x Triton, 1.04-1.06x cuDNN at 8k and 16k; TUNING.md sixty-sixth finding), not yet
+# run through the front door, where the backward follows and the launcher picks the consumers by itself.
+STAGES["three_consumers_route"] = (
+    Step("three_consumers_route_gpu_tests", 200,
+         gpu_pytest("tests/kernels/test_attention_fwd_hopper.py", "-k", "three_consumers or front_door"),
+         "whether the front door takes three consumers at head_dim 64's long unmasked rows with O and the gradients "
+         "matching float64 (and the other Gluon front-door tests still pass); a failure empties "
+         "THREE_CONSUMER_MIN_ROWS"),
+    Step("d64_grid", 330,
+         ("-m", "flashlib.bench", "--mode", "fwd", "--dtype", "fp16,bf16", "--d", "64", "--N",
+          "2048,4096,8192,16384", "--causal", "both", "--impl", "flashlib,sdpa_cudnn", "--no-ceilings",
+          "--time-budget", "280", "--out", "{out}/d64_grid"),
+         "issue 14's forward ratios at head_dim 64 through the front door with the route: 'flashlib / cuDNN' at "
+         "8k and 16k unmasked should read about 1.04-1.06 (the A/B's), and nothing else moves"),
 )
 
 
