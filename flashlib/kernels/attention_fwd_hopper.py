@@ -20,8 +20,8 @@ warps do what, and how many registers each group of warps gets. A program here h
 
   and take turns issuing their rounds (**ping-pong**, :data:`PINGPONG`), so one warpgroup's products
   run while the other computes its softmax. A program may run three consumers instead (``consumers=3``,
-  :data:`THREE_CONSUMER_HEAD_DIMS`: 192-row tiles, turns taken round robin, 160-168 registers each), as
-  FlashAttention-3 does at head_dim 64.
+  192-row tiles, turns taken round robin or none, 160-168 registers each), as FlashAttention-3 does at head_dim 64;
+  the default takes them only where they were measured faster (:data:`THREE_CONSUMER_MIN_ROWS`).
 
 A program is **persistent** (:data:`PERSISTENT`): one per SM, it walks work items of 2 (or 3) x 64 query rows (under a
 causal mask, a long tile paired with a short one, :func:`_item_head_and_tiles`), and the loader's ring runs on from one
@@ -95,21 +95,29 @@ Q_IN_REGISTERS_HEAD_DIMS: tuple[int, ...] = (64,)
 #: the loading warp only addresses. The kernel is capped at KERNEL_REGISTERS so that its three warpgroups
 #: fit the SM's 64K registers; the first consumer (the default partition) gets what the others leave.
 CONSUMER_REGISTERS, LOADER_REGISTERS, KERNEL_REGISTERS = 240, 24, 168
-#: The head dims whose programs run three consumer warpgroups (192-row tiles) rather than two, as FlashAttention-3
-#: does at head_dim 64 (16-bit inputs without dropout). At 64 a key block's two products take half the tensor cores'
-#: time they take at 128 against the same exponentials, so with two consumers each one's softmax outlasts the other's
+#: Where a program runs three consumer warpgroups (192-row tiles) rather than two by default, as FlashAttention-3 does
+#: at head_dim 64 (16-bit inputs, no dropout): {head_dim: the least query and key rows}, without a mask and from
+#: :data:`THREE_CONSUMER_MIN_SCORES` scores. At 64 a key block's two products take half the tensor cores' time they
+#: take at 128 against the same exponentials, so with two consumers each one's softmax outlasts the other's
 #: products; a third warpgroup has its products ready to issue in that gap (benchmarks/TUNING.md, sixty-second
-#: finding). Timed on an H100 (session 68, each call alone in a CUDA graph, fp16 and bf16): at N = 16384 without a
-#: mask 1.05x the two consumers with turns and 1.09x without turns (then 1.05-1.06x cuDNN), but 0.95x at 1024 and
-#: 0.55x under the causal mask at 1024, so no head dim takes it by default. The launcher's ``consumers`` takes
-#: either at 64.
-THREE_CONSUMER_HEAD_DIMS: tuple[int, ...] = ()
+#: finding). Timed on an H100 (FlashAttention-2 shapes, H = 32, B x N = 16384; each call alone in a CUDA graph):
+#: without a mask and without turns they ran 1.06-1.08x the two consumers and 1.06-1.07x the Triton forward at 8k
+#: and 16k rows (fp16 and bf16, session 69; 1.07x Triton at 16k in session 68 too), but only 1.00x the Triton forward
+#: at 4k and 0.99x at 2k, and under the causal mask 0.64x at 2k to 1.00x at 16k, where the masked loops of the
+#: second and third consumers spill (sixty-sixth finding). Batch x heads x N_q x N_k of 2^32 is the least work
+#: timed. The launcher's ``consumers`` takes 2 or 3 at 64 wherever asked.
+THREE_CONSUMER_MIN_ROWS: dict[int, int] = {64: 8192}
+THREE_CONSUMER_MIN_SCORES = 2 ** 32
 #: Registers a thread with three consumers: four warpgroups (the loading warp's own included) share the SM's 64K, so
 #: the kernel starts at 128: the second and third consumers hold 160, the loading warp 24 and the first consumer the
 #: 168 they leave (FlashAttention-3's split at head_dim 64).
 THREE_CONSUMER_REGISTERS, THREE_KERNEL_REGISTERS = 160, 128
 #: Whether the consumers take turns issuing their products (FlashAttention-3's ping-pong).
 PINGPONG = True
+#: Whether three consumers take turns without a mask: the SM's schedulers interleave three warpgroups well enough,
+#: and at 8k-16k rows they ran 1.01-1.04x faster without (sixty-second and sixty-sixth findings); under the causal
+#: mask turns help them 1-7%, so there they keep :data:`PINGPONG`.
+THREE_CONSUMER_PINGPONG_UNMASKED = False
 #: Whether one program per SM walks the query tiles (the loading warp then fetches the next tile's Q, K and V
 #: during this tile's last products and its epilogue) rather than one program per work item.
 PERSISTENT = True
@@ -596,7 +604,8 @@ if HAVE_GLUON:
 #: ``benchmarks/gluon_fwd_ab.py``, benchmarks/TUNING.md thirty-first and thirty-second findings): head_dim 128
 #: from 1024 query and key rows without a mask (1.07-1.08x at 1024 rows once persistent, session 40, H200) and
 #: from 2048 with the causal mask (1.12-1.20x; at 1024 rows it is 0.98x: the short tiles of a causal grid leave
-#: little to hide a program's prologue behind); at head_dim 64 it runs 0.77-1.04x.
+#: little to hide a program's prologue behind); at head_dim 64 it runs 0.77-1.04x with two consumers, so 64 takes it
+#: only where three consumers run (:func:`three_consumers_preferred`).
 ROUTED_HEAD_DIMS = (128,)
 MIN_ROWS = 1024
 MIN_ROWS_CAUSAL = 2048
@@ -624,14 +633,26 @@ FP8_HEAD_DIMS: tuple[int, ...] = (128,)
 def preferred(head_dim: int, n_q: int, n_k: int, scores: float, causal: bool, dropout: bool = False,
               fp8: bool = False) -> bool:
     """Whether this kernel is the faster forward for these sizes: :data:`ROUTED_HEAD_DIMS`, :data:`MIN_ROWS`
-    (:data:`MIN_ROWS_CAUSAL` under a ``causal`` mask) and :data:`MIN_SCORES` ``scores``; with ``dropout``, the head
-    dims and rows of :data:`DROPOUT_MIN_ROWS`; with ``fp8`` inputs, only at :data:`FP8_HEAD_DIMS`."""
+    (:data:`MIN_ROWS_CAUSAL` under a ``causal`` mask) and :data:`MIN_SCORES` ``scores``, or where three consumers
+    run (:func:`three_consumers_preferred`); with ``dropout``, the head dims and rows of :data:`DROPOUT_MIN_ROWS`;
+    with ``fp8`` inputs, only at :data:`FP8_HEAD_DIMS`."""
     if dropout:  # 16-bit only: FP8 is for inference (flashlib.fp8 refuses dropout)
         return (not fp8 and head_dim in DROPOUT_MIN_ROWS
                 and min(n_q, n_k) >= DROPOUT_MIN_ROWS[head_dim][int(causal)] and scores >= MIN_SCORES)
+    if three_consumers_preferred(head_dim, n_q, n_k, scores, causal, fp8=fp8):
+        return True
     rows = MIN_ROWS_CAUSAL if causal else MIN_ROWS
     return (head_dim in ROUTED_HEAD_DIMS and min(n_q, n_k) >= rows and scores >= MIN_SCORES
             and (not fp8 or head_dim in FP8_HEAD_DIMS))
+
+
+def three_consumers_preferred(head_dim: int, n_q: int, n_k: int, scores: float, causal: bool, dropout: bool = False,
+                              fp8: bool = False) -> bool:
+    """Whether three consumer warpgroups are the faster forward for these sizes (and faster than the Triton
+    forward, so :func:`preferred` routes here): 16-bit inputs without dropout or a mask, at the head dims and rows
+    of :data:`THREE_CONSUMER_MIN_ROWS`, from :data:`THREE_CONSUMER_MIN_SCORES` scores."""
+    return (not (causal or dropout or fp8) and head_dim in THREE_CONSUMER_MIN_ROWS
+            and min(n_q, n_k) >= THREE_CONSUMER_MIN_ROWS[head_dim] and scores >= THREE_CONSUMER_MIN_SCORES)
 
 
 def covers(spec, use_tma: bool | None, *unsupported) -> bool:
@@ -678,7 +699,7 @@ def tile_descriptor(t: torch.Tensor, rows: int, cols: int | None = None) -> "Glu
 
 
 def launch_attention_forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-                                    lse: torch.Tensor, *, scale: float, causal: bool, pingpong: bool = PINGPONG,
+                                    lse: torch.Tensor, *, scale: float, causal: bool, pingpong: bool | None = None,
                                     persistent: bool = PERSISTENT, dropout_p: float = 0.0,
                                     dropout_seed: torch.Tensor | None = None,
                                     descale: torch.Tensor | None = None,
@@ -686,7 +707,8 @@ def launch_attention_forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.T
                                     consumers: int | None = None) -> None:
     """Fill o (B, H, N_q, D) and lse (B, H, N_q) float32 contiguous from q, k, v ((B, H[_kv], N, D)), a call
     :func:`can_run` accepts: no mask, or a causal one (bottom-right aligned) with ``causal``. ``pingpong``: the
-    consumers take turns (:data:`PINGPONG`); ``persistent``: one program per SM walks the work items
+    consumers take turns (None: :data:`PINGPONG`, or :data:`THREE_CONSUMER_PINGPONG_UNMASKED` for three consumers
+    without a mask); ``persistent``: one program per SM walks the work items
     (:data:`PERSISTENT`), else one program per item. Either is off only to measure it. ``dropout_p`` > 0 (the
     effective p, :func:`.dropout.effective_dropout_p`) drops weights from the int64 seed in ``dropout_seed`` (on q's
     device), as the Triton forward does: the same seed drops the same weights. ``descale`` (FP8): q, k, v
@@ -695,8 +717,7 @@ def launch_attention_forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.T
     ``fp8_weights_shared``: P enters P V from shared memory, else from registers (None: :data:`FP8_WEIGHTS_SHARED`).
     ``q_in_registers``: each consumer holds Q in registers (None: :data:`FP8_Q_IN_REGISTERS` for FP8,
     :data:`Q_IN_REGISTERS_HEAD_DIMS` for 16 bits without dropout). ``consumers``: consumer warpgroups a program, 2
-    or 3 (16 bits without dropout at head_dim 64 only; None: 3 at :data:`THREE_CONSUMER_HEAD_DIMS` where allowed,
-    else 2)."""
+    or 3 (16 bits without dropout at head_dim 64 only; None: 3 where :func:`three_consumers_preferred`, else 2)."""
     batch, heads, n_q, head_dim = q.shape
     fp8 = descale is not None
     if fp8_weights_shared is None:
@@ -705,10 +726,13 @@ def launch_attention_forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.T
     # registers and their slots most of shared memory.
     three_allowed = not fp8 and not dropout_p > 0 and head_dim == 64
     if consumers is None:
-        consumers = 3 if three_allowed and head_dim in THREE_CONSUMER_HEAD_DIMS else 2
+        scores = batch * heads * n_q * k.shape[2]
+        consumers = 3 if three_consumers_preferred(head_dim, n_q, k.shape[2], scores, causal, dropout_p > 0, fp8) else 2
     if consumers not in (2, 3) or (consumers == 3 and not three_allowed):
         raise ValueError(f"consumers: expected 2, or 3 for 16-bit inputs without dropout at head_dim 64; got "
                          f"{consumers!r} ({'fp8' if fp8 else q.dtype}, dropout_p={dropout_p}, head_dim={head_dim})")
+    if pingpong is None:
+        pingpong = THREE_CONSUMER_PINGPONG_UNMASKED if consumers == 3 and not causal else PINGPONG
     if q_in_registers is None:  # three consumers' 160 registers leave no room for Q (it spills)
         q_in_registers = FP8_Q_IN_REGISTERS if fp8 else (head_dim in Q_IN_REGISTERS_HEAD_DIMS and not dropout_p > 0
                                                           and consumers == 2)

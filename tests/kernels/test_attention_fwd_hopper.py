@@ -24,9 +24,23 @@ from support.sass import block_loops, compiled_variants, first_operands, run_sas
     (128, 1024, 1024, 2 ** 30, True, False), (128, 2047, 4096, 2 ** 30, True, False),
     (128, 1023, 4096, 2 ** 30, False, False), (128, 4096, 1024, 2 ** 30, True, False),
     (64, 4096, 4096, 2 ** 30, False, False), (256, 4096, 4096, 2 ** 30, False, False),
-    (128, 2048, 2048, 2 ** 27 - 1, False, False)])  # too little work: the host's time per launch decides
+    (128, 2048, 2048, 2 ** 27 - 1, False, False),  # too little work: the host's time per launch decides
+    # head_dim 64 only with three consumers: unmasked, from 8k rows and 2^32 scores (session 69)
+    (64, 8192, 8192, 2 ** 32, False, True), (64, 16384, 8192, 2 ** 33, False, True),
+    (64, 8192, 8192, 2 ** 32, True, False), (64, 8191, 16384, 2 ** 33, False, False),
+    (64, 8192, 8192, 2 ** 32 - 1, False, False)])
 def test_preferred_where_it_was_measured_faster(head_dim, n_q, n_k, scores, causal, expected):
     assert hopper.preferred(head_dim, n_q, n_k, scores, causal) is expected
+
+
+def test_three_consumers_are_preferred_only_for_16_bit_calls_without_dropout_or_a_mask():
+    """The route of head_dim 64's long unmasked rows is the three consumers' own: with dropout, FP8 or a causal
+    mask they were not measured faster (or cannot run), and :func:`preferred` then keeps the Triton forward."""
+    assert hopper.three_consumers_preferred(64, 8192, 8192, 2 ** 32, False)
+    for kwargs in (dict(dropout=True), dict(fp8=True)):
+        assert not hopper.three_consumers_preferred(64, 8192, 8192, 2 ** 32, False, **kwargs)
+    assert not hopper.preferred(64, 8192, 8192, 2 ** 32, False, fp8=True)
+    assert not hopper.three_consumers_preferred(128, 16384, 16384, 2 ** 34, False)
 
 
 def test_cannot_run_off_a_gpu():
@@ -107,6 +121,29 @@ def test_a_causal_call_with_dropout_takes_its_own_config(monkeypatch):
     launched = [(args["BLOCK_M"], args["BLOCK_N"], args["STAGES"]) for _, args in kernel.calls]
     assert launched == [hopper.DROPOUT_CAUSAL_CONFIGS[128], hopper.CONFIGS[128], hopper.CONFIGS[128]]
     assert hopper.DROPOUT_CAUSAL_CONFIGS[128] != hopper.CONFIGS[128]
+
+
+@pytest.mark.parametrize("n, causal, dropout_p, asked, expected", [
+    (8192, False, 0.0, {}, (3, 0)), (16384, False, 0.0, {}, (3, 0)),      # the measured route: no turns
+    (4096, False, 0.0, {}, (2, 1)), (8192, True, 0.0, {}, (2, 1)), (8192, False, 0.1, {}, (2, 1)),
+    (8192, True, 0.0, dict(consumers=3), (3, 1)),                          # causal: turns help three consumers
+    (8192, False, 0.0, dict(consumers=2), (2, 1)), (8192, False, 0.0, dict(pingpong=True), (3, 1))])
+def test_the_launcher_runs_three_consumers_without_turns_by_default_where_they_were_measured_faster(
+        monkeypatch, n, causal, dropout_p, asked, expected):
+    """What the launcher passes the kernel when ``consumers`` and ``pingpong`` are not given, at head_dim 64 with 2
+    sequences of 32 heads (2^32 scores at 8k rows, as timed): three consumers without turns only where
+    :func:`three_consumers_preferred`; given values win."""
+    kernel = RecordedLaunch(hopper.attention_fwd_hopper_kernel)
+    monkeypatch.setattr(hopper, "attention_fwd_hopper_kernel", kernel)
+    monkeypatch.setattr(hopper, "tile_descriptor", lambda t, *shape: t)
+    q = torch.zeros(1, 1, 1, 64).expand(2, 32, n, 64)  # no memory: the descriptors are stand-ins
+    seed = torch.zeros(1, dtype=torch.int64)
+    hopper.launch_attention_forward_hopper(q, q, q, q, q[..., 0], scale=1.0, causal=causal, dropout_p=dropout_p,
+                                           dropout_seed=seed if dropout_p else None, persistent=False, **asked)
+    (grid, args), = kernel.calls
+    assert (args["CONSUMERS"], args["pingpong"]) == expected
+    tiles = n // (64 * expected[0]) + (n % (64 * expected[0]) > 0)  # 192-row tiles with three consumers
+    assert grid == (2 * 32 * ((tiles + 1) // 2 if causal else tiles), )
 
 
 def test_fp8_is_preferred_only_where_it_was_measured_faster():
@@ -361,6 +398,40 @@ def test_gpu_front_door_takes_it_at_d128_and_gradients_follow(monkeypatch, dtype
                                                use_gluon=False)
         o_gluon, lse_gluon = torch.empty_like(out), torch.empty(1, 2, 2048, device="cuda")
         attention_fwd.launch_attention_forward(q, k, v, o_gluon, lse_gluon, AttentionSpec(causal=causal))
+    assert relative_error(o_gluon, o_triton) <= tolerance(dtype)
+    assert relative_error(lse_gluon, lse_triton) <= tolerance(torch.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_front_door_takes_three_consumers_at_d64_long_unmasked_rows_and_gradients_follow(monkeypatch, dtype):
+    """At head_dim 64 an unmasked call of 8192 rows (GQA 4/2) runs the Gluon forward with three consumer warpgroups
+    by default (:func:`.attention_fwd_hopper.three_consumers_preferred`; the work threshold lowered for this small
+    batch): O and the gradients match float64, and O and L match the Triton forward's."""
+    q, k, v, do = make_inputs(1, 4, 2, 8192, 8192, 64, dtype, seed=7, grad_out=True)
+    if not hopper.can_run(q, k, v, q, scale=1.0):
+        pytest.skip("needs a Hopper GPU (sm_90) and Gluon")
+    monkeypatch.setattr(hopper, "THREE_CONSUMER_MIN_SCORES", 0)
+    consumers = []
+    real_launch = hopper.launch
+    monkeypatch.setattr(hopper, "launch", lambda kernel, grid, *args, **kwargs: (
+        consumers.append(kwargs["CONSUMERS"]), real_launch(kernel, grid, *args, **kwargs)))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out = flash_attention(q, k, v)
+    out.backward(do)
+    assert consumers == [3]
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = naive_attention(q64, k64, v64)
+    ref.backward(do.double())
+    assert relative_error(out, ref) <= tolerance(dtype)  # also fails on a NaN: every element written
+    for got, want in ((q.grad, q64.grad), (k.grad, k64.grad), (v.grad, v64.grad)):
+        assert relative_error(got, want) <= tolerance(dtype)
+    with torch.no_grad():
+        o_triton, lse_triton = torch.empty_like(out), torch.empty(1, 4, 8192, device="cuda")
+        attention_fwd.launch_attention_forward(q, k, v, o_triton, lse_triton, use_gluon=False)
+        o_gluon, lse_gluon = torch.full_like(out, float("nan")), torch.full_like(lse_triton, float("nan"))
+        attention_fwd.launch_attention_forward(q, k, v, o_gluon, lse_gluon)
+    assert consumers == [3, 3]
     assert relative_error(o_gluon, o_triton) <= tolerance(dtype)
     assert relative_error(lse_gluon, lse_triton) <= tolerance(torch.float32)
 
