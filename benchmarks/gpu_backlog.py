@@ -92,8 +92,9 @@ Session 69 (one H100) ran ``relative_mask`` (tests passed; causal 1.03x at D = 1
 N = 1k, no loss: kept on main; the call's limit stopped the tree before after 8 of 12 points), ``backward_host``
 (no one function: about 500 Python calls a backward), ``suite`` (408 GPU tests passed; 6 CPU-only modules could not
 be collected without nbformat and pyflakes) and the three consumers at 2k-16k (TUNING.md sixty-fifth to
-sixty-seventh findings): head_dim 64's unmasked forward from 8k rows now takes three consumers without turns.
-Queued: ``three_consumers_route`` (its GPU tests through the front door, then the D = 64 grid).
+sixty-seventh findings): head_dim 64's unmasked forward from 8k rows now takes three consumers without turns, and
+its causal forward from 4k rows the two-consumer Gluon forward (sixty-eighth). Queued: ``three_consumers_route``
+(both routes' GPU tests through the front door, then the D = 64 grid).
 
 The grid measures the forward and backward with the settings the timings decide. A machine is given back 30 s
 after a call, too soon to edit those settings by hand between the two calls, so the timings call also copies its
@@ -721,20 +722,23 @@ STAGES["relative_mask"] = (
 
 # Session 69 routed head_dim 64's unmasked forward from 8192 rows and 2^32 scores to three consumers without turns
 # (attention_fwd_hopper.THREE_CONSUMER_MIN_ROWS, three_consumers_preferred): timed at 2k-16k in fp16 and bf16 (1.06-
-# 1.08x the two consumers, 1.06-1.07x Triton, 1.04-1.06x cuDNN at 8k and 16k; TUNING.md sixty-sixth finding), not yet
-# run through the front door, where the backward follows and the launcher picks the consumers by itself.
+# 1.08x the two consumers, 1.06-1.07x Triton, 1.04-1.06x cuDNN at 8k and 16k; TUNING.md sixty-sixth finding), and its
+# causal forward from 4096 rows to the two-consumer Gluon forward (MIN_ROWS[64]; 1.02-1.06x Triton in four calls,
+# sixty-eighth finding). Neither route has run through the front door, where the backward follows and the launcher
+# picks the consumers by itself.
 STAGES["three_consumers_route"] = (
     Step("three_consumers_route_gpu_tests", 200,
          gpu_pytest("tests/kernels/test_attention_fwd_hopper.py", "-k", "three_consumers or front_door"),
-         "whether the front door takes three consumers at head_dim 64's long unmasked rows with O and the gradients "
-         "matching float64 (and the other Gluon front-door tests still pass); a failure empties "
-         "THREE_CONSUMER_MIN_ROWS"),
+         "whether the front door takes three consumers at head_dim 64's long unmasked rows, and two under the causal "
+         "mask from 4096 rows, with O and the gradients matching float64; a failure empties THREE_CONSUMER_MIN_ROWS "
+         "(or sets MIN_ROWS[64] to (None, None))"),
     Step("d64_grid", 330,
          ("-m", "flashlib.bench", "--mode", "fwd", "--dtype", "fp16,bf16", "--d", "64", "--N",
           "2048,4096,8192,16384", "--causal", "both", "--impl", "flashlib,sdpa_cudnn", "--no-ceilings",
           "--time-budget", "280", "--out", "{out}/d64_grid"),
-         "issue 14's forward ratios at head_dim 64 through the front door with the route: 'flashlib / cuDNN' at "
-         "8k and 16k unmasked should read about 1.04-1.06 (the A/B's), and nothing else moves"),
+         "issue 14's forward ratios at head_dim 64 through the front door with both routes: 'flashlib / cuDNN' "
+         "should read about 1.04-1.06 at 8k and 16k unmasked and 0.95-0.99 causal from 4k (the A/Bs'); a route "
+         "that reads below the Triton forward's ratios there in session 67's grid goes back"),
 )
 
 

@@ -88,7 +88,7 @@ FP8_WEIGHTS_SHARED = True
 #: finding); 16-bit without dropout (whose draws then spill): at the head dims in :data:`Q_IN_REGISTERS_HEAD_DIMS`,
 #: 64, where it ran 1.000-1.033x Q from shared memory at every N from 1k to 16k, causal or not (H100, fp16, session
 #: 53, forty-second finding; at 128 0.962-1.016x, so it stays in shared memory there). The route takes this kernel
-#: at 64 only with ``use_gluon=True`` (:data:`ROUTED_HEAD_DIMS`). The launcher's ``q_in_registers`` takes either.
+#: at 64 under the causal mask from 4096 rows (:data:`MIN_ROWS`). The launcher's ``q_in_registers`` takes either.
 FP8_Q_IN_REGISTERS = True
 Q_IN_REGISTERS_HEAD_DIMS: tuple[int, ...] = (64,)
 #: Registers a thread of each partition: the consumer warpgroups hold O, S and P (FlashAttention-3's 240),
@@ -599,16 +599,17 @@ if HAVE_GLUON:
                                [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
-#: Where :func:`flashlib.kernels.attention_fwd.launch_attention_forward` takes this kernel on its own: where it
-#: was measured faster than the Triton forward (fp16 and bf16, FlashAttention-2 shapes, same process,
-#: ``benchmarks/gluon_fwd_ab.py``, benchmarks/TUNING.md thirty-first and thirty-second findings): head_dim 128
-#: from 1024 query and key rows without a mask (1.07-1.08x at 1024 rows once persistent, session 40, H200) and
-#: from 2048 with the causal mask (1.12-1.20x; at 1024 rows it is 0.98x: the short tiles of a causal grid leave
-#: little to hide a program's prologue behind); at head_dim 64 it runs 0.77-1.04x with two consumers, so 64 takes it
-#: only where three consumers run (:func:`three_consumers_preferred`).
-ROUTED_HEAD_DIMS = (128,)
-MIN_ROWS = 1024
-MIN_ROWS_CAUSAL = 2048
+#: Where :func:`flashlib.kernels.attention_fwd.launch_attention_forward` takes this kernel with two consumers on its
+#: own, {head_dim: (the least query and key rows without a mask, under the causal mask)}, None where the Triton
+#: forward stays the faster; from :data:`MIN_SCORES` scores. Measured against the Triton forward (fp16 and bf16,
+#: FlashAttention-2 shapes, same process, ``benchmarks/gluon_fwd_ab.py``, benchmarks/TUNING.md): head_dim 128 from
+#: 1024 rows without a mask (1.07-1.08x at 1024 rows once persistent, session 40, H200) and from 2048 with the
+#: causal mask (1.12-1.20x; at 1024 rows it is 0.98x: the short tiles of a causal grid leave little to hide a
+#: program's prologue behind; thirty-first and thirty-second findings). Head_dim 64 under the causal mask from 4096
+#: rows: 1.02-1.06x at 4k-16k in four calls on H100s (sessions 53, 68 and twice 69, fp16 and bf16), 1.00-1.03x at
+#: 2048 and 0.82-0.88x at 1024 (sixty-eighth finding); without a mask two consumers run 0.93-0.97x there, and three
+#: take it from 8192 rows (:func:`three_consumers_preferred`).
+MIN_ROWS: dict[int, tuple[int | None, int | None]] = {128: (1024, 2048), 64: (None, 4096)}
 MIN_SCORES = 2 ** 27
 #: The query and key rows from which a call with dropout takes this kernel, per head_dim: (without a mask, under the
 #: causal mask). Measured against the Triton forward with the same dropout (H100, fp16, p = 0.1, FlashAttention-2
@@ -632,17 +633,17 @@ FP8_HEAD_DIMS: tuple[int, ...] = (128,)
 
 def preferred(head_dim: int, n_q: int, n_k: int, scores: float, causal: bool, dropout: bool = False,
               fp8: bool = False) -> bool:
-    """Whether this kernel is the faster forward for these sizes: :data:`ROUTED_HEAD_DIMS`, :data:`MIN_ROWS`
-    (:data:`MIN_ROWS_CAUSAL` under a ``causal`` mask) and :data:`MIN_SCORES` ``scores``, or where three consumers
-    run (:func:`three_consumers_preferred`); with ``dropout``, the head dims and rows of :data:`DROPOUT_MIN_ROWS`;
-    with ``fp8`` inputs, only at :data:`FP8_HEAD_DIMS`."""
+    """Whether this kernel is the faster forward for these sizes: the head dims and rows of :data:`MIN_ROWS` (with
+    or without a ``causal`` mask) and :data:`MIN_SCORES` ``scores``, or where three consumers run
+    (:func:`three_consumers_preferred`); with ``dropout``, the head dims and rows of :data:`DROPOUT_MIN_ROWS`; with
+    ``fp8`` inputs, only at :data:`FP8_HEAD_DIMS`."""
     if dropout:  # 16-bit only: FP8 is for inference (flashlib.fp8 refuses dropout)
         return (not fp8 and head_dim in DROPOUT_MIN_ROWS
                 and min(n_q, n_k) >= DROPOUT_MIN_ROWS[head_dim][int(causal)] and scores >= MIN_SCORES)
     if three_consumers_preferred(head_dim, n_q, n_k, scores, causal, fp8=fp8):
         return True
-    rows = MIN_ROWS_CAUSAL if causal else MIN_ROWS
-    return (head_dim in ROUTED_HEAD_DIMS and min(n_q, n_k) >= rows and scores >= MIN_SCORES
+    rows = MIN_ROWS.get(head_dim, (None, None))[int(causal)]
+    return (rows is not None and min(n_q, n_k) >= rows and scores >= MIN_SCORES
             and (not fp8 or head_dim in FP8_HEAD_DIMS))
 
 

@@ -27,8 +27,11 @@ from support.sass import block_loops, compiled_variants, first_operands, run_sas
     (128, 2048, 2048, 2 ** 27 - 1, False, False),  # too little work: the host's time per launch decides
     # head_dim 64 only with three consumers: unmasked, from 8k rows and 2^32 scores (session 69)
     (64, 8192, 8192, 2 ** 32, False, True), (64, 16384, 8192, 2 ** 33, False, True),
-    (64, 8192, 8192, 2 ** 32, True, False), (64, 8191, 16384, 2 ** 33, False, False),
-    (64, 8192, 8192, 2 ** 32 - 1, False, False)])
+    (64, 8191, 16384, 2 ** 33, False, False),
+    (64, 8192, 8192, 2 ** 32 - 1, False, False),
+    # head_dim 64 with two consumers under the causal mask, from 4096 rows (session 69)
+    (64, 4096, 4096, 2 ** 30, True, True), (64, 4095, 8192, 2 ** 30, True, False),
+    (64, 4096, 4096, 2 ** 27 - 1, True, False), (32, 8192, 8192, 2 ** 34, True, False)])
 def test_preferred_where_it_was_measured_faster(head_dim, n_q, n_k, scores, causal, expected):
     assert hopper.preferred(head_dim, n_q, n_k, scores, causal) is expected
 
@@ -37,6 +40,7 @@ def test_three_consumers_are_preferred_only_for_16_bit_calls_without_dropout_or_
     """The route of head_dim 64's long unmasked rows is the three consumers' own: with dropout, FP8 or a causal
     mask they were not measured faster (or cannot run), and :func:`preferred` then keeps the Triton forward."""
     assert hopper.three_consumers_preferred(64, 8192, 8192, 2 ** 32, False)
+    assert not hopper.three_consumers_preferred(64, 8192, 8192, 2 ** 32, True)  # two consumers take it
     for kwargs in (dict(dropout=True), dict(fp8=True)):
         assert not hopper.three_consumers_preferred(64, 8192, 8192, 2 ** 32, False, **kwargs)
     assert not hopper.preferred(64, 8192, 8192, 2 ** 32, False, fp8=True)
@@ -375,9 +379,12 @@ def test_gpu_programs_that_walk_many_tiles_match_float64(causal, persistent):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("causal", [False, True])
-def test_gpu_front_door_takes_it_at_d128_and_gradients_follow(monkeypatch, dtype, causal):
-    q, k, v, do = make_inputs(1, 2, 2, 2048, 2048, 128, dtype, seed=5, grad_out=True)
+@pytest.mark.parametrize("head_dim, n, causal", [(128, 2048, False), (128, 2048, True), (64, 4096, True)])
+def test_gpu_front_door_takes_it_where_routed_and_gradients_follow(monkeypatch, dtype, head_dim, n, causal):
+    """Where :data:`.attention_fwd_hopper.MIN_ROWS` routes a call with two consumers (head_dim 128 from 1024 rows,
+    2048 causal; 64 causal from 4096): the front door runs the Gluon forward once, O and the gradients match
+    float64, and O and L match the Triton forward's."""
+    q, k, v, do = make_inputs(1, 2, 2, n, n, head_dim, dtype, seed=5, grad_out=True)
     if not hopper.can_run(q, k, v, q, scale=1.0):
         pytest.skip("needs a Hopper GPU (sm_90) and Gluon")
     monkeypatch.setattr(hopper, "MIN_SCORES", 0)  # this small batch is below the eager threshold of work
@@ -393,10 +400,10 @@ def test_gpu_front_door_takes_it_at_d128_and_gradients_follow(monkeypatch, dtype
     for got, want in ((q.grad, q64.grad), (k.grad, k64.grad), (v.grad, v64.grad)):
         assert relative_error(got, want) <= tolerance(dtype)
     with torch.no_grad():  # the Triton forward on the same inputs: the same O and L within rounding
-        o_triton, lse_triton = torch.empty_like(out), torch.empty(1, 2, 2048, device="cuda")
+        o_triton, lse_triton = torch.empty_like(out), torch.empty(1, 2, n, device="cuda")
         attention_fwd.launch_attention_forward(q, k, v, o_triton, lse_triton, AttentionSpec(causal=causal),
                                                use_gluon=False)
-        o_gluon, lse_gluon = torch.empty_like(out), torch.empty(1, 2, 2048, device="cuda")
+        o_gluon, lse_gluon = torch.empty_like(out), torch.empty(1, 2, n, device="cuda")
         attention_fwd.launch_attention_forward(q, k, v, o_gluon, lse_gluon, AttentionSpec(causal=causal))
     assert relative_error(o_gluon, o_triton) <= tolerance(dtype)
     assert relative_error(lse_gluon, lse_triton) <= tolerance(torch.float32)
