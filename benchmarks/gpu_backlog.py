@@ -88,13 +88,13 @@ sixty-second and sixty-third findings). Queued: ``relative_mask`` (the Gluon for
 compare a score, on branch session68-relative-mask: merge it, put the tree before in .old, carry it), then
 ``backward_host`` and ``suite``.
 
-Session 69 (one H100) ran ``relative_mask`` (tests passed; causal 1.03x at D = 128, N = 1k and 1.08x at D = 64,
-N = 1k, no loss: kept on main; the call's limit stopped the tree before after 8 of 12 points), ``backward_host``
-(no one function: about 500 Python calls a backward), ``suite`` (408 GPU tests passed; 6 CPU-only modules could not
-be collected without nbformat and pyflakes) and the three consumers at 2k-16k (TUNING.md sixty-fifth to
-sixty-seventh findings): head_dim 64's unmasked forward from 8k rows now takes three consumers without turns, and
-its causal forward from 4k rows the two-consumer Gluon forward (sixty-eighth). Queued: ``three_consumers_route``
-(both routes' GPU tests through the front door, then the D = 64 grid).
+Session 69 (one H100) ran ``relative_mask`` (tests passed; causal 1.03x at D = 128, N = 1k and 1.08x at D = 64, N =
+1k, the rest within noise (0.98-1.01x): kept on main; the call's limit stopped the tree before after 8 of 12
+points), ``backward_host`` (no one function: 500-800 Python calls a backward), ``suite`` (408 GPU tests passed; 6
+CPU-only modules could not be collected without nbformat and pyflakes) and the three consumers at 2k-16k (TUNING.md
+sixty-fifth to sixty-seventh findings): head_dim 64's unmasked forward from 8k rows now takes three consumers
+without turns, and its causal forward from 4k rows the two-consumer Gluon forward (sixty-eighth). Queued:
+``three_consumers_route`` (both routes' GPU tests through the front door, then the D = 64 grid).
 
 The grid measures the forward and backward with the settings the timings decide. A machine is given back 30 s
 after a call, too soon to edit those settings by hand between the two calls, so the timings call also copies its
@@ -380,7 +380,7 @@ STAGES["causal_short"] = (
          ("benchmarks/gluon_fwd_ab.py", "--dtype", "fp16,bf16", "--d", "128", "--N", "1024,2048", "--no-checks",
           "--variants", "bn64s3=128:64,64,3;bn64s2=128:64,64,2"),
          "whether the causal Gluon forward in 64-key blocks beats the Triton forward (and how near cuDNN) at D = 128, "
-         "N = 1024 and 2048: a causal config of its own and MIN_ROWS_CAUSAL 1024 where bn64*_tflops beats "
+         "N = 1024 and 2048: a causal config of its own and MIN_ROWS[128]'s causal rows 1024 where bn64*_tflops beats "
          "triton_tflops at both dtypes, its output within rounding of the Triton forward's (o_bn64*_vs_triton)"),
 )
 
@@ -721,8 +721,8 @@ STAGES["relative_mask"] = (
 
 
 # Session 69 routed head_dim 64's unmasked forward from 8192 rows and 2^32 scores to three consumers without turns
-# (attention_fwd_hopper.THREE_CONSUMER_MIN_ROWS, three_consumers_preferred): timed at 2k-16k in fp16 and bf16 (1.06-
-# 1.08x the two consumers, 1.06-1.07x Triton, 1.04-1.06x cuDNN at 8k and 16k; TUNING.md sixty-sixth finding), and its
+# (attention_fwd_hopper.THREE_CONSUMER_MIN_ROWS, three_consumers_preferred): timed at 2k-16k in fp16 and bf16 (1.07-
+# 1.08x the two consumers, 1.06-1.07x Triton, 1.03-1.06x cuDNN at 8k and 16k; TUNING.md sixty-sixth finding), and its
 # causal forward from 4096 rows to the two-consumer Gluon forward (MIN_ROWS[64]; 1.02-1.06x Triton in four calls,
 # sixty-eighth finding). Neither route has run through the front door, where the backward follows and the launcher
 # picks the consumers by itself.
@@ -737,7 +737,7 @@ STAGES["three_consumers_route"] = (
           "2048,4096,8192,16384", "--causal", "both", "--impl", "flashlib,sdpa_cudnn", "--no-ceilings",
           "--time-budget", "280", "--out", "{out}/d64_grid"),
          "issue 14's forward ratios at head_dim 64 through the front door with both routes: 'flashlib / cuDNN' "
-         "should read about 1.04-1.06 at 8k and 16k unmasked and 0.95-0.99 causal from 4k (the A/Bs'); a route "
+         "should read about 1.03-1.06 at 8k and 16k unmasked and 0.95-0.99 causal from 4k (the A/Bs'); a route "
          "that reads below the Triton forward's ratios there in session 67's grid goes back"),
 )
 

@@ -103,6 +103,26 @@ def test_the_dq_ab_times_the_triton_dq_kernel_where_the_gluon_one_is_routed(monk
     assert bwd_hopper.dq_preferred(head_dim, 16384, 16384, 2 ** 40)
 
 
+def test_the_forward_ab_times_two_consumers_in_its_base_columns_where_three_are_routed(monkeypatch):
+    """gluon_fwd_ab.py's gluon, gluon_qshared and gluon_qregs columns are the two-consumer kernel with turns, also
+    where the launcher's default runs three consumers without turns (head_dim 64, 16384 unmasked rows of the
+    FlashAttention-2 shapes); a variant passes its own."""
+    import gluon_fwd_ab
+    from flashlib.kernels import attention_fwd_hopper as hopper
+
+    launched = []
+    monkeypatch.setattr(hopper, "launch_attention_forward_hopper", lambda *args, **kwargs: launched.append(kwargs))
+    assert hopper.three_consumers_preferred(64, 16384, 16384, 32 * 16384 ** 2, False)
+    q = torch.zeros(1, 1, 8, 64)  # the launcher is a stand-in: what it is asked decides
+    gluon_fwd_ab.run_gluon(q, q, q, False)
+    for on in (False, True):
+        gluon_fwd_ab.run_gluon(q, q, q, False, q_in_registers=on)
+    assert [(kw["consumers"], kw["pingpong"]) for kw in launched] == [(2, hopper.PINGPONG)] * 3
+    launched.clear()
+    gluon_fwd_ab.run_variant((128, 64, 2), False, True, q, q, q, False, consumers=3)
+    assert [(kw["consumers"], kw["pingpong"]) for kw in launched] == [(3, False)]
+
+
 def test_the_kernel_split_times_each_kernel_with_and_without_dropout(monkeypatch):
     """bwd_kernel_split.py --dropout: each spec's forward runs before its backward; the kernels timed alone get that
     spec's D (the backward's preprocess) and the effective p with the seed, as the backward passes them (p = 0.1

@@ -497,7 +497,7 @@ def _gluon_preferred(q: torch.Tensor, k: torch.Tensor, causal: bool, dropout: bo
     """:func:`.attention_fwd_hopper.preferred` for (B, H, N, D) q and k on a GPU, with dropout or not, FP8 or not."""
     batch, heads, n_q, head_dim = q.shape
     n_k = k.shape[2]
-    scores = batch * heads * n_q * n_k * (0.5 if causal else 1.0)
+    scores = hopper.scores_of(batch, heads, n_q, n_k, causal)
     return hopper.preferred(head_dim, n_q, n_k, scores, causal, dropout=dropout, fp8=fp8)
 
 

@@ -95,17 +95,17 @@ Q_IN_REGISTERS_HEAD_DIMS: tuple[int, ...] = (64,)
 #: the loading warp only addresses. The kernel is capped at KERNEL_REGISTERS so that its three warpgroups
 #: fit the SM's 64K registers; the first consumer (the default partition) gets what the others leave.
 CONSUMER_REGISTERS, LOADER_REGISTERS, KERNEL_REGISTERS = 240, 24, 168
-#: Where a program runs three consumer warpgroups (192-row tiles) rather than two by default, as FlashAttention-3 does
-#: at head_dim 64 (16-bit inputs, no dropout): {head_dim: the least query and key rows}, without a mask and from
+#: Where a program runs three consumer warpgroups (192-row tiles) rather than two by default, as FlashAttention-3
+#: does at head_dim 64 (16-bit inputs, no dropout): {head_dim: the least query and key rows}, without a mask and from
 #: :data:`THREE_CONSUMER_MIN_SCORES` scores. At 64 a key block's two products take half the tensor cores' time they
-#: take at 128 against the same exponentials, so with two consumers each one's softmax outlasts the other's
-#: products; a third warpgroup has its products ready to issue in that gap (benchmarks/TUNING.md, sixty-second
-#: finding). Timed on an H100 (FlashAttention-2 shapes, H = 32, B x N = 16384; each call alone in a CUDA graph):
-#: without a mask and without turns they ran 1.06-1.08x the two consumers and 1.06-1.07x the Triton forward at 8k
-#: and 16k rows (fp16 and bf16, session 69; 1.07x Triton at 16k in session 68 too), but only 1.00x the Triton forward
-#: at 4k and 0.99x at 2k, and under the causal mask 0.64x at 2k to 1.00x at 16k, where the masked loops of the
-#: second and third consumers spill (sixty-sixth finding). Batch x heads x N_q x N_k of 2^32 is the least work
-#: timed. The launcher's ``consumers`` takes 2 or 3 at 64 wherever asked.
+#: take at 128 against the same exponentials, so with two consumers each one's softmax outlasts the other's products;
+#: a third warpgroup has its products ready to issue in that gap (benchmarks/TUNING.md, sixty-second finding). Timed
+#: on an H100 (FlashAttention-2 shapes, H = 32, B x N = 16384; each call alone in a CUDA graph): without a mask and
+#: without turns they ran 1.07-1.08x the two consumers and 1.06-1.07x the Triton forward at 8k and 16k rows (fp16 and
+#: bf16, session 69; 1.07x Triton at 16k in session 68 too), but only 1.00x the Triton forward at 4k and 0.99x at 2k;
+#: under the causal mask 0.64-0.99x the Triton forward at 2k-8k (at 16k with turns 1.07x, but only 1.02-1.03x the two
+#: consumers), with masked loops that spill (sixty-sixth finding). Batch x heads x N_q x N_k of 2^32 is the least
+#: work timed. The launcher's ``consumers`` takes 2 or 3 at 64 wherever asked.
 THREE_CONSUMER_MIN_ROWS: dict[int, int] = {64: 8192}
 THREE_CONSUMER_MIN_SCORES = 2 ** 32
 #: Registers a thread with three consumers: four warpgroups (the loading warp's own included) share the SM's 64K, so
@@ -607,7 +607,7 @@ if HAVE_GLUON:
 #: causal mask (1.12-1.20x; at 1024 rows it is 0.98x: the short tiles of a causal grid leave little to hide a
 #: program's prologue behind; thirty-first and thirty-second findings). Head_dim 64 under the causal mask from 4096
 #: rows: 1.02-1.06x at 4k-16k in four calls on H100s (sessions 53, 68 and twice 69, fp16 and bf16), 1.00-1.03x at
-#: 2048 and 0.82-0.88x at 1024 (sixty-eighth finding); without a mask two consumers run 0.93-0.97x there, and three
+#: 2048 and 0.81-0.88x at 1024 (sixty-eighth finding); without a mask two consumers run 0.96-0.99x there, and three
 #: take it from 8192 rows (:func:`three_consumers_preferred`).
 MIN_ROWS: dict[int, tuple[int | None, int | None]] = {128: (1024, 2048), 64: (None, 4096)}
 MIN_SCORES = 2 ** 27
@@ -629,6 +629,12 @@ DROPOUT_CAUSAL_CONFIGS = {128: (64, 64, 3)}
 #: at 128 it runs 1.05-1.16x the Triton FP8 forward (1.37-1.42x flashlib's fp16 forward, N >= 4k); at 64, where
 #: exp2 bounds both, 0.92-0.99x, so Triton keeps it. Other head dims take it only with ``use_gluon=True``.
 FP8_HEAD_DIMS: tuple[int, ...] = (128,)
+
+
+def scores_of(batch: int, heads: int, n_q: int, n_k: int, causal: bool) -> float:
+    """The scores a call computes, the work its routes are measured by: B·H·N_q·N_k, halved under the causal
+    mask."""
+    return batch * heads * n_q * n_k * (0.5 if causal else 1.0)
 
 
 def preferred(head_dim: int, n_q: int, n_k: int, scores: float, causal: bool, dropout: bool = False,
@@ -727,8 +733,8 @@ def launch_attention_forward_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.T
     # registers and their slots most of shared memory.
     three_allowed = not fp8 and not dropout_p > 0 and head_dim == 64
     if consumers is None:
-        scores = batch * heads * n_q * k.shape[2]
-        consumers = 3 if three_consumers_preferred(head_dim, n_q, k.shape[2], scores, causal, dropout_p > 0, fp8) else 2
+        consumers = 3 if three_allowed and three_consumers_preferred(
+            head_dim, n_q, k.shape[2], scores_of(batch, heads, n_q, k.shape[2], causal), causal) else 2
     if consumers not in (2, 3) or (consumers == 3 and not three_allowed):
         raise ValueError(f"consumers: expected 2, or 3 for 16-bit inputs without dropout at head_dim 64; got "
                          f"{consumers!r} ({'fp8' if fp8 else q.dtype}, dropout_p={dropout_p}, head_dim={head_dim})")

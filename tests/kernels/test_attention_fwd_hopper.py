@@ -37,8 +37,9 @@ def test_preferred_where_it_was_measured_faster(head_dim, n_q, n_k, scores, caus
 
 
 def test_three_consumers_are_preferred_only_for_16_bit_calls_without_dropout_or_a_mask():
-    """The route of head_dim 64's long unmasked rows is the three consumers' own: with dropout, FP8 or a causal
-    mask they were not measured faster (or cannot run), and :func:`preferred` then keeps the Triton forward."""
+    """Three consumers are chosen only for 16-bit calls without dropout or a mask: under the causal mask and with
+    dropout they were not measured faster (two consumers take those calls, by :data:`MIN_ROWS` and
+    :data:`DROPOUT_MIN_ROWS`), FP8 has no three-consumer variant, and at head_dim 64 FP8 keeps the Triton forward."""
     assert hopper.three_consumers_preferred(64, 8192, 8192, 2 ** 32, False)
     assert not hopper.three_consumers_preferred(64, 8192, 8192, 2 ** 32, True)  # two consumers take it
     for kwargs in (dict(dropout=True), dict(fp8=True)):
@@ -100,8 +101,8 @@ def test_the_default_routes_only_preferred_sizes_and_counts_the_scores_a_mask_le
 
 def test_dropout_is_preferred_at_the_head_dims_measured_with_it_causal_or_not():
     """With dropout the Gluon forward beat the Triton one at head_dim 128 from 1024 rows, causal too, and at 64 from
-    1024 rows without a mask and 4096 causal (session 57, H100), where without dropout it takes 128 only, and
-    causal calls from 2048 rows."""
+    1024 rows without a mask and 4096 causal (session 57, H100); without dropout the rows of :data:`MIN_ROWS` (and
+    three consumers') decide."""
     for head_dim, causal, rows in ((128, False, 1024), (128, True, 1024), (64, False, 1024), (64, True, 4096)):
         assert hopper.preferred(head_dim, rows, rows, 2 ** 30, causal, dropout=True)
         assert not hopper.preferred(head_dim, rows // 2, 4 * rows, 2 ** 30, causal, dropout=True)
@@ -377,6 +378,18 @@ def test_gpu_programs_that_walk_many_tiles_match_float64(causal, persistent):
     assert relative_error(lse, ref_lse) <= tolerance(torch.float32)
 
 
+def _record_schedules(monkeypatch):
+    """Run the Gluon forward as ever, recording each launch's (consumers, turns)."""
+    schedules = []
+    real_launch = hopper.launch
+
+    def recorded(kernel, grid, *args, **kwargs):
+        schedules.append((kwargs["CONSUMERS"], dict(zip(kernel.arg_names, args))["pingpong"]))
+        return real_launch(kernel, grid, *args, **kwargs)
+    monkeypatch.setattr(hopper, "launch", recorded)
+    return schedules
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("head_dim, n, causal", [(128, 2048, False), (128, 2048, True), (64, 4096, True)])
@@ -389,10 +402,11 @@ def test_gpu_front_door_takes_it_where_routed_and_gradients_follow(monkeypatch, 
         pytest.skip("needs a Hopper GPU (sm_90) and Gluon")
     monkeypatch.setattr(hopper, "MIN_SCORES", 0)  # this small batch is below the eager threshold of work
     launches = _count_launches(monkeypatch)
+    schedules = _record_schedules(monkeypatch)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     out = flash_attention(q, k, v, causal=causal)
     out.backward(do)
-    assert len(launches) == 1
+    assert len(launches) == 1 and schedules == [(2, 1)]  # two consumers taking turns
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     ref = naive_attention(q64, k64, v64, causal=causal)
     ref.backward(do.double())
@@ -412,21 +426,19 @@ def test_gpu_front_door_takes_it_where_routed_and_gradients_follow(monkeypatch, 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_gpu_front_door_takes_three_consumers_at_d64_long_unmasked_rows_and_gradients_follow(monkeypatch, dtype):
-    """At head_dim 64 an unmasked call of 8192 rows (GQA 4/2) runs the Gluon forward with three consumer warpgroups
-    by default (:func:`.attention_fwd_hopper.three_consumers_preferred`; the work threshold lowered for this small
-    batch): O and the gradients match float64, and O and L match the Triton forward's."""
-    q, k, v, do = make_inputs(1, 4, 2, 8192, 8192, 64, dtype, seed=7, grad_out=True)
+    """At head_dim 64 an unmasked call of 8192 rows (GQA 2/1) runs the Gluon forward with three consumer warpgroups
+    and no turns by default (:func:`.attention_fwd_hopper.three_consumers_preferred`; the work threshold lowered for
+    this small batch): O and the gradients match float64, and O and L match the Triton forward's. The float64
+    reference's (B, H, N, N) matrices (1 GiB each) make this one of the suite's heaviest tests, about 8 GiB."""
+    q, k, v, do = make_inputs(1, 2, 1, 8192, 8192, 64, dtype, seed=7, grad_out=True)
     if not hopper.can_run(q, k, v, q, scale=1.0):
         pytest.skip("needs a Hopper GPU (sm_90) and Gluon")
     monkeypatch.setattr(hopper, "THREE_CONSUMER_MIN_SCORES", 0)
-    consumers = []
-    real_launch = hopper.launch
-    monkeypatch.setattr(hopper, "launch", lambda kernel, grid, *args, **kwargs: (
-        consumers.append(kwargs["CONSUMERS"]), real_launch(kernel, grid, *args, **kwargs)))
+    schedules = _record_schedules(monkeypatch)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     out = flash_attention(q, k, v)
     out.backward(do)
-    assert consumers == [3]
+    assert schedules == [(3, 0)]
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     ref = naive_attention(q64, k64, v64)
     ref.backward(do.double())
@@ -434,11 +446,11 @@ def test_gpu_front_door_takes_three_consumers_at_d64_long_unmasked_rows_and_grad
     for got, want in ((q.grad, q64.grad), (k.grad, k64.grad), (v.grad, v64.grad)):
         assert relative_error(got, want) <= tolerance(dtype)
     with torch.no_grad():
-        o_triton, lse_triton = torch.empty_like(out), torch.empty(1, 4, 8192, device="cuda")
+        o_triton, lse_triton = torch.empty_like(out), torch.empty(1, 2, 8192, device="cuda")
         attention_fwd.launch_attention_forward(q, k, v, o_triton, lse_triton, use_gluon=False)
         o_gluon, lse_gluon = torch.full_like(out, float("nan")), torch.full_like(lse_triton, float("nan"))
         attention_fwd.launch_attention_forward(q, k, v, o_gluon, lse_gluon)
-    assert consumers == [3, 3]
+    assert schedules == [(3, 0), (3, 0)]
     assert relative_error(o_gluon, o_triton) <= tolerance(dtype)
     assert relative_error(lse_gluon, lse_triton) <= tolerance(torch.float32)
 
