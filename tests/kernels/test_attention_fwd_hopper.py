@@ -37,9 +37,9 @@ def test_preferred_where_it_was_measured_faster(head_dim, n_q, n_k, scores, caus
 
 
 def test_three_consumers_are_preferred_only_for_16_bit_calls_without_dropout_or_a_mask():
-    """Three consumers are chosen only for 16-bit calls without dropout or a mask: under the causal mask and with
-    dropout they were not measured faster (two consumers take those calls, by :data:`MIN_ROWS` and
-    :data:`DROPOUT_MIN_ROWS`), FP8 has no three-consumer variant, and at head_dim 64 FP8 keeps the Triton forward."""
+    """Three consumers are chosen only for 16-bit calls without dropout or a mask: under the causal mask they were
+    measured slower (two consumers take those calls, by :data:`MIN_ROWS`), with dropout or FP8 they cannot run (the
+    launcher refuses ``consumers=3``), and at head_dim 64 FP8 keeps the Triton forward."""
     assert hopper.three_consumers_preferred(64, 8192, 8192, 2 ** 32, False)
     assert not hopper.three_consumers_preferred(64, 8192, 8192, 2 ** 32, True)  # two consumers take it
     for kwargs in (dict(dropout=True), dict(fp8=True)):
@@ -406,7 +406,7 @@ def test_gpu_front_door_takes_it_where_routed_and_gradients_follow(monkeypatch, 
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     out = flash_attention(q, k, v, causal=causal)
     out.backward(do)
-    assert len(launches) == 1 and schedules == [(2, 1)]  # two consumers taking turns
+    assert len(launches) == 1 and schedules == [(2, int(hopper.PINGPONG))]  # two consumers, turns as set
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     ref = naive_attention(q64, k64, v64, causal=causal)
     ref.backward(do.double())
