@@ -80,6 +80,7 @@ from ._common import (INTERPRETER_BLOCKS, LOG2E, band_mask, descriptor_ready, de
                       set_block_shapes, tensor_of, tile_sources)
 from . import attention_bwd_hopper as bwd_hopper
 from .attention_fwd import full_float32_config, gluon_dropout_args, longest_first, modifier_args, smem_budget
+from .attention_fwd_hopper import scores_of
 from .dropout import dropout_keep, dropout_keep_t, dropout_stream_key, load_dropout_seed
 from .launch import launch, launch_tuned
 
@@ -606,7 +607,7 @@ def _gluon_preferred(rule, q: torch.Tensor, k: torch.Tensor, causal: bool, dropo
     (B, H, N, D) q and k on a GPU, with dropout or not."""
     batch, heads, n_q, head_dim = q.shape
     n_k = k.shape[2]
-    return rule(head_dim, n_q, n_k, batch * heads * n_q * n_k * (0.5 if causal else 1.0), dropout=dropout)
+    return rule(head_dim, n_q, n_k, scores_of(batch, heads, n_q, n_k, causal), dropout=dropout)
 
 
 def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec: AttentionSpec = AttentionSpec(), *,
