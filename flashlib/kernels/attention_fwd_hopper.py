@@ -118,6 +118,11 @@ PINGPONG = True
 #: and at 8k-16k rows they ran 1.01-1.04x faster without (sixty-second and sixty-sixth findings); under the causal
 #: mask turns help them 1-7%, so there they keep :data:`PINGPONG`.
 THREE_CONSUMER_PINGPONG_UNMASKED = False
+#: Whether a consumer whose rows see none of the second half of the tile's last key block computes that block at
+#: half its width (:func:`_half_last_block`): under the causal mask at 128-key blocks, the first consumer's 64 rows
+#: of every tile but the first end there, so a tile of n key blocks computes n - 1/4 blocks' products, not n (at
+#: 1024 rows, 4.9% of a causal grid's products and exponentials; 16-bit inputs without dropout).
+HALF_LAST_BLOCK = triton.language.constexpr(True)
 #: Whether one program per SM walks the query tiles (the loading warp then fetches the next tile's Q, K and V
 #: during this tile's last products and its epilogue) rather than one program per work item.
 PERSISTENT = True
@@ -372,6 +377,66 @@ if HAVE_GLUON:
         return o, p, alpha, m_i, l_i
 
     @gluon.jit
+    def _last_pv(o, p, alpha, v_smem, bars, j, turn, pingpong, CONSUMER: gl.constexpr, BLOCK_N: gl.constexpr,
+                 HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, o_layout: gl.constexpr):
+        """P V of a tile's last key block (at place ``j`` of the K/V ring, in round ``turn``), O rescaled first;
+        waited for, and its V slot released."""
+        v_empty, turns = bars[5], bars[6]
+        o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        _wait_turn(turns, turn, pingpong, CONSUMER)
+        o = _add_pv(o, p, v_smem, bars[3], j, BLOCK_N, HEAD_DIM, STAGES)
+        _pass_turn(turns, pingpong, CONSUMER)
+        o = warpgroup_mma_wait(num_outstanding=0, deps=(o, ))
+        mbarrier.arrive(v_empty.index(j % STAGES), count=1)
+        return o
+
+    @gluon.jit
+    def _half_last_block(q_tile, k_smem, v_smem, bars, o, p, alpha, m_i, l_i, j, ring, turn, rows, offset, N_K,
+                         qk_scale, pingpong, CONSUMER: gl.constexpr, causal, BLOCK_M: gl.constexpr,
+                         BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                         s_layout: gl.constexpr, p_layout: gl.constexpr, o_layout: gl.constexpr):
+        """The tile's last key block ``j`` for a consumer that sees no key of its second half (the causal
+        diagonal of the first consumer's rows: 64 rows against a 128-key block): S of its first BLOCK_N // 2 keys
+        only, overlapped with P V of block ``j - 1`` (``p``, ``alpha``), then P V of those keys. Half the products
+        and exponentials of a block the full width would spend on scores the mask hides. The same barriers and
+        rounds as :func:`_overlapped_step` and the last P V, so the loader and the other consumers see no
+        difference. Returns O (unnormalized), m and l, in the layouts of the full-width blocks."""
+        k_ready, v_ready, k_empty, v_empty, turns = bars[2], bars[3], bars[4], bars[5], bars[6]
+        HALF: gl.constexpr = BLOCK_N // 2
+        h_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, HALF, 16])
+        row_layout: gl.constexpr = gl.SliceLayout(1, h_layout)
+        slot = (ring + j) % STAGES
+        _wait_turn(turns, turn + j, pingpong, CONSUMER)
+        mbarrier.wait(k_ready.index(slot), ((ring + j) // STAGES) & 1)
+        k_half = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).slice(0, HALF)
+        s = warpgroup_mma(q_tile, k_half.permute((1, 0)), gl.zeros([BLOCK_M, HALF], gl.float32, h_layout),
+                          use_acc=False, is_async=True)
+        o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        o = _add_pv(o, p, v_smem, v_ready, ring + j - 1, BLOCK_N, HEAD_DIM, STAGES)
+        _pass_turn(turns, pingpong, CONSUMER)
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
+        mbarrier.arrive(k_empty.index(slot), count=1)
+        p_f32, m_h, l_h, alpha_h = _softmax_step(s, gl.convert_layout(m_i, row_layout),
+                                                 gl.convert_layout(l_i, row_layout), j * BLOCK_N,
+                                                 gl.convert_layout(rows, row_layout), offset, N_K, qk_scale, True,
+                                                 causal, HALF, h_layout)
+        o, p = warpgroup_mma_wait(num_outstanding=0, deps=(o, p))
+        mbarrier.arrive(v_empty.index((ring + j - 1) % STAGES), count=1)
+        p_half = gl.convert_layout(p_f32.to(q_tile.dtype), p_layout)
+        # P V of the half: its round, as the last P V of a tile takes one.
+        o = o * gl.convert_layout(alpha_h, gl.SliceLayout(1, o_layout))[:, None]
+        _wait_turn(turns, turn + j + 1, pingpong, CONSUMER)
+        mbarrier.wait(v_ready.index(slot), ((ring + j) // STAGES) & 1)
+        v_half = v_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).slice(0, HALF)
+        o = warpgroup_mma(p_half, v_half, o, is_async=True)
+        _pass_turn(turns, pingpong, CONSUMER)
+        o = warpgroup_mma_wait(num_outstanding=0, deps=(o, p_half))[0]
+        mbarrier.arrive(v_empty.index(slot), count=1)
+        return o, gl.convert_layout(m_h, gl.SliceLayout(1, s_layout)), gl.convert_layout(l_h, gl.SliceLayout(1,
+                                                                                                          s_layout))
+
+    @gluon.jit
     def _consume_tile(descs, smem, bars, q_tile, tile_at, ring, turn, tiles, LSE, qk_scale, descale_at, causal,
                       pingpong, dropout, operands, CONSUMER: gl.constexpr, DROPOUT: gl.constexpr):
         """O and LSE of the ``CONSUMER``-th BLOCK_M query rows of one query tile (``tile_at``: its place from
@@ -434,19 +499,39 @@ if HAVE_GLUON:
                                                        1, split, ring, turn, rows_s, offset, N_K, qk_scale, pingpong,
                                                        drop, CONSUMER, False, causal, BLOCK_M, BLOCK_N, HEAD_DIM,
                                                        STAGES, DROPOUT, s_layout, p_layout, o_layout)
-            o, p, alpha, m_i, l_i = _overlapped_blocks(q_tile, k_smem, v_smem, bars, o, p, p_slot, alpha, m_i, l_i,
-                                                       split, n_blocks, ring, turn, rows_s, offset, N_K, qk_scale,
-                                                       pingpong, drop, CONSUMER, True, causal, BLOCK_M, BLOCK_N,
-                                                       HEAD_DIM, STAGES, DROPOUT, s_layout, p_layout, o_layout)
-            if not Q_IN_REGISTERS:  # Q is read by no more product: the loader may bring the next tile's.
-                mbarrier.arrive(q_empty.index(CONSUMER), count=1)
-            # P V of the last block.
-            o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-            _wait_turn(turns, turn + n_blocks, pingpong, CONSUMER)
-            o = _add_pv(o, p, v_smem, v_ready, ring + n_blocks - 1, BLOCK_N, HEAD_DIM, STAGES)
-            _pass_turn(turns, pingpong, CONSUMER)
-            o = warpgroup_mma_wait(num_outstanding=0, deps=(o, ))
-            mbarrier.arrive(v_empty.index((ring + n_blocks - 1) % STAGES), count=1)
+            # The last block at half its width where this consumer's rows see none of its second half
+            # (:data:`HALF_LAST_BLOCK`; decided at compile time first, so that other kernels hold no such code).
+            TWO_CONSUMERS: gl.constexpr = smem[0].type.shape[0] == 2
+            if HALF_LAST_BLOCK and TWO_CONSUMERS and CONSUMER == 0 and BLOCK_N == 2 * BLOCK_M and not DROPOUT \
+                    and not FP8:
+                # the end of this consumer's keys: its last row's last visible key, plus one
+                seen = gl.minimum(N_K, row0 + BLOCK_M + offset)
+                half = (causal != 0) & (n_blocks - 1 >= split) & (seen <= (n_blocks - 1) * BLOCK_N + BLOCK_N // 2)
+                o, p, alpha, m_i, l_i = _overlapped_blocks(q_tile, k_smem, v_smem, bars, o, p, p_slot, alpha, m_i,
+                                                           l_i, split, n_blocks - half.to(gl.int32), ring, turn,
+                                                           rows_s, offset, N_K, qk_scale, pingpong, drop, CONSUMER,
+                                                           True, causal, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, DROPOUT,
+                                                           s_layout, p_layout, o_layout)
+                if not Q_IN_REGISTERS:  # Q is read by no more product: the loader may bring the next tile's.
+                    mbarrier.arrive(q_empty.index(CONSUMER), count=1)
+                if half:
+                    o, m_i, l_i = _half_last_block(q_tile, k_smem, v_smem, bars, o, p, alpha, m_i, l_i, n_blocks - 1,
+                                                   ring, turn, rows_s, offset, N_K, qk_scale, pingpong, CONSUMER,
+                                                   causal, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, s_layout, p_layout,
+                                                   o_layout)
+                else:
+                    o = _last_pv(o, p, alpha, v_smem, bars, ring + n_blocks - 1, turn + n_blocks, pingpong, CONSUMER,
+                                 BLOCK_N, HEAD_DIM, STAGES, o_layout)
+            else:
+                o, p, alpha, m_i, l_i = _overlapped_blocks(q_tile, k_smem, v_smem, bars, o, p, p_slot, alpha, m_i,
+                                                           l_i, split, n_blocks, ring, turn, rows_s, offset, N_K,
+                                                           qk_scale, pingpong, drop, CONSUMER, True, causal, BLOCK_M,
+                                                           BLOCK_N, HEAD_DIM, STAGES, DROPOUT, s_layout, p_layout,
+                                                           o_layout)
+                if not Q_IN_REGISTERS:  # Q is read by no more product: the loader may bring the next tile's.
+                    mbarrier.arrive(q_empty.index(CONSUMER), count=1)
+                o = _last_pv(o, p, alpha, v_smem, bars, ring + n_blocks - 1, turn + n_blocks, pingpong, CONSUMER,
+                             BLOCK_N, HEAD_DIM, STAGES, o_layout)
         elif not Q_IN_REGISTERS:
             mbarrier.arrive(q_empty.index(CONSUMER), count=1)
 
@@ -603,13 +688,15 @@ if HAVE_GLUON:
 #: own, {head_dim: (the least query and key rows without a mask, under the causal mask)}, None where the Triton
 #: forward stays the faster; from :data:`MIN_SCORES` scores. Measured against the Triton forward (fp16 and bf16,
 #: FlashAttention-2 shapes, same process, ``benchmarks/gluon_fwd_ab.py``, benchmarks/TUNING.md): head_dim 128 from
-#: 1024 rows without a mask (1.07-1.08x at 1024 rows once persistent, session 40, H200) and from 2048 with the
-#: causal mask (1.12-1.20x; at 1024 rows it is 0.98x: the short tiles of a causal grid leave little to hide a
-#: program's prologue behind; thirty-first and thirty-second findings). Head_dim 64 under the causal mask from 4096
-#: rows: 1.02-1.06x at 4k-16k in four calls on H100s (sessions 53, 68 and twice 69, fp16 and bf16), 1.00-1.03x at
-#: 2048 and 0.81-0.88x at 1024 (sixty-eighth finding); without a mask two consumers run 0.96-0.99x there, and three
-#: take it from 8192 rows (:func:`three_consumers_preferred`).
-MIN_ROWS: dict[int, tuple[int | None, int | None]] = {128: (1024, 2048), 64: (None, 4096)}
+#: 1024 rows without a mask (1.07-1.08x at 1024 rows once persistent, session 40, H200) and with the causal mask
+#: (1.12-1.20x from 2048 rows; at 1024 rows 0.98x in session 40, 1.01x once the mask took one compare a score, and
+#: 1.06x once the first consumer's diagonal block ran at half width, :data:`HALF_LAST_BLOCK`: H100, fp16, two runs in
+#: one call, session 70, sixty-ninth finding). Head_dim 64 under the causal mask from 2048 rows: 1.02-1.06x at
+#: 4k-16k in four calls on H100s (sessions 53, 68 and twice 69, fp16 and bf16), at 2048 1.00-1.03x before the half
+#: block and 1.02-1.04x with it (session 70), and 0.93-0.95x at 1024 (sixty-eighth and sixty-ninth findings);
+#: without a mask two consumers run 0.96-0.99x there, and three take it from 8192 rows
+#: (:func:`three_consumers_preferred`).
+MIN_ROWS: dict[int, tuple[int | None, int | None]] = {128: (1024, 1024), 64: (None, 2048)}
 MIN_SCORES = 2 ** 27
 #: The query and key rows from which a call with dropout takes this kernel, per head_dim: (without a mask, under the
 #: causal mask). Measured against the Triton forward with the same dropout (H100, fp16, p = 0.1, FlashAttention-2

@@ -21,16 +21,17 @@ from support.sass import block_loops, compiled_variants, first_operands, run_sas
 @pytest.mark.parametrize("head_dim, n_q, n_k, scores, causal, expected", [
     (128, 2048, 2048, 2 ** 27, True, True), (128, 16384, 4096, 2 ** 30, True, True),
     (128, 1024, 1024, 2 ** 28, False, True), (128, 1024, 4096, 2 ** 30, False, True),
-    (128, 1024, 1024, 2 ** 30, True, False), (128, 2047, 4096, 2 ** 30, True, False),
-    (128, 1023, 4096, 2 ** 30, False, False), (128, 4096, 1024, 2 ** 30, True, False),
+    # head_dim 128 under the causal mask from 1024 rows once the diagonal's first half-tile ran at half width
+    (128, 1024, 1024, 2 ** 30, True, True), (128, 4096, 1024, 2 ** 30, True, True),
+    (128, 1023, 4096, 2 ** 30, True, False), (128, 1023, 4096, 2 ** 30, False, False),
     (64, 4096, 4096, 2 ** 30, False, False), (256, 4096, 4096, 2 ** 30, False, False),
     (128, 2048, 2048, 2 ** 27 - 1, False, False),  # too little work: the host's time per launch decides
     # head_dim 64 only with three consumers: unmasked, from 8k rows and 2^32 scores (session 69)
     (64, 8192, 8192, 2 ** 32, False, True), (64, 16384, 8192, 2 ** 33, False, True),
     (64, 8191, 16384, 2 ** 33, False, False),
     (64, 8192, 8192, 2 ** 32 - 1, False, False),
-    # head_dim 64 with two consumers under the causal mask, from 4096 rows (session 69)
-    (64, 4096, 4096, 2 ** 30, True, True), (64, 4095, 8192, 2 ** 30, True, False),
+    # head_dim 64 with two consumers under the causal mask, from 2048 rows (sessions 69 and 70)
+    (64, 2048, 2048, 2 ** 30, True, True), (64, 2047, 8192, 2 ** 30, True, False),
     (64, 4096, 4096, 2 ** 27 - 1, True, False), (32, 8192, 8192, 2 ** 34, True, False)])
 def test_preferred_where_it_was_measured_faster(head_dim, n_q, n_k, scores, causal, expected):
     assert hopper.preferred(head_dim, n_q, n_k, scores, causal) is expected
@@ -109,7 +110,7 @@ def test_dropout_is_preferred_at_the_head_dims_measured_with_it_causal_or_not():
         assert not hopper.preferred(head_dim, 4096, 4096, 2 ** 26, causal, dropout=True)  # below MIN_SCORES
     assert not hopper.preferred(32, 4096, 4096, 2 ** 30, False, dropout=True)
     assert not hopper.preferred(128, 4096, 4096, 2 ** 30, False, dropout=True, fp8=True)  # dropout is 16-bit only
-    assert not hopper.preferred(64, 4096, 4096, 2 ** 30, False) and not hopper.preferred(128, 1024, 1024, 2 ** 30, True)
+    assert not hopper.preferred(64, 4096, 4096, 2 ** 30, False) and not hopper.preferred(128, 512, 512, 2 ** 30, True)
 
 
 def test_a_causal_call_with_dropout_takes_its_own_config(monkeypatch):
@@ -198,17 +199,27 @@ def test_calls_it_does_not_cover_stay_on_the_triton_forward(recorded, case):
     assert out.abs().sum() > 0  # the Triton forward filled it
 
 
+#: Spill instructions the causal kernel's first consumer may keep between its products at head_dim 128: a few of a
+#: tile's scalars (its first row, the mask's offset) held on the stack across the key-block loops for the decision
+#: of :data:`.attention_fwd_hopper.HALF_LAST_BLOCK` and reloaded once a tile, never inside a loop. Compiled for
+#: sm_90a: 4 loads with Triton 3.6 (the GPU machine's; 1 before the half block), 2 stores and 5 loads with 3.9. The
+#: kernel with them ran 1.05x the one without at 1024 rows on an H100 (session 70, TUNING.md sixty-ninth finding).
+CAUSAL_TILE_SCALAR_SPILLS = 8
+
+
 def test_compiles_for_hopper_with_warpgroup_mma_the_copy_engine_and_no_spills_among_the_products():
     """The installed Triton compiles the kernel for sm_90a (its Gluon API as this module uses it); D = 128, the
-    routed head_dim, without and with the causal mask. No consumer spills between its products (a consumer short
-    of registers, e.g. at 232, spills its tiles there); the loading warp and the partitions' entries may keep a
-    few scalars on the stack (benchmarks/TUNING.md, thirty-second finding)."""
+    routed head_dim, without and with the causal mask. No consumer spills inside its key-block loops, nor between
+    its products without a mask (a consumer short of registers, e.g. at 232, spills its tiles there); the loading
+    warp and the partitions' entries may keep a few scalars on the stack (benchmarks/TUNING.md, thirty-second
+    finding), and under the causal mask the first consumer a few of its tile's (:data:`CAUSAL_TILE_SCALAR_SPILLS`)."""
     done = run_sass_counts("--kernel", "gluon_fwd", "--d", "128", "--causal", "no,yes", "--top", "300")
     assert done.returncode == 0, done.stderr[-3000:]
     variants = compiled_variants(done.stdout, "gluon_fwd")
     assert len(variants) == 2, done.stdout
-    for header, among_products, opcodes in variants:
-        assert among_products == 0, header
+    for (header, among_products, opcodes), loops in zip(variants, block_loops(done.stdout, "gluon_fwd")):
+        assert loops and all(stores == loads == 0 for _, _, stores, loads in loops), header
+        assert among_products <= (CAUSAL_TILE_SCALAR_SPILLS if "causal=yes" in header else 0), header
         assert opcodes.get("HGMMA", 0) > 0 and opcodes.get("UTMALDG", 0) > 0, header
         assert opcodes.get("USETMAXREG", 0) > 0, "the partitions' registers must be set (setmaxnreg)"
 
@@ -392,10 +403,10 @@ def _record_schedules(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("head_dim, n, causal", [(128, 2048, False), (128, 2048, True), (64, 4096, True)])
+@pytest.mark.parametrize("head_dim, n, causal", [(128, 2048, False), (128, 1024, True), (64, 2048, True)])
 def test_gpu_front_door_takes_it_where_routed_and_gradients_follow(monkeypatch, dtype, head_dim, n, causal):
     """Where :data:`.attention_fwd_hopper.MIN_ROWS` routes a call with two consumers (head_dim 128 from 1024 rows,
-    2048 causal; 64 causal from 4096): the front door runs the Gluon forward once, O and the gradients match
+    causal or not; 64 causal from 2048): the front door runs the Gluon forward once, O and the gradients match
     float64, and O and L match the Triton forward's."""
     q, k, v, do = make_inputs(1, 2, 2, n, n, head_dim, dtype, seed=5, grad_out=True)
     if not hopper.can_run(q, k, v, q, scale=1.0):
