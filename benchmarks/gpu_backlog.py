@@ -724,8 +724,10 @@ STAGES["relative_mask"] = (
 # (attention_fwd_hopper.THREE_CONSUMER_MIN_ROWS, three_consumers_preferred): timed at 2k-16k in fp16 and bf16 (1.07-
 # 1.08x the two consumers, 1.06-1.07x Triton, 1.03-1.06x cuDNN at 8k and 16k; TUNING.md sixty-sixth finding), and its
 # causal forward from 4096 rows to the two-consumer Gluon forward (MIN_ROWS[64]; 1.02-1.06x Triton in four calls,
-# sixty-eighth finding). Neither route has run through the front door, where the backward follows and the launcher
-# picks the consumers by itself.
+# sixty-eighth finding). Neither route had run through the front door, where the backward follows and the launcher
+# picks the consumers by itself. Ran in session 70 (H100, with the half-width last block's first form in the tree):
+# 20 tests passed; through the front door three consumers read 1.06-1.10x cuDNN at 8k and 16k unmasked, the causal
+# route 0.95-1.03x from 4k (TUNING.md sixty-ninth finding).
 STAGES["three_consumers_route"] = (
     Step("three_consumers_route_gpu_tests", 200,
          gpu_pytest("tests/kernels/test_attention_fwd_hopper.py", "-k", "three_consumers or front_door"),
@@ -741,6 +743,25 @@ STAGES["three_consumers_route"] = (
          "that reads below the Triton forward's ratios there in session 67's grid goes back"),
 )
 
+
+# Session 70 gave the Gluon forward's first consumer a half-width last key block on the causal diagonal
+# (attention_fwd_hopper.HALF_LAST_BLOCK): its first form passed the Gluon forward's 96 GPU tests and ran 1.05x at
+# 1024 causal rows, but its run-time gate put the half block's 16-bit layout into the FP8 kernels, which failed to
+# compile (16 FP8 tests). 27dae5c gates it at compile time; compiled for sm_90a its FP8, dropout and three-consumer
+# kernels keep main's instruction counts and its two-consumer 16-bit kernels the timed form's (within 8). Not yet run
+# on a GPU (TUNING.md sixty-ninth finding).
+STAGES["half_last_block"] = (
+    Step("half_last_block_gpu_tests", 250,
+         gpu_pytest("tests/kernels/test_attention_fwd_hopper.py", "tests/test_fp8.py", workers=12),
+         "whether 27dae5c's forward passes the Gluon forward's and FP8's GPU tests (every mask, dropout, three "
+         "consumers, FP8 through Gluon at 64 and 128); a failure sets HALF_LAST_BLOCK to False and MIN_ROWS back to "
+         "{128: (1024, 2048), 64: (None, 4096)}"),
+    Step("half_last_block_times", 200,
+         ("benchmarks/gluon_fwd_ab.py", "--no-checks", "--d", "128,64", "--dtype", "fp16,bf16", "--N",
+          "1024,2048,4096", "--out", "{out}/half_last_block_times.json"),
+         "issue 14's causal forward at short rows with the half block in its committed form: 'gluon/triton' above 1 "
+         "causal at head_dim 128 from 1024 rows and 64 from 2048 (the routes of MIN_ROWS), bf16 too"),
+)
 
 def command(step: Step, out: Path) -> list:
     """The step's command line, ``{out}`` filled in."""
