@@ -748,20 +748,22 @@ STAGES["three_consumers_route"] = (
 # (attention_fwd_hopper.HALF_LAST_BLOCK): its first form passed the Gluon forward's 96 GPU tests and ran 1.05x at
 # 1024 causal rows, but its run-time gate put the half block's 16-bit layout into the FP8 kernels, which failed to
 # compile (16 FP8 tests). 27dae5c gates it at compile time; compiled for sm_90a its FP8, dropout and three-consumer
-# kernels keep main's instruction counts and its two-consumer 16-bit kernels the timed form's (within 8). Not yet run
-# on a GPU (TUNING.md sixty-ninth finding).
+# kernels keep main's instruction counts; the review then moved its release of Q's slot after the half block's S
+# (the first form released it before, a race at head_dim 128). Not yet run on a GPU (TUNING.md sixty-ninth
+# finding).
 STAGES["half_last_block"] = (
     Step("half_last_block_gpu_tests", 250,
          gpu_pytest("tests/kernels/test_attention_fwd_hopper.py", "tests/test_fp8.py", workers=12),
          "whether 27dae5c's forward passes the Gluon forward's and FP8's GPU tests (every mask, dropout, three "
          "consumers, FP8 through Gluon at 64 and 128); a failure sets HALF_LAST_BLOCK to False and MIN_ROWS back to "
          "{128: (1024, 2048), 64: (None, 4096)}"),
-    Step("half_last_block_times", 200,
+    Step("half_last_block_times", 320,
          ("benchmarks/gluon_fwd_ab.py", "--no-checks", "--d", "128,64", "--dtype", "fp16,bf16", "--N",
           "1024,2048,4096", "--out", "{out}/half_last_block_times.json"),
          "issue 14's causal forward at short rows with the half block in its committed form: 'gluon/triton' above 1 "
          "causal at head_dim 128 from 1024 rows and 64 from 2048 (the routes of MIN_ROWS), bf16 too"),
 )
+
 
 def command(step: Step, out: Path) -> list:
     """The step's command line, ``{out}`` filled in."""

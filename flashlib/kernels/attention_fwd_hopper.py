@@ -88,7 +88,7 @@ FP8_WEIGHTS_SHARED = True
 #: finding); 16-bit without dropout (whose draws then spill): at the head dims in :data:`Q_IN_REGISTERS_HEAD_DIMS`,
 #: 64, where it ran 1.000-1.033x Q from shared memory at every N from 1k to 16k, causal or not (H100, fp16, session
 #: 53, forty-second finding; at 128 0.962-1.016x, so it stays in shared memory there). The route takes this kernel
-#: at 64 under the causal mask from 4096 rows (:data:`MIN_ROWS`). The launcher's ``q_in_registers`` takes either.
+#: at 64 under the causal mask from 2048 rows (:data:`MIN_ROWS`). The launcher's ``q_in_registers`` takes either.
 FP8_Q_IN_REGISTERS = True
 Q_IN_REGISTERS_HEAD_DIMS: tuple[int, ...] = (64,)
 #: Registers a thread of each partition: the consumer warpgroups hold O, S and P (FlashAttention-3's 240),
@@ -393,15 +393,17 @@ if HAVE_GLUON:
     @gluon.jit
     def _half_last_block(q_tile, k_smem, v_smem, bars, o, p, alpha, m_i, l_i, j, ring, turn, rows, offset, N_K,
                          qk_scale, pingpong, CONSUMER: gl.constexpr, causal, BLOCK_M: gl.constexpr,
-                         BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                         BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, RELEASE_Q: gl.constexpr,
                          s_layout: gl.constexpr, p_layout: gl.constexpr, o_layout: gl.constexpr):
         """The tile's last key block ``j`` for a consumer that sees no key of its second half (the causal
         diagonal of the first consumer's rows: 64 rows against a 128-key block): S of its first BLOCK_N // 2 keys
         only, overlapped with P V of block ``j - 1`` (``p``, ``alpha``), then P V of those keys. Half the products
         and exponentials of a block the full width would spend on scores the mask hides. The same barriers and
         rounds as :func:`_overlapped_step` and the last P V, so the loader and the other consumers see no
-        difference. Returns O (unnormalized), m and l, in the layouts of the full-width blocks."""
-        k_ready, v_ready, k_empty, v_empty, turns = bars[2], bars[3], bars[4], bars[5], bars[6]
+        difference. With ``RELEASE_Q`` (Q read from its shared-memory slot) the slot is released to the loader once
+        S, the tile's last product to read it, is done. Returns O (unnormalized), m and l, in the layouts of the
+        full-width blocks."""
+        q_empty, k_ready, v_ready, k_empty, v_empty, turns = bars[1], bars[2], bars[3], bars[4], bars[5], bars[6]
         HALF: gl.constexpr = BLOCK_N // 2
         h_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, HALF, 16])
@@ -417,6 +419,8 @@ if HAVE_GLUON:
         _pass_turn(turns, pingpong, CONSUMER)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
         mbarrier.arrive(k_empty.index(slot), count=1)
+        if RELEASE_Q:  # Q is read by no more product: the loader may bring the next tile's.
+            mbarrier.arrive(q_empty.index(CONSUMER), count=1)
         p_f32, m_h, l_h, alpha_h = _softmax_step(s, gl.convert_layout(m_i, row_layout),
                                                  gl.convert_layout(l_i, row_layout), j * BLOCK_N,
                                                  gl.convert_layout(rows, row_layout), offset, N_K, qk_scale, True,
@@ -512,14 +516,14 @@ if HAVE_GLUON:
                                                            rows_s, offset, N_K, qk_scale, pingpong, drop, CONSUMER,
                                                            True, causal, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, DROPOUT,
                                                            s_layout, p_layout, o_layout)
-                if not Q_IN_REGISTERS:  # Q is read by no more product: the loader may bring the next tile's.
-                    mbarrier.arrive(q_empty.index(CONSUMER), count=1)
-                if half:
+                if half:  # its S reads Q, which it releases
                     o, m_i, l_i = _half_last_block(q_tile, k_smem, v_smem, bars, o, p, alpha, m_i, l_i, n_blocks - 1,
                                                    ring, turn, rows_s, offset, N_K, qk_scale, pingpong, CONSUMER,
-                                                   causal, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, s_layout, p_layout,
-                                                   o_layout)
+                                                   causal, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, not Q_IN_REGISTERS,
+                                                   s_layout, p_layout, o_layout)
                 else:
+                    if not Q_IN_REGISTERS:  # Q is read by no more product: the loader may bring the next tile's.
+                        mbarrier.arrive(q_empty.index(CONSUMER), count=1)
                     o = _last_pv(o, p, alpha, v_smem, bars, ring + n_blocks - 1, turn + n_blocks, pingpong, CONSUMER,
                                  BLOCK_N, HEAD_DIM, STAGES, o_layout)
             else:
@@ -716,6 +720,10 @@ DROPOUT_CAUSAL_CONFIGS = {128: (64, 64, 3)}
 #: at 128 it runs 1.05-1.16x the Triton FP8 forward (1.37-1.42x flashlib's fp16 forward, N >= 4k); at 64, where
 #: exp2 bounds both, 0.92-0.99x, so Triton keeps it. Other head dims take it only with ``use_gluon=True``.
 FP8_HEAD_DIMS: tuple[int, ...] = (128,)
+#: The least query and key rows of a causal FP8 call routed here: :data:`MIN_ROWS`' causal rows from before the
+#: half-width diagonal block (:data:`HALF_LAST_BLOCK`, which FP8 kernels do not run) took head_dim 128 down to 1024;
+#: FP8 was timed from 4096 rows only (forty-first finding).
+FP8_MIN_ROWS_CAUSAL = 2048
 
 
 def scores_of(batch: int, heads: int, n_q: int, n_k: int, causal: bool) -> float:
@@ -729,13 +737,15 @@ def preferred(head_dim: int, n_q: int, n_k: int, scores: float, causal: bool, dr
     """Whether this kernel is the faster forward for these sizes: the head dims and rows of :data:`MIN_ROWS` (with
     or without a ``causal`` mask) and :data:`MIN_SCORES` ``scores``, or where three consumers run
     (:func:`three_consumers_preferred`); with ``dropout``, the head dims and rows of :data:`DROPOUT_MIN_ROWS`; with
-    ``fp8`` inputs, only at :data:`FP8_HEAD_DIMS`."""
+    ``fp8`` inputs, only at :data:`FP8_HEAD_DIMS`, and under the causal mask from :data:`FP8_MIN_ROWS_CAUSAL`."""
     if dropout:  # 16-bit only: FP8 is for inference (flashlib.fp8 refuses dropout)
         return (not fp8 and head_dim in DROPOUT_MIN_ROWS
                 and min(n_q, n_k) >= DROPOUT_MIN_ROWS[head_dim][int(causal)] and scores >= MIN_SCORES)
     if three_consumers_preferred(head_dim, n_q, n_k, scores, causal, fp8=fp8):
         return True
     rows = MIN_ROWS.get(head_dim, (None, None))[int(causal)]
+    if fp8 and causal and rows is not None:
+        rows = max(rows, FP8_MIN_ROWS_CAUSAL)
     return (rows is not None and min(n_q, n_k) >= rows and scores >= MIN_SCORES
             and (not fp8 or head_dim in FP8_HEAD_DIMS))
 

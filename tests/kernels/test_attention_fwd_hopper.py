@@ -37,6 +37,17 @@ def test_preferred_where_it_was_measured_faster(head_dim, n_q, n_k, scores, caus
     assert hopper.preferred(head_dim, n_q, n_k, scores, causal) is expected
 
 
+def test_fp8_keeps_its_causal_rows_where_the_half_width_diagonal_does_not_run():
+    """16-bit causal calls at head_dim 128 take the Gluon forward from 1024 rows (its half-width diagonal block
+    measured 1.06x the Triton forward there); FP8 kernels hold no half block and FP8 was timed from 4096 rows, so
+    its causal calls keep 2048, and its unmasked ones 1024."""
+    assert hopper.preferred(128, 1024, 1024, 2 ** 30, True)
+    assert not hopper.preferred(128, 1024, 1024, 2 ** 30, True, fp8=True)
+    assert not hopper.preferred(128, 2047, 4096, 2 ** 30, True, fp8=True)
+    assert hopper.preferred(128, 2048, 2048, 2 ** 30, True, fp8=True)
+    assert hopper.preferred(128, 1024, 1024, 2 ** 30, False, fp8=True)
+
+
 def test_three_consumers_are_preferred_only_for_16_bit_calls_without_dropout_or_a_mask():
     """Three consumers are chosen only for 16-bit calls without dropout or a mask: under the causal mask they were
     measured slower (two consumers take those calls, by :data:`MIN_ROWS`), with dropout or FP8 they cannot run (the
