@@ -754,9 +754,9 @@ STAGES["three_consumers_route"] = (
 STAGES["half_last_block"] = (
     Step("half_last_block_gpu_tests", 250,
          gpu_pytest("tests/kernels/test_attention_fwd_hopper.py", "tests/test_fp8.py", workers=12),
-         "whether 27dae5c's forward passes the Gluon forward's and FP8's GPU tests (every mask, dropout, three "
-         "consumers, FP8 through Gluon at 64 and 128); a failure sets HALF_LAST_BLOCK to False and MIN_ROWS back to "
-         "{128: (1024, 2048), 64: (None, 4096)}"),
+         "whether the committed forward (0e03a5e's half block) passes the Gluon forward's and FP8's GPU tests "
+         "(every mask, dropout, three consumers, FP8 through Gluon at 64 and 128); a failure sets HALF_LAST_BLOCK to "
+         "False and MIN_ROWS back to {128: (1024, 2048), 64: (None, 4096)}"),
     Step("half_last_block_times", 320,
          ("benchmarks/gluon_fwd_ab.py", "--no-checks", "--d", "128,64", "--dtype", "fp16,bf16", "--N",
           "1024,2048,4096", "--out", "{out}/half_last_block_times.json"),
