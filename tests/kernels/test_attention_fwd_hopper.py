@@ -224,7 +224,7 @@ def test_compiles_for_hopper_with_warpgroup_mma_the_copy_engine_and_no_spills_am
     routed head_dim, without and with the causal mask. No consumer spills inside its key-block loops, nor between
     its products without a mask (a consumer short of registers, e.g. at 232, spills its tiles there); the loading
     warp and the partitions' entries may keep a few scalars on the stack (benchmarks/TUNING.md, thirty-second
-    finding), and under the causal mask the first consumer a few of its tile's (:data:`CAUSAL_TILE_SCALAR_SPILLS`)."""
+    finding), and under the causal mask the consumers a few of a tile's (:data:`CAUSAL_TILE_SCALAR_SPILLS`)."""
     done = run_sass_counts("--kernel", "gluon_fwd", "--d", "128", "--causal", "no,yes", "--top", "300")
     assert done.returncode == 0, done.stderr[-3000:]
     variants = compiled_variants(done.stdout, "gluon_fwd")
