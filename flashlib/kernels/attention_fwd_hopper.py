@@ -295,22 +295,31 @@ if HAVE_GLUON:
     @gluon.jit
     def _scores(q_tile, k_smem, k_ready, j, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                 HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr):
-        """Issue S = Q K_j^T on the tensor cores (not waited for)."""
+        """Issue S = Q K_j^T on the tensor cores (not waited for), over the first ``BLOCK_N`` keys of the slot (all of
+        them but in :func:`_half_last_block`)."""
         slot = j % STAGES
         mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
-        return warpgroup_mma(q_tile, k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)),
-                             gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+        SLOT_N: gl.constexpr = k_smem.type.shape[3]
+        k_tile = k_smem.index(slot).reshape([SLOT_N, HEAD_DIM])
+        if BLOCK_N < SLOT_N:
+            k_tile = k_tile.slice(0, BLOCK_N)
+        return warpgroup_mma(q_tile, k_tile.permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
+                             use_acc=False, is_async=True)
 
     @gluon.jit
     def _add_pv(o, p, v_smem, v_ready, j, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
-        """Issue O += P V_j on the tensor cores (not waited for). FP8 tensor cores read V along the keys (the
-        product's reduction), so FP8 V tiles are stored (HEAD_DIM, BLOCK_N) and read transposed."""
+        """Issue O += P V_j on the tensor cores (not waited for), over the keys P holds: the slot's BLOCK_N, or its
+        first half (:func:`_half_last_block`, 16-bit only). FP8 tensor cores read V along the keys (the product's
+        reduction), so FP8 V tiles are stored (HEAD_DIM, BLOCK_N) and read transposed."""
         slot = j % STAGES
         mbarrier.wait(v_ready.index(slot), (j // STAGES) & 1)
+        KEYS: gl.constexpr = p.type.shape[1]
         if p.dtype.is_fp8():
             v_tile = v_smem.index(slot).reshape([HEAD_DIM, BLOCK_N]).permute((1, 0))
         else:
             v_tile = v_smem.index(slot).reshape([BLOCK_N, HEAD_DIM])
+            if KEYS < BLOCK_N:
+                v_tile = v_tile.slice(0, KEYS)
         return warpgroup_mma(p, v_tile, o, is_async=True)
 
     @gluon.jit
@@ -403,22 +412,18 @@ if HAVE_GLUON:
         difference. With ``RELEASE_Q`` (Q read from its shared-memory slot) the slot is released to the loader once
         S, the tile's last product to read it, is done. Returns O (unnormalized), m and l, in the layouts of the
         full-width blocks."""
-        q_empty, k_ready, v_ready, k_empty, v_empty, turns = bars[1], bars[2], bars[3], bars[4], bars[5], bars[6]
+        q_empty, v_ready, k_empty, v_empty, turns = bars[1], bars[3], bars[4], bars[5], bars[6]
         HALF: gl.constexpr = BLOCK_N // 2
         h_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, HALF, 16])
         row_layout: gl.constexpr = gl.SliceLayout(1, h_layout)
-        slot = (ring + j) % STAGES
         _wait_turn(turns, turn + j, pingpong, CONSUMER)
-        mbarrier.wait(k_ready.index(slot), ((ring + j) // STAGES) & 1)
-        k_half = k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).slice(0, HALF)
-        s = warpgroup_mma(q_tile, k_half.permute((1, 0)), gl.zeros([BLOCK_M, HALF], gl.float32, h_layout),
-                          use_acc=False, is_async=True)
+        s = _scores(q_tile, k_smem, bars[2], ring + j, BLOCK_M, HALF, HEAD_DIM, STAGES, h_layout)
         o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         o = _add_pv(o, p, v_smem, v_ready, ring + j - 1, BLOCK_N, HEAD_DIM, STAGES)
         _pass_turn(turns, pingpong, CONSUMER)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))
-        mbarrier.arrive(k_empty.index(slot), count=1)
+        mbarrier.arrive(k_empty.index((ring + j) % STAGES), count=1)
         if RELEASE_Q:  # Q is read by no more product: the loader may bring the next tile's.
             mbarrier.arrive(q_empty.index(CONSUMER), count=1)
         p_f32, m_h, l_h, alpha_h = _softmax_step(s, gl.convert_layout(m_i, row_layout),
@@ -427,16 +432,14 @@ if HAVE_GLUON:
                                                  causal, HALF, h_layout)
         o, p = warpgroup_mma_wait(num_outstanding=0, deps=(o, p))
         mbarrier.arrive(v_empty.index((ring + j - 1) % STAGES), count=1)
-        p_half = gl.convert_layout(p_f32.to(q_tile.dtype), p_layout)
         # P V of the half: its round, as the last P V of a tile takes one.
+        p_half = gl.convert_layout(p_f32.to(q_tile.dtype), p_layout)
         o = o * gl.convert_layout(alpha_h, gl.SliceLayout(1, o_layout))[:, None]
         _wait_turn(turns, turn + j + 1, pingpong, CONSUMER)
-        mbarrier.wait(v_ready.index(slot), ((ring + j) // STAGES) & 1)
-        v_half = v_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).slice(0, HALF)
-        o = warpgroup_mma(p_half, v_half, o, is_async=True)
+        o = _add_pv(o, p_half, v_smem, v_ready, ring + j, BLOCK_N, HEAD_DIM, STAGES)
         _pass_turn(turns, pingpong, CONSUMER)
         o = warpgroup_mma_wait(num_outstanding=0, deps=(o, p_half))[0]
-        mbarrier.arrive(v_empty.index(slot), count=1)
+        mbarrier.arrive(v_empty.index((ring + j) % STAGES), count=1)
         return o, gl.convert_layout(m_h, gl.SliceLayout(1, s_layout)), gl.convert_layout(l_h, gl.SliceLayout(1,
                                                                                                           s_layout))
 
