@@ -80,6 +80,9 @@ README_GRIDS = (
     # came up (unmasked forward 0.93-0.98x), and one point ran far low (bf16 causal forward at 1024, 0.60x; 0.81x
     # when re-run in the same hour, results/n1024_recheck_session67_h100.log)
     "hopper_session67_grid_fp16_bf16_nvidia_h100_80gb_hbm3.json",
+    # the same grid with session 68-70's forward routes (session 71): the relative mask test, three consumers at 64
+    # from 8k unmasked rows, two consumers at 64 causal from 2k, the half-width diagonal block at 128 causal from 1k
+    "hopper_session71_grid_fp16_bf16_nvidia_h100_80gb_hbm3.json",
 )
 _MIB = 2 ** 20
 
