@@ -765,6 +765,21 @@ STAGES["half_last_block"] = (
          "causal at head_dim 128 from 1024 rows and 64 from 2048 (the routes of MIN_ROWS), bf16 too"),
 )
 
+# Issue 14's first bar is the forward at or above Triton's tutorial 06 at every point, in one process. The README's
+# tutorial column is the tutorial's run of 2026-11-27 (session 36), compared since with later flashlib rows; session
+# 71's grid reads 1.04-1.32x beside it, lowest at head_dim 64 causal, 1024 rows. The tutorial's file is git-ignored:
+# put its TMA forward and launcher in benchmarks/anchors/tutorial06.py (benchmarks/README.md says how) and carry
+# benchmarks/anchors, or its rows say "not found". Its autotuner compiles about 28 configs a (N, head_dim), hence
+# three lengths.
+STAGES["tutorial_one_process"] = (
+    Step("tutorial_fwd_grid", 420,
+         ("-m", "flashlib.bench", "--mode", "fwd", "--dtype", "fp16", "--d", "64,128", "--N", "1024,4096,16384",
+          "--causal", "both", "--impl", "flashlib,sdpa_cudnn,tutorial", "--no-ceilings", "--time-budget", "380",
+          "--out", "{out}/hopper_tutorial_fwd"),
+         "issue 14's first bar in one process: 'flashlib / tutorial' at or above 1 at each of the 12 points (fp16; the "
+         "tutorial does not compile in bf16); a point below names where the forward still trails Triton's own"),
+)
+
 
 def command(step: Step, out: Path) -> list:
     """The step's command line, ``{out}`` filled in."""
