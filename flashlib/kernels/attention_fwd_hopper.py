@@ -701,8 +701,8 @@ if HAVE_GLUON:
 #: H100, fp16, two runs in one call, session 70, sixty-ninth finding; this form 1.05x fp16 and 1.06x bf16, H100,
 #: session 71, seventieth finding). Head_dim 64 under the causal mask from 2048 rows: 1.02-1.06x at 4k-16k in five
 #: calls on H100s (sessions 53, 68, twice 69 and 71, fp16 and bf16), at 2048 1.00-1.03x before the half block and
-#: 1.02-1.04x with it (sessions 70 and 71), and 0.92-0.95x at 1024 (sixty-eighth to seventieth findings); without a
-#: mask two consumers run 0.96-0.99x there, and three take it
+#: 1.02-1.04x with it (sessions 70 and 71), and at 1024 0.81-0.89x before it and 0.92-0.95x with it (sixty-eighth
+#: to seventieth findings); without a mask two consumers run 0.96-0.99x there, and three take it
 #: from 8192 rows (:func:`three_consumers_preferred`).
 MIN_ROWS: dict[int, tuple[int | None, int | None]] = {128: (1024, 1024), 64: (None, 2048)}
 MIN_SCORES = 2 ** 27
