@@ -83,6 +83,9 @@ README_GRIDS = (
     # the same grid with session 68-70's forward routes (session 71): the relative mask test, three consumers at 64
     # from 8k unmasked rows, two consumers at 64 causal from 2k, the half-width diagonal block at 128 causal from 1k
     "hopper_session71_grid_fp16_bf16_nvidia_h100_80gb_hbm3.json",
+    # the fp16 forward beside cuDNN and Triton's tutorial 06 (its TMA forward) in one process, same routes
+    # (session 72): issue 14's first bar, flashlib / tutorial 1.03-1.25x at the 12 points
+    "hopper_session72_tutorial_fwd_fp16_nvidia_h100_80gb_hbm3.json",
 )
 _MIB = 2 ** 20
 
