@@ -16,8 +16,9 @@ For each notebook:
    wrote there and writes back what it returned.
 4. **The verdict.** The grader compares those replies with its own float64
    reference (:func:`flashlib.course.checks.framework.judge`), on the notebook's
-   public cases and on one hidden case per exercise, drawn from a seed of the run
-   (``--seed``), so that outputs looked up in a table fail. Replies are read
+   public cases and on hidden ones: every case of the exercise drawn again from a seed
+   of the run (``--seed``), its designed cases included, so that outputs looked up in a
+   table fail, and fail where the mistake the table hides shows. Replies are read
    as plain data; a reply, a cells file or a file name the checks cannot read
    costs that exercise, never the run; a notebook the grader itself fails on is
    reported as such, and the class goes on.
@@ -168,7 +169,7 @@ def _judge_all(notebook: str, submission: answers.Submission, refused: dict[str,
                cases: dict, workdir: str, outcome: sandbox.Outcome, cell_errors: dict) -> list[ExerciseScore]:
     from . import wire
     from .checks import CHECKS
-    from .checks.framework import judge, verdict
+    from .checks.framework import verdict
 
     scores = []
     for exercise in registry.exercises_of(notebook):
@@ -185,7 +186,7 @@ def _judge_all(notebook: str, submission: answers.Submission, refused: dict[str,
         try:
             loaded = wire.load(path)
             public, hidden = cases[key]
-            expected = len(public) + (hidden is not None)
+            expected = len(public) + len(hidden)
             if not isinstance(loaded, list) or len(loaded) > expected:  # never iterate what the learner sized
                 raise ValueError(f"expected a list of at most {expected} replies, got a {type(loaded).__name__}"
                                  + (f" of {len(loaded)}" if isinstance(loaded, list) else ""))
@@ -219,15 +220,15 @@ def _judge_all(notebook: str, submission: answers.Submission, refused: dict[str,
     return scores
 
 
-def judge_with_hidden(check, cases: tuple[list, object], replies: list) -> tuple[bool, str, list[str]]:
+def judge_with_hidden(check, cases: tuple[list, list], replies: list) -> tuple[bool, str, list[str]]:
     """The verdict on the public cases, as the notebook's check cell gives it (the same words), then on the
-    hidden case (:func:`~flashlib.course.checks.framework.hidden_case`) that the grader added after them."""
+    hidden cases (:func:`~flashlib.course.checks.framework.hidden_cases`) that the grader added after them."""
     from .checks.framework import judge
 
     public, hidden = cases
     passed, headline, details = judge(check, public, replies[:len(public)])
-    if passed and hidden is not None:
-        hidden_passed, hidden_headline, hidden_details = judge(check, [hidden], replies[len(public):])
+    if passed and hidden:
+        hidden_passed, hidden_headline, hidden_details = judge(check, hidden, replies[len(public):])
         if not hidden_passed:
             return False, ("right on the notebook's cases, not on a case only the grader draws: "
                            + hidden_headline), hidden_details
@@ -235,7 +236,7 @@ def judge_with_hidden(check, cases: tuple[list, object], replies: list) -> tuple
 
 
 def hidden_seed(case_seed: int, exercise: str) -> int:
-    """The seed of an exercise's hidden case: the run's ``case_seed`` mixed with the exercise's own seed."""
+    """The seed of an exercise's hidden cases: the run's ``case_seed`` mixed with the exercise's own seed."""
     return (case_seed * 1_000_003 + registry.seed_of(exercise)) % 2**62
 
 
@@ -276,7 +277,7 @@ def grade_notebook(path: str | Path, timeout: float = DEFAULT_TIMEOUT, mode: str
                    enforce_policy: bool = True, case_seed: int | None = None) -> NotebookReport:
     """Grade one notebook; the file at ``path`` is read, never written, and never run.
 
-    ``case_seed`` draws each exercise's hidden case (:func:`hidden_seed`; None: a fresh one, reported in
+    ``case_seed`` draws each exercise's hidden cases (:func:`hidden_seed`; None: a fresh seed, reported in
     the notebook's ``case_seed``). ``enforce_policy=False`` runs even refused answers (tests of the sandbox
     only). A notebook that is a
     symbolic link is not read (it could be another learner's); should the grader fail on a notebook, that
@@ -330,11 +331,11 @@ def _grade_read_notebook(nb, key: str, canonical, path: Path, warnings: list[str
     run_cells, refused = _cells_to_run(submission, canonical, enforce_policy)
     from . import wire
     from .checks import CHECKS
-    from .checks.framework import hidden_case, make_cases
+    from .checks.framework import hidden_cases, make_cases
 
     to_run = [e for e in registry.exercises_of(key) if e.key not in refused and e.key not in submission.problems]
-    # (public cases, hidden case or None): the worker gets both, in that order, not knowing which is which
-    cases = {e.key: (make_cases(CHECKS[e.key]), hidden_case(CHECKS[e.key], hidden_seed(case_seed, e.key)))
+    # (public cases, hidden cases): the worker gets both, in that order, not knowing which is which
+    cases = {e.key: (make_cases(CHECKS[e.key]), hidden_cases(CHECKS[e.key], hidden_seed(case_seed, e.key)))
              for e in to_run}
     workdir = tempfile.mkdtemp(prefix="flashlib-grade-")
     try:
@@ -343,8 +344,7 @@ def _grade_read_notebook(nb, key: str, canonical, path: Path, warnings: list[str
         os.makedirs(os.path.join(workdir, "tmp"))
         for exercise in to_run:
             public, hidden = cases[exercise.key]
-            wire.save_cases(os.path.join(workdir, "cases", f"{exercise.key}.pt"),
-                            public + ([hidden] if hidden is not None else []))
+            wire.save_cases(os.path.join(workdir, "cases", f"{exercise.key}.pt"), public + hidden)
         job = {"notebook": key, "cells": run_cells, "cell_time_limit": CELL_TIME_LIMIT,
                "exercises": [e.key for e in to_run], "answers": {e.key: e.answer for e in to_run}}
         Path(workdir, "job.json").write_text(json.dumps(job), encoding="utf-8")
@@ -478,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sandbox", choices=sandbox.MODES, default=None,
                         help="how to isolate learners' code (default: the strongest that works here)")
     parser.add_argument("--seed", type=int, default=None, metavar="N",
-                        help="draw each exercise's hidden case from N (default: a fresh one, printed), to grade "
+                        help="draw each exercise's hidden cases from N (default: a fresh seed, printed), to grade "
                              "again with the same cases")
     parser.add_argument("--exercises", metavar="DIR", default=None,
                         help=f"the course's exercise notebooks (default {default_exercises_dir()})")

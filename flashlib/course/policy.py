@@ -18,7 +18,9 @@ region is refused when it
   what the exercise forbids (its finished implementation, ``softmax`` where the
   exercise is to write one: ``Exercise.forbidden``, as names or attributes, and in any
   case and with or without underscores, so that the class ``torch.nn.Softmax`` goes with
-  the function ``softmax``: :func:`same_name`);
+  the function ``softmax``: :func:`same_name`; a long forbidden name inside a longer one
+  read from outside the answer, ``torch.nn.AdaptiveLogSoftmaxWithLoss`` for ``softmax``:
+  :func:`holds_name`);
 * follows an attribute chain from a name the notebook imported (``torch``, ``tl``, ``F``,
   ``math``) to a module outside the course's own (``torch.functional.operator``,
   ``tl.core.typing``): the chain is followed, without running anything, on the very
@@ -53,6 +55,7 @@ import ast
 import builtins
 import dataclasses
 import linecache
+import re
 
 from . import answers, reach, registry
 
@@ -81,16 +84,24 @@ def describe(refusals: list[Refusal]) -> str:
 def refusals_in_notebook(exercise: registry.Exercise, learner) -> list[Refusal]:
     """The refusals of the answer regions in the notebook cell that defines ``learner`` (a function, a Triton
     kernel or a class), read from the cell's source as Jupyter keeps it, so that the check cell refuses what
-    the grader will refuse. [] where the source cannot be found (code not typed into a cell) or the cell has no
-    answer markers. The given cells are the course's (:func:`~flashlib.course.answers.course_cells`), as the
-    grader reads them; where the record lacks the notebook, they are taken to import what the course's
-    notebooks import."""
+    the grader will refuse. [] where the source cannot be found (code not typed into a cell) or the cell, not a
+    notebook cell, has no answer markers. A notebook cell without markers is refused: the grader reads the
+    answer only from between the markers of the exercise's own cell, so it would not see this code (session 72's
+    audit: a function redefined in a scratch cell got the check's tick and the grader's "not attempted").
+    The given cells are the course's (:func:`~flashlib.course.answers.course_cells`), as the grader reads them;
+    where the record lacks the notebook, they are taken to import what the course's notebooks import."""
     code = _code_of(learner)
     source = "".join(linecache.getlines(code.co_filename)) if code is not None else ""
     lines = source.split("\n")
     pairs = answers.marker_pairs(lines)
     if isinstance(pairs, str):  # markers out of order: the grader reports that, not these rules
         return []
+    if not pairs and source and is_notebook_cell(code.co_filename):
+        name = getattr(getattr(learner, "fn", learner), "__name__", "this answer")
+        return [Refusal(code.co_firstlineno, f"`{name}` comes from a cell without this exercise's answer markers: "
+                                             "the grader reads the answer only between BEGIN YOUR ANSWER and END "
+                                             "YOUR ANSWER in the exercise's own cell, so it would not see this "
+                                             "code; write it there and run that cell")]
     regions = [(begin + 2, end) for begin, end in pairs  # 1-based lines between the markers
                if not answers.is_unattempted("\n".join(lines[begin + 1:end]))]
     if not regions:
@@ -104,6 +115,13 @@ def refusals_in_notebook(exercise: registry.Exercise, learner) -> list[Refusal]:
     given = {name for name, value in module_globals.items()
              if (getattr(value, "__module__", None) or getattr(value, "__name__", "") or "").startswith("flashlib")}
     return check_answer(exercise, source, regions, given)
+
+
+def is_notebook_cell(filename: str) -> bool:
+    """Whether code compiled from ``filename`` was typed into a Jupyter cell: ipykernel names a cell's file
+    ``.../ipykernel_<pid>/<hash>.py``, older IPython ``<ipython-input-<n>-<hash>>``."""
+    return (re.search(r"ipykernel_\d+[/\\]\d+\.py$", filename) is not None
+            or filename.startswith("<ipython-input-"))
 
 
 def _code_of(learner):
@@ -143,6 +161,22 @@ def same_name(name: str, forbidden: str) -> bool:
     ``np`` would refuse a learner's ``n_p``.
     """
     return _spelling(name) == _spelling(forbidden)
+
+
+#: The shortest forbidden name that :func:`holds_name` looks for inside longer ones.
+HELD_NAME_LETTERS = 7
+
+
+def holds_name(name: str, forbidden: str) -> bool:
+    """Whether ``name`` holds ``forbidden`` inside it, spelled as :func:`same_name` reads it, where ``forbidden``
+    has at least :data:`HELD_NAME_LETTERS` letters: ``AdaptiveLogSoftmaxWithLoss`` holds ``softmax``, and its
+    ``log_prob`` does the max subtraction an exercise on softmax asks the learner to write. A deny list of exact
+    names misses such a class (session 72's audit). Applied only to what an answer reads from outside itself
+    (attributes, the notebook's names), never to its own locals; shorter names (``torch``, ``grad``) stay exact,
+    where ``grad`` inside ``gradient`` would refuse too much.
+    """
+    held = _spelling(forbidden)
+    return len(held) >= HELD_NAME_LETTERS and held in _spelling(name) and held != _spelling(name)
 
 
 def _spelling(name: str) -> str:
@@ -204,11 +238,11 @@ def check_answer(exercise: registry.Exercise, source: str, regions: list[tuple[i
     imports.update(reach.given_imports([source]))
     class_bound: set[int] = set()  # reads in a class body of names the class binds: maybe the class's own
     reads = reach.global_reads(tree, class_bound)
-    # What the answer may read as a global: what the notebook's cells (and this one) bind, and Python's builtins.
-    # A name bound only by a cell of the learner's own is not there when the grader runs the answer.
-    defined = (None if notebook_names is None
-               else set(notebook_names) | answers.names_bound([source])
-               | (set(dir(builtins)) - _JUPYTER_BUILTINS))
+    # What the answer may read as a global: what the course's cells bind (this one as the course wrote it), and
+    # Python's builtins. A name bound only by a cell of the learner's own, or by lines the learner added to this
+    # cell outside the markers, is not there when the grader runs the answer: the check cell, which reads the
+    # learner's cell as edited, once counted the latter (session 72's audit).
+    defined = (None if notebook_names is None else set(notebook_names) | (set(dir(builtins)) - _JUPYTER_BUILTINS))
     chains = reach.Chains({name: binding for name, binding in imports.items()
                            if name not in forbidden | forbidden_flashlib and _spelling(name) not in spellings},
                           reads)
@@ -246,6 +280,9 @@ def check_answer(exercise: registry.Exercise, source: str, regions: list[tuple[i
                 name = spellings[_spelling(word)]
                 refusals.append(Refusal(line, f"{shown} is not allowed in this answer (it is `{name}` "
                                               "by another spelling)" + _why(name, exercise)))
+            elif held := [name for name in exercise.forbidden if name not in allowed and holds_name(word, name)]:
+                refusals.append(Refusal(line, f"{shown} is not allowed in this answer (it holds `{held[0]}`, "
+                                              "which this exercise forbids)" + _why(held[0], exercise)))
             elif (is_name and defined is not None and id(node) in reads and id(node) not in class_bound
                   and word not in defined):
                 refusals.append(Refusal(line, f"{shown} is not defined by the notebook's cells: the grader runs only "

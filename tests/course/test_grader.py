@@ -398,6 +398,76 @@ def test_the_notebooks_check_refuses_what_the_grader_refuses_in_its_words(key, n
     assert graded.feedback in grader._short(mine.feedback), (graded.feedback, mine.feedback)
 
 
+def _run_as_a_cell(source: str, namespace: dict, cell_number: int) -> None:
+    """Run ``source`` as ipykernel runs a cell: compiled under a file name of its own kind, its lines kept."""
+    filename = f"/tmp/ipykernel_4242/{3141592 + cell_number}.py"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), namespace)
+
+
+def _imports_of(key: str) -> str:
+    canonical = nbformat.read(EXERCISES / f"{key}.ipynb", as_version=4)
+    return answers.take_answers(canonical, canonical, key).cells[0].source
+
+
+def test_a_helper_added_outside_the_markers_is_refused_by_the_check_as_by_the_grader(tmp_path):
+    """Session 72's audit: a helper defined in the answer cell above the function, outside the markers, got the
+    check cell's tick (it read the cell as edited) and the grader's refusal (it runs the cell as the course wrote
+    it, plus the answer regions). The check now reads only the course's names, as the grader does."""
+    from flashlib.course import checks
+    from flashlib.course.checks.framework import run_check
+
+    key, name = "01_naive_attention", "stable_softmax"
+    nb = learner_notebook(key, {name: "e = torch.exp(x - row_max(x))\nreturn e / e.sum(dim=-1, keepdim=True)"})
+    cell = next(c for c in nb.cells if c.cell_type == "code" and answers._defines(c.source, name))
+    cell.source = "def row_max(x):\n    return x.amax(dim=-1, keepdim=True)\n\n\n" + cell.source
+    graded = scores(grader.grade_notebook(write(nb, tmp_path / f"{key}.ipynb")))[name]
+    namespace = {}
+    exec(_imports_of(key), namespace)
+    _run_as_a_cell(cell.source, namespace, 1)
+    mine = run_check(checks.CHECKS[f"{key}.{name}"], namespace[name])
+    assert graded.status == "REFUSED" and not mine.passed and mine.points == 0
+    for feedback in (graded.feedback, mine.feedback):
+        assert "`row_max` is not defined by the notebook's cells" in feedback, feedback
+
+
+def test_a_function_redefined_in_a_cell_without_markers_fails_the_check_as_it_fails_the_grader(tmp_path):
+    """Session 72's audit: a scratch cell that redefined the answer's function (here with torch.softmax, which
+    the exercise forbids) got the check cell's tick, and the grader, which reads only the marked cell, gave
+    "not attempted". The check now says where the grader looks."""
+    from flashlib.course import checks
+    from flashlib.course.checks.framework import run_check
+
+    key, name = "01_naive_attention", "naive_attention"
+    scratch = ("def naive_attention(q, k, v):\n"
+               "    return torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, -1) @ v")
+    nb = learner_notebook(key, extra_cells=[scratch])
+    for cell in nb.cells:  # the marked cell left as the exercise gives it
+        if cell.cell_type == "code" and answers._defines(cell.source, name) and answers.marker_pairs(
+                cell.source.split("\n")):
+            canonical = nbformat.read(EXERCISES / f"{key}.ipynb", as_version=4)
+            cell.source = next(c.source for c in canonical.cells if c.cell_type == "code"
+                               and answers._defines(c.source, name))
+    graded = scores(grader.grade_notebook(write(nb, tmp_path / f"{key}.ipynb")))[name]
+    namespace = {}
+    exec(_imports_of(key), namespace)
+    _run_as_a_cell(scratch, namespace, 2)
+    mine = run_check(checks.CHECKS[f"{key}.{name}"], namespace[name])
+    assert not graded.passed and "not attempted" in graded.feedback
+    assert not mine.passed and mine.points == 0
+    assert "comes from a cell without this exercise's answer markers" in mine.feedback, mine.feedback
+    # a function of a file, not a cell (the library's reference, as a demo passes it), is not held to the markers
+    from flashlib.reference import naive_attention as reference
+
+    assert policy.refusals_in_notebook(registry.BY_KEY[f"{key}.{name}"], reference) == []
+
+
+def test_notebook_cells_are_told_by_the_file_names_jupyter_gives_them():
+    assert policy.is_notebook_cell("/tmp/ipykernel_812/2471389642.py")
+    assert policy.is_notebook_cell("<ipython-input-3-5d1c1a2f9e0b>")
+    assert not policy.is_notebook_cell("/work/flashlib/reference.py") and not policy.is_notebook_cell("<string>")
+
+
 def test_a_blank_exercise_is_not_attempted_in_the_notebook_not_refused():
     """The placeholder of a generated exercise is no answer to read: the check cell says not attempted."""
     import linecache
@@ -618,17 +688,98 @@ def test_outputs_looked_up_in_a_table_pass_the_notebook_but_not_the_grader(tmp_p
 
 
 @pytest.mark.parametrize("seed", [3, 11])
-def test_every_exercise_gets_a_hidden_case_the_notebook_never_ran(seed):
+def test_every_exercise_gets_hidden_cases_the_notebook_never_ran(seed):
     """Formula exercises draw plain numbers, not tensors; their hidden case was once taken for a public one (only
     tensors were compared), so four exercises had none and a table of their public outputs passed the grader."""
     from flashlib.course.checks import CHECKS
-    from flashlib.course.checks.framework import hidden_case, make_cases
+    from flashlib.course.checks.framework import hidden_cases, make_cases
 
     for key, check in CHECKS.items():
-        hidden = hidden_case(check, grader.hidden_seed(seed, key))
-        assert hidden is not None, key
-        assert not any(hidden.description == case.description and equal_values(hidden.args, case.args)
-                       for case in make_cases(check)), key
+        hidden = hidden_cases(check, grader.hidden_seed(seed, key))
+        assert hidden, key
+        for case in hidden:
+            assert not any(case.description == public.description and equal_values(case.args, public.args)
+                           for public in make_cases(check)), key
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_table_of_the_public_outputs_with_any_named_mistake_elsewhere_fails_the_hidden_cases(seed):
+    """The audit of session 72: the one hidden case was the smallest fresh one, always the easy kind (float32
+    standard normal values for the softmax, S = 1 for the merge of splits), so the public outputs in a table and
+    the mistake the hard cases are made for everywhere else (no max subtracted, no merge at all) got full points.
+    Every named mistake of every function exercise must now fail on the hidden cases alone, in each of its
+    variants. The three kernel exercises are left out: the check launches their kernel and notes its buffers
+    in the reply, which a table of outputs has no way to fill, and a kernel body is no place for a table."""
+    from flashlib.course.checks import CHECKS
+    from flashlib.course.checks.framework import Reply, accept_callable, copy_tensors, hidden_cases, make_cases
+
+    kernels = {"02_triton_tiled_matmul.matmul_kernel", "04_flash_forward.inner_loop", "05_flash_backward.dkdv_loop"}
+    assert all(CHECKS[key].accept is not accept_callable for key in kernels)  # each takes a kernel, not a function
+    for key, check in CHECKS.items():
+        if key in kernels or key == GRAPH_CHECKED:
+            continue
+        public = make_cases(check)
+        hidden = hidden_cases(check, grader.hidden_seed(seed, key))
+        table = [Reply("ok", out=_right_output(case), args=copy_tensors(case.args)) for case in public]
+        assert grader.judge_with_hidden(check, (public, hidden), table + [
+            Reply("ok", out=_right_output(case), args=copy_tensors(case.args)) for case in hidden])[0], key
+        for mistake in check.mistakes:
+            outputs = [_mistake_outputs(mistake, case) for case in hidden]
+            variants = max((len(o) for o in outputs if o is not None), default=0)
+            assert variants, f"{key}: mistake {mistake.name!r} cannot be told apart on any hidden case"
+            for variant in range(variants):
+                replies = [Reply("ok", out=_right_output(case) if o is None else o[min(variant, len(o) - 1)],
+                                 args=copy_tensors(case.args)) for case, o in zip(hidden, outputs)]
+                passed, headline, _ = grader.judge_with_hidden(check, (public, hidden), table + replies)
+                assert not passed, f"{key}: mistake {mistake.name!r} (variant {variant}) passed the hidden cases"
+                assert headline.startswith("right on the notebook's cases, not on a case only the grader draws")
+
+
+#: The exercise whose check follows the output's autograd graph back to q, k and v: a table's tensors have none.
+GRAPH_CHECKED = "08_in_practice.attend"
+
+
+def test_a_table_of_public_outputs_fails_the_public_cases_where_the_check_follows_the_autograd_graph():
+    from flashlib.course.checks import CHECKS
+    from flashlib.course.checks.framework import judge, make_cases, run_learner
+
+    check = CHECKS[GRAPH_CHECKED]
+    public = make_cases(check)
+
+    def table(*args):
+        for case in public:
+            if equal_values(tuple(a.detach() if hasattr(a, "detach") else a for a in args), case.args):
+                return _right_output(case)
+        raise AssertionError("an input the table does not hold")
+
+    passed, headline, _ = judge(check, public, run_learner(check, table, public))
+    assert not passed and "gradient" in headline
+
+
+def _right_output(case):
+    """The case's float64 reference in the dtype the check wants back: what a table of outputs would hold."""
+    import torch
+
+    def cast(value, dtype):
+        return value.clone() if dtype is None or not isinstance(value, torch.Tensor) else value.to(dtype)
+
+    if isinstance(case.expected, tuple):
+        dtypes = case.out_dtype if isinstance(case.out_dtype, tuple) else (case.out_dtype,) * len(case.expected)
+        return tuple(cast(value, dtype) for value, dtype in zip(case.expected, dtypes))
+    return cast(case.expected, case.out_dtype)
+
+
+def _mistake_outputs(mistake, case) -> list | None:
+    """What ``mistake`` returns for ``case`` as a list of variants, or None where it cannot be told apart."""
+    from flashlib.course.checks.framework import copy_tensors
+
+    try:
+        produced = mistake.compute(*copy_tensors(case.args))
+    except Exception:  # noqa: BLE001 - a mistake that cannot run on a case does not apply to it
+        return None
+    if produced is None:
+        return None
+    return produced if isinstance(produced, list) else [produced]
 
 
 def equal_values(a, b) -> bool:
@@ -664,21 +815,26 @@ def test_a_table_of_a_formula_exercises_public_outputs_fails_the_grader(tmp_path
     assert got["achieved_tflops"].status == "PASS"
 
 
-def test_the_hidden_case_is_new_reproducible_and_judged_after_the_public_ones():
+def test_the_hidden_cases_are_new_reproducible_and_judged_after_the_public_ones():
     from flashlib.course.checks import CHECKS
-    from flashlib.course.checks.framework import hidden_case, judge, make_cases, run_learner
+    from flashlib.course.checks.framework import hidden_cases, judge, make_cases, run_learner
     from flashlib.reference import stable_softmax
 
     key = "01_naive_attention.stable_softmax"
     check, public = CHECKS[key], make_cases(CHECKS[key])
     seeds = [grader.hidden_seed(run, key) for run in (1, 2)]
     assert seeds[0] != seeds[1] and grader.hidden_seed(1, key) == seeds[0]
-    hidden = hidden_case(check, seeds[0])
-    assert hidden is not None and not any(torch_equal_args(hidden, case) for case in public)
-    assert torch_equal_args(hidden, hidden_case(check, seeds[0]))  # the same seed, the same case
-    replies = run_learner(check, stable_softmax, public + [hidden])
+    hidden = hidden_cases(check, seeds[0])
+    assert hidden and not any(torch_equal_args(case, old) for case in hidden for old in public)
+    again = hidden_cases(check, seeds[0])  # the same seed, the same cases
+    assert len(again) == len(hidden) and all(map(torch_equal_args, hidden, again))
+    # the designed case (rows near +-800) is drawn again: the same structure, other values
+    designed = [case for case in hidden if "very different offsets" in case.description]
+    assert len(designed) == 1 and not torch_equal_args(designed[0], public[0])
+    assert designed[0].description == public[0].description
+    replies = run_learner(check, stable_softmax, public + hidden)
     assert grader.judge_with_hidden(check, (public, hidden), replies) == judge(check, public, replies[:len(public)])
-    wrong_on_hidden = replies[:len(public)] + [dataclasses.replace(replies[-1], out=replies[-1].out * 2)]
+    wrong_on_hidden = replies[:-1] + [dataclasses.replace(replies[-1], out=replies[-1].out * 2)]
     passed, headline, _ = grader.judge_with_hidden(check, (public, hidden), wrong_on_hidden)
     assert not passed and headline.startswith("right on the notebook's cases, not on a case only the grader draws")
 

@@ -70,6 +70,13 @@ RED_TEAM = [
      ["`.LogSoftmax` is not allowed in this answer (it is `log_softmax` by another spelling)"]),
     ("03_online_softmax", "merge_partials", "s = torch.nn.Softmin(dim=-1)\nreturn m_a, l_a, o_a",
      ["`.Softmin` is not allowed in this answer (it is `softmin` by another spelling)"]),
+    # a class that holds a forbidden name: its log_prob subtracts the max for the learner (session 72's audit)
+    ("01_naive_attention", "stable_softmax",
+     "a = torch.nn.AdaptiveLogSoftmaxWithLoss(x.shape[-1], x.shape[-1] + 1, [x.shape[-1]])\n"
+     "return a.log_prob(x.reshape(-1, x.shape[-1]))[:, :x.shape[-1]].exp().reshape(x.shape)",
+     ["`.AdaptiveLogSoftmaxWithLoss` is not allowed in this answer (it holds `softmax`"]),
+    ("09_decoding", "merge_splits", "n = torch.nn\nreturn n.AdaptiveLogSoftmaxWithLoss",
+     ["`.AdaptiveLogSoftmaxWithLoss` is not allowed in this answer (it holds `softmax`"]),
     ("01_naive_attention", "stable_softmax", "return torch.nn.functional.softmin(-x, dim=-1)",
      ["`.softmin` is not allowed in this answer"]),
     ("01_naive_attention", "stable_softmax", "return torch.distributions.Categorical(logits=x).probs",
@@ -318,6 +325,17 @@ def test_every_solution_is_accepted(pass_given):
 ])
 def test_legit_answer_code_is_accepted(key, answer, code):
     assert refusals(key, answer, code) == ""
+
+
+def test_holds_name_finds_long_forbidden_names_inside_others_and_spares_the_answers_own_names():
+    assert policy.holds_name("AdaptiveLogSoftmaxWithLoss", "softmax")
+    assert policy.holds_name("special_log_softmax_x", "log_softmax")
+    assert not policy.holds_name("Softmax", "softmax")  # the same name is same_name's, not held
+    assert not policy.holds_name("gradient", "grad") and not policy.holds_name("torchvision", "torch")  # too short
+    # the answer's own locals may hold a forbidden name: a learner's softmax_out is theirs
+    assert refusals("01_naive_attention", "stable_softmax",
+                    "softmax_out = torch.exp(x - x.amax(dim=-1, keepdim=True))\n"
+                    "return softmax_out / softmax_out.sum(dim=-1, keepdim=True)") == ""
 
 
 def test_same_name_is_case_and_underscore_blind_and_nothing_more():

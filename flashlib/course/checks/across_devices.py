@@ -36,7 +36,7 @@ import torch
 
 from ...online_softmax import safe_shift
 from ...reference import stable_softmax
-from .framework import Case, Check, Mistake, error_from, register, run_check
+from .framework import Case, Check, Mistake, error_from, fixed_generator, register, run_check
 
 NOTEBOOK = "10_across_devices"
 RING_STEP_MERGE = register(NOTEBOOK, "ring_step_merge", 2,
@@ -317,7 +317,7 @@ FIXED_ROWS = (
 
 
 def _fixed_cases() -> list[Case]:
-    gen = torch.Generator().manual_seed(FIXED_SEED)
+    gen = fixed_generator(FIXED_SEED)
     seen, fresh, d = 6, 5, 4
     heads = []
     for head in FIXED_ROWS:

@@ -21,7 +21,7 @@ import torch
 
 from ... import reference, runtime
 from ...validation import tolerance
-from .framework import Case, Check, Mistake, register, run_check
+from .framework import Case, Check, Mistake, fixed_generator, register, run_check
 
 NOTEBOOK = "01_naive_attention"
 NAIVE_ATTENTION = register(NOTEBOOK, "naive_attention", 2,
@@ -37,7 +37,7 @@ FIXED_SEED = 20240101
 
 
 def _fixed_generator() -> torch.Generator:
-    return torch.Generator().manual_seed(FIXED_SEED)
+    return fixed_generator(FIXED_SEED)
 
 
 def _attention(q, k, v, *, scale=None, dim=-1, transpose_k=True, softmax=True, times_v=True):

@@ -45,7 +45,7 @@ from ... import runtime
 from ...kernels.attention_bwd_simple import launch_simple_dkdv
 from ...reference import attention_mask, naive_attention, stable_softmax
 from ...validation import relative_error, tolerance
-from .framework import (DEFAULT_TIME_LIMIT, Case, Check, Mistake, diagnosis_radius, distance, register,
+from .framework import (Case, Check, DEFAULT_TIME_LIMIT, Mistake, diagnosis_radius, distance, fixed_generator, register,
                         run_check)
 from .undefined_memory import (AFTER_NAN, AFTER_ZERO, UNDEFINED_LANES, in_padded_rows, nan_in_masked_lanes,
                                reads_in_padding, rows_read_by_head_dim_steps, stray_reads_problem)
@@ -330,7 +330,7 @@ def _dkdv_case(gen, description, shape, n_k, blocks, *, spread=1.5, after=AFTER_
 
 def _fixed_dkdv_cases() -> list[Case]:
     """The same inputs in every run, made to catch what random ones miss."""
-    gen = torch.Generator().manual_seed(FIXED_SEED)
+    gen = fixed_generator(FIXED_SEED)
     return [
         _dkdv_case(gen, "no tails, 2 query blocks", (1, 2, 64, 32), 64, (32, 32), row_stride=64),
         _dkdv_case(gen, "N_q = 24 and N_k = 40 not multiples of the blocks (the last query block holds 8 "

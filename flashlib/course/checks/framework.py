@@ -21,6 +21,7 @@ notebook outputs stay deterministic.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import math
 import os
@@ -506,19 +507,44 @@ def case_generator(exercise: str, seed: int | None = None) -> torch.Generator:
     return torch.Generator().manual_seed(registry.seed_of(exercise) if seed is None else seed)
 
 
+#: The seed the designed cases are drawn again from, while :func:`hidden_cases` draws (None: the public ones).
+_REDRAW_SEED: contextvars.ContextVar[int | None] = contextvars.ContextVar("redraw_seed", default=None)
+
+
+def fixed_generator(fixed_seed: int) -> torch.Generator:
+    """The generator of a check's designed cases (rows at +-800, a fully masked block, a key tail over NaN).
+
+    Their structure is written in the check; their random values come from ``fixed_seed``, the same in
+    every run, so the notebook shows them as the grader does. While :func:`hidden_cases` draws, the seed is
+    mixed with the hidden one: the same structure with values the learner has never seen, so an answer that
+    looks the designed cases' outputs up in a table fails there, where the mistake they are built for shows.
+    """
+    redraw = _REDRAW_SEED.get()
+    seed = fixed_seed if redraw is None else (fixed_seed * 1_000_003 + redraw) % 2**62
+    return torch.Generator().manual_seed(seed)
+
+
 def make_cases(check: Check, seed: int | None = None) -> list[Case]:
-    """The check's cases: its fixed adversarial ones and its seeded random ones."""
+    """The check's cases: its designed adversarial ones and its seeded random ones."""
     return list(check.make_cases(case_generator(check.exercise, seed)))
 
 
-def hidden_case(check: Check, seed: int) -> Case | None:
-    """A case the learner has never seen: the smallest of the check's cases drawn from ``seed`` that is none
-    of its public ones (:func:`make_cases` without a seed, which the notebook's check cell runs too). The
-    grader adds it, from a seed of its own, so that an answer that looks its outputs up in a table made
-    from the public cases fails. None where every case of the check is fixed."""
+def hidden_cases(check: Check, seed: int) -> list[Case]:
+    """Cases the learner has never seen: every case of the check drawn again from ``seed``, the designed
+    ones included (:func:`fixed_generator`), less any that equals a public one (:func:`make_cases` without a
+    seed, which the notebook's check cell runs too). The grader adds them, from a seed of its own.
+
+    All of them, not one: a single hidden case, once the smallest, was always the easy kind (float32
+    standard normal values), so a table of the public outputs of the hard cases, with the very mistake
+    those cases are made for everywhere else, passed the grader. Drawn again, every family of the check
+    is in the hidden part."""
     public = make_cases(check)
-    fresh = [case for case in make_cases(check, seed) if not any(_same_case(case, old) for old in public)]
-    return min(fresh, key=lambda case: sum(t.numel() for t in tensors_in(case.args)), default=None)
+    token = _REDRAW_SEED.set(seed)
+    try:
+        drawn = make_cases(check, seed)
+    finally:
+        _REDRAW_SEED.reset(token)
+    return [case for case in drawn if not any(_same_case(case, old) for old in public)]
 
 
 def tensors_in(value) -> list[torch.Tensor]:

@@ -46,7 +46,7 @@ import torch
 
 from ... import reference, runtime
 from ...validation import tolerance
-from .framework import Case, Check, Mistake, register, run_check
+from .framework import Case, Check, Mistake, fixed_generator, register, run_check
 
 NOTEBOOK = "08_in_practice"
 ATTEND = register(NOTEBOOK, "attend", 2,
@@ -198,7 +198,7 @@ FUSED = "fused qkv"
 
 
 def _fixed_generator() -> torch.Generator:
-    return torch.Generator().manual_seed(FIXED_SEED)
+    return fixed_generator(FIXED_SEED)
 
 
 def _attend_case(gen, batch, n, heads, kv_heads, head_dim, note="", fused=False) -> Case:

@@ -37,7 +37,7 @@ import torch
 from ... import runtime
 from ...kernels.matmul import launch_matmul
 from ...validation import tolerance
-from .framework import DEFAULT_TIME_LIMIT, Case, Check, Mistake, register, run_check
+from .framework import Case, Check, DEFAULT_TIME_LIMIT, Mistake, fixed_generator, register, run_check
 from .undefined_memory import UNDEFINED_LANES, addresses_outside, nan_in_masked_lanes, stray_reads_problem
 
 NOTEBOOK = "02_triton_tiled_matmul"
@@ -330,7 +330,7 @@ def _matmul_case(gen, m, n, k, dtype, blocks, note, layout=None) -> Case:
 
 def _fixed_cases() -> list[Case]:
     """The same inputs in every run, made to catch what random shapes miss."""
-    gen = torch.Generator().manual_seed(FIXED_SEED)
+    gen = fixed_generator(FIXED_SEED)
     f32, blocks = torch.float32, (32, 32, 32)
     return [
         _matmul_case(gen, 64, 64, 96, f32, blocks, "no tails, 3 steps along K", _layout(around=AROUND_NUMBERS)),

@@ -392,13 +392,17 @@ def _roofline_cases(gen):
     cases = [_roofline_case(f"{name} ceilings ({peak} TFLOP/s, {hbm} GB/s): two compute-bound calls (arithmetic "
                             "intensity 3x and 40x the ridge), then three memory-bound ones (1/4, 1/25 and 1/2000 of "
                             "it: an elementwise op)", first)]
+    # Random ceilings and sizes, six calls 3x to 1000x above their own ridge and six as far below it, in turn:
+    # drawn free, all twelve could fall on one side, and then "memory only" or "compute only" would pass.
     calls = []
-    for _ in range(12):
+    for number in range(12):
         peak, hbm = _uniform_log(gen, 10.0, 2000.0), _uniform_log(gen, 100.0, 8000.0)
         bytes_moved = _uniform_log(gen, 1e3, 1e11)
-        calls.append(((bytes_moved * _uniform_log(gen, 0.1, 5000.0), bytes_moved, peak, hbm), {}))
-    cases.append(_roofline_case("12 random (flops, bytes_moved, peak_tflops, hbm_gb_per_s), both sides of the ridge",
-                                calls))
+        away = _uniform_log(gen, 3.0, 1000.0)
+        intensity = peak * 1e12 / (hbm * 1e9) * (away if number % 2 == 0 else 1.0 / away)
+        calls.append(((bytes_moved * intensity, bytes_moved, peak, hbm), {}))
+    cases.append(_roofline_case("12 random (flops, bytes_moved, peak_tflops, hbm_gb_per_s): six compute-bound calls "
+                                "and six memory-bound ones, 3x to 1000x from their ridge", calls))
     return cases
 
 
