@@ -49,6 +49,21 @@ def transform_or_forward_mode_active() -> bool:
     return torch._C._are_functorch_transforms_active() or forward_mode_active()
 
 
+def transformed(*tensors) -> bool:
+    """Whether torch.func wraps the tensors (vmap, grad, jvp) or forward-mode AD gives them tangents: only
+    FlashAttention-2's op has the rules for those, and the split-KV kernel would otherwise drop a tangent silently or
+    fail inside Triton on a wrapped tensor. Shared by the entries that reach split-KV (:func:`flashlib.flash_attention`
+    picking its variant, :func:`flashlib.flash_attention_with_kvcache` refusing the call). None entries are skipped.
+    While torch.compile traces, the tensors are not asked (that would break the graph); whether a torch.func
+    transform or a dual level is active is, which dynamo reads as a constant."""
+    tensors = [t for t in tensors if t is not None]
+    if torch.compiler.is_compiling():
+        return transform_or_forward_mode_active()
+    if functorch_wrapped(*tensors):
+        return True
+    return any(forward_ad.unpack_dual(t).tangent is not None for t in tensors)
+
+
 #: The dtypes autocast lowers (FP8 and integers pass as they are: the checks name them).
 AUTOCAST_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 

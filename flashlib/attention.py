@@ -11,14 +11,12 @@ the (B, N, H, D) entry.
 from __future__ import annotations
 
 import torch
-from torch.autograd import forward_ad
 
 from . import ops
 from .decode import splitkv_attention
 from .variants import VARIANTS, preferred_variant
 from .arguments import (autocast_inputs, check_alibi_slopes, check_dtypes_and_device, check_heads, check_lengths,
-                        check_tensors, describe_shapes, functorch_wrapped, make_spec,
-                        transform_or_forward_mode_active, values_checked)
+                        check_tensors, describe_shapes, make_spec, transformed, values_checked)
 from .fp8 import fp8_attention, is_fp8
 from .kernels.dropout import dropout_mask
 
@@ -105,8 +103,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
                                           q5  x  x  x
 
     * ``window=(left, right)``: query i sees keys ``i' - left <= j <= i' + right``
-      with ``i' = i + N_k - N_q``; -1 or None leaves a side unbounded. With
-      ``causal`` the right bound is at most 0.
+      with ``i' = i + N_k - N_q``; -1 or None leaves a side unbounded, and so does
+      any bound at least as long as the sequences (any int, ``sys.maxsize`` or past it,
+      as flash-attn takes them). With ``causal`` the right bound is at most 0.
     * ``seq_lens`` (B,) int32: sample b has ``seq_lens[b]`` valid queries and keys
       (padding at the end). Keys past it are masked; outputs past it are 0.
 
@@ -157,6 +156,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     per sample and K/V head; the real values are ``x8 * descale``), O in ``out_dtype``
     (bfloat16 by default, or float16). No seq_lens, dropout or gradient.
     """
+    if not isinstance(return_lse, bool):  # before the checked calls' shortcut, whose key leaves it out
+        raise TypeError(f"return_lse must be a bool; got {return_lse!r}")
     q, k, v = autocast_inputs(q, k, v)
     signature = None
     if (seq_lens is None and alibi_slopes is None and q_descale is None and k_descale is None and v_descale is None
@@ -238,24 +239,12 @@ def _forward_variant(variant, q, k, v, layout, spec, return_dropout_mask) -> str
                if needs_grad else "dropout_p > 0 (split-KV has no dropout)" if spec.dropout_p > 0 or
                return_dropout_mask else
                "a torch.func transform (vmap, grad, jvp) or forward-mode AD is applied to it (split-KV has no "
-               "rules for them)" if _transformed(q, k, v) else None)
+               "rules for them)" if transformed(q, k, v) else None)
     if variant == "splitkv":
         if refusal:
             raise ValueError(f"variant='splitkv' cannot serve this call: {refusal}; use variant='fa2' or 'auto'")
         return variant
     return "fa2" if refusal else "splitkv"
-
-
-def _transformed(*tensors) -> bool:
-    """Whether torch.func wraps the tensors (vmap, grad, jvp) or forward-mode AD gives them tangents: only
-    FlashAttention-2's op has the rules for those (a tangent would be dropped silently otherwise). While
-    torch.compile traces, the tensors are not asked (that would break the graph); whether a torch.func transform
-    or a dual level is active is, which dynamo reads as a constant."""
-    if torch.compiler.is_compiling():
-        return transform_or_forward_mode_active()
-    if functorch_wrapped(*tensors):
-        return True
-    return any(forward_ad.unpack_dual(t).tangent is not None for t in tensors)
 
 
 def _splitkv(q, k, v, seq_lens, alibi_slopes, layout, spec):

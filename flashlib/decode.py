@@ -21,7 +21,7 @@ import torch
 
 from . import runtime
 from .arguments import (check_alibi_slopes, check_dtypes_and_device, check_heads, check_lengths, make_spec,
-                        values_checked)
+                        transformed, values_checked)
 from .kernels.decode import launch_splitkv_attention
 from .spec import AttentionSpec
 
@@ -155,8 +155,9 @@ def _check_values(cache_seqlens, n_new: int, capacity: int, block_table, page_si
         used = torch.arange(block_table.shape[1], device=block_table.device)[None, :] < pages_used[:, None]
         bad = used & ((block_table < 0) | (block_table >= num_pages))
         bad_pages = bad.sum()
-        if n_new:
-            slots = _append_slots(block_table, cache_seqlens, n_new, page_size).flatten().sort().values
+        if n_new and block_table.shape[1]:  # (an empty table cannot take an append: the capacity check says so)
+            slots = _append_slots(block_table, cache_seqlens, n_new, page_size, within_table=True)
+            slots = slots.flatten().sort().values
             shared_slots = (slots[1:] == slots[:-1]).sum() if slots.numel() > 1 else zero
     low, high, n_bad, n_shared = torch.stack([cache_seqlens.min().long(), total.max(), bad_pages,
                                               shared_slots]).tolist()
@@ -180,10 +181,17 @@ def _check_values(cache_seqlens, n_new: int, capacity: int, block_table, page_si
     return high
 
 
-def _append_slots(block_table, cache_seqlens, n_new: int, page_size: int) -> torch.Tensor:
-    """(B, N_new) int64: the paged cache's slot (page * page_size + offset) of each appended token."""
+def _append_slots(block_table, cache_seqlens, n_new: int, page_size: int, within_table: bool = False) -> torch.Tensor:
+    """(B, N_new) int64: the paged cache's slot (page * page_size + offset) of each appended token.
+
+    ``within_table``: for the checks, which read the slots in the same sync as the lengths, so before they know that
+    every append fits: a token past the table (or before it, from a negative length) takes the page of its nearest
+    entry instead of failing the gather, and the checks then refuse it by name (the capacity check comes first)."""
     positions = cache_seqlens.long()[:, None] + torch.arange(n_new, device=block_table.device)[None, :]
-    pages = torch.gather(block_table.long(), 1, positions // page_size)
+    entries = positions // page_size
+    if within_table:
+        entries = entries.clamp(0, block_table.shape[1] - 1)
+    pages = torch.gather(block_table.long(), 1, entries)
     return pages * page_size + positions % page_size
 
 
@@ -259,7 +267,8 @@ def flash_attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache
     ``softmax_scale``, ``softcap`` and ``alibi_slopes``. H a multiple of H_kv (GQA/MQA).
 
     Returns O (B, N_q, H, D) in q's dtype, and with ``return_lse`` L (B, H, N_q) float32.
-    Forward only: a q, cache or k/v that requires grad (with grad enabled) is refused.
+    Forward only: a q, cache or k/v that requires grad (with grad enabled) is refused, and so is any
+    argument under a torch.func transform (vmap, grad, jvp) or carrying a forward-mode tangent.
     ``num_splits`` overrides the kernel's choice of key chunks (1: no split).
 
     ``check_values=False`` skips the checks that read ``cache_seqlens`` and ``block_table`` on the
@@ -318,6 +327,12 @@ def flash_attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k_cache, v_cache, k, v)):
         raise ValueError("flash_attention_with_kvcache is forward only (inference): call it under "
                          "torch.no_grad() or torch.inference_mode(), or use flash_attention to train")
+    if transformed(q, k_cache, v_cache, k, v, cache_seqlens, block_table, alibi_slopes):
+        raise ValueError("flash_attention_with_kvcache is forward only (inference) and has no rules for a torch.func "
+                         "transform (vmap, grad, jvp) or forward-mode AD applied to it: a tangent would be dropped "
+                         "or a batch misread; use flash_attention, whose FlashAttention-2 op has those rules")
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be a bool; got {return_lse!r}")
 
     max_keys = None
     if not isinstance(check_values, bool):

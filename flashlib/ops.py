@@ -287,7 +287,9 @@ def setup_context(ctx, inputs, output):
 class AttentionBackwardFunction(torch.autograd.Function):
     """``backward_impl`` as a node of its own, for a backward that autograd records (``create_graph=True``,
     ``torch.autograd.grad`` of a gradient, ``torch.func.grad``): its gradients stay connected to q, k,
-    v and dO, and differentiating them again raises :data:`DOUBLE_BACKWARD_MESSAGE`."""
+    v and dO, and differentiating them again raises :data:`DOUBLE_BACKWARD_MESSAGE`, in reverse mode (``backward``)
+    and in forward mode (``jvp``: forward over reverse, ``torch.func.jvp`` of ``torch.func.grad`` or a dual tensor's
+    gradient, where torch's own error names no op and no way out)."""
 
     @staticmethod
     def forward(*args):
@@ -299,6 +301,10 @@ class AttentionBackwardFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
+        raise RuntimeError(DOUBLE_BACKWARD_MESSAGE)
+
+    @staticmethod
+    def jvp(ctx, *tangents):
         raise RuntimeError(DOUBLE_BACKWARD_MESSAGE)
 
     @staticmethod

@@ -28,20 +28,34 @@ def softmax_scale_for(head_dim: int, softmax_scale: float | None = None) -> floa
     return 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
 
 
-def window_bounds(causal: bool, window) -> tuple[int | None, int | None]:
-    """(left, right) reach of the mask; None where unbounded. ``causal`` caps the right at 0."""
+#: The longest sequence flashlib can describe: its lengths (``seq_lens``, ``cu_seqlens``, ``cache_seqlens``) are
+#: int32, and so are the kernels' key positions.
+MAX_SEQLEN = 2**31 - 1
+
+
+def window_bounds(causal: bool, window, longest: int = MAX_SEQLEN) -> tuple[int | None, int | None]:
+    """(left, right) reach of the mask; None where unbounded. ``causal`` caps the right at 0.
+
+    A bound of ``longest`` or more is unbounded too (as -1 is, flash-attn's convention): in a call whose query
+    and key lengths are at most ``longest``, a query at key position ``i'`` sees keys from ``i' - left`` to
+    ``i' + right``, which then takes in every key. Launchers pass their call's longest length, so the kernels
+    never add a bound past the sequence to a position: in their int32 arithmetic the sum would wrap round and
+    hide every key.
+    """
     left = right = None
     if window is not None:
         w_left, w_right = window
-        left = None if w_left is None or w_left < 0 else int(w_left)
-        right = None if w_right is None or w_right < 0 else int(w_right)
+        left = None if w_left is None or w_left < 0 or w_left >= longest else int(w_left)
+        right = None if w_right is None or w_right < 0 or w_right >= longest else int(w_right)
     if causal:
         right = 0 if right is None else min(right, 0)
     return left, right
 
 
 def check_window(window) -> None:
-    """A ValueError/TypeError naming ``window`` unless it is None or a pair of ints >= -1 (or None)."""
+    """A ValueError/TypeError naming ``window`` unless it is None or a pair of ints >= -1 (or None).
+
+    Any int from -1 up is taken, however large: a bound past every sequence means unbounded (``window_bounds``)."""
     if window is None:
         return
     if not isinstance(window, (tuple, list)) or len(window) != 2:
@@ -75,7 +89,8 @@ def _check_float(name: str, value, *, low: float, high: float | None = None, clo
 class AttentionSpec:
     """The mask and score modifiers of one attention call (``AttentionSpec.checked`` checks user input).
 
-    ``window`` is stored as ``(left, right)`` with None for an unbounded side;
+    ``window`` is stored as ``(left, right)`` with None for an unbounded side (-1, None, or a bound of
+    :data:`MAX_SEQLEN` or more);
     ``softcap`` 0 and ``dropout_p`` 0 mean off. ``has_alibi`` says that an
     ``alibi_slopes`` tensor comes with the call.
     """
@@ -90,7 +105,7 @@ class AttentionSpec:
 
     def __post_init__(self):  # window as (left, right), None for an unbounded side
         if self.window is not None:
-            object.__setattr__(self, "window", tuple(None if w is None or w < 0 else int(w) for w in self.window))
+            object.__setattr__(self, "window", window_bounds(False, self.window))
 
     @classmethod
     def checked(cls, *, causal=False, window=None, softmax_scale=None, softcap=0.0, has_alibi=False,
@@ -115,9 +130,10 @@ class AttentionSpec:
         return cls(causal=causal, window=window, softmax_scale=softmax_scale, softcap=float(softcap),
                    has_alibi=has_alibi, dropout_p=float(dropout_p))
 
-    def bounds(self) -> tuple[int | None, int | None]:
-        """(left, right) reach of the band, None where unbounded (causal caps the right at 0)."""
-        return window_bounds(self.causal, self.window)
+    def bounds(self, longest: int = MAX_SEQLEN) -> tuple[int | None, int | None]:
+        """(left, right) reach of the band, None where unbounded (causal caps the right at 0), for a call whose
+        query and key lengths are at most ``longest`` (see :func:`window_bounds`)."""
+        return window_bounds(self.causal, self.window, longest)
 
     def scale(self, head_dim: int) -> float:
         """The softmax scale: the one given, else 1/sqrt(head_dim)."""

@@ -111,6 +111,8 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     the offsets are not read on the host (no sync): they must be valid. Under ``torch.autocast`` float q, k, v
     are first cast to autocast's dtype, as in :func:`flashlib.flash_attention`.
     """
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be a bool; got {return_lse!r}")
     q, k, v = autocast_inputs(q, k, v)
     spec, alibi_slopes = check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                                            window, softmax_scale, softcap, alibi_slopes, dropout_p)

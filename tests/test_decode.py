@@ -332,6 +332,24 @@ def test_windows_softcap_alibi_and_scale(window):
     assert relative_error(o, ref) < TOL[q.dtype]
 
 
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_a_window_bound_past_every_cached_sequence_is_unbounded(paged):
+    """A bound as long as the cache or past int32 (where the kernel's sums would wrap round, or Triton would refuse
+    the int) sees every cached key, as -1 does."""
+    q, k_cache, v_cache, _, _, lengths = _problem(n_q=3, n_new=0, capacity=32, lengths=[30, 5, 17], seed=2)
+    table = None
+    if paged:
+        k_cache, table = _paged(k_cache, 8, torch.Generator().manual_seed(0))
+        v_cache, _ = _paged(v_cache, 8, torch.Generator().manual_seed(0))
+    for side in (0, 1):
+        def attend(window):
+            return flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, block_table=table,
+                                                causal=False, window=window)
+        unbounded = attend((0, -1) if side else (-1, 0))
+        for bound in (32, 2**31 - 2, 2**31 - 1, 2**63, 2**64):
+            assert torch.equal(attend((0, bound) if side else (bound, 0)), unbounded), bound
+
+
 def test_queries_that_see_no_key_get_zero_and_minus_infinity():
     """An empty cache and no append: O = 0 and L = -inf for every query, split or not."""
     q, k_cache, v_cache, _, _, lengths = _problem(n_new=0, lengths=[0, 0, 3], n_q=4)
@@ -507,6 +525,28 @@ def test_auto_leaves_transforms_and_forward_ad_to_fa2(monkeypatch):
         torch.func.vmap(lambda a, b, c: flash_attention(a, b, c, variant="splitkv"))(q, k, v)
 
 
+def test_the_kvcache_entry_refuses_transforms_and_forward_ad_by_name():
+    """The split-KV kernel has no rules for them: a dual q's tangent was dropped silently (None), and torch.func.jvp
+    or vmap failed inside Triton ("Cannot access storage of TensorWrapper"). Refused as flash_attention's
+    variant="splitkv" is, whichever argument carries the transform."""
+    q, k_cache, v_cache, _, _, lengths = _problem(batch=1, n_new=0, capacity=30, lengths=[20], seed=17)
+    message = "flash_attention_with_kvcache is forward only .* no rules for a torch.func transform"
+    with torch.no_grad(), torch.autograd.forward_ad.dual_level():
+        dual = torch.autograd.forward_ad.make_dual(q, torch.randn_like(q))
+        with pytest.raises(ValueError, match=message):
+            flash_attention_with_kvcache(dual, k_cache, v_cache, cache_seqlens=20)
+    with pytest.raises(ValueError, match=message):
+        torch.func.jvp(lambda c: flash_attention_with_kvcache(q, c, v_cache, cache_seqlens=lengths), (k_cache,),
+                       (torch.randn_like(k_cache),))
+    with pytest.raises(ValueError, match=message):
+        torch.func.vmap(lambda a: flash_attention_with_kvcache(a, k_cache, v_cache, cache_seqlens=20))(
+            q[None].expand(2, -1, -1, -1, -1))
+    with pytest.raises(ValueError, match=message):
+        torch.func.vmap(lambda n: flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=n))(lengths[None])
+    with torch.no_grad():  # plain calls still go through
+        assert flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths).shape == q.shape
+
+
 def test_variant_errors_name_the_reason():
     gen = torch.Generator().manual_seed(8)
     q, k, v = _randn(1, 2, 1, 16, gen=gen), _randn(1, 2, 8, 16, gen=gen), _randn(1, 2, 8, 16, gen=gen)
@@ -595,6 +635,7 @@ def _args(**changes):
     (dict(k=None, v=None, cache_seqlens=lambda a: a["cache_seqlens"] + 60), ValueError,
      r"cache_seqlens\[1\] = 110 is more than the cache holds: 96 tokens"),
     (dict(q=lambda a: a["q"].to_sparse()), TypeError, r"q must be a dense tensor; got layout torch.sparse_coo"),
+    (dict(return_lse="no"), TypeError, r"return_lse must be a bool; got 'no'"),
     (dict(k_cache=lambda a: a["k_cache"].to_sparse()), TypeError, r"k_cache must be a dense tensor"),
     (dict(v=lambda a: a["v"].to_sparse()), TypeError, r"v must be a dense tensor; got layout torch.sparse_coo"),
 ])
@@ -619,6 +660,23 @@ def test_block_table_errors():
         flash_attention_with_kvcache(q, pool, pool.clone(), k, v, cache_seqlens=lengths, block_table=table.long())
     with pytest.raises(ValueError, match=r"block_table must have shape \(B, max_pages\)"):
         flash_attention_with_kvcache(q, pool, pool.clone(), k, v, cache_seqlens=lengths, block_table=table[:2])
+
+
+def test_a_paged_append_past_the_table_gets_the_overflow_error_not_a_gather_error():
+    """The checks read the slots of the appended tokens in the same sync as the lengths: an append past the block
+    table, or from a negative length, once failed that gather ("index 2 is out of bounds for dimension 1") before
+    the capacity check could name it, as it does for a contiguous cache."""
+    gen = torch.Generator().manual_seed(16)
+    q, k_cache, v_cache, k, v, _ = _problem(n_new=2, capacity=32, lengths=[0, 0, 0], seed=16)
+    pool, table = _paged(k_cache, 8, gen)
+    for lengths, message in (([3, 31, 20], r"overflow the cache: sequence 1 has 31 cached tokens \+ 2 new = 33 > the "
+                                           r"cache's capacity of 32 tokens \(4 pages of 8 in block_table\)"),
+                             ([3, -9, 20], r"cache_seqlens must be >= 0; got a minimum of -9")):
+        with pytest.raises(ValueError, match=message):
+            flash_attention_with_kvcache(q, pool, pool.clone(), k, v, block_table=table,
+                                         cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match=r"overflow the cache: .* capacity of 0 tokens \(0 pages of 8"):
+        flash_attention_with_kvcache(q, pool, pool.clone(), k, v, block_table=table[:, :0], cache_seqlens=0)
 
 
 def test_a_paged_cache_of_empty_pages_is_refused():

@@ -350,6 +350,18 @@ def test_flash_attention_v2_is_the_bnhd_entry():
         flash_attention_v2(q, k, v, layout="bhnd")
 
 
+def test_return_lse_must_be_a_bool_even_for_a_call_already_checked(monkeypatch):
+    """A truthy "no" once returned (O, L): refused as return_dropout_mask=1 is, also where the call's signature is
+    remembered (the shortcut that skips the checks)."""
+    monkeypatch.setattr(attention, "CHECKED_CALLS", {})
+    q, k, v = make_inputs(1, 2, 2, 8, 8, 16, torch.float32, layout="bnhd")
+    flash_attention_v2(q, k, v, variant="fa2")
+    assert attention.CHECKED_CALLS, "the call's signature is remembered"
+    for bad in ("no", 1, None):
+        with pytest.raises(TypeError, match=f"return_lse must be a bool; got {bad!r}"):
+            flash_attention_v2(q, k, v, variant="fa2", return_lse=bad)
+
+
 # ---------------------------------------------------------------- host path: checks remembered per call signature
 @pytest.fixture
 def counted_checks(monkeypatch):

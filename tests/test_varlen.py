@@ -111,6 +111,17 @@ def test_windows_and_softmax_scale(mask):
     run_and_check([17, 2, 40], [30, 5, 40], seed=3, **mask)
 
 
+def test_a_window_bound_past_every_sequence_is_unbounded():
+    """A bound as long as the pack or past int32 (where the kernels' sums would wrap round, or Triton would refuse
+    the int) reaches every key of its sequence, as -1 does."""
+    q, k, v, _, cu_q, cu_k, max_q, max_k = make_packed([17, 2], [30, 5], 2, 2, 16, torch.float32)
+    for side in (0, 1):
+        unbounded = flash_attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, window=(0, -1) if side else (-1, 0))
+        for bound in (35, 2**31 - 2, 2**31 - 1, 2**63, 2**64):
+            out = flash_attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, window=(0, bound) if side else (bound, 0))
+            assert torch.equal(out, unbounded), bound
+
+
 @pytest.mark.parametrize("heads, kv_heads", [(4, 2), (3, 1)], ids=["gqa", "mqa"])
 def test_gqa(heads, kv_heads):
     run_and_check([13, 0, 35], [20, 4, 35], heads=heads, kv_heads=kv_heads, causal=True, seed=heads)
@@ -296,6 +307,7 @@ def test_an_overestimated_max_seqlen_sizes_no_larger_grid_than_the_pack(monkeypa
      r"max_seqlen_k must be >= every sequence length .* longest sequence 7"),
     ((Q, K, V), dict(max_seqlen_q=6.0), TypeError, r"max_seqlen_q must be an int; got 6.0"),
     ((Q, K, V), dict(causal=1), TypeError, r"causal must be a bool; got 1"),
+    ((Q, K, V), dict(return_lse=1), TypeError, r"return_lse must be a bool; got 1"),
     ((Q, K, V), dict(window=(-2, 0)), ValueError, r"window left bound must be >= 0"),
     ((Q, K, V), dict(softmax_scale="0.1"), TypeError, r"softmax_scale must be a float or None; got '0.1'"),
     ((Q, K, V), dict(softmax_scale=float("nan")), ValueError, r"softmax_scale must be finite"),

@@ -643,7 +643,6 @@ def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec: AttentionSp
     no atomics: gradients repeat bitwise.
     """
     varlen = cu_seqlens_q is not None
-    left, right = spec.bounds()
     # asked before use_tma and block_m take their defaults below (a Gluon kernel covers neither choice)
     plain = use_gluon is not False and bwd_hopper.covers(spec, use_tma, cu_seqlens_q, seq_lens, alibi_slopes, block_m)
     o_rows, do_rows = o, do  # what the preprocess reads, (B, H, N_q, D)
@@ -655,6 +654,7 @@ def launch_attention_backward(q, k, v, o, lse, do, dq, dk, dv, spec: AttentionSp
     batch, heads, n_q, head_dim = q.shape
     kv_heads, n_k = k.shape[1], k.shape[2]
     rows_q, rows_k = (max_seqlen_q, max_seqlen_k) if varlen else (n_q, n_k)  # per (batch, head)
+    left, right = spec.bounds(max(n_q, n_k))  # packed: n_q, n_k are the totals, past every sequence
     alibi, alibi_strides, scalars, flags = modifier_args(spec, alibi_slopes, head_dim, lse, dropout_seed)
     block_d = max(16, power_of_two_at_least(head_dim))
     if use_tma is None:  # measured: a gain from head_dim 128 only (benchmarks/TUNING.md, sixth finding)

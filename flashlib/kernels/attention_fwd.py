@@ -542,13 +542,13 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     this kernel). An FP8 V must then be stored keys innermost.
     """
     filled = (o, lse)  # returned as the caller gave them (packed, when varlen)
-    left, right = spec.bounds()
+    causal = spec.bounds()[1] == 0
     fp8 = descale is not None
     plain = hopper.covers(spec, use_tma, cu_seqlens_q, seq_lens, alibi_slopes, tiles, block_m)
     if (use_gluon is not False and plain
             and hopper.can_run(q, k, v.transpose(2, 3) if fp8 else v, o, scale=spec.scale(q.shape[-1]), fp8=fp8)
-            and (use_gluon or _gluon_preferred(q, k, right == 0, spec.dropout_p > 0, fp8))):
-        hopper.launch_attention_forward_hopper(q, k, v, o, lse, scale=spec.scale(q.shape[-1]), causal=right == 0,
+            and (use_gluon or _gluon_preferred(q, k, causal, spec.dropout_p > 0, fp8))):
+        hopper.launch_attention_forward_hopper(q, k, v, o, lse, scale=spec.scale(q.shape[-1]), causal=causal,
                                                descale=descale, **gluon_dropout_args(spec, dropout_seed, lse))
         return filled
     varlen = cu_seqlens_q is not None
@@ -559,6 +559,7 @@ def launch_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     batch, heads, n_q, head_dim = q.shape
     n_k = k.shape[2]
     rows_q, rows_k = (max_seqlen_q, max_seqlen_k) if varlen else (n_q, n_k)  # per (batch, head)
+    left, right = spec.bounds(max(n_q, n_k))  # packed: n_q, n_k are the totals, past every sequence
     alibi, alibi_strides, scalars, flags = modifier_args(spec, alibi_slopes, head_dim, lse, dropout_seed)
     v_transposed = fp8 and v.stride(2) == 1 and v.stride(3) != 1
     v_tiles = v.transpose(2, 3) if v_transposed else v  # what a V descriptor covers

@@ -232,7 +232,7 @@ def launch_attention_jvp(q, k, v, o, lse, q_t, k_t, v_t, o_t, spec: AttentionSpe
                                           for t in (q, k, v, o, q_t, k_t, v_t, o_t))
     batch, heads, n_q, head_dim = q.shape
     n_k = k.shape[2]
-    left, right = spec.bounds()
+    left, right = spec.bounds(max(n_q, n_k))  # packed: n_q, n_k are the totals, past every sequence
     alibi, alibi_strides, scalars, flags = modifier_args(spec, alibi_slopes, head_dim, lse, dropout_seed)
     block_m, block_n, warps = jvp_blocks(head_dim)
     rows_q = max_seqlen_q if varlen else n_q

@@ -605,7 +605,7 @@ def launch_splitkv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
                                block_m=block_m, num_splits=num_splits, config=config)
     block_m, row_blocks, num_splits, chunk = plan.block_m, plan.row_blocks, plan.num_splits, plan.chunk
     split = num_splits > 1
-    left, right = window_bounds(causal, window)
+    left, right = window_bounds(causal, window, max(n_q, capacity))  # no sample has more keys than the cache holds
     block_d = max(16, power_of_two_at_least(head_dim))
     if split:
         o_part = torch.empty((batch, heads_kv, num_splits, row_blocks * block_m, head_dim),

@@ -440,6 +440,34 @@ def test_double_backward_is_refused_with_a_clear_error():
     assert_grads_match(grads, reference_grads(q, k, v, do, causal=True), torch.float32)
 
 
+def test_forward_over_reverse_is_refused_with_the_double_backward_error():
+    """A tangent of a gradient (torch.func.jvp of torch.func.grad, a Hessian-vector product; or a dual tensor's
+    gradient taken with create_graph) raises flash_attention's own message, not torch's generic "You must implement
+    the jvp function for custom autograd.Function"."""
+    q, k, v, _ = make_inputs(1, 2, 1, 20, 20, 16, torch.float32)
+
+    def loss(q):
+        return flash_attention(q, k, v, causal=True).square().sum()
+
+    with pytest.raises(RuntimeError, match="flash_attention has no double backward"):
+        torch.func.jvp(torch.func.grad(loss), (q,), (torch.randn_like(q),))
+    with torch.autograd.forward_ad.dual_level():
+        dual = torch.autograd.forward_ad.make_dual(q, torch.randn_like(q)).requires_grad_()
+        with pytest.raises(RuntimeError, match="flash_attention has no double backward"):
+            torch.autograd.grad(loss(dual), dual, create_graph=True)
+
+
+def test_a_window_bound_past_every_sequence_gives_the_unbounded_gradients():
+    """A bound as long as the sequences or past int32 (where the kernels' sums would wrap round) means unbounded, as
+    -1 does, in both backward kernels."""
+    q, k, v, do = make_inputs(1, 2, 1, 24, 8, 16, torch.float32)
+    for side in (0, 1):
+        unbounded = flash_grads(q, k, v, do, window=(0, -1) if side else (-1, 0))
+        for bound in (24, 2**31 - 2, 2**31 - 1, 2**63):
+            window = (0, bound) if side else (bound, 0)
+            assert all(torch.equal(a, b) for a, b in zip(flash_grads(q, k, v, do, window=window), unbounded)), window
+
+
 def test_gradients_are_deterministic():
     """No atomics: the same inputs give bitwise the same gradients (GQA sums included)."""
     q, k, v, do = make_inputs(2, 6, 2, 50, 60, 16, torch.float16, "bnhd")

@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 from flashlib import ops as attention_module
 from flashlib.spec import AttentionSpec
-from flashlib import flash_attention, runtime
+from flashlib import flash_attention, flash_attention_v2, runtime
 from flashlib.kernels import attention_fwd
 from flashlib.reference import attention_mask, naive_attention
 from flashlib.validation import relative_error, tolerance
@@ -242,6 +242,27 @@ def test_every_output_element_is_written(nan_empty, layout, dtype):
     assert len(nan_empty) >= 2, "the outputs must come from torch.empty for this test to mean anything"
 
 
+#: Window bounds past any sequence of the tests below: the call's own length, just under int32's largest (a kernel
+#: adding it to a position in int32 would wrap round), past int32, int64 and uint64 (Triton's widest int argument).
+HUGE_BOUNDS = [2**31 - 2, 2**31 - 1, 2**40, 2**63, 2**64]
+
+
+@pytest.mark.parametrize("variant", ["fa2", "splitkv"])
+@pytest.mark.parametrize("n_q, n_k", [(8, 24), (24, 8)])
+def test_a_window_bound_past_every_sequence_is_unbounded(n_q, n_k, variant):
+    """A bound at least as long as the sequences reaches every key, as -1 does (flash-attn's convention): never an
+    all-zero output from a sum that wrapped round in the kernel, nor Triton's OverflowError for the bound."""
+    q, k, v = make_inputs(1, 2, 2, n_q, n_k, 16, torch.float32, "bhnd", seed=n_q)
+    unbounded = {side: flash_attention(q, k, v, window=side, variant=variant) for side in ((0, -1), (-1, 0))}
+    for bound in [max(n_q, n_k)] + HUGE_BOUNDS:
+        assert torch.equal(flash_attention(q, k, v, window=(0, bound), variant=variant), unbounded[(0, -1)]), bound
+        assert torch.equal(flash_attention(q, k, v, window=(bound, 0), variant=variant), unbounded[(-1, 0)]), bound
+    assert torch.equal(flash_attention_v2(*(t.transpose(1, 2) for t in (q, k, v)), window=(0, 2**63)),
+                       flash_attention_v2(*(t.transpose(1, 2) for t in (q, k, v)), window=(0, -1)))
+    assert AttentionSpec(window=(2**31 - 1, 2**64)).window == (None, None)
+    assert AttentionSpec(window=(2**31 - 2, 5)).bounds(longest=100) == (None, 5)
+
+
 # ---------------------------------------------------------------- layouts: strides, no copies
 @pytest.fixture
 def launches(monkeypatch):
@@ -344,9 +365,12 @@ QKV = (t(2, 4, 8, 16), t(2, 2, 8, 16), t(2, 2, 8, 16))
     (QKV, {"window": (3,)}, TypeError, r"window must be a pair \(left, right\) .*got \(3,\)"),
     (QKV, {"window": (-2, 0)}, ValueError, r"window left bound must be >= 0, or -1 for unbounded; got window=\(-2, 0\)"),
     (QKV, {"window": (0, 1.5)}, TypeError, r"window right bound must be an int .*got 1.5"),
+    (QKV, {"window": (float("inf"), 0)}, TypeError, r"window left bound must be an int \(-1 or None: unbounded\); "
+     r"got inf"),
     (QKV, {"layout": "nhd"}, ValueError, r"layout must be one of \('bhnd', 'bnhd'\); got 'nhd'"),
     ((t(2, 8, 16),) * 3, {"layout": "bnhd"}, ValueError, r"layout='bnhd' needs 4D tensors"),
     (QKV, {"causal": "yes"}, TypeError, r"causal must be a bool; got 'yes'"),
+    (QKV, {"return_lse": "no"}, TypeError, r"return_lse must be a bool; got 'no'"),
     (QKV, {"softmax_scale": "0.1"}, TypeError, r"softmax_scale must be a float or None; got '0.1'"),
     (QKV, {"softmax_scale": float("inf")}, ValueError, r"softmax_scale must be finite; got inf"),
 ])

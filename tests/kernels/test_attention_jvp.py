@@ -191,6 +191,17 @@ def test_forward_ad_dual_tensors_give_the_same_tangent():
     assert torch.equal(tangent, expected)
 
 
+def test_a_window_bound_past_every_sequence_gives_the_unbounded_tangent():
+    """A bound as long as the sequences or past int32 (where the kernel's sums would wrap round) means unbounded."""
+    inputs, tangents = fresh(1, 2, 1, 24, 8, 16)
+    for side in (0, 1):
+        def tangent(window):
+            return torch.func.jvp(lambda q, k, v: flash_attention(q, k, v, window=window), inputs, tangents)[1]
+        unbounded = tangent((0, -1) if side else (-1, 0))
+        for bound in (24, 2**31 - 2, 2**31 - 1, 2**63):
+            assert torch.equal(tangent((0, bound) if side else (bound, 0)), unbounded), bound
+
+
 @pytest.mark.parametrize("alibi", [None, "(B, H)"])
 def test_jacfwd_maps_the_jvp_over_its_basis(alibi):
     (q, k, v), _ = fresh(2, 2, 2, 5, 7, 16)
