@@ -55,10 +55,13 @@ def transformed(*tensors) -> bool:
     fail inside Triton on a wrapped tensor. Shared by the entries that reach split-KV (:func:`flashlib.flash_attention`
     picking its variant, :func:`flashlib.flash_attention_with_kvcache` refusing the call). None entries are skipped.
     While torch.compile traces, the tensors are not asked (that would break the graph); whether a torch.func
-    transform or a dual level is active is, which dynamo reads as a constant."""
+    transform or a dual level is active is, which dynamo reads as a constant. With neither active, no tensor can
+    be wrapped or carry a tangent, and asking that first spares a decoding step the tensors' unpacking (5.5 µs of
+    host time against 0.13 on a CPU, session 72's review)."""
+    active = transform_or_forward_mode_active()
+    if not active or torch.compiler.is_compiling():
+        return active
     tensors = [t for t in tensors if t is not None]
-    if torch.compiler.is_compiling():
-        return transform_or_forward_mode_active()
     if functorch_wrapped(*tensors):
         return True
     return any(forward_ad.unpack_dual(t).tangent is not None for t in tensors)

@@ -85,9 +85,11 @@ def refusals_in_notebook(exercise: registry.Exercise, learner) -> list[Refusal]:
     """The refusals of the answer regions in the notebook cell that defines ``learner`` (a function, a Triton
     kernel or a class), read from the cell's source as Jupyter keeps it, so that the check cell refuses what
     the grader will refuse. [] where the source cannot be found (code not typed into a cell) or the cell, not a
-    notebook cell, has no answer markers. A notebook cell without markers is refused: the grader reads the
-    answer only from between the markers of the exercise's own cell, so it would not see this code (session 72's
-    audit: a function redefined in a scratch cell got the check's tick and the grader's "not attempted").
+    notebook cell, has no answer markers. The exercise's own function (its name) from a notebook cell without
+    markers is refused: the grader reads the answer only from between the markers of the exercise's own cell, so
+    it would not see this code (session 72's audit: a function redefined in a scratch cell got the check's tick
+    and the grader's "not attempted"). Any other function is the notebook's to show a check with (notebook 00
+    gives one with a wrong scale to show the check's diagnosis).
     The given cells are the course's (:func:`~flashlib.course.answers.course_cells`), as the grader reads them;
     where the record lacks the notebook, they are taken to import what the course's notebooks import."""
     code = _code_of(learner)
@@ -96,8 +98,8 @@ def refusals_in_notebook(exercise: registry.Exercise, learner) -> list[Refusal]:
     pairs = answers.marker_pairs(lines)
     if isinstance(pairs, str):  # markers out of order: the grader reports that, not these rules
         return []
-    if not pairs and source and is_notebook_cell(code.co_filename):
-        name = getattr(getattr(learner, "fn", learner), "__name__", "this answer")
+    name = getattr(getattr(learner, "fn", learner), "__name__", None)
+    if not pairs and source and is_notebook_cell(code.co_filename) and name == exercise.answer:
         return [Refusal(code.co_firstlineno, f"`{name}` comes from a cell without this exercise's answer markers: "
                                              "the grader reads the answer only between BEGIN YOUR ANSWER and END "
                                              "YOUR ANSWER in the exercise's own cell, so it would not see this "

@@ -687,7 +687,7 @@ def test_outputs_looked_up_in_a_table_pass_the_notebook_but_not_the_grader(tmp_p
     assert got["naive_attention"].status == "PASS"
 
 
-@pytest.mark.parametrize("seed", [3, 11])
+@pytest.mark.parametrize("seed", [0, 3, 11])  # 0 once gave the public seed itself (session 72's review)
 def test_every_exercise_gets_hidden_cases_the_notebook_never_ran(seed):
     """Formula exercises draw plain numbers, not tensors; their hidden case was once taken for a public one (only
     tensors were compared), so four exercises had none and a table of their public outputs passed the grader."""

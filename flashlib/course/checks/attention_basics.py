@@ -3,8 +3,9 @@
 Both run the learner's PyTorch function on float64 inputs (and one float32 case each, for the
 output's dtype) and compare with
 :mod:`flashlib.reference`. Each check's first case is fixed (the same values
-whatever the seed), so that the wrong answers it is built to catch fail on every
-run; seeded random cases follow. The wrong answers they recognise are the classic
+whatever the exercise's seed; the grader draws it again for its hidden cases), so
+that the wrong answers it is built to catch fail on every run; seeded random cases
+follow. The wrong answers they recognise are the classic
 ones: a missing or wrong 1/sqrt(d) scale (or d taken from the wrong dimension),
 the softmax over the wrong axis, K used without transposing, P returned instead of
 P @ V; a softmax without the max subtraction (inf/inf = NaN on large inputs),
@@ -32,7 +33,8 @@ STABLE_SOFTMAX = register(NOTEBOOK, "stable_softmax", 2,
 
 # ----------------------------------------------------------------- naive attention
 
-#: The seed of the fixed cases: the same values in every run, whatever the exercise's seed.
+#: The seed of the fixed cases: the same values in every run, whatever the exercise's seed
+#: (the grader's hidden draw mixes it with its own: :func:`~.framework.fixed_generator`).
 FIXED_SEED = 20240101
 
 

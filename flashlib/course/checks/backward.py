@@ -55,7 +55,8 @@ DS = register(NOTEBOOK, "ds", 2, "dS = P * (dP - D) from P, dP and D = rowsum(dO
 DKDV_LOOP = register(NOTEBOOK, "dkdv_loop", 4,
                      "The loop of the dK/dV kernel: recompute P from L, dV += P^T dO, dK += scale * dS^T Q")
 
-#: The seed of the fixed cases of the dK/dV check: the same values in every run, whatever the exercise's seed.
+#: The seed of the fixed cases of the dK/dV check: the same values in every run, whatever the exercise's seed
+#: (the grader's hidden draw mixes it with its own: :func:`~.framework.fixed_generator`).
 FIXED_SEED = 20240505
 
 

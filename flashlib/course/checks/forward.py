@@ -63,7 +63,8 @@ INNER_LOOP = register(NOTEBOOK, "inner_loop", 4,
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 
-#: The seed of the fixed cases: the same values in every run, whatever the exercise's seed.
+#: The seed of the fixed cases: the same values in every run, whatever the exercise's seed
+#: (the grader's hidden draw mixes it with its own: :func:`~.framework.fixed_generator`).
 FIXED_SEED = 20240404
 
 

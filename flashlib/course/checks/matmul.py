@@ -47,7 +47,8 @@ MATMUL_KERNEL = register(NOTEBOOK, "matmul_kernel", 3,
 #: The value C and the buffer around it hold before the launch.
 SENTINEL = -999.0
 
-#: The seed of the fixed cases: the same values in every run, whatever the exercise's seed.
+#: The seed of the fixed cases: the same values in every run, whatever the exercise's seed
+#: (the grader's hidden draw mixes it with its own: :func:`~.framework.fixed_generator`).
 FIXED_SEED = 20240202
 
 # ------------------------------------------------------------------ launching

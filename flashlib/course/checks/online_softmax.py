@@ -46,7 +46,8 @@ MERGE_PARTIALS = register(NOTEBOOK, "merge_partials", 2,
 NEG_INF = float("-inf")
 TOLERANCE = tolerance(torch.float64)
 
-#: The seed of the fixed cases: the same values in every run, whatever the exercise's seed.
+#: The seed of the fixed cases: the same values in every run, whatever the exercise's seed
+#: (the grader's hidden draw mixes it with its own: :func:`~.framework.fixed_generator`).
 FIXED_SEED = 20240303
 
 
