@@ -84,9 +84,8 @@ def describe(refusals: list[Refusal]) -> str:
 def refusals_in_notebook(exercise: registry.Exercise, learner) -> list[Refusal]:
     """The refusals of the answer regions in the notebook cell that defines ``learner`` (a function, a Triton
     kernel or a class), read from the cell's source as Jupyter keeps it, so that the check cell refuses what
-    the grader will refuse. [] where the source cannot be found (code not typed into a cell) or the cell, not a
-    notebook cell, has no answer markers. The exercise's own function (its name) from a notebook cell without
-    markers is refused: the grader reads the answer only from between the markers of the exercise's own cell, so
+    the grader will refuse. [] where the source cannot be found (code not typed into a cell), or where it has no
+    answer markers and is not the exercise's own function typed into a notebook cell. That one is refused: the grader reads the answer only from between the markers of the exercise's own cell, so
     it would not see this code (session 72's audit: a function redefined in a scratch cell got the check's tick
     and the grader's "not attempted"). Any other function is the notebook's to show a check with (notebook 00
     gives one with a wrong scale to show the check's diagnosis).
