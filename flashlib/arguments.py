@@ -49,6 +49,13 @@ def transform_or_forward_mode_active() -> bool:
     return torch._C._are_functorch_transforms_active() or forward_mode_active()
 
 
+def check_bool(name: str, value) -> None:
+    """A TypeError naming ``name`` unless ``value`` is a bool: a flag such as ``return_lse`` given "no" or 1 would
+    otherwise be read as true, or as false, without a word."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool; got {value!r}")
+
+
 def transformed(*tensors) -> bool:
     """Whether torch.func wraps the tensors (vmap, grad, jvp) or forward-mode AD gives them tangents: only
     FlashAttention-2's op has the rules for those, and the split-KV kernel would otherwise drop a tangent silently or

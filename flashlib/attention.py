@@ -15,8 +15,8 @@ import torch
 from . import ops
 from .decode import splitkv_attention
 from .variants import VARIANTS, preferred_variant
-from .arguments import (autocast_inputs, check_alibi_slopes, check_dtypes_and_device, check_heads, check_lengths,
-                        check_tensors, describe_shapes, make_spec, transformed, values_checked)
+from .arguments import (autocast_inputs, check_alibi_slopes, check_bool, check_dtypes_and_device, check_heads,
+                        check_lengths, check_tensors, describe_shapes, make_spec, transformed, values_checked)
 from .fp8 import fp8_attention, is_fp8
 from .kernels.dropout import dropout_mask
 
@@ -156,8 +156,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     per sample and K/V head; the real values are ``x8 * descale``), O in ``out_dtype``
     (bfloat16 by default, or float16). No seq_lens, dropout or gradient.
     """
-    if not isinstance(return_lse, bool):  # before the checked calls' shortcut, whose key leaves it out
-        raise TypeError(f"return_lse must be a bool; got {return_lse!r}")
+    check_bool("return_lse", return_lse)  # before the checked calls' shortcut, whose key leaves it out
     q, k, v = autocast_inputs(q, k, v)
     signature = None
     if (seq_lens is None and alibi_slopes is None and q_descale is None and k_descale is None and v_descale is None
@@ -182,8 +181,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     if out_dtype is not None:
         raise ValueError(f"out_dtype is for FP8 inputs (O in bfloat16 or float16); {q.dtype} inputs give O in "
                          f"their own dtype: got out_dtype={out_dtype}")
-    if not isinstance(return_dropout_mask, bool):
-        raise TypeError(f"return_dropout_mask must be a bool; got {return_dropout_mask!r}")
+    check_bool("return_dropout_mask", return_dropout_mask)
     if return_dropout_mask and torch.compiler.is_compiling():
         raise ValueError("return_dropout_mask is a debugging aid for eager mode, not for torch.compile")
     if _forward_variant(variant, q, k, v, layout, spec, return_dropout_mask) == "splitkv":

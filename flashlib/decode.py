@@ -20,8 +20,8 @@ import numbers
 import torch
 
 from . import runtime
-from .arguments import (check_alibi_slopes, check_dtypes_and_device, check_heads, check_lengths, make_spec,
-                        transformed, values_checked)
+from .arguments import (check_alibi_slopes, check_bool, check_dtypes_and_device, check_heads, check_lengths,
+                        make_spec, transformed, values_checked)
 from .kernels.decode import launch_splitkv_attention
 from .spec import AttentionSpec
 
@@ -331,12 +331,10 @@ def flash_attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache
         raise ValueError("flash_attention_with_kvcache is forward only (inference) and has no rules for a torch.func "
                          "transform (vmap, grad, jvp) or forward-mode AD applied to it: a tangent would be dropped "
                          "or a batch misread; use flash_attention, whose FlashAttention-2 op has those rules")
-    if not isinstance(return_lse, bool):
-        raise TypeError(f"return_lse must be a bool; got {return_lse!r}")
+    check_bool("return_lse", return_lse)
 
     max_keys = None
-    if not isinstance(check_values, bool):
-        raise TypeError(f"check_values must be a bool; got {check_values!r}")
+    check_bool("check_values", check_values)
     if batch and check_values and values_checked(q):
         max_keys = _check_values(cache_seqlens, n_new, capacity, block_table, page_size, num_pages)
     if n_new:

@@ -20,8 +20,8 @@ import numbers
 import torch
 
 from . import ops
-from .arguments import (autocast_inputs, check_alibi_slopes, check_dtypes_and_device, check_heads, check_tensors,
-                        describe_shapes, make_spec, values_checked)
+from .arguments import (autocast_inputs, check_alibi_slopes, check_bool, check_dtypes_and_device, check_heads,
+                        check_tensors, describe_shapes, make_spec, values_checked)
 
 
 # ---------------------------------------------------------------- argument checks
@@ -111,8 +111,7 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     the offsets are not read on the host (no sync): they must be valid. Under ``torch.autocast`` float q, k, v
     are first cast to autocast's dtype, as in :func:`flashlib.flash_attention`.
     """
-    if not isinstance(return_lse, bool):
-        raise TypeError(f"return_lse must be a bool; got {return_lse!r}")
+    check_bool("return_lse", return_lse)
     q, k, v = autocast_inputs(q, k, v)
     spec, alibi_slopes = check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                                            window, softmax_scale, softcap, alibi_slopes, dropout_p)
